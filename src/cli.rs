@@ -1,0 +1,161 @@
+//! The command line: every flag and subcommand, and the help text around them.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const ABOUT: &str = "Run a command while holding a machine-wide lock on a device (a GPU above all)";
+
+const LONG_ABOUT: &str = "\
+Run a command while holding a machine-wide lock on a device (a GPU above all).
+
+devlock takes a kernel flock(2) on <DIR>/<RESOURCE>.lock, records who holds it, \
+runs COMMAND as a child that inherits the locked file, and waits for it. The kernel \
+holds the lock until the command, and anything it started that inherited the lock, \
+has exited, whatever kills whom; nothing is left to clean up after a crash. \
+`flock <DIR>/<RESOURCE>.lock ...` from util-linux joins the same gate.";
+
+const EXAMPLES: &str = "\
+Examples:
+  devlock gpu -- python train.py --epochs 3      wait for the GPU, then train
+  devlock -n gpu -- ./eval.sh                    busy? say who holds it, exit 75
+  devlock -w 10m gpu -- make bench               give up after ten minutes
+  devlock --step nightly gpu -- ./run.sh         label the holder in status
+  devlock status                                 who holds what, who waits
+  devlock status --json gpu                      the same, for scripts
+  flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate";
+
+/// devlock's command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "devlock",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = EXAMPLES,
+    subcommand_negates_reqs = true,
+    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]..."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub subcommand: Option<Command>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// Scratch directory holding the lock files (created sticky and
+    /// world-writable when missing)
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "DEVLOCK_DIR",
+        default_value = crate::scratch::DEFAULT_DIR,
+        value_hint = clap::ValueHint::DirPath
+    )]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show who holds each lock, for how long, and who waits
+    #[command(
+        long_about = "Show who holds each lock, for how long, and who waits.\n\n\
+        Whether a lock is held comes from the kernel (/proc/locks); records only \
+        label holders, and a record whose process is gone is shown as stale. \
+        status never takes a lock to find out."
+    )]
+    Status(StatusArgs),
+}
+
+/// Arguments for running a command under a lock.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Resource to lock: 1-64 of [A-Za-z0-9._:-], not starting with '.' or '-'
+    #[arg(value_name = "RESOURCE")]
+    pub resources: Vec<OsString>,
+
+    /// The command to run while holding the lock, after `--`
+    #[arg(last = true, value_name = "COMMAND", value_hint = clap::ValueHint::CommandWithArguments)]
+    pub command: Vec<OsString>,
+
+    /// Fail at once if the lock is busy, naming who holds it
+    #[arg(short = 'n', long, conflicts_with = "timeout")]
+    pub no_wait: bool,
+
+    /// Give up after waiting this long (e.g. 90s, 10m, 1h30m)
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+
+    /// Exit code when the lock is busy or the wait times out
+    #[arg(long, value_name = "N", default_value_t = 75, value_parser = clap::value_parser!(u8))]
+    pub conflict_exit_code: u8,
+
+    /// Name the holder shows in status (default: the command's basename)
+    #[arg(long, value_name = "NAME")]
+    pub step: Option<String>,
+
+    /// Print nothing while waiting
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// When stderr is not a terminal, how often to report a long wait
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub report_every: Duration,
+}
+
+/// Arguments of `devlock status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Resources to show (default: every lock file in the directory)
+    #[arg(value_name = "RESOURCE")]
+    pub resources: Vec<OsString>,
+
+    /// Print one JSON document instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (try 90s, 10m or 1h30m)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn resources_and_command_are_split_at_the_double_dash() {
+        let cli = Cli::try_parse_from(["devlock", "-n", "gpu", "--", "python", "-n", "x"]).unwrap();
+        assert!(cli.run.no_wait);
+        assert_eq!(cli.run.resources, ["gpu"]);
+        assert_eq!(cli.run.command, ["python", "-n", "x"]);
+    }
+
+    #[test]
+    fn status_is_a_subcommand() {
+        let cli = Cli::try_parse_from(["devlock", "status", "--json", "gpu"]).unwrap();
+        match cli.subcommand {
+            Some(Command::Status(args)) => {
+                assert!(args.json);
+                assert_eq!(args.resources, ["gpu"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn durations_use_humantime() {
+        let cli = Cli::try_parse_from(["devlock", "-w", "1h30m", "r", "--", "true"]).unwrap();
+        assert_eq!(cli.run.timeout, Some(Duration::from_secs(5400)));
+        assert!(Cli::try_parse_from(["devlock", "-w", "soon", "r", "--", "true"]).is_err());
+    }
+}

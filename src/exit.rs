@@ -1,0 +1,115 @@
+//! The exit codes devlock itself uses, in one place.
+
+/// How devlock ends when it does not pass on the command's own status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCode {
+    /// Everything went well.
+    Success,
+    /// devlock failed for a reason not covered below (I/O, `/proc`, ...).
+    GeneralError,
+    /// The command line was wrong: unknown flag, bad name, bad duration.
+    Usage,
+    /// A device the lock maps to is busy with work outside the gate
+    /// (`--require-idle`), or its state could not be read.
+    NotIdle,
+    /// The scratch directory or a lock file is unsafe or unusable.
+    IoError,
+    /// The lock is held by someone else and we were told not to wait, or the
+    /// wait timed out (EX_TEMPFAIL; `--conflict-exit-code` overrides it).
+    Busy,
+    /// The command was found but could not be executed.
+    CannotExecute,
+    /// The command was not found.
+    NotFound,
+    /// devlock or its command was ended by signal N.
+    Signal(i32),
+    /// The command's own exit status, passed on.
+    Command(i32),
+}
+
+impl ExitCode {
+    pub fn code(self) -> i32 {
+        match self {
+            ExitCode::Success => 0,
+            ExitCode::GeneralError => 1,
+            ExitCode::Usage => 2,
+            ExitCode::NotIdle => 69,
+            ExitCode::IoError => 74,
+            ExitCode::Busy => 75,
+            ExitCode::CannotExecute => 126,
+            ExitCode::NotFound => 127,
+            ExitCode::Signal(n) => 128 + n,
+            ExitCode::Command(n) => n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_sysexits_and_the_shell() {
+        assert_eq!(ExitCode::Success.code(), 0);
+        assert_eq!(ExitCode::GeneralError.code(), 1);
+        assert_eq!(ExitCode::Usage.code(), 2);
+        assert_eq!(ExitCode::NotIdle.code(), 69);
+        assert_eq!(ExitCode::IoError.code(), 74);
+        assert_eq!(ExitCode::Busy.code(), 75);
+        assert_eq!(ExitCode::CannotExecute.code(), 126);
+        assert_eq!(ExitCode::NotFound.code(), 127);
+        assert_eq!(ExitCode::Signal(15).code(), 143);
+        assert_eq!(ExitCode::Signal(9).code(), 137);
+        assert_eq!(ExitCode::Command(3).code(), 3);
+    }
+}
+
+/// An error that carries the exit code devlock should end with.
+#[derive(Debug)]
+pub struct Coded {
+    pub code: ExitCode,
+    pub message: String,
+}
+
+impl std::fmt::Display for Coded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Coded {}
+
+/// Builds an error that ends devlock with `code`.
+pub fn coded(code: ExitCode, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        code,
+        message: message.into(),
+    })
+}
+
+/// The exit code an error maps to: the innermost [`Coded`] wins, anything
+/// else is a general failure.
+pub fn exit_code_of(err: &anyhow::Error) -> ExitCode {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Coded>())
+        .map_or(ExitCode::GeneralError, |c| c.code)
+}
+
+#[cfg(test)]
+mod coded_tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn code_survives_added_context() {
+        let err = Err::<(), _>(coded(ExitCode::IoError, "bad file"))
+            .context("opening gpu")
+            .unwrap_err();
+        assert_eq!(exit_code_of(&err), ExitCode::IoError);
+        assert_eq!(format!("{err:#}"), "opening gpu: bad file");
+        assert_eq!(
+            exit_code_of(&anyhow::anyhow!("plain")),
+            ExitCode::GeneralError
+        );
+    }
+}

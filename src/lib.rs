@@ -1,0 +1,35 @@
+//! devlock: machine-wide device locks over flock(2), as a library and a CLI.
+//!
+//! The binary is a thin layer over this crate; a Rust program can take the
+//! same locks with [`Lock::acquire`].
+
+pub mod cli;
+pub mod exit;
+mod lock;
+pub mod lockfile;
+pub mod probe;
+pub mod procfs;
+pub mod record;
+pub mod resource;
+mod run;
+pub mod scratch;
+pub mod status;
+pub mod supervise;
+pub mod text;
+mod wait;
+pub mod waiters;
+
+pub use lock::{Guard, Lock, Options, Wait};
+pub use resource::Resource;
+
+use anyhow::Result;
+
+/// Runs a parsed command line and returns the exit code to end with.
+pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
+    match cli.subcommand {
+        Some(cli::Command::Status(args)) => status_cmd::run(&args, &cli.dir),
+        None => run::run(&cli.run, &cli.dir),
+    }
+}
+
+mod status_cmd;

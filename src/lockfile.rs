@@ -1,0 +1,233 @@
+//! One lock file in the scratch directory, opened safely, and the flock(2) on it.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::exit::{ExitCode, coded};
+use crate::procfs::FileId;
+use crate::scratch::ScratchDir;
+
+/// Mode every lock file gets, whatever the creator's umask: any user who can
+/// reach the directory must be able to open it and join the gate.
+const LOCK_FILE_MODE: libc::mode_t = 0o666;
+
+/// An open lock file. The flock belongs to this open file description, so it
+/// is held until the last descriptor to it closes: ours, or a child's that
+/// inherited it.
+#[derive(Debug)]
+pub struct LockFile {
+    file: File,
+    path: PathBuf,
+    id: FileId,
+    writable: bool,
+}
+
+/// Whether a lock was taken, or who is in the way.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TryLock {
+    Taken,
+    Busy,
+}
+
+impl LockFile {
+    /// Opens `name` in `dir`, creating it when missing. Refuses symlinks,
+    /// FIFOs, devices, hard links and anything else that is not a plain file
+    /// with one link, and never truncates or writes before holding the lock.
+    pub fn open(dir: &ScratchDir, name: &str) -> Result<LockFile> {
+        let path = dir.path().join(name);
+        let c_name = crate::scratch::c_path(name.as_ref())?;
+        loop {
+            refuse_odd_file_before_opening(dir, &c_name, &path)?;
+            // Open without O_CREAT first: fs.protected_regular refuses
+            // O_CREAT on another user's file in a sticky directory, even when
+            // the file exists and is ours to open.
+            let fd = match open_at(dir, &c_name, libc::O_RDWR) {
+                Ok(fd) => Some((fd, true)),
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                    // A file someone made unwritable still serves as a gate;
+                    // we just cannot leave a record in it.
+                    Some((
+                        open_at(dir, &c_name, libc::O_RDONLY).map_err(|e| open_error(&path, e))?,
+                        false,
+                    ))
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                Err(e) => return Err(open_error(&path, e)),
+            };
+            let (fd, writable) = match fd {
+                Some(opened) => opened,
+                None => match open_at(dir, &c_name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+                    Ok(fd) => {
+                        // SAFETY: fd is a descriptor we just opened.
+                        if unsafe { libc::fchmod(fd, LOCK_FILE_MODE) } != 0 {
+                            let err = io::Error::last_os_error();
+                            // SAFETY: closing our own descriptor once.
+                            unsafe { libc::close(fd) };
+                            return Err(open_error(&path, err));
+                        }
+                        (fd, true)
+                    }
+                    // Someone created it between our two opens: open theirs.
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                    Err(e) => return Err(open_error(&path, e)),
+                },
+            };
+            // SAFETY: fd is a freshly opened descriptor owned by nobody else.
+            let file = unsafe { File::from_raw_fd(fd) };
+            let meta = file.metadata().map_err(|e| open_error(&path, e))?;
+            check_plain_file(meta.file_type().is_file(), meta_nlink(&meta), &path)?;
+            let id = FileId::from_metadata(meta_dev(&meta), meta_ino(&meta));
+            return Ok(LockFile {
+                file,
+                path,
+                id,
+                writable,
+            });
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Takes the lock if nobody holds it, without waiting.
+    pub fn try_lock(&self, exclusive: bool) -> io::Result<TryLock> {
+        let op = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
+        match flock(&self.file, op | libc::LOCK_NB) {
+            Ok(()) => Ok(TryLock::Taken),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(TryLock::Busy),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sleeps in the kernel until the lock is ours; the kernel wakes us when
+    /// the holder's last descriptor closes.
+    pub fn lock(&self, exclusive: bool) -> io::Result<()> {
+        let op = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
+        loop {
+            match flock(&self.file, op) {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether the path still names the inode we hold. Nobody should unlink or
+    /// replace a lock file, but if someone did, a holder of the old inode and
+    /// one of the new would both believe they hold the lock.
+    pub fn still_at_path(&self, dir: &ScratchDir) -> bool {
+        let name = self.path.file_name().expect("lock path has a name");
+        match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => FileId::from_metadata(st.st_dev, st.st_ino) == self.id,
+            Err(_) => false,
+        }
+    }
+}
+
+fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
+    // SAFETY: the descriptor is open for the life of `file`.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Opens a name in the scratch directory without following a symlink, without
+/// blocking on a FIFO and without becoming anybody's controlling terminal.
+fn open_at(dir: &ScratchDir, name: &std::ffi::CStr, flags: libc::c_int) -> io::Result<libc::c_int> {
+    let flags = flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: name is NUL-terminated and the directory descriptor is open.
+    let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), name.as_ptr(), flags, LOCK_FILE_MODE) };
+    if fd < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// Opening a device node can have effects of its own (a tape rewinds), so look
+/// before opening too; the check after opening is the one that counts.
+fn refuse_odd_file_before_opening(
+    dir: &ScratchDir,
+    name: &std::ffi::CStr,
+    path: &std::path::Path,
+) -> Result<()> {
+    match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => check_plain_file(
+            st.st_mode & libc::S_IFMT == libc::S_IFREG,
+            st.st_nlink as u64,
+            path,
+        ),
+        Err(_) => Ok(()),
+    }
+}
+
+fn check_plain_file(is_file: bool, nlink: u64, path: &std::path::Path) -> Result<()> {
+    if !is_file {
+        return Err(coded(
+            ExitCode::IoError,
+            format!(
+                "{} is not a regular file (a symlink, FIFO or device was put there); refusing to use it",
+                path.display()
+            ),
+        ));
+    }
+    if nlink != 1 {
+        return Err(coded(
+            ExitCode::IoError,
+            format!(
+                "{} has {nlink} hard links; a lock file must have exactly one, refusing to use it",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
+    let message = match err.raw_os_error() {
+        Some(libc::ELOOP) => format!(
+            "{} is a symbolic link; refusing to follow it in a shared directory",
+            path.display()
+        ),
+        _ => format!("cannot open lock file {}: {err}", path.display()),
+    };
+    coded(ExitCode::IoError, message)
+}
+
+fn meta_dev(meta: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::dev(meta)
+}
+
+fn meta_ino(meta: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(meta)
+}
+
+fn meta_nlink(meta: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::nlink(meta)
+}

@@ -1,0 +1,300 @@
+//! What the kernel says about locks and processes, read from `/proc`.
+//!
+//! Everything here is a fresh reading: callers use it to check records, never
+//! the other way round.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+
+/// Identity of a file as the kernel's lock tables name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Major and minor number of the filesystem's device.
+    pub major: u32,
+    pub minor: u32,
+    pub ino: u64,
+}
+
+impl FileId {
+    pub fn from_metadata(st_dev: u64, st_ino: u64) -> FileId {
+        FileId {
+            major: libc::major(st_dev),
+            minor: libc::minor(st_dev),
+            ino: st_ino,
+        }
+    }
+}
+
+/// One line of `/proc/locks` (or a `lock:` line of `/proc/PID/fdinfo/FD`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelLock {
+    pub file: FileId,
+    /// The pid the kernel recorded when the lock was taken (or the waiter's pid).
+    pub pid: u32,
+    pub exclusive: bool,
+    /// A `->` line: a process blocked waiting for this lock.
+    pub blocked: bool,
+}
+
+/// Parses the flock(2) entries of `/proc/locks`; POSIX and OFD locks are skipped
+/// because they never conflict with flock on local filesystems.
+pub fn parse_locks(text: &str) -> Vec<KernelLock> {
+    text.lines().filter_map(parse_lock_line).collect()
+}
+
+fn parse_lock_line(line: &str) -> Option<KernelLock> {
+    let mut words = line.split_whitespace();
+    words.next()?; // "1:"
+    let mut kind = words.next()?;
+    let blocked = kind == "->";
+    if blocked {
+        kind = words.next()?;
+    }
+    if kind != "FLOCK" {
+        return None;
+    }
+    words.next()?; // ADVISORY / MANDATORY
+    let mode = words.next()?;
+    let pid = words.next()?.parse().ok()?;
+    let mut dev = words.next()?.split(':');
+    let major = u32::from_str_radix(dev.next()?, 16).ok()?;
+    let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
+    let ino = dev.next()?.parse().ok()?;
+    Some(KernelLock {
+        file: FileId { major, minor, ino },
+        pid,
+        exclusive: mode == "WRITE",
+        blocked,
+    })
+}
+
+/// All flock entries of the machine (of this pid namespace), by file.
+#[derive(Debug, Default)]
+pub struct LockTable {
+    by_file: HashMap<FileId, Vec<KernelLock>>,
+}
+
+impl LockTable {
+    pub fn read() -> std::io::Result<LockTable> {
+        let text = fs::read_to_string("/proc/locks")?;
+        Ok(LockTable::from_locks(parse_locks(&text)))
+    }
+
+    pub fn from_locks(locks: Vec<KernelLock>) -> LockTable {
+        let mut by_file: HashMap<FileId, Vec<KernelLock>> = HashMap::new();
+        for lock in locks {
+            by_file.entry(lock.file).or_default().push(lock);
+        }
+        LockTable { by_file }
+    }
+
+    /// Granted locks on the file (one for an exclusive holder, several when shared).
+    pub fn holders(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
+        self.entries(file).filter(|l| !l.blocked)
+    }
+
+    /// Processes blocked in flock() on the file.
+    pub fn blocked(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
+        self.entries(file).filter(|l| l.blocked)
+    }
+
+    pub fn is_locked(&self, file: FileId) -> bool {
+        self.holders(file).next().is_some()
+    }
+
+    fn entries(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
+        self.by_file.get(&file).into_iter().flatten()
+    }
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of `/proc/PID/stat`).
+///
+/// Together with the pid this names one process for the life of the machine,
+/// so a recycled pid is not mistaken for the process a record describes.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = read_small(&format!("/proc/{pid}/stat"))?;
+    stat_field(&stat, 22)?.parse().ok()
+}
+
+/// Parent pid (field 4 of `/proc/PID/stat`).
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = read_small(&format!("/proc/{pid}/stat"))?;
+    stat_field(&stat, 4)?.parse().ok()
+}
+
+/// Field `n` (1-based, as in proc(5)) of a stat line; the command name may hold
+/// spaces and parentheses, so counting starts after its last `)`.
+fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(n.checked_sub(3)?)
+}
+
+/// Whether `pid` is the very process that had `start` as its start time.
+pub fn is_same_process(pid: u32, start: Option<u64>) -> bool {
+    match (start_time(pid), start) {
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// Real uid of a live process, from `/proc/PID/status` (readable for every user).
+pub fn uid_of(pid: u32) -> Option<u32> {
+    let status = read_small(&format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Short command name of a live process (`/proc/PID/comm`).
+pub fn comm_of(pid: u32) -> Option<String> {
+    Some(
+        read_small(&format!("/proc/{pid}/comm"))?
+            .trim_end()
+            .to_owned(),
+    )
+}
+
+/// The boot id, which tells records written before the last reboot apart.
+pub fn boot_id() -> Option<String> {
+    Some(
+        read_small("/proc/sys/kernel/random/boot_id")?
+            .trim()
+            .to_owned(),
+    )
+}
+
+/// User name for a uid, or the number when the passwd database has none.
+pub fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        _ => uid.to_string(),
+    }
+}
+
+/// The file ids on which one process's descriptor holds a flock, read from the
+/// `lock:` lines of `/proc/PID/fdinfo/*` (Linux 4.1+). Unlike `/proc/locks`,
+/// these name every process that shares a lock through an inherited descriptor.
+/// Returns `None` when the process's descriptors cannot be read (another user's
+/// process, without privilege).
+pub fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
+    let dir = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    let mut found = Vec::new();
+    for entry in dir.flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Some(info) = read_small(entry.path()) else {
+            continue;
+        };
+        for line in info.lines() {
+            if let Some(rest) = line.strip_prefix("lock:")
+                && let Some(lock) = parse_lock_line(rest.trim_start())
+            {
+                found.push((fd, lock));
+            }
+        }
+    }
+    Some(found)
+}
+
+/// Every process holding a granted flock, by file, found by scanning the
+/// descriptors of all processes this user may inspect. Expensive on a big
+/// machine: used only when `/proc/locks` names a pid that is gone.
+pub fn all_flock_holders() -> HashMap<FileId, Vec<u32>> {
+    let mut found: HashMap<FileId, Vec<u32>> = HashMap::new();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc_dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        for (_, lock) in fd_locks(&pid.to_string()).unwrap_or_default() {
+            if lock.blocked {
+                continue;
+            }
+            let pids = found.entry(lock.file).or_default();
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Reads a small `/proc` file in one bounded read.
+fn read_small(path: impl AsRef<Path>) -> Option<String> {
+    let mut file = fs::File::open(path).ok()?;
+    let mut buf = Vec::with_capacity(1024);
+    file.by_ref().take(64 * 1024).read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_granted_and_blocked_flock_lines() {
+        let text = "1: FLOCK  ADVISORY  WRITE 3023 fe:00:10010754 0 EOF\n\
+                    1: -> FLOCK  ADVISORY  WRITE 3050 fe:00:10010754 0 EOF\n\
+                    2: POSIX  ADVISORY  WRITE 99 08:01:7 0 EOF\n\
+                    3: FLOCK  ADVISORY  READ 12 103:1f:42 0 EOF\n";
+        let locks = parse_locks(text);
+        assert_eq!(locks.len(), 3);
+        assert_eq!(
+            locks[0],
+            KernelLock {
+                file: FileId {
+                    major: 0xfe,
+                    minor: 0,
+                    ino: 10010754
+                },
+                pid: 3023,
+                exclusive: true,
+                blocked: false,
+            }
+        );
+        assert!(locks[1].blocked);
+        assert_eq!(
+            locks[2].file,
+            FileId {
+                major: 0x103,
+                minor: 0x1f,
+                ino: 42
+            }
+        );
+        assert!(!locks[2].exclusive);
+        let table = LockTable::from_locks(locks);
+        let file = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10010754,
+        };
+        assert!(table.is_locked(file));
+        assert_eq!(
+            table.blocked(file).map(|l| l.pid).collect::<Vec<_>>(),
+            [3050]
+        );
+    }
+
+    #[test]
+    fn stat_fields_survive_odd_command_names() {
+        let stat = "42 (a) b (c)) S 7 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 987654 0";
+        assert_eq!(stat_field(stat, 4), Some("7"));
+        assert_eq!(stat_field(stat, 22), Some("987654"));
+    }
+
+    #[test]
+    fn own_process_is_recognised_and_a_wrong_start_time_is_not() {
+        let me = std::process::id();
+        let start = start_time(me);
+        assert!(start.is_some());
+        assert!(is_same_process(me, start));
+        assert!(!is_same_process(me, start.map(|s| s + 1)));
+        assert_eq!(uid_of(me), Some(nix::unistd::getuid().as_raw()));
+    }
+}

@@ -1,0 +1,175 @@
+//! The machine-wide scratch directory that holds every lock file.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::exit::{ExitCode, coded};
+
+/// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same
+/// path for every user and every TMPDIR, so every job on the machine meets the
+/// same gate.
+pub const DEFAULT_DIR: &str = "/run/lock/devlock";
+
+/// Mode of a directory devlock creates: world-writable and sticky like /tmp,
+/// so every user can add lock files and nobody can remove another's.
+const CREATED_DIR_MODE: u32 = 0o1777;
+
+/// An open handle on the scratch directory; lock files are opened relative to
+/// it so that no path component after it is followed again.
+#[derive(Debug)]
+pub struct ScratchDir {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+impl ScratchDir {
+    /// Opens the directory, creating it (sticky, world-writable) when missing.
+    pub fn open_or_create(path: &Path) -> Result<ScratchDir> {
+        let mut created = false;
+        loop {
+            match ScratchDir::open(path)? {
+                Some(dir) => {
+                    if created {
+                        // Through the descriptor opened without following
+                        // links, and whatever the creator's umask was.
+                        nix::sys::stat::fchmod(
+                            &dir.fd,
+                            nix::sys::stat::Mode::from_bits_truncate(CREATED_DIR_MODE),
+                        )
+                        .with_context(|| format!("setting mode of {}", path.display()))?;
+                    }
+                    return Ok(dir);
+                }
+                None => created = create(path)?,
+            }
+        }
+    }
+
+    /// Opens the directory if it exists; `Ok(None)` when it does not.
+    pub fn open(path: &Path) -> Result<Option<ScratchDir>> {
+        let c_path = c_path(path)?;
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: c_path is a valid NUL-terminated string.
+        let fd = unsafe { libc::open(c_path.as_ptr(), flags) };
+        if fd < 0 {
+            let err = std::io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::ENOENT) => Ok(None),
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_symlink(path) => Err(coded(
+                    ExitCode::IoError,
+                    format!(
+                        "scratch directory {} is a symbolic link; refusing to follow it",
+                        path.display()
+                    ),
+                )),
+                Some(libc::ENOTDIR) => Err(coded(
+                    ExitCode::IoError,
+                    format!("scratch directory {} is not a directory", path.display()),
+                )),
+                _ => Err(coded(
+                    ExitCode::IoError,
+                    format!("cannot open scratch directory {}: {err}", path.display()),
+                )),
+            };
+        }
+        // SAFETY: fd was just returned by open and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = ScratchDir {
+            path: path.to_owned(),
+            fd,
+        };
+        dir.refuse_network_filesystem()?;
+        Ok(Some(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// flock(2) is emulated with byte-range locks on NFS, turns mandatory on
+    /// CIFS and varies on FUSE: a gate there is not the gate it looks like.
+    fn refuse_network_filesystem(&self) -> Result<()> {
+        let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+        // SAFETY: fd is open and fs is a valid out pointer.
+        if unsafe { libc::fstatfs(self.fd.as_raw_fd(), fs.as_mut_ptr()) } != 0 {
+            return Ok(());
+        }
+        // SAFETY: fstatfs succeeded and filled the struct.
+        let kind = unsafe { fs.assume_init() }.f_type as u64;
+        let name = match kind {
+            0x6969 => "NFS",
+            0x517B => "SMB",
+            0xFF53_4D42 => "CIFS",
+            0xFE53_4D42 => "SMB2",
+            0x6573_5546 => "FUSE",
+            0x0102_1997 => "9p",
+            0x5346_414F => "AFS",
+            0x00C3_6400 => "Ceph",
+            _ => return Ok(()),
+        };
+        Err(coded(
+            ExitCode::IoError,
+            format!(
+                "scratch directory {} is on {name}, where flock(2) is emulated or unreliable; \
+                 use a local directory (--dir or DEVLOCK_DIR)",
+                self.path.display()
+            ),
+        ))
+    }
+
+    /// Names in the directory (for status).
+    pub fn entries(&self) -> Result<Vec<String>> {
+        let dup = self
+            .fd
+            .try_clone()
+            .context("duplicating directory handle")?;
+        let mut dir = nix::dir::Dir::from_fd(dup)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.with_context(|| format!("reading {}", self.path.display()))?;
+            if let Ok(name) = entry.file_name().to_str()
+                && !matches!(name, "." | "..")
+            {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// Makes the directory; `false` when someone else made it first.
+fn create(path: &Path) -> Result<bool> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(coded(
+            ExitCode::IoError,
+            format!(
+                "cannot create scratch directory {}: {e} (choose another with --dir or DEVLOCK_DIR)",
+                path.display()
+            ),
+        )),
+    }
+}
+
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+pub(crate) fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        coded(
+            ExitCode::Usage,
+            format!("path {} contains a NUL byte", path.display()),
+        )
+    })
+}

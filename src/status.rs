@@ -1,0 +1,345 @@
+//! Who holds each lock and who waits, from the kernel's lock table first and
+//! the records only as labels.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::lockfile::LockFile;
+use crate::procfs::{self, FileId, LockTable};
+use crate::record::{self, ReadRecord, Record};
+use crate::resource::Resource;
+use crate::scratch::ScratchDir;
+use crate::waiters::{self, Waiter};
+
+/// One process holding a lock, as far as it can be told.
+#[derive(Debug, Clone, Serialize)]
+pub struct Holder {
+    /// The step the record names, when a record matches the kernel's holder.
+    pub step: Option<String>,
+    /// The process the kernel names (or that shares the lock through an
+    /// inherited descriptor when that one is gone); `None` when nobody can tell.
+    pub pid: Option<u32>,
+    /// Every live process known to hold it (devlock and its command).
+    pub pids: Vec<u32>,
+    pub user: Option<String>,
+    /// RFC 3339, from the record.
+    pub since: Option<String>,
+    pub held_for_ms: Option<u64>,
+    pub command: Option<Vec<String>>,
+    pub exclusive: bool,
+    /// How the label was found: `record` (matched the kernel), `no-record`
+    /// (a holder that wrote none, such as plain flock), `inherited` (the
+    /// devlock that took it is gone; its command or a descendant holds it),
+    /// `unknown` (held, but no visible process owns it).
+    pub source: &'static str,
+}
+
+/// A registered (or kernel-visible) waiter.
+#[derive(Debug, Clone, Serialize)]
+pub struct WaiterView {
+    pub step: Option<String>,
+    pub pid: u32,
+    pub user: Option<String>,
+    pub since: Option<String>,
+    pub waiting_for_ms: Option<u64>,
+    /// 1 for the longest waiter.
+    pub position: usize,
+}
+
+/// A record whose process is gone or does not hold the lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct StaleRecord {
+    pub step: String,
+    pub pid: u32,
+    pub since: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ResourceView {
+    pub name: String,
+    /// `free`, `held` or `shared`.
+    pub state: &'static str,
+    pub holders: Vec<Holder>,
+    pub waiters: Vec<WaiterView>,
+    /// Present when the lock file's record is torn or not ours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_record: Option<StaleRecord>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    pub dir: String,
+    pub resources: Vec<ResourceView>,
+}
+
+/// Reads the state of `wanted` resources (all in the directory when empty).
+pub fn gather(dir_path: &std::path::Path, wanted: &[Resource]) -> Result<StatusReport> {
+    let mut report = StatusReport {
+        dir: dir_path.display().to_string(),
+        resources: Vec::new(),
+    };
+    let Some(dir) = ScratchDir::open(dir_path)? else {
+        report.resources = wanted.iter().map(|r| free_view(r)).collect();
+        return Ok(report);
+    };
+    let names = dir.entries()?;
+    let mut resources: Vec<Resource> = if wanted.is_empty() {
+        names
+            .iter()
+            .filter_map(|n| Resource::from_file_name(n))
+            .collect()
+    } else {
+        wanted.to_vec()
+    };
+    resources.sort();
+    resources.dedup();
+    let table = LockTable::read().context("reading /proc/locks")?;
+    let now = SystemTime::now();
+    let mut all_waiters: HashMap<Resource, Vec<Waiter>> = HashMap::new();
+    let filter: Option<std::collections::HashSet<&Resource>> =
+        (!wanted.is_empty()).then(|| resources.iter().collect());
+    for waiter in waiters::live_waiters(&dir, &names, &table, |r| {
+        filter.as_ref().is_none_or(|f| f.contains(r))
+    }) {
+        all_waiters
+            .entry(waiter.resource.clone())
+            .or_default()
+            .push(waiter);
+    }
+    let mut sharers = Sharers::default();
+    for resource in &resources {
+        let waiting = all_waiters.remove(resource).unwrap_or_default();
+        report
+            .resources
+            .push(view_of(&dir, resource, &table, waiting, now, &mut sharers));
+    }
+    Ok(report)
+}
+
+fn free_view(resource: &Resource) -> ResourceView {
+    ResourceView {
+        name: resource.to_string(),
+        state: "free",
+        holders: Vec::new(),
+        waiters: Vec::new(),
+        record: None,
+        stale_record: None,
+    }
+}
+
+fn view_of(
+    dir: &ScratchDir,
+    resource: &Resource,
+    table: &LockTable,
+    waiting: Vec<Waiter>,
+    now: SystemTime,
+    sharers: &mut Sharers,
+) -> ResourceView {
+    let mut view = free_view(resource);
+    let Ok(file) = waiters::open_read_only(dir, &resource.file_name()) else {
+        return view;
+    };
+    let Ok(meta) = file.metadata() else {
+        return view;
+    };
+    let id = FileId::from_metadata(
+        std::os::unix::fs::MetadataExt::dev(&meta),
+        std::os::unix::fs::MetadataExt::ino(&meta),
+    );
+    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    // A blocked waiter in /proc/locks without a registration: plain flock,
+    // or a devlock between registering and blocking.
+    let blocked: Vec<u32> = table.blocked(id).map(|l| l.pid).collect();
+    view.waiters = waiter_views(&waiting, &blocked, now);
+    if kernel_holders.is_empty() {
+        return view;
+    }
+    let read = record::read_from(&file);
+    if read == ReadRecord::Unreadable {
+        view.record = Some("unreadable");
+    }
+    let record = read.valid();
+    view.holders = holders_of(id, &kernel_holders, record.as_ref(), now, sharers);
+    view.state = if view.holders.iter().all(|h| h.exclusive) {
+        "held"
+    } else {
+        "shared"
+    };
+    if let Some(record) = record
+        && !view
+            .holders
+            .iter()
+            .any(|h| h.source == "record" || h.source == "inherited")
+    {
+        view.stale_record = Some(StaleRecord {
+            step: record.step.clone(),
+            pid: record.pid,
+            since: humantime::format_rfc3339_seconds(record.since()).to_string(),
+        });
+    }
+    view
+}
+
+/// The holders of one locked file.
+pub fn holders_of(
+    id: FileId,
+    kernel_holders: &[procfs::KernelLock],
+    record: Option<&Record>,
+    now: SystemTime,
+    sharers: &mut Sharers,
+) -> Vec<Holder> {
+    kernel_holders
+        .iter()
+        .map(|lock| {
+            let matching = record.filter(|r| r.pid == lock.pid);
+            if let Some(r) = matching {
+                let live: Vec<u32> = r.live_pids().collect();
+                if !live.is_empty() {
+                    let source = if live.contains(&r.pid) {
+                        "record"
+                    } else {
+                        "inherited"
+                    };
+                    return labelled(r, live, source, lock.exclusive, now);
+                }
+            } else if procfs::start_time(lock.pid).is_some() {
+                return Holder {
+                    step: None,
+                    pid: Some(lock.pid),
+                    pids: vec![lock.pid],
+                    user: procfs::uid_of(lock.pid).map(procfs::user_name),
+                    since: None,
+                    held_for_ms: None,
+                    command: procfs::comm_of(lock.pid).map(|c| vec![c]),
+                    exclusive: lock.exclusive,
+                    source: "no-record",
+                };
+            }
+            // The process that took the lock is gone, yet the lock is held:
+            // something that inherited the descriptor still runs.
+            let pids = sharers.of(id);
+            match matching {
+                Some(r) if !pids.is_empty() => labelled(r, pids, "inherited", lock.exclusive, now),
+                _ => Holder {
+                    step: None,
+                    pid: pids.first().copied(),
+                    user: pids
+                        .first()
+                        .and_then(|p| procfs::uid_of(*p))
+                        .map(procfs::user_name),
+                    pids,
+                    since: None,
+                    held_for_ms: None,
+                    command: None,
+                    exclusive: lock.exclusive,
+                    source: "unknown",
+                },
+            }
+        })
+        .collect()
+}
+
+fn labelled(
+    r: &Record,
+    pids: Vec<u32>,
+    source: &'static str,
+    exclusive: bool,
+    now: SystemTime,
+) -> Holder {
+    Holder {
+        step: Some(r.step.clone()),
+        pid: pids.first().copied(),
+        user: pids
+            .first()
+            .and_then(|p| procfs::uid_of(*p))
+            .map(procfs::user_name)
+            .or_else(|| Some(r.user.clone())),
+        pids,
+        since: Some(humantime::format_rfc3339_seconds(r.since()).to_string()),
+        held_for_ms: Some(elapsed_ms(r.since(), now)),
+        command: Some(r.command.clone()),
+        exclusive,
+        source,
+    }
+}
+
+fn waiter_views(waiting: &[Waiter], blocked: &[u32], now: SystemTime) -> Vec<WaiterView> {
+    let mut views: Vec<WaiterView> = waiting
+        .iter()
+        .map(|w| WaiterView {
+            step: Some(w.record.step.clone()),
+            pid: w.record.pid,
+            user: Some(w.record.user.clone()),
+            since: Some(humantime::format_rfc3339_seconds(w.record.since()).to_string()),
+            waiting_for_ms: Some(elapsed_ms(w.record.since(), now)),
+            position: 0,
+        })
+        .collect();
+    for &pid in blocked {
+        if !views.iter().any(|v| v.pid == pid) {
+            views.push(WaiterView {
+                step: None,
+                pid,
+                user: procfs::uid_of(pid).map(procfs::user_name),
+                since: None,
+                waiting_for_ms: None,
+                position: 0,
+            });
+        }
+    }
+    for (i, view) in views.iter_mut().enumerate() {
+        view.position = i + 1;
+    }
+    views
+}
+
+fn elapsed_ms(since: SystemTime, now: SystemTime) -> u64 {
+    now.duration_since(since)
+        .unwrap_or(Duration::ZERO)
+        .as_millis() as u64
+}
+
+/// Processes sharing locks through inherited descriptors, found by one scan of
+/// `/proc/*/fdinfo` the first time anyone asks.
+#[derive(Debug, Default)]
+pub struct Sharers {
+    scanned: Option<HashMap<FileId, Vec<u32>>>,
+}
+
+impl Sharers {
+    fn of(&mut self, id: FileId) -> Vec<u32> {
+        // One scan answers for every file: it reads all processes anyway.
+        let map = self.scanned.get_or_insert_with(procfs::all_flock_holders);
+        map.get(&id).cloned().unwrap_or_default()
+    }
+}
+
+/// The state of one resource whose lock file we have open (for the waiting
+/// line and the busy message).
+pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
+    let table = LockTable::read().unwrap_or_default();
+    let names = dir.entries().unwrap_or_default();
+    let waiting = waiters::live_waiters(dir, &names, &table, |r| r == resource);
+    let now = SystemTime::now();
+    let mut view = free_view(resource);
+    let blocked: Vec<u32> = table.blocked(lock.id()).map(|l| l.pid).collect();
+    view.waiters = waiter_views(&waiting, &blocked, now);
+    let kernel_holders: Vec<_> = table.holders(lock.id()).cloned().collect();
+    if !kernel_holders.is_empty() {
+        let record = record::read_from(lock.file()).valid();
+        view.holders = holders_of(
+            lock.id(),
+            &kernel_holders,
+            record.as_ref(),
+            now,
+            &mut Sharers::default(),
+        );
+        view.state = "held";
+    }
+    view
+}

@@ -1,0 +1,610 @@
+//! The core: exclusion, interop with util-linux flock, exit codes, signals,
+//! kill -9, nested use, unsafe files and bad input.
+
+use std::io::BufReader;
+use std::os::unix::fs::MetadataExt;
+use std::process::{Command, Stdio};
+
+use crate::harness::*;
+
+#[test]
+fn many_processes_never_overlap_in_a_read_modify_write() {
+    let s = Scratch::new();
+    let counter = s.work("counter");
+    std::fs::write(&counter, "0").unwrap();
+    // Each section reads, yields (so a missing lock would interleave), writes.
+    let section = format!(
+        "n=$(cat {c}); sleep 0.001; echo $((n+1)) > {c}",
+        c = counter.display()
+    );
+    let loops: Vec<_> = (0..6)
+        .map(|_| {
+            let script = format!(
+                "for i in 1 2 3 4 5 6 7 8 9 10; do {bin} -q r -- sh -c '{section}' || exit 1; done",
+                bin = BIN
+            );
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", &script]).env("DEVLOCK_DIR", s.dir());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for mut child in loops {
+        assert!(wait_child(&mut child).success());
+    }
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "60");
+}
+
+#[test]
+fn flock_holder_blocks_devlock_and_is_named() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.dir()).unwrap();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let mut holder = Command::new("/usr/bin/flock")
+        .arg(s.lock_path("r"))
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+                ready.display(),
+                release.display()
+            ),
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready);
+    let out = s.run(&["-n", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    let err = stderr(&out);
+    assert!(err.starts_with("devlock: r is busy: held by pid "), "{err}");
+    assert!(
+        err.contains(&holder.id().to_string()),
+        "names the flock pid: {err}"
+    );
+    assert_eq!(err.lines().count(), 1);
+    std::fs::write(&release, "").unwrap();
+    assert!(wait_child(&mut holder).success());
+    assert!(s.run(&["-n", "r", "--", "true"]).status.success());
+}
+
+#[test]
+fn devlock_holder_blocks_flock() {
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let mut holder = s.hold(
+        &["r"],
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready.display(),
+            release.display()
+        ),
+        &ready,
+    );
+    assert!(!flock_is_free(&s.lock_path("r")));
+    std::fs::write(&release, "").unwrap();
+    assert!(wait_child(&mut holder).success());
+    assert!(flock_is_free(&s.lock_path("r")));
+}
+
+#[test]
+fn exit_status_is_passed_on() {
+    let s = Scratch::new();
+    let code = |args: &[&str]| s.run(args).status.code();
+    assert_eq!(code(&["r", "--", "sh", "-c", "exit 0"]), Some(0));
+    assert_eq!(code(&["r", "--", "sh", "-c", "exit 3"]), Some(3));
+    assert_eq!(code(&["r", "--", "sh", "-c", "kill -TERM $$"]), Some(143));
+    assert_eq!(code(&["r", "--", "sh", "-c", "kill -KILL $$"]), Some(137));
+    let missing = s.run(&["r", "--", "no-such-command-devlock"]);
+    assert_eq!(missing.status.code(), Some(127));
+    assert!(stderr(&missing).contains("no-such-command-devlock: command not found"));
+    let not_exec = s.work("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    let denied = s.run(&["r", "--", not_exec.to_str().unwrap()]);
+    assert_eq!(denied.status.code(), Some(126));
+    assert!(
+        stderr(&denied).contains("cannot execute"),
+        "{}",
+        stderr(&denied)
+    );
+    // The lock was released each time.
+    assert!(flock_is_free(&s.lock_path("r")));
+}
+
+#[test]
+fn command_learns_what_it_holds() {
+    let s = Scratch::new();
+    let out = s.run(&[
+        "gpu:1",
+        "--",
+        "sh",
+        "-c",
+        "echo $DEVLOCK_RESOURCES/$CUDA_VISIBLE_DEVICES/$CUDA_DEVICE_ORDER/$DEVLOCK_STEP",
+    ]);
+    assert_eq!(stdout(&out).trim(), "gpu:1/1/PCI_BUS_ID/sh");
+}
+
+/// A script that records each TERM/INT it gets, takes its time to clean up,
+/// and only then marks itself done.
+fn slow_cleanup_script(s: &Scratch) -> String {
+    format!(
+        "trap 'echo sig >> {got}; sleep 0.3; echo > {done}; exit 0' TERM INT; echo > {ready}; \
+         while :; do sleep 0.01; done",
+        got = s.work("got").display(),
+        done = s.work("done").display(),
+        ready = s.work("ready").display(),
+    )
+}
+
+fn signal_reaches_command_once_and_lock_outlives_cleanup(sig: i32) {
+    let s = Scratch::new();
+    let mut holder = s.hold(&["r"], &slow_cleanup_script(&s), &s.work("ready"));
+    // A waiter that checks the holder had finished cleaning up when it got in.
+    let mut waiter = s
+        .devlock()
+        .args(["-q", "r", "--", "sh", "-c"])
+        .arg(format!(
+            "test -e {} && echo clean > {}",
+            s.work("done").display(),
+            s.work("next").display()
+        ))
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("r"), 1);
+    signal(holder.id(), sig);
+    signal(holder.id(), sig); // repeated: absorbed
+    signal(holder.id(), libc::SIGTERM);
+    let status = wait_child(&mut holder);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "devlock ends with the command's status"
+    );
+    assert!(
+        wait_child(&mut waiter).success(),
+        "waiter started before cleanup ended"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.work("next")).unwrap().trim(),
+        "clean"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.work("got")).unwrap(),
+        "sig\n",
+        "delivered exactly once"
+    );
+}
+
+#[test]
+fn sigterm_reaches_the_command_once_and_the_next_waits_for_cleanup() {
+    signal_reaches_command_once_and_lock_outlives_cleanup(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_reaches_the_command_once_and_the_next_waits_for_cleanup() {
+    signal_reaches_command_once_and_lock_outlives_cleanup(libc::SIGINT);
+}
+
+#[test]
+fn sighup_and_sigquit_are_passed_on() {
+    for (sig, code) in [(libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
+        let s = Scratch::new();
+        let ready = s.work("ready");
+        let mut holder = s.hold(
+            &["r"],
+            &format!("echo > {}; exec sleep 100", ready.display()),
+            &ready,
+        );
+        signal(holder.id(), sig);
+        assert_eq!(wait_child(&mut holder).code(), Some(code));
+    }
+}
+
+#[test]
+fn terminal_ctrl_c_is_not_delivered_twice() {
+    // Under `script` the command runs on a pty; writing ^C to it makes the
+    // line discipline signal the whole foreground group (SI_KERNEL), as a
+    // real terminal does. devlock must not forward another copy.
+    let s = Scratch::new();
+    let inner = format!(
+        "{bin} r -- sh -c \"trap 'echo sig >> {got}; exit 0' INT; echo > {ready}; while :; do sleep 0.01; done\"",
+        bin = BIN,
+        got = s.work("got").display(),
+        ready = s.work("ready").display(),
+    );
+    let mut script = Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .env("DEVLOCK_DIR", s.dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_file(&s.work("ready"));
+    use std::io::Write;
+    script.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
+    script.stdin.as_mut().unwrap().flush().unwrap();
+    wait_child(&mut script);
+    assert_eq!(std::fs::read_to_string(s.work("got")).unwrap(), "sig\n");
+}
+
+#[test]
+fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let pidfile = s.work("pid");
+    let mut holder = s.hold(
+        &["r"],
+        &format!(
+            "echo $$ > {pid}; echo > {ready}; while [ ! -e {release} ]; do sleep 0.01; done",
+            pid = pidfile.display(),
+            ready = ready.display(),
+            release = release.display()
+        ),
+        &ready,
+    );
+    let command_pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // The command still runs and still holds the lock: nobody else gets in.
+    assert!(std::path::Path::new(&format!("/proc/{command_pid}")).exists());
+    assert!(!flock_is_free(&s.lock_path("r")));
+    let busy = s.run(&["-n", "r", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75));
+    // Status still knows whose lock it is, though the devlock is gone.
+    let view = s.resource_status("r");
+    assert_eq!(view["state"], "held");
+    assert_eq!(view["holders"][0]["pid"], command_pid);
+    assert_eq!(view["holders"][0]["step"], "sh");
+    std::fs::write(&release, "").unwrap();
+    wait_gone(command_pid);
+    assert!(s.run(&["-n", "r", "--", "true"]).status.success());
+}
+
+#[test]
+fn nested_take_passes_through_instead_of_deadlocking() {
+    let s = Scratch::new();
+    let out = s
+        .devlock()
+        .args([
+            "-n",
+            "r",
+            "--",
+            BIN,
+            "-n",
+            "r",
+            "--",
+            "sh",
+            "-c",
+            "echo inner",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out).trim(), "inner", "{}", stderr(&out));
+    assert!(out.status.success());
+    // Inside util-linux flock too: the kernel says the descriptor holds it.
+    std::fs::create_dir_all(s.dir()).unwrap();
+    let out = Command::new("/usr/bin/flock")
+        .arg(s.lock_path("r"))
+        .args([BIN, "-n", "r", "--", "sh", "-c", "exit 4"])
+        .env("DEVLOCK_DIR", s.dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+}
+
+#[test]
+fn a_copied_environment_is_not_mistaken_for_holding() {
+    // Another job holds r; a process that merely copied a holder's
+    // environment must still wait.
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let mut holder = s.hold(
+        &["r"],
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready.display(),
+            release.display()
+        ),
+        &ready,
+    );
+    let out = s
+        .devlock()
+        .env("DEVLOCK_RESOURCES", "r")
+        .args(["-n", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75));
+    std::fs::write(&release, "").unwrap();
+    wait_child(&mut holder);
+}
+
+fn assert_refused(s: &Scratch, victim: &std::path::Path, what: &str) {
+    let out = s.run(&["-n", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(74), "{what}: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.starts_with("devlock: "), "{err}");
+    assert!(
+        err.contains(&s.lock_path("r").display().to_string()),
+        "names the path: {err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(victim).unwrap(),
+        "precious",
+        "{what}: victim changed"
+    );
+}
+
+#[test]
+fn planted_symlink_fifo_and_hard_link_are_refused() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.dir()).unwrap();
+    let victim = s.work("victim");
+    std::fs::write(&victim, "precious").unwrap();
+
+    std::os::unix::fs::symlink(&victim, s.lock_path("r")).unwrap();
+    assert_refused(&s, &victim, "symlink");
+    std::fs::remove_file(s.lock_path("r")).unwrap();
+
+    std::os::unix::fs::symlink(s.work("dangling"), s.lock_path("r")).unwrap();
+    assert_refused(&s, &victim, "dangling symlink");
+    assert!(
+        !s.work("dangling").exists(),
+        "must not create through a dangling link"
+    );
+    std::fs::remove_file(s.lock_path("r")).unwrap();
+
+    std::fs::hard_link(&victim, s.lock_path("r")).unwrap();
+    assert_refused(&s, &victim, "hard link");
+    std::fs::remove_file(s.lock_path("r")).unwrap();
+
+    nix::unistd::mkfifo(
+        &s.lock_path("r"),
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .unwrap();
+    assert_refused(&s, &victim, "fifo");
+}
+
+#[test]
+fn a_symlinked_scratch_directory_is_refused() {
+    let s = Scratch::new();
+    let real = s.work("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, s.dir()).unwrap();
+    let out = s.run(&["r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(74));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert!(std::fs::read_dir(&real).unwrap().next().is_none());
+}
+
+#[test]
+fn lock_files_and_directory_are_usable_by_everyone_whatever_the_umask() {
+    let s = Scratch::new();
+    let out = Command::new("sh")
+        .args(["-c", &format!("umask 077; exec {BIN} r -- true")])
+        .env("DEVLOCK_DIR", s.dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::metadata(s.dir()).unwrap().mode() & 0o7777, 0o1777);
+    assert_eq!(
+        std::fs::metadata(s.lock_path("r")).unwrap().mode() & 0o777,
+        0o666
+    );
+}
+
+#[test]
+fn bad_input_is_refused_before_any_file_is_touched() {
+    let s = Scratch::new();
+    let long = "x".repeat(65);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["", "--", "true"], "invalid resource name"),
+        (vec!["../x", "--", "true"], "invalid resource name"),
+        (vec!["a/b", "--", "true"], "invalid resource name"),
+        (vec!["a\x1bb", "--", "true"], "invalid resource name"),
+        (vec![".hidden", "--", "true"], "invalid resource name"),
+        (vec![&long, "--", "true"], "invalid resource name"),
+        (vec!["r", "true"], "missing `-- COMMAND`"),
+        (vec!["r", "--"], "missing `-- COMMAND`"),
+        (vec!["--", "true"], "missing RESOURCE"),
+        (
+            vec!["-w", "soon", "r", "--", "true"],
+            "invalid value 'soon'",
+        ),
+        (
+            vec!["--report-every", "x", "r", "--", "true"],
+            "invalid value",
+        ),
+        (
+            vec!["--no-such-flag", "r", "--", "true"],
+            "unexpected argument",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = s.run(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with("devlock: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(!err.contains('\x1b'), "escape echoed back: {err:?}");
+        assert!(!s.dir().exists(), "{args:?} touched the scratch dir");
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let out = s
+        .devlock()
+        .arg(std::ffi::OsStr::from_bytes(b"gp\xffu"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("not valid UTF-8"));
+    assert!(!s.dir().exists());
+}
+
+#[test]
+fn an_unusable_directory_is_one_clear_line() {
+    let s = Scratch::new();
+    let file = s.work("plain-file");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(BIN)
+        .args(["--dir", file.to_str().unwrap(), "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(74));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("devlock: ") && err.contains("not a directory"),
+        "{err}"
+    );
+    let missing_parent = s.work("no/such/dir");
+    let out = Command::new(BIN)
+        .args(["--dir", missing_parent.to_str().unwrap(), "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(74));
+    assert!(
+        stderr(&out).contains("cannot create scratch directory"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holder() {
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let mut holder = s.hold(
+        &["--step", "trainer", "r"],
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready.display(),
+            release.display()
+        ),
+        &ready,
+    );
+    let busy = s.run(&["-n", "r", "--", "touch", s.work("ran").to_str().unwrap()]);
+    assert_eq!(busy.status.code(), Some(75));
+    let err = stderr(&busy);
+    assert!(err.contains("r is busy: held by trainer (pid "), "{err}");
+    let timed = s.run(&[
+        "-w",
+        "200ms",
+        "--conflict-exit-code",
+        "9",
+        "r",
+        "--",
+        "touch",
+        s.work("ran").to_str().unwrap(),
+    ]);
+    assert_eq!(timed.status.code(), Some(9));
+    assert!(
+        stderr(&timed).contains("timed out after 200ms waiting for r: held by trainer"),
+        "{}",
+        stderr(&timed)
+    );
+    assert!(!s.work("ran").exists());
+    // Neither left a trace in the holder's record or in status.
+    let view = s.resource_status("r");
+    assert_eq!(view["holders"][0]["step"], "trainer");
+    assert_eq!(view["waiters"].as_array().unwrap().len(), 0);
+    std::fs::write(&release, "").unwrap();
+    wait_child(&mut holder);
+}
+
+#[test]
+fn a_waiter_starts_once_the_holder_ends_and_says_so() {
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let mut holder = s.hold(
+        &["--step", "first", "r"],
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready.display(),
+            release.display()
+        ),
+        &ready,
+    );
+    let mut waiter = s
+        .devlock()
+        .args(["r", "--", "echo", "second ran"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(waiter.stderr.take().unwrap());
+    let first = wait_for_line(&mut err, "waiting");
+    assert!(
+        first.contains("devlock: r · waiting 0s for first (pid "),
+        "{first}"
+    );
+    assert!(first.contains("1st in line"), "{first}");
+    std::fs::write(&release, "").unwrap();
+    let got = wait_for_line(&mut err, "got r after");
+    assert!(got.starts_with("devlock: got r after "), "{got}");
+    assert!(wait_child(&mut waiter).success());
+    wait_child(&mut holder);
+}
+
+#[test]
+fn a_replaced_lock_file_is_noticed() {
+    // Someone deletes the lock file while a holder holds it and a waiter waits
+    // on the old inode: the waiter must not run while a holder of the new
+    // file runs. devlock re-checks the path after locking and starts again.
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release = s.work("release");
+    let mut holder = s.hold(
+        &["r"],
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready.display(),
+            release.display()
+        ),
+        &ready,
+    );
+    let mut waiter = s
+        .devlock()
+        .args([
+            "-q",
+            "r",
+            "--",
+            "touch",
+            s.work("waiter-ran").to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("r"), 1);
+    std::fs::remove_file(s.lock_path("r")).unwrap();
+    let ready2 = s.work("ready2");
+    let release2 = s.work("release2");
+    let mut second = s.hold(
+        &["r"],
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready2.display(),
+            release2.display()
+        ),
+        &ready2,
+    );
+    std::fs::write(&release, "").unwrap();
+    wait_child(&mut holder);
+    // The waiter woke on the dead inode, saw the new file, and waits on it.
+    wait_blocked(&s.lock_path("r"), 1);
+    assert!(!s.work("waiter-ran").exists());
+    std::fs::write(&release2, "").unwrap();
+    wait_child(&mut second);
+    assert!(wait_child(&mut waiter).success());
+    assert!(s.work("waiter-ran").exists());
+}

@@ -1,0 +1,232 @@
+//! A small builder over a temp scratch directory, and handshakes between
+//! processes: wait for a file or a line, with a generous bound that only
+//! fails on a hang.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Upper bound for any handshake: long enough for a loaded 2-core machine,
+/// short enough that a hang fails the test instead of the CI run.
+pub const HANG: Duration = Duration::from_secs(60);
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_devlock");
+
+/// A scratch directory of our own plus a work directory for handshake files.
+pub struct Scratch {
+    pub root: tempfile::TempDir,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        let root = tempfile::Builder::new()
+            .prefix("devlock-test")
+            .tempdir()
+            .unwrap();
+        // Readable by the unprivileged user of the cross-user tests.
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir(root.path().join("work")).unwrap();
+        std::fs::set_permissions(
+            root.path().join("work"),
+            std::fs::Permissions::from_mode(0o1777),
+        )
+        .unwrap();
+        Scratch { root }
+    }
+
+    /// The scratch directory devlock uses (not created until devlock runs).
+    pub fn dir(&self) -> PathBuf {
+        self.root.path().join("locks")
+    }
+
+    pub fn lock_path(&self, resource: &str) -> PathBuf {
+        self.dir().join(format!("{resource}.lock"))
+    }
+
+    /// Where tests put handshake and output files.
+    pub fn work(&self, name: &str) -> PathBuf {
+        self.root.path().join("work").join(name)
+    }
+
+    /// `devlock` with `DEVLOCK_DIR` pointing here.
+    pub fn devlock(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.env("DEVLOCK_DIR", self.dir()).env_remove("NO_COLOR");
+        cmd
+    }
+
+    /// `devlock ARGS` run to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.devlock()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// Starts a holder: `devlock RESOURCE -- sh -c 'SCRIPT'`, and waits until
+    /// the script has written "ready" to `ready_file` (SCRIPT must do that).
+    pub fn hold(&self, args: &[&str], script: &str, ready_file: &Path) -> Child {
+        let mut cmd = self.devlock();
+        cmd.args(args).args(["--", "sh", "-c", script]);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        wait_for_file(ready_file);
+        child
+    }
+
+    /// `devlock status --json` parsed.
+    pub fn status_json(&self, resources: &[&str]) -> serde_json::Value {
+        let mut args = vec!["status", "--json"];
+        args.extend(resources);
+        let out = self.run(&args);
+        assert!(out.status.success(), "status failed: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The one resource entry of `status --json` for `name`.
+    pub fn resource_status(&self, name: &str) -> serde_json::Value {
+        self.status_json(&[name])["resources"][0].clone()
+    }
+
+    /// Polls status until `accept` holds (status is a snapshot; the thing
+    /// we wait for happens in another process).
+    pub fn wait_for_status(
+        &self,
+        name: &str,
+        what: &str,
+        accept: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let view = self.resource_status(name);
+            if accept(&view) {
+                return view;
+            }
+            assert!(
+                start.elapsed() < HANG,
+                "timed out waiting for {what}; last status: {view}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Waits until `path` exists.
+pub fn wait_for_file(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < HANG,
+            "timed out waiting for {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Reads lines from a child's stream until one contains `needle`; returns
+/// every line read so far.
+pub fn wait_for_line(reader: &mut impl BufRead, needle: &str) -> String {
+    let mut seen = String::new();
+    let deadline = Instant::now() + HANG;
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).unwrap();
+        seen.push_str(&line);
+        if line.contains(needle) {
+            return seen;
+        }
+        assert!(
+            n > 0 && Instant::now() < deadline,
+            "no line with {needle:?}; got {seen:?}"
+        );
+    }
+}
+
+/// Waits for a child with the hang bound, killing it if it hangs.
+pub fn wait_child(child: &mut Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            panic!("child {} hung", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until `pid` has gone (it need not be our child).
+pub fn wait_gone(pid: u32) {
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
+        assert!(start.elapsed() < HANG, "pid {pid} did not exit");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// Waits until the kernel shows `count` processes blocked on the lock file.
+pub fn wait_blocked(lock: &Path, count: usize) {
+    use std::os::unix::fs::MetadataExt;
+    let start = Instant::now();
+    loop {
+        if let Ok(meta) = std::fs::metadata(lock) {
+            let ino = format!(":{} ", meta.ino());
+            let locks = std::fs::read_to_string("/proc/locks").unwrap();
+            let blocked = locks
+                .lines()
+                .filter(|l| l.contains("->") && l.contains(&ino))
+                .count();
+            if blocked >= count {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < HANG,
+            "never saw {count} blocked on {}",
+            lock.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain kill(2).
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "kill {pid}");
+}
+
+/// `flock -n PATH true` succeeded: the lock is free right now.
+pub fn flock_is_free(path: &Path) -> bool {
+    Command::new("/usr/bin/flock")
+        .arg("-n")
+        .arg(path)
+        .arg("true")
+        .status()
+        .unwrap()
+        .success()
+}

@@ -1,0 +1,5 @@
+//! devlock's integration tests: real processes, signals, files and flock.
+
+mod harness;
+
+mod core;
