@@ -89,8 +89,13 @@ impl Record {
         })
     }
 
+    /// The record as one JSON object that carries a checksum of itself as
+    /// its first member, so a reader can tell a torn read (bytes of two
+    /// records mixed mid-update) from a whole record.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut bytes = serde_json::to_vec(self).expect("a record always serialises");
+        let body = serde_json::to_vec(self).expect("a record always serialises");
+        let mut bytes = format!("{{\"check\":\"{:016x}\",", fnv1a(&body)).into_bytes();
+        bytes.extend_from_slice(&body[1..]);
         bytes.push(b'\n');
         bytes
     }
@@ -156,11 +161,28 @@ pub fn read_from(file: &File) -> ReadRecord {
     ReadRecord::Unreadable
 }
 
-/// A record is accepted only whole: one JSON object ending in a newline.
+/// A record is accepted only whole: one JSON object ending in a newline whose
+/// checksum matches the rest of it.
 pub fn parse(bytes: &[u8]) -> Option<Record> {
-    let body = bytes.strip_suffix(b"\n")?;
-    let record: Record = serde_json::from_slice(body).ok()?;
+    const PREFIX: &[u8] = b"{\"check\":\"";
+    let text = bytes.strip_suffix(b"\n")?.strip_prefix(PREFIX)?;
+    let (hex, rest) = (text.get(..16)?, text.get(16..)?.strip_prefix(b"\",")?);
+    let check = u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+    let mut body = Vec::with_capacity(rest.len() + 1);
+    body.push(b'{');
+    body.extend_from_slice(rest);
+    if fnv1a(&body) != check {
+        return None;
+    }
+    let record: Record = serde_json::from_slice(&body).ok()?;
     (record.v == 1).then_some(record)
+}
+
+/// FNV-1a, 64 bits: enough to catch a torn read, and nothing to depend on.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 pub fn now_ms() -> u64 {
@@ -204,6 +226,15 @@ mod tests {
             assert_eq!(parse(&bytes[..cut]), None, "torn at {cut}");
         }
         assert_eq!(parse(b"garbage\n"), None);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let mixed = text.replacen("\"step\":\"train\"", "\"step\":\"trbin\"", 1);
+        assert_eq!(
+            parse(mixed.as_bytes()),
+            None,
+            "a changed byte fails the check"
+        );
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(value["step"], "train", "the record stays plain JSON");
         assert_eq!(parse(b"{\"v\":2}\n"), None);
         assert!(record.names_live_process());
     }
