@@ -207,7 +207,10 @@ pub fn holders_of(
                     };
                     return labelled(r, live, source, lock.exclusive, now);
                 }
-            } else if procfs::start_time(lock.pid).is_some() {
+            }
+            // Alive but not the recorded process (no record, another
+            // holder's record, or a recycled pid): the kernel's word only.
+            if procfs::start_time(lock.pid).is_some() {
                 return Holder {
                     step: None,
                     pid: Some(lock.pid),

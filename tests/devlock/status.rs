@@ -1,0 +1,454 @@
+//! `devlock status` and the waiting display: kernel truth first, records as
+//! labels, waiters that clean up after themselves, and several users.
+
+use std::io::{BufReader, Read};
+use std::process::{Child, Command, Stdio};
+
+use devlock::record::Record;
+
+use crate::harness::*;
+
+/// A holder whose command waits for `release` to appear.
+fn hold_until_released(s: &Scratch, args: &[&str], tag: &str) -> Child {
+    let ready = s.work(&format!("ready-{tag}"));
+    let release = s.work(&format!("release-{tag}"));
+    s.hold(
+        args,
+        &format!(
+            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+            ready.display(),
+            release.display()
+        ),
+        &ready,
+    )
+}
+
+fn release(s: &Scratch, tag: &str) {
+    std::fs::write(s.work(&format!("release-{tag}")), "").unwrap();
+}
+
+/// Plain util-linux flock holding `resource` until released.
+fn flock_holder(s: &Scratch, resource: &str, tag: &str) -> Child {
+    std::fs::create_dir_all(s.dir()).unwrap();
+    let ready = s.work(&format!("ready-{tag}"));
+    let release = s.work(&format!("release-{tag}"));
+    let child = Command::new("/usr/bin/flock")
+        .arg(s.lock_path(resource))
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+                ready.display(),
+                release.display()
+            ),
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready);
+    child
+}
+
+fn waiter(s: &Scratch, resource: &str, step: &str) -> Child {
+    s.devlock()
+        .args(["-q", "--step", step, resource, "--", "true"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn waiter_count(view: &serde_json::Value) -> usize {
+    view["waiters"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn status_names_the_holder_in_both_forms() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "trainer", "gpu"], "h");
+    let json = s.status_json(&[]);
+    assert_eq!(json["dir"], s.dir().display().to_string());
+    let gpu = &json["resources"][0];
+    assert_eq!(gpu["name"], "gpu");
+    assert_eq!(gpu["state"], "held");
+    let h = &gpu["holders"][0];
+    assert_eq!(h["step"], "trainer");
+    assert_eq!(h["pid"], holder.id());
+    assert_eq!(h["user"], whoami());
+    for field in ["since", "held_for_ms", "command"] {
+        assert!(!h[field].is_null(), "{field} missing in {h}");
+    }
+    assert_eq!(h["command"][0], "sh");
+    assert!(gpu["waiters"].as_array().unwrap().is_empty());
+
+    let out = s.run(&["status"]);
+    let table = stdout(&out);
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("RESOURCE  STATE"), "{table}");
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with("gpu") && row.contains("held") && row.contains("trainer"),
+        "{table}"
+    );
+    assert!(row.contains(&holder.id().to_string()), "{table}");
+    assert_eq!(
+        header.find("STEP"),
+        row.find("trainer"),
+        "columns align:\n{table}"
+    );
+    assert!(!table.contains('\x1b'), "no colour when not a terminal");
+    release(&s, "h");
+    wait_child(&mut holder);
+    assert_eq!(s.resource_status("gpu")["state"], "free");
+}
+
+fn whoami() -> String {
+    devlock::procfs::user_name(nix::unistd::getuid().as_raw())
+}
+
+#[test]
+fn waiters_show_in_arrival_order_and_vanish_when_killed() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["r"], "h");
+    let mut first = waiter(&s, "r", "first");
+    s.wait_for_status("r", "first waiter", |v| waiter_count(v) == 1);
+    let mut second = waiter(&s, "r", "second");
+    let view = s.wait_for_status("r", "second waiter", |v| waiter_count(v) == 2);
+    let w = &view["waiters"];
+    assert_eq!(
+        (w[0]["step"].as_str(), w[0]["position"].as_u64()),
+        (Some("first"), Some(1))
+    );
+    assert_eq!(
+        (w[1]["step"].as_str(), w[1]["position"].as_u64()),
+        (Some("second"), Some(2))
+    );
+    assert_eq!(w[0]["pid"], first.id());
+    for field in ["user", "since", "waiting_for_ms"] {
+        assert!(!w[0][field].is_null(), "{field} missing in {w}");
+    }
+    let table = stdout(&s.run(&["status", "r"]));
+    assert!(
+        table.contains("waits #1") && table.contains("waits #2"),
+        "{table}"
+    );
+
+    // kill -9 of a waiter: gone from status at once, and its file swept.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let view = s.resource_status("r");
+    assert_eq!(waiter_count(&view), 1, "{view}");
+    assert_eq!(view["waiters"][0]["step"], "second");
+    assert_eq!(view["waiters"][0]["position"], 1);
+    let leftovers: Vec<_> = std::fs::read_dir(s.dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&format!("@{}.", first.id())))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "dead waiter's file left: {leftovers:?}"
+    );
+
+    release(&s, "h");
+    wait_child(&mut holder);
+    assert!(wait_child(&mut second).success());
+    let view = s.resource_status("r");
+    assert_eq!(
+        (view["state"].as_str(), waiter_count(&view)),
+        (Some("free"), 0)
+    );
+}
+
+#[test]
+fn a_killed_holder_leaves_nothing_behind() {
+    let s = Scratch::new();
+    let pidfile = s.work("pid");
+    let ready = s.work("ready");
+    let mut holder = s.hold(
+        &["r"],
+        &format!(
+            "echo $$ > {}; echo > {}; exec sleep 1000",
+            pidfile.display(),
+            ready.display()
+        ),
+        &ready,
+    );
+    let command: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    signal(command as u32, libc::SIGKILL);
+    wait_gone(command as u32);
+    let view = s.resource_status("r");
+    assert_eq!(view["state"], "free", "{view}");
+    assert!(view["holders"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn plain_flock_holder_shows_as_the_pid_the_kernel_names() {
+    let s = Scratch::new();
+    let mut holder = flock_holder(&s, "r", "f");
+    let view = s.resource_status("r");
+    assert_eq!(view["state"], "held");
+    let h = &view["holders"][0];
+    assert_eq!(h["pid"], holder.id());
+    assert_eq!(h["source"], "no-record");
+    assert!(h["step"].is_null());
+    assert_eq!(h["command"][0], "flock");
+    let table = stdout(&s.run(&["status"]));
+    assert!(table.contains("(flock, no record)"), "{table}");
+    release(&s, "f");
+    wait_child(&mut holder);
+}
+
+fn plant_record(s: &Scratch, resource: &str, record: &Record) {
+    std::fs::create_dir_all(s.dir()).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(s.lock_path(resource))
+        .unwrap();
+    record.write_to(&file).unwrap();
+}
+
+#[test]
+fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
+    let s = Scratch::new();
+    // A dead pid.
+    let mut dead = Record::for_this_process("ghost", &["ghost".into()]);
+    dead.pid = 4_000_000;
+    dead.pid_start = Some(1);
+    plant_record(&s, "r", &dead);
+    let mut holder = flock_holder(&s, "r", "a");
+    let view = s.resource_status("r");
+    assert_eq!(view["holders"][0]["pid"], holder.id());
+    assert!(view["holders"][0]["step"].is_null(), "{view}");
+    assert_eq!(view["stale_record"]["step"], "ghost");
+    assert!(stdout(&s.run(&["status"])).contains("(flock, no record)"));
+    release(&s, "a");
+    wait_child(&mut holder);
+
+    // A recycled pid: the record names the very pid that holds the lock now,
+    // but with another start time.
+    let mut holder = flock_holder(&s, "r", "b");
+    let mut reused = Record::for_this_process("ghost", &["ghost".into()]);
+    reused.pid = holder.id();
+    reused.pid_start = Some(1);
+    plant_record(&s, "r", &reused);
+    let view = s.resource_status("r");
+    assert!(view["holders"][0]["step"].is_null(), "{view}");
+    assert_eq!(view["holders"][0]["source"], "no-record");
+    assert_eq!(view["stale_record"]["step"], "ghost");
+    release(&s, "b");
+    wait_child(&mut holder);
+}
+
+#[test]
+fn escapes_and_garbage_in_records_never_reach_the_terminal() {
+    let s = Scratch::new();
+    let mut holder = flock_holder(&s, "evil", "e");
+    let mut record =
+        Record::for_this_process("\x1b[2J\x1b]0;pwned\x07step", &["\x1b[31mcmd".into()]);
+    record.pid = holder.id();
+    record.pid_start = devlock::procfs::start_time(holder.id());
+    record.user = "\x1b[5muser".into();
+    plant_record(&s, "evil", &record);
+    let view = s.resource_status("evil");
+    assert_eq!(
+        view["holders"][0]["step"], "\x1b[2J\x1b]0;pwned\x07step",
+        "JSON keeps it, escaped"
+    );
+    let table = stdout(&s.run(&["status"]));
+    assert!(table.contains("?[2J?]0;pwned?step"), "{table}");
+    assert!(
+        !table.contains('\x1b') && !table.contains('\x07'),
+        "{table:?}"
+    );
+    // The waiting line and the busy message are sanitised too.
+    let busy = s.run(&["-n", "evil", "--", "true"]);
+    assert!(!stderr(&busy).contains('\x1b'), "{:?}", stderr(&busy));
+    // Garbage instead of a record.
+    std::fs::write(s.lock_path("evil"), b"\x1b[31m{\"v\":1,garbage\xff\xfe").unwrap();
+    let view = s.resource_status("evil");
+    assert_eq!(view["record"], "unreadable");
+    assert_eq!(view["holders"][0]["pid"], holder.id());
+    let table = stdout(&s.run(&["status"]));
+    assert!(!table.contains('\x1b'), "{table:?}");
+    release(&s, "e");
+    wait_child(&mut holder);
+}
+
+#[test]
+fn a_waiter_reports_every_interval_when_not_on_a_terminal() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "long", "r"], "h");
+    let mut w = s
+        .devlock()
+        .args(["--report-every", "50ms", "r", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(w.stderr.take().unwrap());
+    let seen = wait_for_line(&mut err, "waiting");
+    let seen = seen + &wait_for_line(&mut err, "waiting");
+    assert!(
+        seen.lines().all(|l| l.starts_with("devlock: r · waiting ")),
+        "{seen}"
+    );
+    assert!(seen.contains("for long (pid "), "{seen}");
+    release(&s, "h");
+    wait_for_line(&mut err, "devlock: got r after ");
+    assert!(wait_child(&mut w).success());
+    wait_child(&mut holder);
+}
+
+#[test]
+fn quiet_waiters_print_nothing() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["r"], "h");
+    let mut w = s
+        .devlock()
+        .args(["-q", "--report-every", "10ms", "r", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("r"), 1);
+    release(&s, "h");
+    wait_child(&mut holder);
+    assert!(wait_child(&mut w).success());
+    let mut text = String::new();
+    w.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+    assert_eq!(text, "");
+}
+
+#[test]
+fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
+    let inner = format!("{BIN} r -- echo COMMAND-OUTPUT");
+    let mut script = Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .env("DEVLOCK_DIR", s.dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = script.stdout.take().unwrap();
+    // Read until the live line shows, then let the holder go.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("1st in line") {
+        let n = out.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "script ended early: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    release(&s, "h");
+    out.read_to_end(&mut seen).unwrap();
+    wait_child(&mut script);
+    wait_child(&mut holder);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.contains("\r\x1b[Kdevlock: r · waiting 0s for first (pid "),
+        "{text:?}"
+    );
+    assert!(
+        text.contains("\r\x1b[KCOMMAND-OUTPUT"),
+        "line cleared before the command: {text:?}"
+    );
+    assert!(
+        !text.contains("got r after"),
+        "no extra line on a terminal: {text:?}"
+    );
+}
+
+/// Runs `args` as the unprivileged user `nobody`, or says why not.
+fn as_nobody(args: &[&str]) -> Option<Command> {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipping cross-user check: not running as root");
+        return None;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipping cross-user check: setpriv is missing");
+        return None;
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(args);
+    Some(cmd)
+}
+
+#[test]
+fn locks_of_one_user_are_seen_and_shared_by_another() {
+    let s = Scratch::new();
+    // Root holds, nobody looks and waits.
+    let mut holder = hold_until_released(&s, &["--step", "root-job", "r"], "h");
+    let Some(mut status_as_nobody) = as_nobody(&[BIN, "status", "--json", "r"]) else {
+        release(&s, "h");
+        wait_child(&mut holder);
+        return;
+    };
+    let out = status_as_nobody
+        .env("DEVLOCK_DIR", s.dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let h = &json["resources"][0]["holders"][0];
+    assert_eq!(
+        (h["step"].as_str(), h["user"].as_str()),
+        (Some("root-job"), Some("root")),
+        "{json}"
+    );
+    let mut nobody_waits =
+        as_nobody(&[BIN, "-q", "--step", "nobody-job", "r", "--", "true"]).unwrap();
+    let mut nobody_waits = nobody_waits.env("DEVLOCK_DIR", s.dir()).spawn().unwrap();
+    let view = s.wait_for_status("r", "nobody waiting", |v| waiter_count(v) == 1);
+    assert_eq!(view["waiters"][0]["user"], "nobody");
+    release(&s, "h");
+    wait_child(&mut holder);
+    assert!(
+        wait_child(&mut nobody_waits).success(),
+        "nobody could take root's lock file"
+    );
+
+    // Nobody holds a lock file nobody created; root sees it.
+    let ready = s.work("ready-n");
+    let release_n = s.work("release-n");
+    let script = format!(
+        "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+        ready.display(),
+        release_n.display()
+    );
+    let mut nobody_holds = as_nobody(&[
+        BIN,
+        "--step",
+        "nobody-job",
+        "fresh",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .unwrap()
+    .env("DEVLOCK_DIR", s.dir())
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready);
+    let view = s.resource_status("fresh");
+    assert_eq!(view["holders"][0]["user"], "nobody", "{view}");
+    assert_eq!(view["holders"][0]["step"], "nobody-job");
+    std::fs::write(&release_n, "").unwrap();
+    assert!(wait_child(&mut nobody_holds).success());
+    // And root can use the file nobody created.
+    assert!(s.run(&["-n", "fresh", "--", "true"]).status.success());
+}
