@@ -56,6 +56,10 @@ pub struct Cli {
         value_hint = clap::ValueHint::DirPath
     )]
     pub dir: PathBuf,
+
+    /// Longest wait for nvidia-smi before a device counts as unknown
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub probe_timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,6 +105,17 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// Before starting, check with nvidia-smi that the GPUs the resources map
+    /// to (gpu:N is GPU N, gpu is all) run nothing outside the gate; if they
+    /// do, or cannot be checked, release and exit 69
+    #[arg(long)]
+    pub require_idle: bool,
+
+    /// Device memory a process outside the gate may hold before --require-idle
+    /// refuses (e.g. 256MiB, 1GiB)
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_mib, requires = "require_idle")]
+    pub idle_threshold: u64,
+
     /// When stderr is not a terminal, how often to report a long wait
     #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
     pub report_every: Duration,
@@ -116,6 +131,25 @@ pub struct StatusArgs {
     /// Print one JSON document instead of a table
     #[arg(long)]
     pub json: bool,
+}
+
+/// A memory size in MiB: `256`, `256MiB`, `1GiB`, `1.5G`.
+fn parse_mib(text: &str) -> Result<u64, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let split = lower
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(lower.len());
+    let (number, unit) = lower.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("not a size: {text:?} (try 256MiB or 1GiB)"))?;
+    let scale = match unit.trim() {
+        "" | "m" | "mb" | "mib" => 1.0,
+        "g" | "gb" | "gib" => 1024.0,
+        "k" | "kb" | "kib" => 1.0 / 1024.0,
+        _ => return Err(format!("unknown size unit in {text:?} (use MiB or GiB)")),
+    };
+    Ok((number * scale).round() as u64)
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -157,5 +191,15 @@ mod tests {
         let cli = Cli::try_parse_from(["devlock", "-w", "1h30m", "r", "--", "true"]).unwrap();
         assert_eq!(cli.run.timeout, Some(Duration::from_secs(5400)));
         assert!(Cli::try_parse_from(["devlock", "-w", "soon", "r", "--", "true"]).is_err());
+    }
+
+    #[test]
+    fn sizes_are_mebibytes() {
+        assert_eq!(parse_mib("256"), Ok(256));
+        assert_eq!(parse_mib("256MiB"), Ok(256));
+        assert_eq!(parse_mib("1GiB"), Ok(1024));
+        assert_eq!(parse_mib("1.5g"), Ok(1536));
+        assert!(parse_mib("lots").is_err());
+        assert!(parse_mib("5 parsecs").is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! same locks with [`Lock::acquire`].
 
 pub mod cli;
+pub mod devices;
 pub mod exit;
 mod lock;
 pub mod lockfile;
@@ -27,8 +28,8 @@ use anyhow::Result;
 /// Runs a parsed command line and returns the exit code to end with.
 pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
     match cli.subcommand {
-        Some(cli::Command::Status(args)) => status_cmd::run(&args, &cli.dir),
-        None => run::run(&cli.run, &cli.dir),
+        Some(cli::Command::Status(args)) => status_cmd::run(&args, &cli.dir, cli.probe_timeout),
+        None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
 }
 

@@ -6,11 +6,12 @@ use std::io::IsTerminal;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use crate::cli::RunArgs;
+use crate::devices;
 use crate::exit::{ExitCode, coded};
 use crate::lockfile::{LockFile, TryLock};
 use crate::procfs;
@@ -27,10 +28,11 @@ enum Taken {
     /// We hold it through this file.
     Held(LockFile),
     /// An inherited descriptor already holds it: we run inside its holder.
-    Inherited,
+    /// The file is open (not locked by us) only to name the lock.
+    Inherited(LockFile),
 }
 
-pub fn run(args: &RunArgs, dir_path: &Path) -> Result<ExitCode> {
+pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let resources = validate(args)?;
     let command_line: Vec<String> = args
         .command
@@ -51,20 +53,26 @@ pub fn run(args: &RunArgs, dir_path: &Path) -> Result<ExitCode> {
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
     };
-    let mut held = Vec::new();
+    let mut taken: Vec<(Resource, Taken)> = Vec::new();
     let mut pending: Option<Received> = None;
     // One canonical order (sorted names) whatever order the user wrote, so
     // two jobs naming the same resources can never each hold what the other
     // waits for.
     for resource in &resources {
-        match take(&dir, resource, args, &step, &command_line, &plan)? {
-            (Taken::Held(lock), signal) => {
-                held.push(lock);
-                pending = pending.or(signal);
-            }
-            (Taken::Inherited, _) => {}
-        }
+        let (took, signal) = take(&dir, resource, args, &step, &command_line, &plan)?;
+        pending = pending.or(signal);
+        taken.push((resource.clone(), took));
     }
+    if args.require_idle {
+        require_idle(&taken, args.idle_threshold, probe_timeout)?;
+    }
+    let held: Vec<LockFile> = taken
+        .into_iter()
+        .filter_map(|(_, took)| match took {
+            Taken::Held(lock) => Some(lock),
+            Taken::Inherited(_) => None,
+        })
+        .collect();
     let env = child_env(&resources, &dir, &step);
     if held.is_empty() {
         return Ok(pass_through(&args.command, &env));
@@ -103,7 +111,51 @@ fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
         .collect::<Result<Vec<_>>>()?;
     resources.sort();
     resources.dedup();
+    if args.require_idle
+        && !resources
+            .iter()
+            .any(|r| devices::gpu_indices(r, &[]).is_some())
+    {
+        return Err(coded(
+            ExitCode::Usage,
+            "--require-idle needs a GPU resource (gpu or gpu:N) to check",
+        ));
+    }
     Ok(resources)
+}
+
+/// Fails fast, with the lock released, when a GPU the resources map to runs
+/// work outside the gate or cannot be checked. Never waits and retries: a
+/// person decides what to do about the intruder.
+fn require_idle(
+    taken: &[(Resource, Taken)],
+    threshold_mib: u64,
+    probe_timeout: Duration,
+) -> Result<()> {
+    let table = procfs::LockTable::read().unwrap_or_default();
+    let me = std::process::id();
+    let gates: Vec<devices::Gate> = taken
+        .iter()
+        .map(|(resource, took)| {
+            let (Taken::Held(lock) | Taken::Inherited(lock)) = took;
+            devices::Gate {
+                resource: resource.clone(),
+                lock: lock.id(),
+                holder_pids: table
+                    .holders(lock.id())
+                    .map(|l| l.pid)
+                    .chain([me])
+                    .collect(),
+            }
+        })
+        .collect();
+    let info = devices::probe(probe_timeout, &gates);
+    for (resource, _) in taken {
+        if let Some(reason) = devices::not_idle_reason(&info, resource, threshold_mib) {
+            return Err(coded(ExitCode::NotIdle, reason));
+        }
+    }
+    Ok(())
 }
 
 fn take(
@@ -130,7 +182,7 @@ fn take(
         }
     };
     if held_by_inheritance(&lock) {
-        return Ok((Taken::Inherited, None));
+        return Ok((Taken::Inherited(lock), None));
     }
     if args.no_wait {
         let view = status::describe(&lock, dir, resource);

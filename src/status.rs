@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::devices::{self, DeviceInfo, DeviceView};
 use crate::lockfile::LockFile;
 use crate::procfs::{self, FileId, LockTable};
 use crate::record::{self, ReadRecord, Record};
@@ -30,11 +31,23 @@ pub struct Holder {
     pub held_for_ms: Option<u64>,
     pub command: Option<Vec<String>>,
     pub exclusive: bool,
+    /// For a GPU resource: the device memory of the holder's processes and
+    /// each device's utilisation, so a hung holder shows at a glance.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<HolderDevice>,
     /// How the label was found: `record` (matched the kernel), `no-record`
     /// (a holder that wrote none, such as plain flock), `inherited` (the
     /// devlock that took it is gone; its command or a descendant holds it),
     /// `unknown` (held, but no visible process owns it).
     pub source: &'static str,
+}
+
+/// A holder's footprint on one GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct HolderDevice {
+    pub index: u32,
+    pub used_mib: Option<u64>,
+    pub utilization_pct: Option<u32>,
 }
 
 /// A registered (or kernel-visible) waiter.
@@ -69,22 +82,40 @@ pub struct ResourceView {
     pub record: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stale_record: Option<StaleRecord>,
+    /// The lock file, as the kernel names it.
+    #[serde(skip)]
+    pub lock: Option<FileId>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusReport {
     pub dir: String,
     pub resources: Vec<ResourceView>,
+    /// What the driver says (absent when devices were not asked about).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_info: Option<DeviceInfo>,
+    /// The devices, flat, for scripts (empty when unknown or absent).
+    pub devices: Vec<DeviceView>,
 }
 
-/// Reads the state of `wanted` resources (all in the directory when empty).
-pub fn gather(dir_path: &std::path::Path, wanted: &[Resource]) -> Result<StatusReport> {
+/// Reads the state of `wanted` resources (all in the directory when empty),
+/// and of the GPUs when `probe_timeout` is given.
+pub fn gather(
+    dir_path: &std::path::Path,
+    wanted: &[Resource],
+    probe_timeout: Option<Duration>,
+) -> Result<StatusReport> {
     let mut report = StatusReport {
         dir: dir_path.display().to_string(),
         resources: Vec::new(),
+        device_info: None,
+        devices: Vec::new(),
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
         report.resources = wanted.iter().map(|r| free_view(r)).collect();
+        if let Some(timeout) = probe_timeout {
+            add_devices(&mut report, timeout, Vec::new());
+        }
         return Ok(report);
     };
     let names = dir.entries()?;
@@ -118,7 +149,71 @@ pub fn gather(dir_path: &std::path::Path, wanted: &[Resource]) -> Result<StatusR
             .resources
             .push(view_of(&dir, resource, &table, waiting, now, &mut sharers));
     }
+    if let Some(timeout) = probe_timeout {
+        // Every GPU lock gates its devices, shown or not.
+        let mut gates = Vec::new();
+        for name in &names {
+            let Some(resource) = Resource::from_file_name(name) else {
+                continue;
+            };
+            if devices::gpu_indices(&resource, &[]).is_none() {
+                continue;
+            }
+            let view = match report
+                .resources
+                .iter()
+                .find(|v| v.name == resource.as_str())
+            {
+                Some(view) => view.clone(),
+                None => view_of(&dir, &resource, &table, Vec::new(), now, &mut sharers),
+            };
+            if let Some(lock) = view.lock {
+                let holder_pids = view
+                    .holders
+                    .iter()
+                    .flat_map(|h| h.pids.iter().copied())
+                    .collect();
+                gates.push(devices::Gate {
+                    resource,
+                    lock,
+                    holder_pids,
+                });
+            }
+        }
+        add_devices(&mut report, timeout, gates);
+    }
     Ok(report)
+}
+
+fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices::Gate>) {
+    let info = devices::probe(timeout, &gates);
+    let all: Vec<u32> = info.devices().iter().map(|d| d.index).collect();
+    for view in &mut report.resources {
+        let Ok(resource) = view.name.parse::<Resource>() else {
+            continue;
+        };
+        let Some(indices) = devices::gpu_indices(&resource, &all) else {
+            continue;
+        };
+        for holder in &mut view.holders {
+            holder.devices = indices
+                .iter()
+                .filter_map(|i| info.devices().iter().find(|d| d.index == *i))
+                .map(|d| HolderDevice {
+                    index: d.index,
+                    used_mib: d
+                        .processes
+                        .iter()
+                        .filter(|p| p.gate.as_deref() == Some(view.name.as_str()))
+                        .map(|p| p.used_mib)
+                        .sum(),
+                    utilization_pct: d.utilization_pct,
+                })
+                .collect();
+        }
+    }
+    report.devices = info.devices().to_vec();
+    report.device_info = Some(info);
 }
 
 fn free_view(resource: &Resource) -> ResourceView {
@@ -129,6 +224,7 @@ fn free_view(resource: &Resource) -> ResourceView {
         waiters: Vec::new(),
         record: None,
         stale_record: None,
+        lock: None,
     }
 }
 
@@ -151,6 +247,7 @@ fn view_of(
         std::os::unix::fs::MetadataExt::dev(&meta),
         std::os::unix::fs::MetadataExt::ino(&meta),
     );
+    view.lock = Some(id);
     let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
     // A blocked waiter in /proc/locks without a registration: plain flock,
     // or a devlock between registering and blocking.
@@ -220,6 +317,7 @@ pub fn holders_of(
                     held_for_ms: None,
                     command: procfs::comm_of(lock.pid).map(|c| vec![c]),
                     exclusive: lock.exclusive,
+                    devices: Vec::new(),
                     source: "no-record",
                 };
             }
@@ -240,6 +338,7 @@ pub fn holders_of(
                     held_for_ms: None,
                     command: None,
                     exclusive: lock.exclusive,
+                    devices: Vec::new(),
                     source: "unknown",
                 },
             }
@@ -267,6 +366,7 @@ fn labelled(
         held_for_ms: Some(elapsed_ms(r.since(), now)),
         command: Some(r.command.clone()),
         exclusive,
+        devices: Vec::new(),
         source,
     }
 }

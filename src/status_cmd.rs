@@ -7,18 +7,20 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::cli::StatusArgs;
+use crate::devices::{DeviceInfo, DeviceView};
 use crate::exit::{ExitCode, coded};
+use crate::probe::format_mib;
 use crate::resource::Resource;
 use crate::status::{self, StatusReport};
 use crate::text::{sanitize, short_duration};
 
-pub fn run(args: &StatusArgs, dir: &Path) -> Result<ExitCode> {
+pub fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let wanted = args
         .resources
         .iter()
         .map(|r| Resource::parse(r).map_err(|e| coded(ExitCode::Usage, e)))
         .collect::<Result<Vec<_>>>()?;
-    let report = status::gather(dir, &wanted)?;
+    let report = status::gather(dir, &wanted, Some(probe_timeout))?;
     let text = if args.json {
         let mut json = serde_json::to_string_pretty(&report)?;
         json.push('\n');
@@ -35,11 +37,29 @@ pub fn run(args: &StatusArgs, dir: &Path) -> Result<ExitCode> {
     }
 }
 
-const HEADER: [&str; 6] = ["RESOURCE", "STATE", "STEP", "PID", "USER", "FOR"];
-
-/// Renders the report as aligned columns, one row per holder and per waiter.
+/// Renders the report: the locks, then the GPUs when the driver answered.
 pub fn table(report: &StatusReport, colour: bool) -> String {
-    let mut rows: Vec<[String; 6]> = vec![HEADER.map(str::to_owned)];
+    let mut out = locks_table(report, colour);
+    match &report.device_info {
+        Some(DeviceInfo::Unknown { reason }) => {
+            out.push_str(&format!("\nGPUs: unknown ({})\n", sanitize(reason)));
+        }
+        Some(DeviceInfo::Ok { devices }) => out.push_str(&devices_table(devices, colour)),
+        _ => {}
+    }
+    out
+}
+
+fn locks_table(report: &StatusReport, colour: bool) -> String {
+    let with_devices = report
+        .resources
+        .iter()
+        .any(|r| r.holders.iter().any(|h| !h.devices.is_empty()));
+    let mut header = vec!["RESOURCE", "STATE", "STEP", "PID", "USER", "FOR"];
+    if with_devices {
+        header.push("ON GPU");
+    }
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for res in &report.resources {
         let state = match (res.state, res.holders.len()) {
             ("shared", n) => format!("shared by {n}"),
@@ -51,14 +71,7 @@ pub fn table(report: &StatusReport, colour: bool) -> String {
                 (None, Some(r)) => format!("({r} record)"),
                 _ => String::new(),
             };
-            rows.push([
-                res.name.clone(),
-                state.clone(),
-                note,
-                String::new(),
-                String::new(),
-                String::new(),
-            ]);
+            rows.push(vec![res.name.clone(), state.clone(), note]);
         }
         for (i, h) in res.holders.iter().enumerate() {
             let step = match (&h.step, h.source) {
@@ -81,22 +94,40 @@ pub fn table(report: &StatusReport, colour: bool) -> String {
                     .collect::<Vec<_>>()
                     .join(",")
             };
-            let name = if i == 0 {
-                res.name.clone()
-            } else {
-                String::new()
-            };
-            rows.push([
-                name,
-                if i == 0 { state.clone() } else { String::new() },
+            let first = i == 0;
+            let mut row = vec![
+                if first {
+                    res.name.clone()
+                } else {
+                    String::new()
+                },
+                if first { state.clone() } else { String::new() },
                 step,
                 pids,
                 h.user.as_deref().map_or("?".to_owned(), sanitize),
                 duration_cell(h.held_for_ms),
-            ]);
+            ];
+            if with_devices {
+                row.push(
+                    h.devices
+                        .iter()
+                        .map(|d| {
+                            format!(
+                                "{}: {}, {}",
+                                d.index,
+                                d.used_mib.map_or("?".to_owned(), format_mib),
+                                d.utilization_pct
+                                    .map_or("?%".to_owned(), |u| format!("{u}%"))
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                );
+            }
+            rows.push(row);
         }
         for w in &res.waiters {
-            rows.push([
+            rows.push(vec![
                 String::new(),
                 format!("waits #{}", w.position),
                 w.step.as_deref().map_or("(no record)".to_owned(), sanitize),
@@ -106,8 +137,76 @@ pub fn table(report: &StatusReport, colour: bool) -> String {
             ]);
         }
     }
-    let mut widths = [0usize; 6];
-    for row in &rows {
+    let mut out = align(&rows, colour, paint_lock_cell);
+    if report.resources.is_empty() {
+        out.push_str(&format!("(no locks in {})\n", report.dir));
+    }
+    out
+}
+
+fn devices_table(devices: &[DeviceView], colour: bool) -> String {
+    let header = [
+        "GPU", "NAME", "MEMORY", "UTIL", "PID", "PROCESS", "USER", "USED", "GATE",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    let mut warnings = String::new();
+    for d in devices {
+        let memory = match (d.memory_used_mib, d.memory_total_mib) {
+            (Some(used), Some(total)) => format!("{} / {}", format_mib(used), format_mib(total)),
+            (used, total) => format!(
+                "{} / {}",
+                used.map_or("?".to_owned(), format_mib),
+                total.map_or("?".to_owned(), format_mib)
+            ),
+        };
+        let mut row = vec![
+            d.index.to_string(),
+            sanitize(&d.name),
+            memory,
+            d.utilization_pct
+                .map_or("?".to_owned(), |u| format!("{u}%")),
+        ];
+        if d.processes.is_empty() {
+            row.push("-".to_owned());
+            rows.push(row);
+            continue;
+        }
+        for (i, p) in d.processes.iter().enumerate() {
+            if i > 0 {
+                row = vec![String::new(); 4];
+            }
+            let used = p.used_mib.map_or("?".to_owned(), format_mib);
+            let user = p.user.as_deref().map_or("?".to_owned(), sanitize);
+            row.extend([
+                p.pid.to_string(),
+                sanitize(&p.name),
+                user.clone(),
+                used.clone(),
+                p.gate.clone().unwrap_or_else(|| "NOT GATED".to_owned()),
+            ]);
+            rows.push(row.clone());
+            if !p.gated {
+                warnings.push_str(&format!(
+                    "warning: pid {} ({}, {user}) uses {used} on GPU {} without holding its lock\n",
+                    p.pid,
+                    sanitize(&p.name),
+                    d.index
+                ));
+            }
+        }
+    }
+    format!("\n{}{warnings}", align(&rows, colour, paint_device_cell))
+}
+
+/// Pads every column to its widest cell; the last column is not padded.
+fn align(
+    rows: &[Vec<String>],
+    colour: bool,
+    paint: fn(usize, &str) -> Option<&'static str>,
+) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut widths = vec![0usize; columns];
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -121,28 +220,28 @@ pub fn table(report: &StatusReport, colour: bool) -> String {
             } else {
                 format!("{cell:<width$}  ", width = widths[i])
             };
-            line.push_str(&paint(&padded, n, i, cell, colour));
+            let code = if n == 0 { Some("1") } else { paint(i, cell) };
+            match code {
+                Some(code) if colour => line.push_str(&format!("\x1b[{code}m{padded}\x1b[0m")),
+                _ => line.push_str(&padded),
+            }
         }
         out.push_str(line.trim_end());
         out.push('\n');
     }
-    if report.resources.is_empty() {
-        out.push_str(&format!("(no locks in {})\n", report.dir));
-    }
     out
 }
 
-fn paint(padded: &str, row: usize, column: usize, cell: &str, colour: bool) -> String {
-    if !colour {
-        return padded.to_owned();
+fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str> {
+    match (column, cell) {
+        (1, "free") => Some("32"),
+        (1, c) if c.starts_with("held") || c.starts_with("shared") => Some("33"),
+        _ => None,
     }
-    let code = match (row, column, cell) {
-        (0, _, _) => "1",
-        (_, 1, "free") => "32",
-        (_, 1, c) if c.starts_with("held") || c.starts_with("shared") => "33",
-        _ => return padded.to_owned(),
-    };
-    format!("\x1b[{code}m{padded}\x1b[0m")
+}
+
+fn paint_device_cell(column: usize, cell: &str) -> Option<&'static str> {
+    (column == 8 && cell == "NOT GATED").then_some("1;31")
 }
 
 fn duration_cell(ms: Option<u64>) -> String {

@@ -3,4 +3,5 @@
 mod harness;
 
 mod core;
+mod devices;
 mod status;

@@ -1,0 +1,245 @@
+//! What the driver says is on each GPU, set beside the locks: which processes
+//! are inside the gate, which are not, and whether a device is really idle.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::probe::{Device, DeviceReport, NvidiaSmi, Probe, format_mib};
+use crate::procfs::{self, FileId};
+use crate::resource::Resource;
+
+/// The group name whose members map to NVIDIA device indices.
+pub const GPU_GROUP: &str = "gpu";
+
+/// The device indices a resource stands for: `gpu:N` is device N, `gpu` is
+/// every device; other names are not devices.
+pub fn gpu_indices(resource: &Resource, all: &[u32]) -> Option<Vec<u32>> {
+    let name = resource.as_str();
+    if name == GPU_GROUP {
+        return Some(all.to_vec());
+    }
+    let index = name.strip_prefix("gpu:")?.parse().ok()?;
+    Some(vec![index])
+}
+
+/// A lock that gates devices: its resource and who holds it.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    pub resource: Resource,
+    pub lock: FileId,
+    /// Processes the kernel (and matching records) name as holders.
+    pub holder_pids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessView {
+    pub pid: u32,
+    pub name: String,
+    pub user: Option<String>,
+    pub used_mib: Option<u64>,
+    /// It, or an ancestor, holds the lock of a resource mapped to this device.
+    pub gated: bool,
+    /// The resource whose holder it belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceView {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_used_mib: Option<u64>,
+    pub memory_total_mib: Option<u64>,
+    pub utilization_pct: Option<u32>,
+    pub processes: Vec<ProcessView>,
+}
+
+/// The devices as the probe saw them, or why we cannot tell.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum DeviceInfo {
+    /// No nvidia-smi on this machine.
+    None,
+    /// nvidia-smi failed or hung: the devices' state is unknown, never "free".
+    Unknown {
+        reason: String,
+    },
+    Ok {
+        devices: Vec<DeviceView>,
+    },
+}
+
+impl DeviceInfo {
+    pub fn devices(&self) -> &[DeviceView] {
+        match self {
+            DeviceInfo::Ok { devices } => devices,
+            _ => &[],
+        }
+    }
+}
+
+/// Asks the driver, within `timeout`, and sorts each process in or out of
+/// the gates.
+pub fn probe(timeout: Duration, gates: &[Gate]) -> DeviceInfo {
+    match NvidiaSmi::from_env().probe(timeout) {
+        DeviceReport::NoInfo => DeviceInfo::None,
+        DeviceReport::Unknown { reason } => DeviceInfo::Unknown { reason },
+        DeviceReport::Devices(devices) => DeviceInfo::Ok {
+            devices: views(devices, gates),
+        },
+    }
+}
+
+fn views(devices: Vec<Device>, gates: &[Gate]) -> Vec<DeviceView> {
+    let all: Vec<u32> = devices.iter().map(|d| d.index).collect();
+    devices
+        .into_iter()
+        .map(|d| {
+            let mapped: Vec<&Gate> = gates
+                .iter()
+                .filter(|g| gpu_indices(&g.resource, &all).is_some_and(|ix| ix.contains(&d.index)))
+                .collect();
+            let processes = d
+                .processes
+                .into_iter()
+                .map(|p| {
+                    let gate = mapped
+                        .iter()
+                        .find(|g| inside(p.pid, g))
+                        .map(|g| g.resource.to_string());
+                    ProcessView {
+                        pid: p.pid,
+                        user: procfs::uid_of(p.pid).map(procfs::user_name),
+                        name: p.name,
+                        used_mib: p.used_mib,
+                        gated: gate.is_some(),
+                        gate,
+                    }
+                })
+                .collect();
+            DeviceView {
+                index: d.index,
+                uuid: d.uuid,
+                name: d.name,
+                memory_used_mib: d.memory_used_mib,
+                memory_total_mib: d.memory_total_mib,
+                utilization_pct: d.utilization_pct,
+                processes,
+            }
+        })
+        .collect()
+}
+
+/// Whether `pid` works inside `gate`: it holds the lock through a descriptor
+/// (as the kernel reports it), or descends from a holder.
+fn inside(pid: u32, gate: &Gate) -> bool {
+    let holders: HashSet<u32> = gate.holder_pids.iter().copied().collect();
+    let mut current = pid;
+    for _ in 0..64 {
+        if holders.contains(&current) {
+            return true;
+        }
+        match procfs::parent_pid(current) {
+            Some(parent) if parent > 1 => current = parent,
+            _ => break,
+        }
+    }
+    procfs::fd_locks(&pid.to_string())
+        .unwrap_or_default()
+        .iter()
+        .any(|(_, l)| l.file == gate.lock && !l.blocked)
+}
+
+/// Why a device cannot be called idle, in one line for `--require-idle`.
+pub fn not_idle_reason(
+    info: &DeviceInfo,
+    resource: &Resource,
+    threshold_mib: u64,
+) -> Option<String> {
+    let devices = match info {
+        DeviceInfo::None => {
+            return Some(format!(
+                "cannot check that {resource} is idle: no nvidia-smi found (set DEVLOCK_NVIDIA_SMI or run without --require-idle)"
+            ));
+        }
+        DeviceInfo::Unknown { reason } => {
+            return Some(format!(
+                "cannot check that {resource} is idle: {reason}; not starting"
+            ));
+        }
+        DeviceInfo::Ok { devices } => devices,
+    };
+    let all: Vec<u32> = devices.iter().map(|d| d.index).collect();
+    let indices = gpu_indices(resource, &all)?;
+    for index in indices {
+        let Some(device) = devices.iter().find(|d| d.index == index) else {
+            return Some(format!(
+                "{resource} names GPU {index}, which nvidia-smi does not list; not starting"
+            ));
+        };
+        for p in device.processes.iter().filter(|p| !p.gated) {
+            let who = format!(
+                "pid {} ({}, {})",
+                p.pid,
+                crate::text::sanitize(&p.name),
+                p.user.as_deref().unwrap_or("user unknown")
+            );
+            match p.used_mib {
+                Some(mib) if mib <= threshold_mib => continue,
+                Some(mib) => {
+                    return Some(format!(
+                        "{resource} is not idle: {who} holds {} on it without holding the lock; not starting. \
+                         Stop it or run without --require-idle.",
+                        format_mib(mib)
+                    ));
+                }
+                None => {
+                    return Some(format!(
+                        "{resource} is not idle: {who} is on it without holding the lock, using an unknown amount of memory; \
+                         not starting. Stop it or run without --require-idle."
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_and_members_map_to_indices() {
+        let all = [0, 1, 2];
+        let r = |s: &str| s.parse::<Resource>().unwrap();
+        assert_eq!(gpu_indices(&r("gpu"), &all), Some(vec![0, 1, 2]));
+        assert_eq!(gpu_indices(&r("gpu:1"), &all), Some(vec![1]));
+        assert_eq!(gpu_indices(&r("gpu:x"), &all), None);
+        assert_eq!(gpu_indices(&r("dataset"), &all), None);
+    }
+
+    #[test]
+    fn descendants_of_a_holder_are_inside_the_gate() {
+        let me = std::process::id();
+        let parent = procfs::parent_pid(me).unwrap();
+        let gate = Gate {
+            resource: "gpu:0".parse().unwrap(),
+            lock: FileId {
+                major: 0,
+                minor: 0,
+                ino: 0,
+            },
+            holder_pids: vec![parent],
+        };
+        assert!(inside(me, &gate));
+        let stranger = Gate {
+            holder_pids: vec![4_000_000],
+            ..gate
+        };
+        assert!(!inside(me, &stranger));
+    }
+}
