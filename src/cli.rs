@@ -9,13 +9,12 @@ use clap::{Args, Parser, Subcommand};
 const ABOUT: &str = "Run a command while holding a machine-wide lock on a device (a GPU above all)";
 
 const LONG_ABOUT: &str = "\
-Run a command while holding a machine-wide lock on a device (a GPU above all).
-
-devlock takes a kernel flock(2) on <DIR>/<RESOURCE>.lock, records who holds it, \
+devlock takes a kernel flock(2) on DIR/RESOURCE.lock, records who holds it, \
 runs COMMAND as a child that inherits the locked file, and waits for it. The kernel \
 holds the lock until the command, and anything it started that inherited the lock, \
 has exited, whatever kills whom; nothing is left to clean up after a crash. \
-`flock <DIR>/<RESOURCE>.lock ...` from util-linux joins the same gate.";
+Waiters are served first come, first served. util-linux flock on the same file \
+joins the same gate.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -81,7 +80,7 @@ pub struct RunArgs {
     #[arg(value_name = "RESOURCE")]
     pub resources: Vec<OsString>,
 
-    /// The command to run while holding the lock, after `--`
+    /// The command to run while holding the lock, after --
     #[arg(last = true, value_name = "COMMAND", value_hint = clap::ValueHint::CommandWithArguments)]
     pub command: Vec<OsString>,
 
@@ -105,9 +104,26 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Before starting, check with nvidia-smi that the GPUs the resources map
-    /// to (gpu:N is GPU N, gpu is all) run nothing outside the gate; if they
-    /// do, or cannot be checked, release and exit 69
+    /// Take the first of the RESOURCEs that is or becomes free (see --count)
+    #[arg(long)]
+    pub any: bool,
+
+    /// With --any: how many of the RESOURCEs to take
+    #[arg(long, value_name = "K", default_value_t = 1, requires = "any")]
+    pub count: u8,
+
+    /// Take the locks shared: shared holders run together, an exclusive
+    /// holder runs alone, and a waiting exclusive request goes first
+    #[arg(short, long)]
+    pub shared: bool,
+
+    /// Admit up to N holders of the RESOURCE at once; each learns its slot in
+    /// DEVLOCK_SLOT. Everyone using the resource must give the same N
+    #[arg(long, value_name = "N")]
+    pub slots: Option<u16>,
+
+    /// Before starting, check that no process outside the gate uses the GPUs
+    /// (gpu:N is GPU N, gpu is all); else release and exit 69
     #[arg(long)]
     pub require_idle: bool,
 

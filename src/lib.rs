@@ -3,13 +3,16 @@
 //! The binary is a thin layer over this crate; a Rust program can take the
 //! same locks with [`Lock::acquire`].
 
+pub mod acquire;
 pub mod cli;
 pub mod devices;
 pub mod exit;
+pub mod interrupt;
 mod lock;
 pub mod lockfile;
 pub mod probe;
 pub mod procfs;
+pub mod queue;
 pub mod record;
 pub mod resource;
 mod run;

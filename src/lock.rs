@@ -1,14 +1,13 @@
 //! The library's entry point: take a machine-wide lock from Rust code.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
 
+use crate::acquire::{self, Context, Held, Request, Taken};
 use crate::exit::{ExitCode, coded};
-use crate::lockfile::{LockFile, TryLock};
+use crate::interrupt::Stop;
 use crate::record::Record;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
@@ -60,7 +59,7 @@ pub struct Lock;
 #[derive(Debug)]
 pub struct Guard {
     resource: Resource,
-    lock: Option<LockFile>,
+    held: Option<Held>,
 }
 
 impl Guard {
@@ -70,7 +69,7 @@ impl Guard {
 
     /// Whether this take passed through a lock this process already held.
     pub fn is_nested(&self) -> bool {
-        self.lock.is_none()
+        self.held.is_none()
     }
 }
 
@@ -96,82 +95,66 @@ impl Lock {
             .parse()
             .map_err(|e: String| coded(ExitCode::Usage, e))?;
         let dir = ScratchDir::open_or_create(&options.dir)?;
-        let name = resource.file_name();
-        let lock = loop {
-            let lock = LockFile::open(&dir, &name)?;
-            match lock.try_lock(true)? {
-                TryLock::Taken if lock.still_at_path(&dir) => {
-                    return Ok(guard(resource, lock, options));
-                }
-                TryLock::Taken => continue,
-                TryLock::Busy => break lock,
+        let ctx = Context {
+            dir: &dir,
+            record: Record::for_this_process(&options.step, &[]),
+            no_wait: options.wait == Wait::NoWait,
+            plan: None,
+            stop: Stop::default(),
+        };
+        let request = Request {
+            name: resource.clone(),
+            exclusive: true,
+            via: None,
+            slots: 0,
+        };
+        let taken = match options.wait {
+            Wait::Timeout(limit) => with_deadline(&ctx, limit, || acquire::take(&ctx, &request)),
+            _ => acquire::take(&ctx, &request),
+        };
+        let taken = match taken {
+            Ok((taken, _)) => taken,
+            Err(e) if is_interrupted(&e) => {
+                return Err(coded(
+                    ExitCode::Busy,
+                    format!("timed out waiting for {resource}"),
+                ));
             }
+            Err(e) => return Err(e),
         };
-        if crate::run::held_by_inheritance(&lock) {
-            return Ok(Guard {
-                resource,
-                lock: None,
-            });
-        }
-        let busy = || coded(ExitCode::Busy, format!("{resource} is busy"));
-        let lock = match options.wait {
-            Wait::NoWait => return Err(busy()),
-            Wait::Block => block(&dir, lock)?,
-            Wait::Timeout(limit) => block_for(dir, lock, limit)?.ok_or_else(busy)?,
+        let held = match taken {
+            Taken::Held(held) => {
+                held.label(&ctx.record);
+                Some(held)
+            }
+            Taken::Inherited(_) => None,
         };
-        Ok(guard(resource, lock, options))
+        Ok(Guard { resource, held })
     }
 }
 
-fn guard(resource: Resource, lock: LockFile, options: &Options) -> Guard {
-    if lock.is_writable() {
-        let _ = Record::for_this_process(&options.step, &[]).write_to(lock.file());
-    }
-    Guard {
-        resource,
-        lock: Some(lock),
-    }
-}
-
-fn block(dir: &ScratchDir, mut lock: LockFile) -> Result<LockFile> {
-    loop {
-        lock.lock(true)?;
-        if lock.still_at_path(dir) {
-            return Ok(lock);
-        }
-        let name = lock
-            .path()
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        lock = LockFile::open(dir, &name)?;
-    }
-}
-
-/// Waits in a helper thread so the caller can stop waiting. If the helper
-/// gets the lock after the caller gave up, it lets go at once.
-fn block_for(dir: ScratchDir, lock: LockFile, limit: Duration) -> Result<Option<LockFile>> {
-    const WAITING: u8 = 0;
-    const GAVE_UP: u8 = 1;
-    let state = Arc::new(AtomicU8::new(WAITING));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let helper_state = state.clone();
-    std::thread::spawn(move || {
-        let got = block(&dir, lock);
-        if helper_state.load(Ordering::Acquire) != GAVE_UP {
-            let _ = tx.send(got);
+/// Runs `wait` on this thread and interrupts it when `limit` has passed.
+fn with_deadline<T>(ctx: &Context, limit: Duration, wait: impl FnOnce() -> T) -> T {
+    crate::interrupt::install();
+    // SAFETY: pthread_self is always safe.
+    let me = unsafe { libc::pthread_self() };
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let stop = ctx.stop.clone();
+    let timer = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(limit) {
+            stop.stop(me);
         }
     });
-    match rx.recv_timeout(limit) {
-        Ok(got) => got.map(Some),
-        Err(_) => {
-            state.store(GAVE_UP, Ordering::Release);
-            // It may have got the lock just now.
-            match rx.try_recv() {
-                Ok(got) => got.map(Some),
-                Err(_) => Ok(None),
-            }
-        }
-    }
+    let result = wait();
+    ctx.stop.mark_finished();
+    drop(done_tx);
+    let _ = timer.join();
+    result
+}
+
+fn is_interrupted(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
+    })
 }

@@ -102,6 +102,11 @@ impl LockFile {
         &self.file
     }
 
+    /// The open file, for uses other than flock (the queue's byte locks).
+    pub fn into_file(self) -> File {
+        self.file
+    }
+
     pub fn is_writable(&self) -> bool {
         self.writable
     }
@@ -131,6 +136,26 @@ impl LockFile {
         loop {
             match flock(&self.file, op) {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Like [`LockFile::lock`], but an interrupting signal ends the wait with
+    /// `Interrupted` when `keep_waiting` says so.
+    pub fn lock_interruptible(
+        &self,
+        exclusive: bool,
+        keep_waiting: &dyn Fn() -> bool,
+    ) -> io::Result<()> {
+        let op = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
+        loop {
+            match flock(&self.file, op) {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) && keep_waiting() => continue,
                 other => return other,
             }
         }

@@ -40,6 +40,16 @@ pub struct Record {
     pub since_ms: u64,
     pub boot_id: Option<String>,
     pub command: Vec<String>,
+    /// Place in the resource's line (for a waiter, or a holder that came
+    /// through it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<u64>,
+    /// The semaphore slot held (`--slots`), counted from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u64>,
+    /// For a group's lock held on behalf of a member: that member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 impl Record {
@@ -59,6 +69,9 @@ impl Record {
             since_ms: now_ms(),
             boot_id: procfs::boot_id(),
             command: clip_command(command),
+            ticket: None,
+            slot: None,
+            via: None,
         }
     }
 

@@ -53,6 +53,17 @@ impl Resource {
         format!("{}.lock", self.0)
     }
 
+    /// The group of a member `G:M`: `G`.
+    pub fn group(&self) -> Option<Resource> {
+        let (group, _) = self.0.split_once(':')?;
+        Resource::parse(OsStr::new(group)).ok()
+    }
+
+    /// The resource a lock file's path belongs to.
+    pub fn from_lock_path(path: &std::path::Path) -> Option<Resource> {
+        Resource::from_file_name(path.file_name()?.to_str()?)
+    }
+
     /// The resource a lock file name belongs to, if it is one of ours.
     pub fn from_file_name(file_name: &str) -> Option<Resource> {
         let name = file_name.strip_suffix(".lock")?;
@@ -118,5 +129,8 @@ mod tests {
         assert_eq!(Resource::from_file_name("gpu:1.lock"), Some(gpu));
         assert_eq!(Resource::from_file_name(".gpu@12.0.wait"), None);
         assert_eq!(Resource::from_file_name("notes.txt"), None);
+        let member: Resource = "gpu:1".parse().unwrap();
+        assert_eq!(member.group().unwrap().as_str(), "gpu");
+        assert_eq!("gpu".parse::<Resource>().unwrap().group(), None);
     }
 }

@@ -3,34 +3,23 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use crate::acquire::{self, Context, Request, Taken};
 use crate::cli::RunArgs;
 use crate::devices;
 use crate::exit::{ExitCode, coded};
-use crate::lockfile::{LockFile, TryLock};
+use crate::interrupt::Stop;
 use crate::procfs;
 use crate::record::Record;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
-use crate::status;
 use crate::supervise::{self, Received};
-use crate::wait::{self, WaitPlan};
-use crate::waiters::Registration;
-
-/// What taking one resource came to.
-enum Taken {
-    /// We hold it through this file.
-    Held(LockFile),
-    /// An inherited descriptor already holds it: we run inside its holder.
-    /// The file is open (not locked by us) only to name the lock.
-    Inherited(LockFile),
-}
+use crate::wait::WaitPlan;
 
 pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let resources = validate(args)?;
@@ -53,56 +42,132 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
     };
-    let mut taken: Vec<(Resource, Taken)> = Vec::new();
-    let mut pending: Option<Received> = None;
-    // One canonical order (sorted names) whatever order the user wrote, so
-    // two jobs naming the same resources can never each hold what the other
-    // waits for.
-    for resource in &resources {
-        let (took, signal) = take(&dir, resource, args, &step, &command_line, &plan)?;
-        pending = pending.or(signal);
-        taken.push((resource.clone(), took));
-    }
+    let ctx = Context {
+        dir: &dir,
+        record: Record::for_this_process(&step, &command_line),
+        no_wait: args.no_wait,
+        plan: Some(&plan),
+        stop: Stop::default(),
+    };
+    let (taken, pending) = take_all(&ctx, args, &resources)?;
     if args.require_idle {
         require_idle(&taken, args.idle_threshold, probe_timeout)?;
     }
-    let held: Vec<LockFile> = taken
+    let env = child_env(&taken, &dir, &step);
+    let held: Vec<acquire::Held> = taken
         .into_iter()
         .filter_map(|(_, took)| match took {
-            Taken::Held(lock) => Some(lock),
+            Taken::Held(held) => Some(held),
             Taken::Inherited(_) => None,
         })
         .collect();
-    let env = child_env(&resources, &dir, &step);
     if held.is_empty() {
         return Ok(pass_through(&args.command, &env));
     }
-    let fds: Vec<_> = held.iter().map(|l| l.file().as_raw_fd()).collect();
+    let fds: Vec<_> = held
+        .iter()
+        .flat_map(acquire::Held::inheritable_fds)
+        .collect();
     let child = supervise::spawn(&args.command, &fds, &env)?;
-    let mut record = Record::for_this_process(&step, &command_line);
+    let mut record = ctx.record.clone();
+    record.since_ms = crate::record::now_ms();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());
-    for lock in held.iter().filter(|l| l.is_writable()) {
-        // A label only: a failure to write it must not stop the work.
-        let _ = record.write_to(lock.file());
+    for lock in &held {
+        lock.label(&record);
     }
     let code = supervise::supervise(child, pending);
+    // Let go of the locks before our places in line, so the next in line
+    // finds the lock free when it wakes.
     drop(held);
     Ok(code)
 }
 
+/// The locks a command line asks for, in the one global order (sorted lock
+/// file names) whatever order the user wrote, so two jobs naming the same
+/// resources can never each hold what the other waits for. A member `G:M`
+/// also takes its group `G` shared, so a holder of the whole group excludes
+/// every member and members run side by side.
+fn take_all(
+    ctx: &Context,
+    args: &RunArgs,
+    resources: &[Resource],
+) -> Result<(Vec<(Resource, Taken)>, Option<Received>)> {
+    let exclusive = !args.shared;
+    let slots = u64::from(args.slots.unwrap_or(0));
+    let mut fixed: Vec<Request> = Vec::new();
+    let mut candidates = Vec::new();
+    for resource in resources {
+        if let Some(group) = resource.group() {
+            add(
+                &mut fixed,
+                Request {
+                    name: group,
+                    exclusive: false,
+                    via: Some(resource.clone()),
+                    slots: 0,
+                },
+            );
+        }
+        let request = Request {
+            name: resource.clone(),
+            exclusive,
+            via: None,
+            slots,
+        };
+        if args.any {
+            candidates.push(request);
+        } else {
+            add(&mut fixed, request);
+        }
+    }
+    fixed.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut taken = Vec::new();
+    let mut pending = None;
+    for request in &fixed {
+        let (took, signal) = acquire::take(ctx, request)?;
+        pending = pending.or(signal);
+        taken.push((request.name.clone(), took));
+    }
+    if args.any {
+        let (chosen, signal) = acquire::take_any(ctx, &candidates, usize::from(args.count))?;
+        pending = pending.or(signal);
+        for took in chosen {
+            let name = match &took {
+                Taken::Held(held) => held.request.name.clone(),
+                Taken::Inherited(lock) => {
+                    Resource::from_lock_path(lock.path()).expect("a lock file of ours")
+                }
+            };
+            taken.push((name, took));
+        }
+    }
+    Ok((taken, pending))
+}
+
+/// Adds a request, merging it with one for the same lock (exclusive wins).
+fn add(requests: &mut Vec<Request>, request: Request) {
+    match requests.iter_mut().find(|r| r.name == request.name) {
+        Some(existing) => {
+            existing.exclusive |= request.exclusive;
+            if request.via.is_none() {
+                existing.via = None;
+                existing.slots = request.slots;
+            }
+        }
+        None => requests.push(request),
+    }
+}
+
 fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
+    let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
     if args.resources.is_empty() {
-        return Err(coded(
-            ExitCode::Usage,
-            "missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...",
-        ));
+        return usage("missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...");
     }
     if args.command.is_empty() {
-        return Err(coded(
-            ExitCode::Usage,
+        return usage(
             "missing `-- COMMAND`: put the command after `--`, as in `devlock gpu -- python train.py`",
-        ));
+        );
     }
     let mut resources = args
         .resources
@@ -111,15 +176,30 @@ fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
         .collect::<Result<Vec<_>>>()?;
     resources.sort();
     resources.dedup();
+    if args.any && usize::from(args.count) > resources.len() {
+        return usage(&format!(
+            "--count {} needs at least that many resources after --any, got {}",
+            args.count,
+            resources.len()
+        ));
+    }
+    if args.count == 0 {
+        return usage("--count must be at least 1");
+    }
+    if let Some(slots) = args.slots {
+        if slots == 0 {
+            return usage("--slots must be at least 1");
+        }
+        if resources.len() != 1 || args.any || args.shared {
+            return usage("--slots takes exactly one resource, without --any or --shared");
+        }
+    }
     if args.require_idle
         && !resources
             .iter()
             .any(|r| devices::gpu_indices(r, &[]).is_some())
     {
-        return Err(coded(
-            ExitCode::Usage,
-            "--require-idle needs a GPU resource (gpu or gpu:N) to check",
-        ));
+        return usage("--require-idle needs a GPU resource (gpu or gpu:N) to check");
     }
     Ok(resources)
 }
@@ -137,7 +217,10 @@ fn require_idle(
     let gates: Vec<devices::Gate> = taken
         .iter()
         .map(|(resource, took)| {
-            let (Taken::Held(lock) | Taken::Inherited(lock)) = took;
+            let lock = match took {
+                Taken::Held(held) => &held.lock,
+                Taken::Inherited(lock) => lock,
+            };
             devices::Gate {
                 resource: resource.clone(),
                 lock: lock.id(),
@@ -150,61 +233,16 @@ fn require_idle(
         })
         .collect();
     let info = devices::probe(probe_timeout, &gates);
-    for (resource, _) in taken {
+    for (resource, took) in taken {
+        let is_intention = matches!(took, Taken::Held(h) if h.request.via.is_some());
+        if is_intention {
+            continue;
+        }
         if let Some(reason) = devices::not_idle_reason(&info, resource, threshold_mib) {
             return Err(coded(ExitCode::NotIdle, reason));
         }
     }
     Ok(())
-}
-
-fn take(
-    dir: &ScratchDir,
-    resource: &Resource,
-    args: &RunArgs,
-    step: &str,
-    command_line: &[String],
-    plan: &WaitPlan,
-) -> Result<(Taken, Option<Received>)> {
-    let name = resource.file_name();
-    let lock = loop {
-        let lock = LockFile::open(dir, &name)?;
-        match lock.try_lock(true) {
-            Ok(TryLock::Taken) if lock.still_at_path(dir) => return Ok((Taken::Held(lock), None)),
-            Ok(TryLock::Taken) => continue,
-            Ok(TryLock::Busy) => break lock,
-            Err(e) => {
-                return Err(coded(
-                    ExitCode::IoError,
-                    format!("cannot lock {}: {e}", lock.path().display()),
-                ));
-            }
-        }
-    };
-    if held_by_inheritance(&lock) {
-        return Ok((Taken::Inherited(lock), None));
-    }
-    if args.no_wait {
-        let view = status::describe(&lock, dir, resource);
-        return Err(coded(
-            plan.conflict_code,
-            format!("{resource} is busy{}", wait::holder_phrase(&view)),
-        ));
-    }
-    let registration =
-        Registration::create(dir, resource, &Record::for_this_process(step, command_line)).ok();
-    let (lock, signal) = wait::wait_for(dir, resource, lock, true, registration, plan)?;
-    Ok((Taken::Held(lock), signal))
-}
-
-/// Whether this process already holds the lock through a descriptor it
-/// inherited (we run inside a command that devlock or flock started). Asked
-/// of the kernel, not of an environment variable a script may have copied.
-pub(crate) fn held_by_inheritance(lock: &LockFile) -> bool {
-    procfs::fd_locks("self")
-        .unwrap_or_default()
-        .iter()
-        .any(|(_, held)| held.file == lock.id() && !held.blocked)
 }
 
 /// Replaces devlock with the command: the inherited lock already covers it.
@@ -227,14 +265,29 @@ fn pass_through(command: &[OsString], env: &[(String, String)]) -> ExitCode {
     code
 }
 
-/// What the command learns about its locks.
-fn child_env(resources: &[Resource], dir: &ScratchDir, step: &str) -> Vec<(String, String)> {
-    let names: Vec<&str> = resources.iter().map(Resource::as_str).collect();
+/// What the command learns about its locks: the resources it got (the
+/// members an `--any` chose, not the groups taken on their behalf), the
+/// matching CUDA devices, and its semaphore slot.
+fn child_env(taken: &[(Resource, Taken)], dir: &ScratchDir, step: &str) -> Vec<(String, String)> {
+    let mut names = Vec::new();
+    let mut slot = None;
+    for (resource, took) in taken {
+        if let Taken::Held(held) = took {
+            if held.request.via.is_some() {
+                continue;
+            }
+            slot = slot.or(held.slot.as_ref().map(|(s, _)| *s));
+        }
+        names.push(resource.as_str());
+    }
     let mut env = vec![
         ("DEVLOCK_RESOURCES".to_owned(), names.join(" ")),
         ("DEVLOCK_DIR".to_owned(), dir.path().display().to_string()),
         ("DEVLOCK_STEP".to_owned(), step.to_owned()),
     ];
+    if let Some(slot) = slot {
+        env.push(("DEVLOCK_SLOT".to_owned(), slot.to_string()));
+    }
     let gpus: Vec<&str> = names
         .iter()
         .filter_map(|n| n.strip_prefix("gpu:"))

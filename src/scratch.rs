@@ -86,6 +86,17 @@ impl ScratchDir {
         Ok(Some(dir))
     }
 
+    /// A second handle on the same directory.
+    pub fn try_clone(&self) -> Result<ScratchDir> {
+        Ok(ScratchDir {
+            path: self.path.clone(),
+            fd: self
+                .fd
+                .try_clone()
+                .context("duplicating directory handle")?,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -13,7 +13,7 @@ use crate::procfs::{self, FileId, LockTable};
 use crate::record::{self, ReadRecord, Record};
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
-use crate::waiters::{self, Waiter};
+use crate::waiters::{self, Kind, Waiter};
 
 /// One process holding a lock, as far as it can be told.
 #[derive(Debug, Clone, Serialize)]
@@ -31,6 +31,12 @@ pub struct Holder {
     pub held_for_ms: Option<u64>,
     pub command: Option<Vec<String>>,
     pub exclusive: bool,
+    /// For a group held on behalf of a member: the member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// The semaphore slot held (`--slots`), from 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u64>,
     /// For a GPU resource: the device memory of the holder's processes and
     /// each device's utilisation, so a hung holder shows at a glance.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -75,6 +81,9 @@ pub struct ResourceView {
     pub name: String,
     /// `free`, `held` or `shared`.
     pub state: &'static str,
+    /// The semaphore size everyone in line agreed on (`--slots`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u64>,
     pub holders: Vec<Holder>,
     pub waiters: Vec<WaiterView>,
     /// Present when the lock file's record is torn or not ours.
@@ -195,7 +204,7 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
         let Some(indices) = devices::gpu_indices(&resource, &all) else {
             continue;
         };
-        for holder in &mut view.holders {
+        for holder in view.holders.iter_mut().filter(|h| h.via.is_none()) {
             holder.devices = indices
                 .iter()
                 .filter_map(|i| info.devices().iter().find(|d| d.index == *i))
@@ -225,6 +234,7 @@ fn free_view(resource: &Resource) -> ResourceView {
         record: None,
         stale_record: None,
         lock: None,
+        slots: None,
     }
 }
 
@@ -232,36 +242,56 @@ fn view_of(
     dir: &ScratchDir,
     resource: &Resource,
     table: &LockTable,
-    waiting: Vec<Waiter>,
+    registered: Vec<Waiter>,
     now: SystemTime,
     sharers: &mut Sharers,
 ) -> ResourceView {
-    let mut view = free_view(resource);
     let Ok(file) = waiters::open_read_only(dir, &resource.file_name()) else {
-        return view;
+        return free_view(resource);
     };
     let Ok(meta) = file.metadata() else {
-        return view;
+        return free_view(resource);
     };
     let id = FileId::from_metadata(
         std::os::unix::fs::MetadataExt::dev(&meta),
         std::os::unix::fs::MetadataExt::ino(&meta),
     );
+    let mut view = build_view(resource, &file, id, table, registered, now, sharers);
+    view.slots = crate::queue::agreed_slots(dir, &resource.file_name()).filter(|n| *n > 0);
+    view
+}
+
+/// The view of one lock file: holders from the kernel's table, labelled by
+/// the lock file's record (an exclusive holder) or by registrations (shared
+/// holders), and the line of waiters.
+fn build_view(
+    resource: &Resource,
+    file: &std::fs::File,
+    id: FileId,
+    table: &LockTable,
+    registered: Vec<Waiter>,
+    now: SystemTime,
+    sharers: &mut Sharers,
+) -> ResourceView {
+    let mut view = free_view(resource);
     view.lock = Some(id);
-    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    let (holds, waiting): (Vec<Waiter>, Vec<Waiter>) =
+        registered.into_iter().partition(|w| w.kind == Kind::Hold);
     // A blocked waiter in /proc/locks without a registration: plain flock,
     // or a devlock between registering and blocking.
     let blocked: Vec<u32> = table.blocked(id).map(|l| l.pid).collect();
     view.waiters = waiter_views(&waiting, &blocked, now);
+    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
     if kernel_holders.is_empty() {
         return view;
     }
-    let read = record::read_from(&file);
+    let read = record::read_from(file);
     if read == ReadRecord::Unreadable {
         view.record = Some("unreadable");
     }
     let record = read.valid();
-    view.holders = holders_of(id, &kernel_holders, record.as_ref(), now, sharers);
+    let holds: Vec<Record> = holds.into_iter().map(|h| h.record).collect();
+    view.holders = holders_of(id, &kernel_holders, record.as_ref(), &holds, now, sharers);
     view.state = if view.holders.iter().all(|h| h.exclusive) {
         "held"
     } else {
@@ -287,13 +317,18 @@ pub fn holders_of(
     id: FileId,
     kernel_holders: &[procfs::KernelLock],
     record: Option<&Record>,
+    holds: &[Record],
     now: SystemTime,
     sharers: &mut Sharers,
 ) -> Vec<Holder> {
     kernel_holders
         .iter()
         .map(|lock| {
-            let matching = record.filter(|r| r.pid == lock.pid);
+            let matching = if lock.exclusive {
+                record.filter(|r| r.pid == lock.pid)
+            } else {
+                holds.iter().find(|r| r.pid == lock.pid)
+            };
             if let Some(r) = matching {
                 let live: Vec<u32> = r.live_pids().collect();
                 if !live.is_empty() {
@@ -317,6 +352,8 @@ pub fn holders_of(
                     held_for_ms: None,
                     command: procfs::comm_of(lock.pid).map(|c| vec![c]),
                     exclusive: lock.exclusive,
+                    via: None,
+                    slot: None,
                     devices: Vec::new(),
                     source: "no-record",
                 };
@@ -338,6 +375,8 @@ pub fn holders_of(
                     held_for_ms: None,
                     command: None,
                     exclusive: lock.exclusive,
+                    via: None,
+                    slot: None,
                     devices: Vec::new(),
                     source: "unknown",
                 },
@@ -366,6 +405,8 @@ fn labelled(
         held_for_ms: Some(elapsed_ms(r.since(), now)),
         command: Some(r.command.clone()),
         exclusive,
+        via: r.via.clone(),
+        slot: r.slot,
         devices: Vec::new(),
         source,
     }
@@ -427,22 +468,14 @@ impl Sharers {
 pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
     let table = LockTable::read().unwrap_or_default();
     let names = dir.entries().unwrap_or_default();
-    let waiting = waiters::live_waiters(dir, &names, &table, |r| r == resource);
-    let now = SystemTime::now();
-    let mut view = free_view(resource);
-    let blocked: Vec<u32> = table.blocked(lock.id()).map(|l| l.pid).collect();
-    view.waiters = waiter_views(&waiting, &blocked, now);
-    let kernel_holders: Vec<_> = table.holders(lock.id()).cloned().collect();
-    if !kernel_holders.is_empty() {
-        let record = record::read_from(lock.file()).valid();
-        view.holders = holders_of(
-            lock.id(),
-            &kernel_holders,
-            record.as_ref(),
-            now,
-            &mut Sharers::default(),
-        );
-        view.state = "held";
-    }
-    view
+    let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
+    build_view(
+        resource,
+        lock.file(),
+        lock.id(),
+        &table,
+        registered,
+        SystemTime::now(),
+        &mut Sharers::default(),
+    )
 }

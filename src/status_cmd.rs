@@ -61,10 +61,13 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
     }
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for res in &report.resources {
-        let state = match (res.state, res.holders.len()) {
+        let mut state = match (res.state, res.holders.len()) {
             ("shared", n) => format!("shared by {n}"),
             (state, _) => state.to_owned(),
         };
+        if let Some(slots) = res.slots {
+            state.push_str(&format!(" ({slots} slots)"));
+        }
         if res.holders.is_empty() {
             let note = match (&res.stale_record, res.record) {
                 (Some(s), _) => format!("(stale record: {} pid {})", sanitize(&s.step), s.pid),
@@ -74,7 +77,7 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             rows.push(vec![res.name.clone(), state.clone(), note]);
         }
         for (i, h) in res.holders.iter().enumerate() {
-            let step = match (&h.step, h.source) {
+            let mut step = match (&h.step, h.source) {
                 (Some(step), "inherited") => format!("{} (inherited)", sanitize(step)),
                 (Some(step), _) => sanitize(step),
                 (None, "no-record") => format!(
@@ -85,6 +88,12 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                 ),
                 (None, _) => "(unknown)".to_owned(),
             };
+            if let Some(via) = &h.via {
+                step.push_str(&format!(" (via {via})"));
+            }
+            if let Some(slot) = h.slot {
+                step.push_str(&format!(" (slot {slot})"));
+            }
             let pids = if h.pids.is_empty() {
                 "?".to_owned()
             } else {

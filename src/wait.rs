@@ -33,40 +33,35 @@ pub struct WaitPlan {
     pub conflict_code: ExitCode,
 }
 
-/// Blocks until `lock` is ours. Returns a stopping signal that arrived at the
-/// very moment the lock was taken, for the supervisor to pass on. A timeout
-/// or a stopping signal while waiting ends the process from the helper
-/// thread: nothing has started yet, so nothing is left running.
-pub fn wait_for(
+/// Runs `block` (which sleeps in the kernel until the locks are ours) on
+/// this thread while a helper thread shows the wait. Returns a stopping signal
+/// that arrived at the very moment the locks were taken, for the supervisor
+/// to pass on. A timeout or a stopping signal while waiting ends the process
+/// from the helper thread: nothing has started yet, so nothing is left
+/// running, and the kernel drops every lock and place in line.
+pub fn wait_for<T>(
     dir: &ScratchDir,
-    resource: &Resource,
-    lock: LockFile,
-    exclusive: bool,
-    registration: Option<Registration>,
+    label: String,
+    holder_of: Option<Resource>,
+    registrations: Vec<Option<Registration>>,
     plan: &WaitPlan,
-) -> Result<(LockFile, Option<Received>)> {
+    block: impl FnOnce() -> Result<T>,
+) -> Result<(T, Option<Received>)> {
     let state = Arc::new(AtomicU8::new(WAITING));
     let started = Instant::now();
     let shown = Shown {
         dir: dir.path().to_owned(),
-        resource: resource.clone(),
-        lock_path: lock.path().to_owned(),
+        label,
+        holder_of,
     };
     let helper = {
         let state = state.clone();
         let plan = plan.clone();
         std::thread::Builder::new()
             .name("devlock-wait".into())
-            .spawn(move || helper(shown, registration, state, started, plan))?
+            .spawn(move || helper(shown, registrations, state, started, plan))?
     };
-    let mut lock = lock;
-    let held = loop {
-        lock.lock(exclusive)?;
-        if lock.still_at_path(dir) {
-            break lock;
-        }
-        lock = LockFile::open(dir, &resource.file_name())?;
-    };
+    let held = block()?;
     if state
         .compare_exchange(WAITING, ACQUIRED, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -86,22 +81,22 @@ pub fn wait_for(
 
 struct Shown {
     dir: std::path::PathBuf,
-    resource: Resource,
-    lock_path: std::path::PathBuf,
+    label: String,
+    holder_of: Option<Resource>,
 }
 
 impl Shown {
     fn view(&self) -> Option<ResourceView> {
+        let resource = self.holder_of.as_ref()?;
         let dir = ScratchDir::open(&self.dir).ok()??;
-        let lock = LockFile::open(&dir, &self.resource.file_name()).ok()?;
-        let _ = &self.lock_path;
-        Some(status::describe(&lock, &dir, &self.resource))
+        let lock = LockFile::open(&dir, &resource.file_name()).ok()?;
+        Some(status::describe(&lock, &dir, resource))
     }
 }
 
 fn helper(
     shown: Shown,
-    registration: Option<Registration>,
+    registration: Vec<Option<Registration>>,
     state: Arc<AtomicU8>,
     started: Instant,
     plan: WaitPlan,
@@ -134,7 +129,7 @@ fn helper(
             let _ = writeln!(
                 stderr,
                 "devlock: timed out after {waited} waiting for {}{holder}",
-                shown.resource
+                shown.label
             );
             drop(registration);
             std::process::exit(plan.conflict_code.code());
@@ -153,7 +148,7 @@ fn helper(
                 let _ = writeln!(
                     stderr,
                     "devlock: got {} after {}",
-                    shown.resource,
+                    shown.label,
                     short_duration(started.elapsed())
                 );
             }
@@ -200,7 +195,7 @@ fn waiting_line(shown: &Shown, waited: Duration) -> String {
         .unwrap_or_default();
     format!(
         "devlock: {} · waiting {}{holder}{place}",
-        shown.resource,
+        shown.label,
         short_duration(waited)
     )
 }

@@ -1,5 +1,6 @@
-//! Waiter registrations: one small file per waiting devlock, kept flock'ed by
-//! its owner, so the kernel itself says which registrations are alive.
+//! Registrations: one small file per waiting devlock (and per shared holder,
+//! which has no lock file of its own to write into), kept flock'ed by its
+//! owner, so the kernel itself says which registrations are alive.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -12,17 +13,38 @@ use crate::record::{self, Record};
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
 
-/// Waiter files are dot files, which no resource name can be, so they never
-/// collide with a lock file.
-fn file_name(resource: &Resource, pid: u32, n: u32) -> String {
-    format!(".{resource}@{pid}.{n}.wait")
+/// What a registration stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Wait,
+    /// A shared hold: many holders, so no single record in the lock file.
+    Hold,
 }
 
-/// The resource a waiter file name belongs to.
-pub fn resource_of(file_name: &str) -> Option<Resource> {
-    let inner = file_name.strip_prefix('.')?.strip_suffix(".wait")?;
+impl Kind {
+    fn suffix(self) -> &'static str {
+        match self {
+            Kind::Wait => ".wait",
+            Kind::Hold => ".hold",
+        }
+    }
+}
+
+/// Registrations are dot files, which no resource name can be, so they never
+/// collide with a lock file.
+fn file_name(resource: &Resource, pid: u32, n: u32, kind: Kind) -> String {
+    format!(".{resource}@{pid}.{n}{}", kind.suffix())
+}
+
+/// The resource and kind a registration file name belongs to.
+pub fn resource_of(file_name: &str) -> Option<(Resource, Kind)> {
+    let inner = file_name.strip_prefix('.')?;
+    let (inner, kind) = match inner.strip_suffix(".wait") {
+        Some(inner) => (inner, Kind::Wait),
+        None => (inner.strip_suffix(".hold")?, Kind::Hold),
+    };
     let (name, _) = inner.rsplit_once('@')?;
-    name.parse().ok()
+    Some((name.parse().ok()?, kind))
 }
 
 /// A live registration; dropping it removes the file.
@@ -30,20 +52,22 @@ pub fn resource_of(file_name: &str) -> Option<Resource> {
 pub struct Registration {
     dir: ScratchDir,
     name: String,
-    _file: File,
+    file: File,
 }
 
 impl Registration {
-    /// Registers this process as waiting for `resource`.
-    pub fn create(dir: &ScratchDir, resource: &Resource, record: &Record) -> Result<Registration> {
+    /// Registers this process as waiting for (or sharing) `resource`.
+    pub fn create(
+        dir: &ScratchDir,
+        resource: &Resource,
+        record: &Record,
+        kind: Kind,
+    ) -> Result<Registration> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = ScratchDir::open(dir.path())?.context("scratch directory vanished")?;
+        let dir = dir.try_clone()?;
         loop {
-            let name = file_name(
-                resource,
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed),
-            );
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let name = file_name(resource, std::process::id(), n, kind);
             let c_name = crate::scratch::c_path(name.as_ref())?;
             let flags = libc::O_RDWR
                 | libc::O_CREAT
@@ -84,12 +108,15 @@ impl Registration {
                 continue;
             }
             record.write_to(&file)?;
-            return Ok(Registration {
-                dir,
-                name,
-                _file: file,
-            });
+            return Ok(Registration { dir, name, file });
         }
+    }
+}
+
+impl Registration {
+    /// Replaces the label (once the command runs, its pid joins the record).
+    pub fn rewrite(&self, record: &Record) -> std::io::Result<()> {
+        record.write_to(&self.file)
     }
 }
 
@@ -103,15 +130,17 @@ impl Drop for Registration {
     }
 }
 
-/// A registered waiter that the kernel confirms is alive.
+/// A registration that the kernel confirms is alive.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     pub resource: Resource,
+    pub kind: Kind,
     pub record: Record,
 }
 
-/// Live registered waiters in `dir`, oldest first, for the resources `wanted`
-/// accepts. Registrations of dead waiters are removed where we may remove them.
+/// Live registrations in `dir`, in line order (ticket, then arrival), for
+/// the resources `wanted` accepts. Registrations of dead processes are
+/// removed where we may remove them.
 pub fn live_waiters(
     dir: &ScratchDir,
     names: &[String],
@@ -120,7 +149,7 @@ pub fn live_waiters(
 ) -> Vec<Waiter> {
     let mut waiters = Vec::new();
     for name in names {
-        let Some(resource) = resource_of(name) else {
+        let Some((resource, kind)) = resource_of(name) else {
             continue;
         };
         if !wanted(&resource) {
@@ -139,10 +168,20 @@ pub fn live_waiters(
             continue;
         }
         if let Some(record) = record::read_from(&file).valid() {
-            waiters.push(Waiter { resource, record });
+            waiters.push(Waiter {
+                resource,
+                kind,
+                record,
+            });
         }
     }
-    waiters.sort_by_key(|w| (w.record.since_ms, w.record.pid));
+    waiters.sort_by_key(|w| {
+        (
+            w.record.ticket.unwrap_or(u64::MAX),
+            w.record.since_ms,
+            w.record.pid,
+        )
+    });
     waiters
 }
 
@@ -181,9 +220,10 @@ mod tests {
     #[test]
     fn waiter_file_names_name_their_resource() {
         let gpu: Resource = "gpu:3".parse().unwrap();
-        let name = file_name(&gpu, 4242, 0);
+        let name = file_name(&gpu, 4242, 0, Kind::Wait);
         assert_eq!(name, ".gpu:3@4242.0.wait");
-        assert_eq!(resource_of(&name), Some(gpu));
+        assert_eq!(resource_of(&name), Some((gpu.clone(), Kind::Wait)));
+        assert_eq!(resource_of(".gpu:3@1.2.hold"), Some((gpu, Kind::Hold)));
         assert_eq!(resource_of("gpu.lock"), None);
     }
 }

@@ -559,12 +559,18 @@ fn a_waiter_starts_once_the_holder_ends_and_says_so() {
 
 #[test]
 fn a_replaced_lock_file_is_noticed() {
-    // Someone deletes the lock file while a holder holds it and a waiter waits
-    // on the old inode: the waiter must not run while a holder of the new
-    // file runs. devlock re-checks the path after locking and starts again.
+    // Someone deletes the lock file while a holder holds it and a waiter has
+    // the old inode open; a newcomer then creates a new file. The waiter
+    // wakes on the dead inode, sees the path names another file, and takes
+    // the new one: the two never run together.
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
+    let log = s.work("log");
+    let section = format!(
+        "echo enter >> {log}; sleep 0.05; echo leave >> {log}",
+        log = log.display()
+    );
     let mut holder = s.hold(
         &["r"],
         &format!(
@@ -576,35 +582,24 @@ fn a_replaced_lock_file_is_noticed() {
     );
     let mut waiter = s
         .devlock()
-        .args([
-            "-q",
-            "r",
-            "--",
-            "touch",
-            s.work("waiter-ran").to_str().unwrap(),
-        ])
+        .args(["-q", "r", "--", "sh", "-c", &section])
         .spawn()
         .unwrap();
     wait_blocked(&s.lock_path("r"), 1);
     std::fs::remove_file(s.lock_path("r")).unwrap();
-    let ready2 = s.work("ready2");
-    let release2 = s.work("release2");
-    let mut second = s.hold(
-        &["r"],
-        &format!(
-            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
-            ready2.display(),
-            release2.display()
-        ),
-        &ready2,
-    );
+    let mut newcomer = s
+        .devlock()
+        .args(["-q", "r", "--", "sh", "-c", &section])
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("r"), 2);
     std::fs::write(&release, "").unwrap();
     wait_child(&mut holder);
-    // The waiter woke on the dead inode, saw the new file, and waits on it.
-    wait_blocked(&s.lock_path("r"), 1);
-    assert!(!s.work("waiter-ran").exists());
-    std::fs::write(&release2, "").unwrap();
-    wait_child(&mut second);
     assert!(wait_child(&mut waiter).success());
-    assert!(s.work("waiter-ran").exists());
+    assert!(wait_child(&mut newcomer).success());
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "enter\nleave\nenter\nleave\n"
+    );
+    assert!(s.lock_path("r").exists(), "the lock file is there again");
 }

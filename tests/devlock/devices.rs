@@ -112,7 +112,13 @@ fn status_shows_each_gpu_and_who_is_inside_the_gate() {
         "a comma in a name survives"
     );
     // The holder's footprint, for spotting a hung job.
-    let holder_view = &json["resources"][0]["holders"][0];
+    let gpu0_lock = json["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "gpu:0")
+        .unwrap();
+    let holder_view = &gpu0_lock["holders"][0];
     assert_eq!(holder_view["devices"][0]["used_mib"], 38912);
     assert_eq!(holder_view["devices"][0]["utilization_pct"], 97);
 

@@ -181,21 +181,34 @@ fn is_zombie(pid: u32) -> bool {
         .unwrap_or(true)
 }
 
-/// Waits until the kernel shows `count` processes blocked on the lock file.
+/// Waits until the kernel shows `count` processes sleeping for the lock:
+/// blocked in flock(2) on the lock file, or in line (a byte-range lock wait
+/// on its `.NAME.queue` file).
 pub fn wait_blocked(lock: &Path, count: usize) {
     use std::os::unix::fs::MetadataExt;
+    let queue = lock.with_file_name(format!(
+        ".{}.queue",
+        lock.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .strip_suffix(".lock")
+            .unwrap()
+    ));
     let start = Instant::now();
     loop {
-        if let Ok(meta) = std::fs::metadata(lock) {
-            let ino = format!(":{} ", meta.ino());
-            let locks = std::fs::read_to_string("/proc/locks").unwrap();
-            let blocked = locks
-                .lines()
-                .filter(|l| l.contains("->") && l.contains(&ino))
-                .count();
-            if blocked >= count {
-                return;
-            }
+        let inodes: Vec<String> = [lock, &queue]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| format!(":{} ", m.ino()))
+            .collect();
+        let locks = std::fs::read_to_string("/proc/locks").unwrap();
+        let blocked = locks
+            .lines()
+            .filter(|l| l.contains("->") && inodes.iter().any(|ino| l.contains(ino.as_str())))
+            .count();
+        if blocked >= count {
+            return;
         }
         assert!(
             start.elapsed() < HANG,

@@ -4,4 +4,6 @@ mod harness;
 
 mod core;
 mod devices;
+mod generated;
+mod granularity;
 mod status;
