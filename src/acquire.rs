@@ -18,7 +18,7 @@ use crate::resource::Resource;
 use crate::scratch::ScratchDir;
 use crate::status;
 use crate::supervise::Received;
-use crate::wait::{self, WaitPlan};
+use crate::wait::{self, WaitPlan, Waited};
 use crate::waiters::{Kind, Registration};
 
 /// One lock to take.
@@ -86,8 +86,9 @@ pub enum Taken {
 /// How a run waits: shared by all its requests.
 pub struct Context<'a> {
     pub dir: &'a ScratchDir,
-    /// Label for registrations and shared holds.
-    pub record: Record,
+    /// The label registrations and holds carry.
+    pub step: String,
+    pub command: Vec<String>,
     pub no_wait: bool,
     /// The display and deadline of the command line; `None` waits quietly.
     pub plan: Option<&'a WaitPlan>,
@@ -100,6 +101,14 @@ enum Attempt {
     /// Taken, with the semaphore slot if any.
     Taken(Option<(u64, LockFile)>),
     Busy,
+}
+
+impl Context<'_> {
+    /// A fresh record for this process; built only when a label is written,
+    /// so an uncontended take reads nothing it does not need.
+    pub fn record(&self) -> Record {
+        Record::for_this_process(&self.step, &self.command)
+    }
 }
 
 /// A request at the front of its line or about to wait in it.
@@ -187,40 +196,78 @@ impl Entry {
         Ok((self, slot))
     }
 
-    /// Turns a taken entry into a hold: a shared holder steps aside so the
-    /// line moves on, and labels itself in a registration.
+    /// Turns a taken entry into a hold.
     fn into_held(self, ctx: &Context, slot: Option<(u64, LockFile)>) -> Held {
-        let number = self.ticket.number;
-        let (ticket, label) = if self.request.exclusive && self.request.slots == 0 {
-            (Some(self.ticket), None)
-        } else {
-            let _ = self.ticket.step_aside();
-            let mut record = ctx.record.clone();
-            record.ticket = Some(number);
-            record.slot = slot.as_ref().map(|(s, _)| *s);
-            record.via = self.request.via.as_ref().map(Resource::to_string);
-            record.since_ms = crate::record::now_ms();
-            let label = Registration::create(ctx.dir, &self.request.name, &record, Kind::Hold).ok();
-            (None, label)
-        };
-        Held {
-            request: self.request,
-            lock: self.lock,
+        hold(ctx, self.request, self.lock, Some(self.ticket), slot)
+    }
+}
+
+/// A hold: an exclusive holder keeps its place so the line behind waits; a
+/// shared holder steps aside so the line moves on, and labels itself in a
+/// registration, as a shared lock file has no room for everyone's record.
+fn hold(
+    ctx: &Context,
+    request: Request,
+    lock: LockFile,
+    ticket: Option<Ticket>,
+    slot: Option<(u64, LockFile)>,
+) -> Held {
+    if request.exclusive && request.slots == 0 {
+        return Held {
+            request,
+            lock,
             slot,
             ticket,
-            label_file: label,
+            label_file: None,
+        };
+    }
+    let number = ticket.as_ref().map(|t| t.number);
+    if let Some(ticket) = &ticket {
+        let _ = ticket.step_aside();
+    }
+    let mut record = ctx.record();
+    record.ticket = number;
+    record.slot = slot.as_ref().map(|(s, _)| *s);
+    record.via = request.via.as_ref().map(Resource::to_string);
+    let label = Registration::create(ctx.dir, &request.name, &record, Kind::Hold).ok();
+    Held {
+        request,
+        lock,
+        slot,
+        ticket: None,
+        label_file: label,
+    }
+}
+
+/// The uncontended take: nobody in line and the lock free, without joining
+/// the line at all.
+fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Option<LockFile>> {
+    let name = request.name.file_name();
+    if request.slots > 0 || !crate::queue::line_is_empty(dir, &name)? {
+        return Ok(None);
+    }
+    let mut lock = LockFile::open(dir, &name)?;
+    loop {
+        match lock.try_lock(request.exclusive)? {
+            TryLock::Taken if lock.still_at_path(dir) => return Ok(Some(lock)),
+            TryLock::Taken => lock = LockFile::open(dir, &name)?,
+            TryLock::Busy => return Ok(None),
         }
     }
 }
 
 /// Takes one request: at once when free, else waiting in line.
-pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Option<Received>)> {
+pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
+    if let Some(lock) = take_if_nobody_waits(ctx.dir, request)? {
+        let held = hold(ctx, request.clone(), lock, None, None);
+        return Ok((Taken::Held(held), Waited::default()));
+    }
     let mut entry = Entry::join(ctx.dir, request)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
-        return Ok((Taken::Held(entry.into_held(ctx, slot)), None));
+        return Ok((Taken::Held(entry.into_held(ctx, slot)), Waited::default()));
     }
     if held_by_inheritance(&entry.lock) {
-        return Ok((Taken::Inherited(entry.lock), None));
+        return Ok((Taken::Inherited(entry.lock), Waited::default()));
     }
     if ctx.no_wait {
         return Err(busy(ctx.dir, &request.name, &entry.lock, ctx.plan));
@@ -228,10 +275,10 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Option<Received>
     let registration = register(ctx, &request.name, entry.ticket.number);
     let label = request.name.to_string();
     let describe = Some((request.name.clone(), entry.lock.path().to_owned()));
-    let ((entry, slot), signal) = blocking(ctx, label, describe, vec![registration], |stop| {
+    let ((entry, slot), waited) = blocking(ctx, label, describe, vec![registration], |stop| {
         entry.block(ctx.dir, stop)
     })?;
-    Ok((Taken::Held(entry.into_held(ctx, slot)), signal))
+    Ok((Taken::Held(entry.into_held(ctx, slot)), waited))
 }
 
 /// Takes `count` of `candidates` (sorted), the first that are or become
@@ -243,33 +290,68 @@ pub fn take_any(
     ctx: &Context,
     candidates: &[Request],
     count: usize,
-) -> Result<(Vec<Taken>, Option<Received>)> {
+    pending: &mut Pending,
+) -> Result<Vec<Taken>> {
     let mut taken = Vec::new();
-    let mut pending = None;
     let mut start = 0;
     for pick in 0..count {
         let window = &candidates[start..candidates.len() - (count - 1 - pick)];
-        let (index, one, signal) = take_first(ctx, window)?;
-        pending = pending.or(signal);
+        let (index, one, waited) = take_first(ctx, window)?;
+        pending.add(waited);
         taken.push(one);
         start += index + 1;
     }
-    Ok((taken, pending))
+    Ok(taken)
 }
 
-fn take_first(ctx: &Context, window: &[Request]) -> Result<(usize, Taken, Option<Received>)> {
+/// Waits that are over, and what their helpers caught as they ended.
+#[derive(Debug, Default)]
+pub struct Pending {
+    last: Waited,
+    signal: Option<Received>,
+}
+
+impl Pending {
+    /// Notes a finished wait; the one before it is settled now (its display
+    /// must be gone before the next wait shows its own).
+    pub fn add(&mut self, waited: Waited) {
+        let before = std::mem::replace(&mut self.last, waited);
+        self.signal = self.signal.or(before.settle());
+    }
+
+    /// Whether the last wait's display must be cleared before the command starts.
+    pub fn must_settle_before_spawn(&self) -> bool {
+        self.last.must_settle_before_spawn()
+    }
+
+    /// Settles everything; a stopping signal that arrived as the locks were
+    /// taken, for the command to hear.
+    pub fn settle(self) -> Option<Received> {
+        self.signal.or(self.last.settle())
+    }
+}
+
+fn take_first(ctx: &Context, window: &[Request]) -> Result<(usize, Taken, Waited)> {
     let mut entries = Vec::new();
     for request in window {
         let mut entry = Entry::join(ctx.dir, request)?;
         match entry.try_now(ctx.dir)? {
             Attempt::Taken(slot) => {
-                return Ok((entries.len(), Taken::Held(entry.into_held(ctx, slot)), None));
+                return Ok((
+                    entries.len(),
+                    Taken::Held(entry.into_held(ctx, slot)),
+                    Waited::default(),
+                ));
             }
             Attempt::Busy => entries.push(entry),
         }
     }
     if let Some(i) = entries.iter().position(|e| held_by_inheritance(&e.lock)) {
-        return Ok((i, Taken::Inherited(entries.swap_remove(i).lock), None));
+        return Ok((
+            i,
+            Taken::Inherited(entries.swap_remove(i).lock),
+            Waited::default(),
+        ));
     }
     let names: Vec<String> = window.iter().map(|r| r.name.to_string()).collect();
     if ctx.no_wait {
@@ -283,10 +365,10 @@ fn take_first(ctx: &Context, window: &[Request]) -> Result<(usize, Taken, Option
         .map(|e| register(ctx, &e.request.name, e.ticket.number))
         .collect();
     let label = format!("any of {}", names.join(" "));
-    let ((index, (entry, slot)), signal) = blocking(ctx, label, None, registrations, |stop| {
+    let ((index, (entry, slot)), waited) = blocking(ctx, label, None, registrations, |stop| {
         first_of(entries, stop, |entry, stop| entry.block(ctx.dir, stop))
     })?;
-    Ok((index, Taken::Held(entry.into_held(ctx, slot)), signal))
+    Ok((index, Taken::Held(entry.into_held(ctx, slot)), waited))
 }
 
 /// Runs one blocking job per item in its own thread; the first to succeed
@@ -384,7 +466,7 @@ fn blocking<T>(
     describe: Option<(Resource, std::path::PathBuf)>,
     registrations: Vec<Option<Registration>>,
     block: impl FnOnce(&Stop) -> Result<T>,
-) -> Result<(T, Option<Received>)> {
+) -> Result<(T, Waited)> {
     match ctx.plan {
         Some(plan) => wait::wait_for(
             ctx.dir,
@@ -397,13 +479,13 @@ fn blocking<T>(
         None => {
             let result = block(&ctx.stop);
             drop(registrations);
-            Ok((result?, None))
+            Ok((result?, Waited::default()))
         }
     }
 }
 
 fn register(ctx: &Context, resource: &Resource, ticket: u64) -> Option<Registration> {
-    let mut record = ctx.record.clone();
+    let mut record = ctx.record();
     record.ticket = Some(ticket);
     record.since_ms = crate::record::now_ms();
     Registration::create(ctx.dir, resource, &record, Kind::Wait).ok()
@@ -434,10 +516,26 @@ fn in_use(lock: &LockFile) -> bool {
 
 /// Whether this process already holds the lock through a descriptor it
 /// inherited (we run inside a command that devlock or flock started). Asked
-/// of the kernel, not of an environment variable a script may have copied.
+/// of the kernel, not of an environment variable a script may have copied:
+/// a descriptor on the same file whose `/proc/self/fdinfo` shows a lock.
 pub fn held_by_inheritance(lock: &LockFile) -> bool {
-    procfs::fd_locks("self")
-        .unwrap_or_default()
-        .iter()
-        .any(|(_, held)| held.file == lock.id() && !held.blocked)
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return false;
+    };
+    let own = lock.file().as_raw_fd();
+    fds.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<RawFd>().ok())
+        .filter(|&fd| fd != own && same_file(fd, lock))
+        .any(|fd| {
+            procfs::locks_of_fd("self", &fd.to_string())
+                .iter()
+                .any(|l| l.file == lock.id() && !l.blocked)
+        })
+}
+
+fn same_file(fd: RawFd, lock: &LockFile) -> bool {
+    // SAFETY: fstat fills a plain struct; a closed fd just fails.
+    let mut st = unsafe { std::mem::zeroed::<libc::stat>() };
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    ok && procfs::FileId::from_metadata(st.st_dev, st.st_ino) == lock.id()
 }

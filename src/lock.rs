@@ -8,7 +8,6 @@ use anyhow::Result;
 use crate::acquire::{self, Context, Held, Request, Taken};
 use crate::exit::{ExitCode, coded};
 use crate::interrupt::Stop;
-use crate::record::Record;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
 
@@ -97,7 +96,8 @@ impl Lock {
         let dir = ScratchDir::open_or_create(&options.dir)?;
         let ctx = Context {
             dir: &dir,
-            record: Record::for_this_process(&options.step, &[]),
+            step: options.step.clone(),
+            command: Vec::new(),
             no_wait: options.wait == Wait::NoWait,
             plan: None,
             stop: Stop::default(),
@@ -113,7 +113,7 @@ impl Lock {
             _ => acquire::take(&ctx, &request),
         };
         let taken = match taken {
-            Ok((taken, _)) => taken,
+            Ok((taken, _waited)) => taken,
             Err(e) if is_interrupted(&e) => {
                 return Err(coded(
                     ExitCode::Busy,
@@ -124,7 +124,7 @@ impl Lock {
         };
         let held = match taken {
             Taken::Held(held) => {
-                held.label(&ctx.record);
+                held.label(&ctx.record());
                 Some(held)
             }
             Taken::Inherited(_) => None,

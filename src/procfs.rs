@@ -166,11 +166,20 @@ pub fn boot_id() -> Option<String> {
 }
 
 /// User name for a uid, or the number when the passwd database has none.
+/// Cached: a lookup can cost a round of NSS (files, nscd, LDAP).
 pub fn user_name(uid: u32) -> String {
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(user)) => user.name,
-        _ => uid.to_string(),
-    }
+    static NAMES: std::sync::Mutex<Option<HashMap<u32, String>>> = std::sync::Mutex::new(None);
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .get_or_insert_with(HashMap::new)
+        .entry(uid)
+        .or_insert_with(
+            || match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+                Ok(Some(user)) => user.name,
+                _ => uid.to_string(),
+            },
+        )
+        .clone()
 }
 
 /// The file ids on which one process's descriptor holds a flock, read from the
@@ -182,21 +191,27 @@ pub fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
     let dir = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
     let mut found = Vec::new();
     for entry in dir.flatten() {
-        let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+        let name = entry.file_name();
+        let Some(fd) = name.to_str().and_then(|s| s.parse().ok()) else {
             continue;
         };
-        let Some(info) = read_small(entry.path()) else {
-            continue;
-        };
-        for line in info.lines() {
-            if let Some(rest) = line.strip_prefix("lock:")
-                && let Some(lock) = parse_lock_line(rest.trim_start())
-            {
-                found.push((fd, lock));
-            }
-        }
+        found.extend(
+            locks_of_fd(pid, name.to_str().unwrap_or_default())
+                .into_iter()
+                .map(|l| (fd, l)),
+        );
     }
     Some(found)
+}
+
+/// The locks one descriptor holds, from the `lock:` lines of its fdinfo.
+pub fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
+    let Some(info) = read_small(format!("/proc/{pid}/fdinfo/{fd}")) else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|line| parse_lock_line(line.strip_prefix("lock:")?.trim_start()))
+        .collect()
 }
 
 /// Every process holding a granted flock, by file, found by scanning the

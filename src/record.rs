@@ -35,7 +35,10 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_start: Option<u64>,
     pub uid: u32,
-    pub user: String,
+    /// The user name as the environment gave it (a label; readers show the
+    /// name of `uid`, looked up when shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Milliseconds since the Unix epoch when the lock was taken (or the wait began).
     pub since_ms: u64,
     pub boot_id: Option<String>,
@@ -65,7 +68,7 @@ impl Record {
             child: None,
             child_start: None,
             uid,
-            user: procfs::user_name(uid),
+            user: std::env::var("USER").ok(),
             since_ms: now_ms(),
             boot_id: procfs::boot_id(),
             command: clip_command(command),

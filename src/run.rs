@@ -9,16 +9,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::acquire::{self, Context, Request, Taken};
+use crate::acquire::{self, Context, Pending, Request, Taken};
 use crate::cli::RunArgs;
 use crate::devices;
 use crate::exit::{ExitCode, coded};
 use crate::interrupt::Stop;
 use crate::procfs;
-use crate::record::Record;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
-use crate::supervise::{self, Received};
+use crate::supervise;
 use crate::wait::WaitPlan;
 
 pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
@@ -44,12 +43,21 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
     };
     let ctx = Context {
         dir: &dir,
-        record: Record::for_this_process(&step, &command_line),
+        step: step.clone(),
+        command: command_line,
         no_wait: args.no_wait,
         plan: Some(&plan),
         stop: Stop::default(),
     };
-    let (taken, pending) = take_all(&ctx, args, &resources)?;
+    let mut pending = Pending::default();
+    let taken = take_all(&ctx, args, &resources, &mut pending)?;
+    // On a terminal the waiting line must be gone before anything else is
+    // said or the command writes; otherwise the command starts first and the
+    // display finishes beside it.
+    let mut signal = None;
+    if pending.must_settle_before_spawn() {
+        signal = std::mem::take(&mut pending).settle();
+    }
     if args.require_idle {
         require_idle(&taken, args.idle_threshold, probe_timeout)?;
     }
@@ -69,14 +77,14 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         .flat_map(acquire::Held::inheritable_fds)
         .collect();
     let child = supervise::spawn(&args.command, &fds, &env)?;
-    let mut record = ctx.record.clone();
-    record.since_ms = crate::record::now_ms();
+    let signal = signal.or(pending.settle());
+    let mut record = ctx.record();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());
     for lock in &held {
         lock.label(&record);
     }
-    let code = supervise::supervise(child, pending);
+    let code = supervise::supervise(child, signal);
     // Let go of the locks before our places in line, so the next in line
     // finds the lock free when it wakes.
     drop(held);
@@ -92,7 +100,8 @@ fn take_all(
     ctx: &Context,
     args: &RunArgs,
     resources: &[Resource],
-) -> Result<(Vec<(Resource, Taken)>, Option<Received>)> {
+    pending: &mut Pending,
+) -> Result<Vec<(Resource, Taken)>> {
     let exclusive = !args.shared;
     let slots = u64::from(args.slots.unwrap_or(0));
     let mut fixed: Vec<Request> = Vec::new();
@@ -123,15 +132,13 @@ fn take_all(
     }
     fixed.sort_by(|a, b| a.name.cmp(&b.name));
     let mut taken = Vec::new();
-    let mut pending = None;
     for request in &fixed {
-        let (took, signal) = acquire::take(ctx, request)?;
-        pending = pending.or(signal);
+        let (took, waited) = acquire::take(ctx, request)?;
+        pending.add(waited);
         taken.push((request.name.clone(), took));
     }
     if args.any {
-        let (chosen, signal) = acquire::take_any(ctx, &candidates, usize::from(args.count))?;
-        pending = pending.or(signal);
+        let chosen = acquire::take_any(ctx, &candidates, usize::from(args.count), pending)?;
         for took in chosen {
             let name = match &took {
                 Taken::Held(held) => held.request.name.clone(),
@@ -142,7 +149,7 @@ fn take_all(
             taken.push((name, took));
         }
     }
-    Ok((taken, pending))
+    Ok(taken)
 }
 
 /// Adds a request, merging it with one for the same lock (exclusive wins).

@@ -399,7 +399,7 @@ fn labelled(
             .first()
             .and_then(|p| procfs::uid_of(*p))
             .map(procfs::user_name)
-            .or_else(|| Some(r.user.clone())),
+            .or_else(|| Some(procfs::user_name(r.uid))),
         pids,
         since: Some(humantime::format_rfc3339_seconds(r.since()).to_string()),
         held_for_ms: Some(elapsed_ms(r.since(), now)),
@@ -418,7 +418,7 @@ fn waiter_views(waiting: &[Waiter], blocked: &[u32], now: SystemTime) -> Vec<Wai
         .map(|w| WaiterView {
             step: Some(w.record.step.clone()),
             pid: w.record.pid,
-            user: Some(w.record.user.clone()),
+            user: Some(procfs::user_name(w.record.uid)),
             since: Some(humantime::format_rfc3339_seconds(w.record.since()).to_string()),
             waiting_for_ms: Some(elapsed_ms(w.record.since(), now)),
             position: 0,

@@ -34,11 +34,12 @@ pub struct WaitPlan {
 }
 
 /// Runs `block` (which sleeps in the kernel until the locks are ours) on
-/// this thread while a helper thread shows the wait. Returns a stopping signal
-/// that arrived at the very moment the locks were taken, for the supervisor
-/// to pass on. A timeout or a stopping signal while waiting ends the process
-/// from the helper thread: nothing has started yet, so nothing is left
-/// running, and the kernel drops every lock and place in line.
+/// this thread while a helper thread shows the wait, enforces the deadline
+/// and watches for stopping signals. A timeout or a stopping signal while
+/// waiting ends the process from the helper thread: nothing has started yet,
+/// so nothing is left running, and the kernel drops every lock and place in
+/// line. Settle the returned [`Waited`] to learn of a stopping signal that
+/// arrived at the very moment the locks were taken.
 pub fn wait_for<T>(
     dir: &ScratchDir,
     label: String,
@@ -46,7 +47,7 @@ pub fn wait_for<T>(
     registrations: Vec<Option<Registration>>,
     plan: &WaitPlan,
     block: impl FnOnce() -> Result<T>,
-) -> Result<(T, Option<Received>)> {
+) -> Result<(T, Waited)> {
     let state = Arc::new(AtomicU8::new(WAITING));
     let started = Instant::now();
     let shown = Shown {
@@ -59,6 +60,7 @@ pub fn wait_for<T>(
         let plan = plan.clone();
         std::thread::Builder::new()
             .name("devlock-wait".into())
+            .stack_size(256 * 1024)
             .spawn(move || helper(shown, registrations, state, started, plan))?
     };
     let held = block()?;
@@ -72,11 +74,37 @@ pub fn wait_for<T>(
             std::thread::park();
         }
     }
-    // SAFETY: the helper thread is alive until joined; SIGCHLD is blocked in
-    // it and only wakes its sigtimedwait.
-    unsafe { libc::pthread_kill(helper.as_pthread_t(), libc::SIGCHLD) };
-    let pending = helper.join().unwrap_or(None);
-    Ok((held, pending))
+    // SAFETY: the helper is alive until joined, and has the wake signal
+    // blocked (every thread has), so it only ends its sigtimedwait.
+    unsafe { libc::pthread_kill(helper.as_pthread_t(), supervise::wake_signal()) };
+    Ok((
+        held,
+        Waited {
+            helper: Some(helper),
+            live: plan.live && !plan.quiet,
+        },
+    ))
+}
+
+/// A wait that is over but whose helper thread may still be finishing.
+#[derive(Debug, Default)]
+pub struct Waited {
+    helper: Option<std::thread::JoinHandle<Option<Received>>>,
+    live: bool,
+}
+
+impl Waited {
+    /// Whether the helper still has to clear a live line off the terminal
+    /// (which must happen before the command writes to it).
+    pub fn must_settle_before_spawn(&self) -> bool {
+        self.helper.is_some() && self.live
+    }
+
+    /// Joins the helper; returns a stopping signal it caught at the moment
+    /// the locks were taken, for the command to hear.
+    pub fn settle(self) -> Option<Received> {
+        self.helper.and_then(|h| h.join().unwrap_or(None))
+    }
 }
 
 struct Shown {
@@ -107,15 +135,14 @@ fn helper(
         plan.report_every
     };
     let mut next_report = started;
-    let mut stderr = std::io::stderr();
     loop {
         let now = Instant::now();
         if !plan.quiet && now >= next_report {
             let line = waiting_line(&shown, now - started);
             if plan.live {
-                let _ = write!(stderr, "\r\x1b[K{line}");
+                say(&format!("\r\x1b[K{line}"));
             } else {
-                let _ = writeln!(stderr, "{line}");
+                say(&format!("{line}\n"));
             }
             next_report = now + tick;
         }
@@ -126,46 +153,50 @@ fn helper(
             let holder = shown.view().map(|v| holder_phrase(&v)).unwrap_or_default();
             clear_live(&plan);
             let waited = humantime::format_duration(plan.timeout.unwrap_or_default());
-            let _ = writeln!(
-                stderr,
-                "devlock: timed out after {waited} waiting for {}{holder}",
+            say(&format!(
+                "devlock: timed out after {waited} waiting for {}{holder}\n",
                 shown.label
-            );
+            ));
             drop(registration);
             std::process::exit(plan.conflict_code.code());
         }
-        let mut until = next_report;
-        if plan.quiet {
-            until = now + Duration::from_secs(3600);
-        }
+        let mut until = if plan.quiet {
+            now + Duration::from_secs(3600)
+        } else {
+            next_report
+        };
         if let Some(deadline) = plan.deadline {
             until = until.min(deadline);
         }
-        let signal = supervise::wait_signal(Some(until.saturating_duration_since(Instant::now())));
+        let signal = supervise::wait_stop_or_wake(until.saturating_duration_since(Instant::now()));
+        let stop = signal.filter(|s| s.signo != supervise::wake_signal());
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear_live(&plan);
             if !plan.quiet && !plan.live {
-                let _ = writeln!(
-                    stderr,
-                    "devlock: got {} after {}",
+                say(&format!(
+                    "devlock: got {} after {}\n",
                     shown.label,
                     short_duration(started.elapsed())
-                );
+                ));
             }
-            let pending = signal.filter(|s| s.signo != libc::SIGCHLD);
-            return pending;
+            return stop;
         }
-        if let Some(sig) = signal.filter(|s| s.signo != libc::SIGCHLD) {
+        if let Some(sig) = stop {
             if give_up(&state) {
                 clear_live(&plan);
                 drop(registration);
                 std::process::exit(ExitCode::Signal(sig.signo).code());
             }
-            // The lock was taken at this very moment: the command must hear it.
+            // The locks were taken at this very moment: the command must hear it.
             clear_live(&plan);
             return Some(sig);
         }
     }
+}
+
+/// One write per line, so lines from several processes never interleave.
+fn say(text: &str) {
+    let _ = std::io::stderr().write_all(text.as_bytes());
 }
 
 fn give_up(state: &AtomicU8) -> bool {
@@ -176,7 +207,7 @@ fn give_up(state: &AtomicU8) -> bool {
 
 fn clear_live(plan: &WaitPlan) {
     if plan.live && !plan.quiet {
-        let _ = write!(std::io::stderr(), "\r\x1b[K");
+        say("\r\x1b[K");
     }
 }
 

@@ -7,3 +7,4 @@ mod devices;
 mod generated;
 mod granularity;
 mod status;
+mod torture;

@@ -257,7 +257,7 @@ fn escapes_and_garbage_in_records_never_reach_the_terminal() {
         Record::for_this_process("\x1b[2J\x1b]0;pwned\x07step", &["\x1b[31mcmd".into()]);
     record.pid = holder.id();
     record.pid_start = devlock::procfs::start_time(holder.id());
-    record.user = "\x1b[5muser".into();
+    record.user = Some("\x1b[5muser".into());
     plant_record(&s, "evil", &record);
     let view = s.resource_status("evil");
     assert_eq!(
