@@ -274,8 +274,11 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
     }
     let registration = register(ctx, &request.name, entry.ticket.number);
     let label = request.name.to_string();
-    let describe = Some((request.name.clone(), entry.lock.path().to_owned()));
-    let ((entry, slot), waited) = blocking(ctx, label, describe, vec![registration], |stop| {
+    let shows = ctx.plan.is_some_and(|p| !p.quiet);
+    let watch = shows
+        .then(|| watch(ctx.dir, &request.name, &entry))
+        .flatten();
+    let ((entry, slot), waited) = blocking(ctx, label, watch, vec![registration], |stop| {
         entry.block(ctx.dir, stop)
     })?;
     Ok((Taken::Held(entry.into_held(ctx, slot)), waited))
@@ -463,25 +466,28 @@ pub fn slot_file(resource: &Resource, slot: u64) -> String {
 fn blocking<T>(
     ctx: &Context,
     label: String,
-    describe: Option<(Resource, std::path::PathBuf)>,
+    watch: Option<wait::Watch>,
     registrations: Vec<Option<Registration>>,
     block: impl FnOnce(&Stop) -> Result<T>,
 ) -> Result<(T, Waited)> {
     match ctx.plan {
-        Some(plan) => wait::wait_for(
-            ctx.dir,
-            label,
-            describe.map(|d| d.0),
-            registrations,
-            plan,
-            || block(&ctx.stop),
-        ),
+        Some(plan) => wait::wait_for(label, watch, registrations, plan, || block(&ctx.stop)),
         None => {
             let result = block(&ctx.stop);
             drop(registrations);
             Ok((result?, Waited::default()))
         }
     }
+}
+
+/// Handles of its own for the waiting display (not needed when it shows nothing).
+fn watch(dir: &ScratchDir, resource: &Resource, entry: &Entry) -> Option<wait::Watch> {
+    Some(wait::Watch {
+        dir: dir.try_clone().ok()?,
+        resource: resource.clone(),
+        lock: entry.lock.try_clone().ok()?,
+        ticket: Some(entry.ticket.number),
+    })
 }
 
 fn register(ctx: &Context, resource: &Resource, ticket: u64) -> Option<Registration> {

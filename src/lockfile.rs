@@ -102,6 +102,16 @@ impl LockFile {
         &self.file
     }
 
+    /// A second handle on the same open file (and so the same lock).
+    pub fn try_clone(&self) -> io::Result<LockFile> {
+        Ok(LockFile {
+            file: self.file.try_clone()?,
+            path: self.path.clone(),
+            id: self.id,
+            writable: self.writable,
+        })
+    }
+
     /// The open file, for uses other than flock (the queue's byte locks).
     pub fn into_file(self) -> File {
         self.file

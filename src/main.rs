@@ -1,12 +1,22 @@
 //! The `devlock` binary: parse, run, and map the result to an exit code.
+//!
+//! devlock starts once per job, so it skips std's runtime set-up (which
+//! reads /proc/self/maps to find the main thread's stack, and installs a
+//! stack-overflow handler): `main` is the C entry point. SIGPIPE therefore
+//! keeps its default action, so `devlock status | head` ends quietly.
+#![no_main]
 
 use clap::Parser;
 use devlock::exit::{ExitCode, exit_code_of};
 
-fn main() {
+#[unsafe(no_mangle)]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
     let cli = match devlock::cli::Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) => std::process::exit(report_usage(err)),
+        Err(err) => return report_usage(err),
     };
     let code = match devlock::run(cli) {
         Ok(code) => code,
@@ -15,7 +25,7 @@ fn main() {
             exit_code_of(&err)
         }
     };
-    std::process::exit(code.code());
+    code.code()
 }
 
 /// Help and version go to stdout as clap renders them; real usage errors

@@ -166,6 +166,33 @@ pub fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> io::Result<bool> {
     Ok(slots == 0 && !Ticket::anyone_ahead(&file, last + 1)?)
 }
 
+/// How many tickets before `number` are still in line (or holding), for the
+/// waiting line's "2nd in line". The kernel reports one conflicting lock per
+/// query, so the range is split around each one found: two queries per
+/// request ahead, and no file of anyone else's to open.
+pub fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result<usize> {
+    let file = crate::waiters::open_read_only(dir, &queue_name(lock_name))?;
+    let mut count = 0;
+    let mut ranges = vec![(SLOT_BASE + 1, SLOT_BASE + number as i64 - 1)];
+    while let Some((lo, hi)) = ranges.pop() {
+        if lo > hi {
+            continue;
+        }
+        let mut probe = flock_struct(libc::F_RDLCK, lo, hi - lo + 1);
+        // SAFETY: valid descriptor and struct.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if probe.l_type == libc::F_UNLCK as libc::c_short {
+            continue;
+        }
+        count += 1;
+        ranges.push((lo, probe.l_start - 1));
+        ranges.push((probe.l_start + 1, hi));
+    }
+    Ok(count)
+}
+
 /// The slot count recorded in a resource's queue, read without taking any
 /// lock (status must never get in anyone's way).
 pub fn agreed_slots(dir: &ScratchDir, lock_name: &str) -> Option<u64> {
@@ -225,6 +252,20 @@ mod tests {
         drop(first);
         assert!(!third.has_anyone_ahead().unwrap());
         third.wait_turn(&|| true).unwrap();
+    }
+
+    #[test]
+    fn counts_who_is_ahead() {
+        let (_tmp, dir) = dir();
+        let tickets: Vec<Ticket> = (0..5)
+            .map(|_| Ticket::take(&dir, "r.lock", 0, &|| false).unwrap())
+            .collect();
+        assert_eq!(count_ahead(&dir, "r.lock", 5).unwrap(), 4);
+        let mut tickets = tickets;
+        tickets.remove(1);
+        tickets.remove(2);
+        assert_eq!(count_ahead(&dir, "r.lock", 5).unwrap(), 2);
+        assert_eq!(count_ahead(&dir, "r.lock", 1).unwrap(), 0);
     }
 
     #[test]

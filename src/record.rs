@@ -64,13 +64,13 @@ impl Record {
             v: 1,
             step: clip(step, MAX_STEP_BYTES),
             pid,
-            pid_start: procfs::start_time(pid),
+            pid_start: own_start_time(),
             child: None,
             child_start: None,
             uid,
             user: std::env::var("USER").ok(),
             since_ms: now_ms(),
-            boot_id: procfs::boot_id(),
+            boot_id: boot_id(),
             command: clip_command(command),
             ticket: None,
             slot: None,
@@ -90,7 +90,7 @@ impl Record {
 
     /// The recorded processes that are still alive and still the same process.
     pub fn live_pids(&self) -> impl Iterator<Item = u32> + '_ {
-        let same_boot = match (&self.boot_id, procfs::boot_id()) {
+        let same_boot = match (&self.boot_id, boot_id()) {
             (Some(then), Some(now)) => *then == now,
             _ => true,
         };
@@ -134,6 +134,18 @@ impl Record {
     }
 }
 
+/// This process's start time, read once.
+fn own_start_time() -> Option<u64> {
+    static START: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *START.get_or_init(|| procfs::start_time(std::process::id()))
+}
+
+/// The boot id, read once.
+fn boot_id() -> Option<String> {
+    static BOOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT.get_or_init(procfs::boot_id).clone()
+}
+
 /// What a reader made of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadRecord {
@@ -156,14 +168,22 @@ impl ReadRecord {
 /// read, a few retries, then "unreadable".
 pub fn read_from(file: &File) -> ReadRecord {
     const TRIES: usize = 3;
-    let mut buf = vec![0u8; MAX_RECORD_BYTES + 1];
+    // Records are a few hundred bytes; read a page first, more only if needed.
+    let mut buf = vec![0u8; 4096];
     for attempt in 0..TRIES {
         if attempt > 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let Ok(len) = file.read_at(&mut buf, 0) else {
+        let Ok(mut len) = file.read_at(&mut buf, 0) else {
             continue;
         };
+        if len == buf.len() && buf.len() <= MAX_RECORD_BYTES {
+            buf.resize(MAX_RECORD_BYTES + 1, 0);
+            let Ok(full) = file.read_at(&mut buf, 0) else {
+                continue;
+            };
+            len = full;
+        }
         if len == 0 {
             return ReadRecord::Empty;
         }

@@ -463,8 +463,36 @@ impl Sharers {
     }
 }
 
-/// The state of one resource whose lock file we have open (for the waiting
-/// line and the busy message).
+/// Who holds a lock we have open, without its waiters (for the waiting
+/// line): the kernel's holders, labelled by the record, and by the shared
+/// holders' registrations only when the lock is shared.
+pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
+    let table = LockTable::read().unwrap_or_default();
+    let shared = table.holders(lock.id()).any(|l| !l.exclusive);
+    let registered = if shared {
+        let names = dir.entries().unwrap_or_default();
+        waiters::live_waiters(dir, &names, &table, |r| r == resource)
+            .into_iter()
+            .filter(|w| w.kind == Kind::Hold)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut view = build_view(
+        resource,
+        lock.file(),
+        lock.id(),
+        &table,
+        registered,
+        SystemTime::now(),
+        &mut Sharers::default(),
+    );
+    view.waiters.clear();
+    view
+}
+
+/// The state of one resource whose lock file we have open (for the busy
+/// message).
 pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
     let table = LockTable::read().unwrap_or_default();
     let names = dir.entries().unwrap_or_default();

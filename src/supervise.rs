@@ -54,6 +54,13 @@ pub fn block_handled_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
+/// Lets the stopping signals end devlock by their default action again.
+pub fn unblock_stop_signals() {
+    let set = set_of(&STOP_SIGNALS);
+    // SAFETY: valid set pointer.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+}
+
 /// For the waiting display: a stopping signal or the wake signal, up to `timeout`.
 pub fn wait_stop_or_wake(timeout: std::time::Duration) -> Option<Received> {
     let mut signals = STOP_SIGNALS.to_vec();

@@ -41,20 +41,26 @@ pub struct WaitPlan {
 /// line. Settle the returned [`Waited`] to learn of a stopping signal that
 /// arrived at the very moment the locks were taken.
 pub fn wait_for<T>(
-    dir: &ScratchDir,
     label: String,
-    holder_of: Option<Resource>,
+    watch: Option<Watch>,
     registrations: Vec<Option<Registration>>,
     plan: &WaitPlan,
     block: impl FnOnce() -> Result<T>,
 ) -> Result<(T, Waited)> {
+    if plan.quiet && plan.deadline.is_none() {
+        // Nothing to show and no deadline: no helper thread. A stopping
+        // signal may simply end devlock while it waits (nothing has started,
+        // and the kernel drops every lock and place in line); it is blocked
+        // again before anything starts.
+        supervise::unblock_stop_signals();
+        let held = block();
+        supervise::block_handled_signals();
+        drop(registrations);
+        return Ok((held?, Waited::default()));
+    }
     let state = Arc::new(AtomicU8::new(WAITING));
     let started = Instant::now();
-    let shown = Shown {
-        dir: dir.path().to_owned(),
-        label,
-        holder_of,
-    };
+    let shown = Shown { label, watch };
     let helper = {
         let state = state.clone();
         let plan = plan.clone();
@@ -107,18 +113,33 @@ impl Waited {
     }
 }
 
+/// What the waiting display looks at: its own handles on the lock (and the
+/// line), so a redraw costs a few reads, not a directory walk.
+#[derive(Debug)]
+pub struct Watch {
+    pub dir: ScratchDir,
+    pub resource: Resource,
+    pub lock: LockFile,
+    /// Our place in line, when we have one.
+    pub ticket: Option<u64>,
+}
+
 struct Shown {
-    dir: std::path::PathBuf,
     label: String,
-    holder_of: Option<Resource>,
+    watch: Option<Watch>,
 }
 
 impl Shown {
     fn view(&self) -> Option<ResourceView> {
-        let resource = self.holder_of.as_ref()?;
-        let dir = ScratchDir::open(&self.dir).ok()??;
-        let lock = LockFile::open(&dir, &resource.file_name()).ok()?;
-        Some(status::describe(&lock, &dir, resource))
+        let w = self.watch.as_ref()?;
+        Some(status::describe_holders(&w.lock, &w.dir, &w.resource))
+    }
+
+    /// 1 for the first in line: the live tickets ahead of ours, plus one.
+    fn place(&self) -> Option<usize> {
+        let w = self.watch.as_ref()?;
+        let ahead = crate::queue::count_ahead(&w.dir, &w.resource.file_name(), w.ticket?).ok()?;
+        Some(ahead + 1)
     }
 }
 
@@ -213,16 +234,14 @@ fn clear_live(plan: &WaitPlan) {
 
 fn waiting_line(shown: &Shown, waited: Duration) -> String {
     let view = shown.view();
-    let me = std::process::id();
     let holder = view
         .as_ref()
         .and_then(|v| v.holders.first())
         .map(|h| format!(" for {}", holder_words(h)))
         .unwrap_or_default();
-    let place = view
-        .as_ref()
-        .and_then(|v| v.waiters.iter().find(|w| w.pid == me))
-        .map(|w| format!(" · {} in line", ordinal(w.position)))
+    let place = shown
+        .place()
+        .map(|n| format!(" · {} in line", ordinal(n)))
         .unwrap_or_default();
     format!(
         "devlock: {} · waiting {}{holder}{place}",
