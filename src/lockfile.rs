@@ -215,7 +215,7 @@ fn refuse_odd_file_before_opening(
     match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => check_plain_file(
             st.st_mode & libc::S_IFMT == libc::S_IFREG,
-            st.st_nlink as u64,
+            st.st_nlink,
             path,
         ),
         Err(_) => Ok(()),

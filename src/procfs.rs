@@ -114,13 +114,13 @@ impl LockTable {
 /// Together with the pid this names one process for the life of the machine,
 /// so a recycled pid is not mistaken for the process a record describes.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = read_small(&format!("/proc/{pid}/stat"))?;
+    let stat = read_small(format!("/proc/{pid}/stat"))?;
     stat_field(&stat, 22)?.parse().ok()
 }
 
 /// Parent pid (field 4 of `/proc/PID/stat`).
 pub fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = read_small(&format!("/proc/{pid}/stat"))?;
+    let stat = read_small(format!("/proc/{pid}/stat"))?;
     stat_field(&stat, 4)?.parse().ok()
 }
 
@@ -142,7 +142,7 @@ pub fn is_same_process(pid: u32, start: Option<u64>) -> bool {
 
 /// Real uid of a live process, from `/proc/PID/status` (readable for every user).
 pub fn uid_of(pid: u32) -> Option<u32> {
-    let status = read_small(&format!("/proc/{pid}/status"))?;
+    let status = read_small(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -150,7 +150,7 @@ pub fn uid_of(pid: u32) -> Option<u32> {
 /// Short command name of a live process (`/proc/PID/comm`).
 pub fn comm_of(pid: u32) -> Option<String> {
     Some(
-        read_small(&format!("/proc/{pid}/comm"))?
+        read_small(format!("/proc/{pid}/comm"))?
             .trim_end()
             .to_owned(),
     )

@@ -147,6 +147,8 @@ fn boot_id() -> Option<String> {
 }
 
 /// What a reader made of a record.
+// Short-lived, one at a time: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadRecord {
     Empty,

@@ -121,7 +121,7 @@ pub fn gather(
         devices: Vec::new(),
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
-        report.resources = wanted.iter().map(|r| free_view(r)).collect();
+        report.resources = wanted.iter().map(free_view).collect();
         if let Some(timeout) = probe_timeout {
             add_devices(&mut report, timeout, Vec::new());
         }

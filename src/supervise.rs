@@ -89,7 +89,7 @@ fn wait_in(set: &libc::sigset_t, timeout: Option<std::time::Duration>) -> Option
             unsafe { libc::sigtimedwait(set, &mut info, &ts) }
         }
     };
-    (signo > 0).then(|| Received {
+    (signo > 0).then_some(Received {
         signo,
         from_process: info.si_code <= 0,
     })

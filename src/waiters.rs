@@ -123,7 +123,7 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let _ = nix::unistd::unlinkat(
-            &self.dir.fd(),
+            self.dir.fd(),
             self.name.as_str(),
             nix::unistd::UnlinkatFlags::NoRemoveDir,
         );
@@ -190,7 +190,7 @@ pub fn live_waiters(
 fn sweep_dead(dir: &ScratchDir, name: &str, file: &File) {
     // SAFETY: open descriptor.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        let _ = nix::unistd::unlinkat(&dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let _ = nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
 }
 

@@ -2,7 +2,7 @@
 //! processes: wait for a file or a line, with a generous bound that only
 //! fails on a hang.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
