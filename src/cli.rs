@@ -37,6 +37,7 @@ Examples:
     subcommand_negates_reqs = true,
     override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]..."
 )]
+#[allow(missing_docs)] // clap turns doc comments into help text
 pub struct Cli {
     #[command(subcommand)]
     pub subcommand: Option<Command>,
@@ -61,6 +62,7 @@ pub struct Cli {
     pub probe_timeout: Duration,
 }
 
+/// The subcommands (a run under a lock is the default, not a subcommand).
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show who holds each lock, for how long, and who waits
@@ -68,7 +70,16 @@ pub enum Command {
         long_about = "Show who holds each lock, for how long, and who waits.\n\n\
         Whether a lock is held comes from the kernel (/proc/locks); records only \
         label holders, and a record whose process is gone is shown as stale. \
-        status never takes a lock to find out."
+        status never takes a lock to find out. With nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
+        it also shows each GPU's memory, utilisation and processes, and which of \
+        them are outside the gate.\n\n\
+        --json prints one document: {dir, resources: [{name, state (free, held or \
+        shared), slots, holders: [{step, pid, pids, user, since, held_for_ms, command, \
+        exclusive, via, slot, devices, source}], waiters: [{step, pid, user, since, \
+        waiting_for_ms, position}], record, stale_record}], device_info: {status \
+        (none, unknown or ok), reason}, devices: [{index, uuid, name, memory_used_mib, \
+        memory_total_mib, utilization_pct, processes: [{pid, name, user, used_mib, \
+        gated, gate}]}]}. Unknown values are null."
     )]
     Status(StatusArgs),
 }

@@ -28,6 +28,7 @@ pub enum ExitCode {
 }
 
 impl ExitCode {
+    /// The number the process exits with.
     pub fn code(self) -> i32 {
         match self {
             ExitCode::Success => 0,
@@ -67,7 +68,9 @@ mod tests {
 /// An error that carries the exit code devlock should end with.
 #[derive(Debug)]
 pub struct Coded {
+    /// How devlock ends.
     pub code: ExitCode,
+    /// The one line it says, after `devlock: `.
     pub message: String,
 }
 

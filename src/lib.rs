@@ -1,26 +1,48 @@
 //! devlock: machine-wide device locks over flock(2), as a library and a CLI.
 //!
 //! The binary is a thin layer over this crate; a Rust program can take the
-//! same locks with [`Lock::acquire`].
+//! same locks with [`Lock::acquire`], which waits in the same fair line as the
+//! `devlock` command and passes through a lock this process already holds.
+//!
+//! The modules below the line are public for the binary and the tests; they
+//! are documented for their maintainers, not a stable API.
 
-pub mod acquire;
-pub mod cli;
-pub mod devices;
-pub mod exit;
-pub mod interrupt;
+#![warn(missing_docs)]
+
 mod lock;
-pub mod lockfile;
-pub mod probe;
-pub mod procfs;
-pub mod queue;
-pub mod record;
-pub mod resource;
 mod run;
-pub mod scratch;
-pub mod status;
-pub mod supervise;
-pub mod text;
+mod status_cmd;
 mod wait;
+
+pub mod cli;
+pub mod exit;
+pub mod resource;
+
+#[doc(hidden)]
+pub mod acquire;
+#[doc(hidden)]
+pub mod devices;
+#[doc(hidden)]
+pub mod interrupt;
+#[doc(hidden)]
+pub mod lockfile;
+#[doc(hidden)]
+pub mod probe;
+#[doc(hidden)]
+pub mod procfs;
+#[doc(hidden)]
+pub mod queue;
+#[doc(hidden)]
+pub mod record;
+#[doc(hidden)]
+pub mod scratch;
+#[doc(hidden)]
+pub mod status;
+#[doc(hidden)]
+pub mod supervise;
+#[doc(hidden)]
+pub mod text;
+#[doc(hidden)]
 pub mod waiters;
 
 pub use lock::{Guard, Lock, Options, Wait};
@@ -35,5 +57,3 @@ pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
 }
-
-mod status_cmd;

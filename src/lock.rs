@@ -27,6 +27,7 @@ pub enum Wait {
 pub struct Options {
     /// The scratch directory ([`crate::scratch::DEFAULT_DIR`] by default).
     pub dir: PathBuf,
+    /// Whether and how long to wait when someone else holds the lock.
     pub wait: Wait,
     /// The label status shows for the holder.
     pub step: String,
@@ -62,6 +63,7 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// The resource this guard holds.
     pub fn resource(&self) -> &Resource {
         &self.resource
     }

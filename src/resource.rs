@@ -44,6 +44,7 @@ impl Resource {
         Ok(Resource(text.to_owned()))
     }
 
+    /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
