@@ -3,6 +3,7 @@
 //! line (with a waiting display) and the library (quietly).
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 use std::sync::mpsc;
 
@@ -55,7 +56,7 @@ impl Held {
 
     /// Whether the holder record goes into the lock file itself.
     pub fn owns_record(&self) -> bool {
-        self.request.exclusive && self.lock.is_writable()
+        self.request.exclusive && self.request.slots == 0 && self.lock.is_writable()
     }
 
     /// Writes the holder's label, now naming the running command: into the
@@ -151,6 +152,23 @@ impl Entry {
 
     /// Takes the lock without waiting, if nobody is ahead and it is free.
     fn try_now(&mut self, dir: &ScratchDir) -> Result<Attempt> {
+        let attempt = self.try_now_in_line(dir)?;
+        if matches!(attempt, Attempt::Taken(_)) {
+            self.step_aside_if_shared();
+        }
+        Ok(attempt)
+    }
+
+    /// A shared hold lets the line move on at once: the next reader may join
+    /// in, and a writer behind waits for the lock itself. (Keeping the place
+    /// would make even this run's own next take wait for it.)
+    fn step_aside_if_shared(&self) {
+        if !self.request.exclusive || self.request.slots > 0 {
+            let _ = self.ticket.step_aside();
+        }
+    }
+
+    fn try_now_in_line(&mut self, dir: &ScratchDir) -> Result<Attempt> {
         if self.ticket.has_anyone_ahead()? {
             return Ok(Attempt::Busy);
         }
@@ -195,6 +213,7 @@ impl Entry {
             }
             None
         };
+        self.step_aside_if_shared();
         Ok((self, slot))
     }
 
@@ -264,15 +283,37 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         let held = hold(ctx, request.clone(), lock, None, None);
         return Ok((Taken::Held(held), Waited::default()));
     }
+    if ctx.no_wait && request.slots == 0 {
+        // Without joining the line: a failing -n must never hold a place
+        // in it, not even while it words its message.
+        let lock = LockFile::open(ctx.dir, &request.name.file_name())?;
+        let agreed = crate::queue::agreed_slots(ctx.dir, &request.name.file_name()).unwrap_or(0);
+        if agreed != 0 && in_use(&lock) {
+            return Err(coded(
+                ExitCode::Usage,
+                format!(
+                    "{} is in use with --slots {agreed}, but this asks for it as a plain lock; \
+                     everyone must use a resource the same way",
+                    request.name
+                ),
+            ));
+        }
+        inside_holder(&lock, request)?;
+        if inherited(&lock, request.exclusive) == Inherited::Yes {
+            return Ok((Taken::Inherited(lock), Waited::default()));
+        }
+        return Err(busy(ctx.dir, &request.name, &lock, ctx.plan));
+    }
     let mut entry = Entry::join(ctx.dir, request)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
         return Ok((Taken::Held(entry.into_held(ctx, slot)), Waited::default()));
     }
-    if held_by_inheritance(&entry.lock) {
+    if inside_holder(&entry.lock, request)? {
         return Ok((Taken::Inherited(entry.lock), Waited::default()));
     }
     if ctx.no_wait {
-        return Err(busy(ctx.dir, &request.name, &entry.lock, ctx.plan));
+        let Entry { lock, .. } = entry;
+        return Err(busy(ctx.dir, &request.name, &lock, ctx.plan));
     }
     let registration = register(ctx, &request.name, entry.ticket.number);
     let label = request.name.to_string();
@@ -286,24 +327,62 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
     Ok((Taken::Held(entry.into_held(ctx, slot)), waited))
 }
 
+/// Whether we run inside a job that holds the lock already (then the take
+/// passes through); an error when that job holds it only shared and this
+/// asks for it exclusively, which would wait for itself forever.
+fn inside_holder(lock: &LockFile, request: &Request) -> Result<bool> {
+    match inherited(lock, request.exclusive) {
+        Inherited::Yes => Ok(true),
+        Inherited::No => Ok(false),
+        Inherited::OnlyShared(pid) => Err(coded(
+            ExitCode::Busy,
+            format!(
+                "{} is held only shared by the job this runs in (pid {pid}); taking it \
+                 exclusively inside that job would wait for itself",
+                request.name
+            ),
+        )),
+    }
+}
+
 /// Takes `count` of `candidates` (sorted), the first that are or become
 /// free, in line with everyone else waiting for them. Picks are made in
 /// name order, each from the candidates after the last pick that leave
 /// enough for the rest, so holding one while waiting for another never goes
-/// against the global lock order, and cannot deadlock.
+/// against the global lock order, and cannot deadlock. A member's group is
+/// taken (shared) with the member, by the candidate that wins, and once.
 pub fn take_any(
     ctx: &Context,
     candidates: &[Request],
     count: usize,
     pending: &mut Pending,
 ) -> Result<Vec<Taken>> {
-    let mut taken = Vec::new();
+    let mut taken: Vec<Taken> = Vec::new();
+    let mut groups_held: Vec<Resource> = Vec::new();
     let mut start = 0;
     for pick in 0..count {
         let window = &candidates[start..candidates.len() - (count - 1 - pick)];
-        let (index, one, waited) = take_first(ctx, window)?;
-        pending.add(waited);
-        taken.push(one);
+        let units: Vec<Vec<Request>> = window
+            .iter()
+            .map(|candidate| {
+                let group = candidate.name.group().filter(|g| !groups_held.contains(g));
+                let mut unit: Vec<Request> = group
+                    .map(|g| Request {
+                        name: g,
+                        exclusive: false,
+                        via: Some(candidate.name.clone()),
+                        slots: 0,
+                    })
+                    .into_iter()
+                    .collect();
+                unit.push(candidate.clone());
+                unit
+            })
+            .collect();
+        let (index, took, waited) = take_first(ctx, &units)?;
+        pending.add(waited)?;
+        groups_held.extend(window[index].name.group());
+        taken.extend(took);
         start += index + 1;
     }
     Ok(taken)
@@ -313,15 +392,18 @@ pub fn take_any(
 #[derive(Debug, Default)]
 pub struct Pending {
     last: Waited,
-    signal: Option<Received>,
 }
 
 impl Pending {
     /// Notes a finished wait; the one before it is settled now (its display
     /// must be gone before the next wait shows its own).
-    pub fn add(&mut self, waited: Waited) {
+    /// A stopping signal caught then ends the run: nothing has started.
+    pub fn add(&mut self, waited: Waited) -> Result<()> {
         let before = std::mem::replace(&mut self.last, waited);
-        self.signal = self.signal.or(before.settle());
+        match before.settle() {
+            Some(sig) => Err(crate::supervise::stopped_before_start(sig)),
+            None => Ok(()),
+        }
     }
 
     /// Whether the last wait's display must be cleared before the command starts.
@@ -332,48 +414,114 @@ impl Pending {
     /// Settles everything; a stopping signal that arrived as the locks were
     /// taken, for the command to hear.
     pub fn settle(self) -> Option<Received> {
-        self.signal.or(self.last.settle())
+        self.last.settle()
     }
 }
 
-fn take_first(ctx: &Context, window: &[Request]) -> Result<(usize, Taken, Waited)> {
-    let mut entries = Vec::new();
-    for request in window {
-        let mut entry = Entry::join(ctx.dir, request)?;
-        match entry.try_now(ctx.dir)? {
-            Attempt::Taken(slot) => {
-                return Ok((
-                    entries.len(),
-                    Taken::Held(entry.into_held(ctx, slot)),
-                    Waited::default(),
-                ));
+/// One candidate of an `--any`: its group's shared lock (if needed) and the
+/// member, taken in that order. A later lock's line is joined only once the
+/// earlier lock is held: a place in the member's line while still waiting
+/// for the group would be holding a later lock while waiting for an earlier
+/// one, which is how deadlocks start.
+struct Unit {
+    requests: Vec<Request>,
+    held: Vec<Entry>,
+    /// The lock being waited for, with its place in line.
+    waiting: Option<Entry>,
+}
+
+impl Unit {
+    /// Takes what of the unit is free now, in order, and joins the line of
+    /// the first lock that is not.
+    fn join(ctx: &Context, requests: &[Request]) -> Result<Unit> {
+        let mut unit = Unit {
+            requests: requests.to_vec(),
+            held: Vec::new(),
+            waiting: None,
+        };
+        for request in requests {
+            let mut entry = Entry::join(ctx.dir, request)?;
+            if matches!(entry.try_now(ctx.dir)?, Attempt::Taken(None)) {
+                unit.held.push(entry);
+            } else {
+                unit.waiting = Some(entry);
+                break;
             }
-            Attempt::Busy => entries.push(entry),
+        }
+        Ok(unit)
+    }
+
+    fn complete(&self) -> bool {
+        self.held.len() == self.requests.len()
+    }
+
+    /// Sleeps for the rest of the unit, one lock after the other.
+    fn block(mut self, dir: &ScratchDir, stop: &Stop) -> Result<Unit> {
+        if let Some(entry) = self.waiting.take() {
+            self.held.push(entry.block(dir, stop)?.0);
+        }
+        while self.held.len() < self.requests.len() {
+            let request = &self.requests[self.held.len()];
+            let entry = Entry::join(dir, request)?;
+            self.held.push(entry.block(dir, stop)?.0);
+        }
+        Ok(self)
+    }
+
+    /// The member's lock file, once its line has been joined.
+    fn member_entry(&self) -> Option<&Entry> {
+        let entry = self.waiting.as_ref().or(self.held.last())?;
+        (entry.request == *self.requests.last()?).then_some(entry)
+    }
+
+    fn into_taken(self, ctx: &Context) -> Vec<Taken> {
+        self.held
+            .into_iter()
+            .map(|entry| Taken::Held(entry.into_held(ctx, None)))
+            .collect()
+    }
+}
+
+fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken>, Waited)> {
+    let mut joined = Vec::new();
+    for requests in units {
+        let unit = Unit::join(ctx, requests)?;
+        if unit.complete() {
+            return Ok((joined.len(), unit.into_taken(ctx), Waited::default()));
+        }
+        joined.push(unit);
+    }
+    for (i, unit) in joined.iter().enumerate() {
+        if let Some(member) = unit.member_entry()
+            && inside_holder(&member.lock, &member.request)?
+        {
+            let lock = member.lock.try_clone()?;
+            return Ok((i, vec![Taken::Inherited(lock)], Waited::default()));
         }
     }
-    if let Some(i) = entries.iter().position(|e| held_by_inheritance(&e.lock)) {
-        return Ok((
-            i,
-            Taken::Inherited(entries.swap_remove(i).lock),
-            Waited::default(),
-        ));
-    }
-    let names: Vec<String> = window.iter().map(|r| r.name.to_string()).collect();
+    let names: Vec<String> = units
+        .iter()
+        .map(|u| u.last().expect("a member").name.to_string())
+        .collect();
     if ctx.no_wait {
+        drop(joined);
         return Err(coded(
             ctx.plan.map_or(ExitCode::Busy, |p| p.conflict_code),
             format!("all of {} are busy", names.join(", ")),
         ));
     }
-    let registrations = entries
+    let registrations = joined
         .iter()
-        .map(|e| register(ctx, &e.request.name, e.ticket.number))
+        .filter_map(|u| {
+            let entry = u.waiting.as_ref()?;
+            Some(register(ctx, &entry.request.name, entry.ticket.number))
+        })
         .collect();
     let label = format!("any of {}", names.join(" "));
-    let ((index, (entry, slot)), waited) = blocking(ctx, label, None, registrations, |stop| {
-        first_of(entries, stop, |entry, stop| entry.block(ctx.dir, stop))
+    let ((index, unit), waited) = blocking(ctx, label, None, registrations, |stop| {
+        first_of(joined, stop, |unit, stop| unit.block(ctx.dir, stop))
     })?;
-    Ok((index, Taken::Held(entry.into_held(ctx, slot)), waited))
+    Ok((index, unit.into_taken(ctx), waited))
 }
 
 /// Runs one blocking job per item in its own thread; the first to succeed
@@ -396,6 +544,7 @@ fn first_of<I: Send, T: Send>(
             let stop = stops[index].clone();
             let (job, threads, started) = (&job, &threads, &started);
             handles.push(scope.spawn(move || {
+                crate::interrupt::unblock_here();
                 // SAFETY: pthread_self is always safe.
                 threads.lock().unwrap()[index] = Some(unsafe { libc::pthread_self() });
                 started.wait();
@@ -522,28 +671,79 @@ fn in_use(lock: &LockFile) -> bool {
     LockTable::read().is_ok_and(|t| t.is_locked(lock.id()))
 }
 
-/// Whether this process already holds the lock through a descriptor it
-/// inherited (we run inside a command that devlock or flock started). Asked
-/// of the kernel, not of an environment variable a script may have copied:
-/// a descriptor on the same file whose `/proc/self/fdinfo` shows a lock.
-pub fn held_by_inheritance(lock: &LockFile) -> bool {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return false;
-    };
-    let own = lock.file().as_raw_fd();
-    fds.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<RawFd>().ok())
-        .filter(|&fd| fd != own && same_file(fd, lock))
-        .any(|fd| {
-            procfs::locks_of_fd("self", &fd.to_string())
-                .iter()
-                .any(|l| l.file == lock.id() && !l.blocked)
-        })
+/// Whether the work we run inside already holds a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inherited {
+    No,
+    /// Held in a mode that covers the request: run under it.
+    Yes,
+    /// Held, but only shared while the request is exclusive: waiting would
+    /// wait for ourselves.
+    OnlyShared(u32),
 }
 
-fn same_file(fd: RawFd, lock: &LockFile) -> bool {
-    // SAFETY: fstat fills a plain struct; a closed fd just fails.
-    let mut st = unsafe { std::mem::zeroed::<libc::stat>() };
-    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-    ok && procfs::FileId::from_metadata(st.st_dev, st.st_ino) == lock.id()
+/// Whether the job we run inside already holds the lock, asked of the
+/// kernel rather than of an environment variable a script may have copied:
+/// a descriptor we inherited (not close-on-exec, so not one of ours) on the
+/// same file whose `/proc/self/fdinfo` shows a granted lock, or such a lock
+/// held by an ancestor (a parent that started us with its descriptors
+/// closed, as Python's subprocess and sudo do).
+pub fn inherited(lock: &LockFile, exclusive: bool) -> Inherited {
+    let mut found = Inherited::No;
+    let mut pid = std::process::id();
+    for depth in 0..64 {
+        let holder = if depth == 0 {
+            "self".to_owned()
+        } else {
+            pid.to_string()
+        };
+        for mode in held_through(&holder, lock, depth == 0) {
+            if mode || !exclusive {
+                return Inherited::Yes;
+            }
+            found = Inherited::OnlyShared(pid);
+        }
+        match procfs::parent_pid(pid) {
+            Some(parent) if parent > 1 => pid = parent,
+            _ => break,
+        }
+    }
+    found
+}
+
+/// The modes (true for exclusive) in which process `pid` holds the lock
+/// through its descriptors; for ourselves, only inherited ones count.
+fn held_through(pid: &str, lock: &LockFile, only_inherited: bool) -> Vec<bool> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut modes = Vec::new();
+    for fd in fds.flatten() {
+        let Some(name) = fd.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let same = std::fs::metadata(fd.path())
+            .is_ok_and(|m| procfs::FileId::from_metadata(m.dev(), m.ino()) == lock.id());
+        if !same || (only_inherited && !inheritable(&name)) {
+            continue;
+        }
+        modes.extend(
+            procfs::locks_of_fd(pid, &name)
+                .iter()
+                .filter(|l| l.file == lock.id() && !l.blocked)
+                .map(|l| l.exclusive),
+        );
+    }
+    modes
+}
+
+/// Whether one of our descriptors survives exec (so it came from our parent:
+/// devlock's own lock files are close-on-exec until it starts the command).
+fn inheritable(fd: &str) -> bool {
+    let Ok(fd) = fd.parse::<RawFd>() else {
+        return false;
+    };
+    // SAFETY: F_GETFD on a descriptor number; a closed one just fails.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    flags >= 0 && flags & libc::FD_CLOEXEC == 0
 }

@@ -30,6 +30,26 @@ pub fn install() {
     });
 }
 
+/// Lets the interrupt signal reach the calling thread (a parent may have
+/// left it blocked), returning the mask to restore.
+pub fn unblock_here() -> libc::sigset_t {
+    // SAFETY: plain signal-mask calls on sets we initialise.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal());
+        let mut old = std::mem::zeroed::<libc::sigset_t>();
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old);
+        old
+    }
+}
+
+/// Restores a mask saved by [`unblock_here`].
+pub fn restore(mask: &libc::sigset_t) {
+    // SAFETY: a mask pthread_sigmask gave us.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
 /// A request to stop, shared between a waiting thread and whoever decides.
 #[derive(Debug, Clone, Default)]
 pub struct Stop {

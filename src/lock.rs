@@ -147,8 +147,10 @@ fn with_deadline<T>(ctx: &Context, limit: Duration, wait: impl FnOnce() -> T) ->
             stop.stop(me);
         }
     });
+    let mask = crate::interrupt::unblock_here();
     let result = wait();
     ctx.stop.mark_finished();
+    crate::interrupt::restore(&mask);
     drop(done_tx);
     let _ = timer.join();
     result

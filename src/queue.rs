@@ -57,6 +57,8 @@ impl Ticket {
         // A separate open per ticket: OFD locks belong to the open file
         // description, and two tickets of one process must not merge.
         let file = LockFile::open(dir, &queue_name(lock_name))?.into_file();
+        // Ctrl-Z while holding the header lock would stop everyone's line.
+        let _no_stop = StopSignalsHeld::new();
         set_lock(&file, libc::F_WRLCK, 0, HEADER_LEN, true)?;
         let mut header = [0u8; HEADER_LEN as usize];
         let len = file.read_at(&mut header, 0)?;
@@ -71,7 +73,10 @@ impl Ticket {
             0
         };
         let number = last + 1;
-        file.write_all_at(&number.to_le_bytes(), 0)?;
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..8].copy_from_slice(&number.to_le_bytes());
+        header[8..].copy_from_slice(&agreed.to_le_bytes());
+        file.write_all_at(&header, 0)?;
         set_lock(&file, libc::F_WRLCK, SLOT_BASE + number as i64, 1, false)?;
         if agreed != slots && !Ticket::anyone_ahead(&file, number)? && !in_use() {
             // Nobody else is in line or holding: this request sets the terms.
@@ -157,10 +162,7 @@ pub fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> io::Result<bool> {
         Err(e) => return Err(e),
     };
     let mut header = [0u8; HEADER_LEN as usize];
-    let len = file.read_at(&mut header, 0)?;
-    if len < HEADER_LEN as usize {
-        return Ok(len == 0);
-    }
+    file.read_at(&mut header, 0)?;
     let last = u64::from_le_bytes(header[..8].try_into().unwrap());
     let slots = u64::from_le_bytes(header[8..16].try_into().unwrap());
     Ok(slots == 0 && !Ticket::anyone_ahead(&file, last + 1)?)
@@ -200,6 +202,32 @@ pub fn agreed_slots(dir: &ScratchDir, lock_name: &str) -> Option<u64> {
     let mut slots = [0u8; 8];
     file.read_exact_at(&mut slots, SLOTS_AT).ok()?;
     Some(u64::from_le_bytes(slots))
+}
+
+/// Keeps job-control stops away for as long as it lives.
+struct StopSignalsHeld(libc::sigset_t);
+
+impl StopSignalsHeld {
+    fn new() -> StopSignalsHeld {
+        // SAFETY: plain signal-mask calls on sets we initialise.
+        unsafe {
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
+                libc::sigaddset(&mut set, sig);
+            }
+            let mut old = std::mem::zeroed::<libc::sigset_t>();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            StopSignalsHeld(old)
+        }
+    }
+}
+
+impl Drop for StopSignalsHeld {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in new().
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 fn flock_struct(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
@@ -252,6 +280,19 @@ mod tests {
         drop(first);
         assert!(!third.has_anyone_ahead().unwrap());
         third.wait_turn(&|| true).unwrap();
+    }
+
+    #[test]
+    fn an_emptied_line_is_seen_as_empty_again() {
+        let (_tmp, dir) = dir();
+        assert!(line_is_empty(&dir, "r.lock").unwrap());
+        let first = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
+        assert!(!line_is_empty(&dir, "r.lock").unwrap());
+        drop(first);
+        assert!(
+            line_is_empty(&dir, "r.lock").unwrap(),
+            "the fast path works again"
+        );
     }
 
     #[test]

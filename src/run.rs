@@ -31,6 +31,7 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         .step
         .clone()
         .unwrap_or_else(|| basename(&args.command[0]));
+    supervise::sane_start();
     supervise::block_handled_signals();
     let dir = ScratchDir::open_or_create(dir_path)?;
     let plan = WaitPlan {
@@ -54,12 +55,16 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
     // On a terminal the waiting line must be gone before anything else is
     // said or the command writes; otherwise the command starts first and the
     // display finishes beside it.
-    let mut signal = None;
-    if pending.must_settle_before_spawn() {
-        signal = std::mem::take(&mut pending).settle();
+    if pending.must_settle_before_spawn()
+        && let Some(sig) = std::mem::take(&mut pending).settle()
+    {
+        return Err(supervise::stopped_before_start(sig));
     }
     if args.require_idle {
         require_idle(&taken, args.idle_threshold, probe_timeout)?;
+    }
+    if let Some(sig) = supervise::pending_stop() {
+        return Err(supervise::stopped_before_start(sig));
     }
     let env = child_env(&taken, &dir, &step);
     let held: Vec<acquire::Held> = taken
@@ -77,7 +82,7 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         .flat_map(acquire::Held::inheritable_fds)
         .collect();
     let child = supervise::spawn(&args.command, &fds, &env)?;
-    let signal = signal.or(pending.settle());
+    let signal = pending.settle();
     let mut record = ctx.record();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());
@@ -107,7 +112,8 @@ fn take_all(
     let mut fixed: Vec<Request> = Vec::new();
     let mut candidates = Vec::new();
     for resource in resources {
-        if let Some(group) = resource.group() {
+        // An --any candidate's group comes with the candidate that wins.
+        if let Some(group) = resource.group().filter(|_| !args.any) {
             add(
                 &mut fixed,
                 Request {
@@ -134,7 +140,7 @@ fn take_all(
     let mut taken = Vec::new();
     for request in &fixed {
         let (took, waited) = acquire::take(ctx, request)?;
-        pending.add(waited);
+        pending.add(waited)?;
         taken.push((request.name.clone(), took));
     }
     if args.any {
@@ -189,6 +195,9 @@ fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
             args.count,
             resources.len()
         ));
+    }
+    if args.report_every < Duration::from_millis(10) {
+        return usage("--report-every must be at least 10ms");
     }
     if args.count == 0 {
         return usage("--count must be at least 1");

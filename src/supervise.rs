@@ -54,6 +54,41 @@ pub fn block_handled_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
+/// Puts right what devlock may inherit from a careless parent: an ignored
+/// SIGCHLD (children would be reaped behind its back and it would wait
+/// forever) and closed standard descriptors (a lock file opened into fd 2
+/// would become the command's stderr).
+pub fn sane_start() {
+    // SAFETY: plain syscalls on the calling process.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        for fd in 0..3 {
+            if libc::fcntl(fd, libc::F_GETFD) == -1 {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 && null != fd {
+                    libc::dup2(null, fd);
+                    libc::close(null);
+                }
+            }
+        }
+    }
+}
+
+/// A stopping signal that arrived before the command started (a Ctrl-C
+/// during --require-idle's probe, say), taken off the queue without waiting.
+pub fn pending_stop() -> Option<Received> {
+    wait_in(&set_of(&STOP_SIGNALS), Some(std::time::Duration::ZERO))
+}
+
+/// The error that ends devlock when a stopping signal came before the
+/// command started: nothing runs, the locks go with the process.
+pub fn stopped_before_start(sig: Received) -> anyhow::Error {
+    coded(
+        ExitCode::Signal(sig.signo),
+        format!("stopped by signal {} before the command started", sig.signo),
+    )
+}
+
 /// Lets the stopping signals end devlock by their default action again.
 pub fn unblock_stop_signals() {
     let set = set_of(&STOP_SIGNALS);
@@ -124,9 +159,9 @@ impl Child {
 ///
 /// posix_spawn rather than fork: no page tables to copy, on every start and
 /// every hand-off. The child gets an empty signal mask (devlock blocks the
-/// signals it handles) and default dispositions for the signals devlock's
-/// runtime ignores or catches; the lock descriptors lose close-on-exec in
-/// the parent just before.
+/// signals it handles); signals the caller ignored stay ignored (`nohup`),
+/// and devlock's own handlers vanish at exec as always. The lock
+/// descriptors lose close-on-exec in the parent just before.
 pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> Result<Child> {
     for &fd in keep {
         // SAFETY: fcntl on a descriptor we own.
@@ -170,16 +205,8 @@ pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> 
         let mut attrs = std::mem::zeroed::<libc::posix_spawnattr_t>();
         libc::posix_spawnattr_init(&mut attrs);
         let empty = set_of(&[]);
-        let mut defaults = set_of(&[libc::SIGPIPE, crate::interrupt::signal(), wake_signal()]);
-        for sig in STOP_SIGNALS {
-            libc::sigaddset(&mut defaults, sig);
-        }
         libc::posix_spawnattr_setsigmask(&mut attrs, &empty);
-        libc::posix_spawnattr_setsigdefault(&mut attrs, &defaults);
-        libc::posix_spawnattr_setflags(
-            &mut attrs,
-            (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
-        );
+        libc::posix_spawnattr_setflags(&mut attrs, libc::POSIX_SPAWN_SETSIGMASK as libc::c_short);
         let err = libc::posix_spawnp(
             &mut pid,
             argv[0].as_ptr(),
@@ -216,13 +243,21 @@ pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> 
 /// terminal's Ctrl-C already reached it, and later signals are absorbed, so
 /// the lock stays held until the command has really finished cleaning up.
 pub fn supervise(child: Child, pending: Option<Received>) -> ExitCode {
-    let mut passed_on = false;
+    // The first stopping signal reaches the command once; later ones are
+    // absorbed, so a second Ctrl-C or kill does not cut its clean-up short.
+    let mut delivered = false;
+    // SAFETY: getsid and getpid cannot fail for the calling process.
+    let session_leader = unsafe { libc::getsid(0) == libc::getpid() };
     let mut on_signal = |sig: Received, child: &Child| {
-        if sig.signo == libc::SIGCHLD || passed_on {
+        if sig.signo == libc::SIGCHLD || delivered {
             return;
         }
-        passed_on = true;
-        if sig.from_process {
+        delivered = true;
+        // The kernel's own signals (a terminal's Ctrl-C) already went to the
+        // whole foreground group, command included; the one exception is
+        // the hang-up a terminal sends to its session leader alone.
+        let hang_up_for_leader = sig.signo == libc::SIGHUP && session_leader;
+        if sig.from_process || hang_up_for_leader {
             // SAFETY: plain kill of our own child, which we have not reaped.
             unsafe { libc::kill(child.id() as libc::pid_t, sig.signo) };
         }

@@ -249,6 +249,10 @@ fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
         .trim()
         .parse()
         .unwrap();
+    // The record is written just after the command starts; wait for it.
+    s.wait_for_status("r", "the holder's record", |v| {
+        v["holders"][0]["step"] == "sh"
+    });
     holder.kill().unwrap();
     holder.wait().unwrap();
     // The command still runs and still holds the lock: nobody else gets in.
@@ -604,4 +608,83 @@ fn a_replaced_lock_file_is_noticed() {
         "enter\nleave\nenter\nleave\n"
     );
     assert!(s.lock_path("r").exists(), "the lock file is there again");
+}
+
+#[test]
+fn a_nested_take_finds_the_holder_even_when_descriptors_were_closed() {
+    // Python's subprocess and sudo close inherited descriptors; the nested
+    // devlock then finds the lock held by an ancestor and passes through.
+    let s = Scratch::new();
+    let lock = s.lock_path("r");
+    let script = format!(
+        "for f in /proc/$$/fd/*; do [ \"$(readlink $f)\" = {lock} ] && eval \"exec ${{f##*/}}>&-\"; done; \
+         ls -l /proc/$$/fd | grep -q r.lock && exit 9; exec {BIN} -n r -- echo inner",
+        lock = lock.display()
+    );
+    let out = s.run(&["r", "--", "sh", "-c", &script]);
+    assert_eq!(stdout(&out).trim(), "inner", "{}", stderr(&out));
+    assert!(out.status.success());
+}
+
+#[test]
+fn an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself() {
+    let s = Scratch::new();
+    let out = s.run(&["gpu:0", "--", BIN, "-n", "gpu", "--", "echo", "ran"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("gpu is held only shared by the job this runs in"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stdout(&out).contains("ran"));
+    let out = s.run(&["gpu:0", "--", BIN, "-w", "5s", "gpu", "--", "echo", "ran"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "also when allowed to wait: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
+    let s = Scratch::new();
+    let mut child = Command::new("sh")
+        .args(["-c", &format!("trap '' CHLD; exec {BIN} r -- true")])
+        .env("DEVLOCK_DIR", s.dir())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_child(&mut child).success(),
+        "devlock must still see its command end"
+    );
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            &format!("exec 0<&- 2>&-; exec {BIN} r -- sh -c 'sleep 0.3; echo CHILD-LINE >&2'"),
+        ])
+        .env("DEVLOCK_DIR", s.dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let content = std::fs::read(s.lock_path("r")).unwrap();
+    assert!(
+        devlock::record::parse(&content).is_some(),
+        "the lock file holds something other than its record: {:?}",
+        String::from_utf8_lossy(&content)
+    );
+}
+
+#[test]
+fn signals_the_caller_ignored_stay_ignored_for_the_command() {
+    let s = Scratch::new();
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            &format!("trap '' HUP; exec {BIN} r -- sh -c 'kill -HUP $$; echo survived'"),
+        ])
+        .env("DEVLOCK_DIR", s.dir())
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out).trim(), "survived", "{}", stderr(&out));
 }

@@ -347,6 +347,14 @@ fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
         (view["state"].as_str(), view["slots"].as_u64()),
         (Some("shared"), Some(2))
     );
+    assert!(
+        view["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["pids"].as_array().unwrap().len() == 2),
+        "each slot holder's label names its command too: {view}"
+    );
     let mut held_slots: Vec<u64> = view["holders"]
         .as_array()
         .unwrap()
@@ -379,9 +387,61 @@ fn bad_combinations_are_usage_errors() {
         vec!["--slots", "0", "a", "--", "true"],
         vec!["--slots", "2", "a", "b", "--", "true"],
         vec!["--slots", "2", "--shared", "a", "--", "true"],
+        vec!["--report-every", "0s", "a", "--", "true"],
     ] {
         let out = s.run(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).starts_with("devlock: "));
+    }
+}
+
+#[test]
+fn any_takes_a_members_group_only_with_the_member_it_picks() {
+    let s = Scratch::new();
+    let mut b = hold(&s, &["b"], "b");
+    // b is held whole, so b:1 cannot be had; a:1 can, and a --any must not
+    // sit on b's group meanwhile.
+    let out = s.run(&[
+        "--any",
+        "a:1",
+        "b:1",
+        "--",
+        "sh",
+        "-c",
+        "echo $DEVLOCK_RESOURCES",
+    ]);
+    assert_eq!(stdout(&out).trim(), "a:1", "{}", stderr(&out));
+    let mut g0 = hold(&s, &["gpu:0"], "g0");
+    let mut g1 = hold(&s, &["gpu:1"], "g1");
+    // The whole group is not free while members are held, whatever this
+    // run took on the way.
+    assert_eq!(no_wait(&s, &["--any", "gpu", "gpu:1"]), Some(75));
+    for tag in ["b", "g0", "g1"] {
+        release(&s, tag);
+    }
+    for child in [&mut b, &mut g0, &mut g1] {
+        wait_child(child);
+    }
+}
+
+#[test]
+fn any_count_and_ordered_jobs_do_not_deadlock() {
+    let s = Scratch::new();
+    let rounds = 40;
+    let spawn = |args: &str| {
+        Command::new("sh")
+            .args([
+                "-c",
+                &format!("for i in $(seq {rounds}); do {BIN} -q {args} -- true || exit 1; done"),
+            ])
+            .env("DEVLOCK_DIR", s.dir())
+            .spawn()
+            .unwrap()
+    };
+    let mut any = spawn("--any --count 2 a:1 b:1");
+    let mut ordered = spawn("a:1 b");
+    let mut other = spawn("b:1 a");
+    for child in [&mut any, &mut ordered, &mut other] {
+        assert!(wait_child(child).success());
     }
 }
