@@ -685,38 +685,17 @@ pub enum Inherited {
 /// Whether the job we run inside already holds the lock, asked of the
 /// kernel rather than of an environment variable a script may have copied:
 /// a descriptor we inherited (not close-on-exec, so not one of ours) on the
-/// same file whose `/proc/self/fdinfo` shows a granted lock, or an ancestor
-/// that `/proc/locks` names as a holder (a parent that started us with its
-/// descriptors closed, as Python's subprocess and sudo do).
+/// same file whose `/proc/self/fdinfo` shows a granted lock. An ancestor
+/// that holds the lock without having passed the descriptor down does not
+/// count: it may hold it for other work (a thread of a service), and then
+/// passing through would let two holders in. The waiting line says so.
 pub fn inherited(lock: &LockFile, exclusive: bool) -> Inherited {
-    let covers = |held_exclusive: bool| held_exclusive || !exclusive;
     let mut found = Inherited::No;
     for held_exclusive in held_through("self", lock, true) {
-        if covers(held_exclusive) {
+        if held_exclusive || !exclusive {
             return Inherited::Yes;
         }
         found = Inherited::OnlyShared(std::process::id());
-    }
-    let table = procfs::LockTable::read().unwrap_or_default();
-    let holders: Vec<(u32, bool)> = table
-        .holders(lock.id())
-        .map(|l| (l.pid, l.exclusive))
-        .collect();
-    if holders.is_empty() {
-        return found;
-    }
-    let mut pid = std::process::id();
-    for _ in 0..64 {
-        match procfs::parent_pid(pid) {
-            Some(parent) if parent > 1 => pid = parent,
-            _ => break,
-        }
-        for &(holder, held_exclusive) in holders.iter().filter(|(h, _)| *h == pid) {
-            if covers(held_exclusive) {
-                return Inherited::Yes;
-            }
-            found = Inherited::OnlyShared(holder);
-        }
     }
     found
 }

@@ -81,9 +81,14 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         .iter()
         .flat_map(acquire::Held::inheritable_fds)
         .collect();
+    // The label is there before the command runs (status and anyone who
+    // waits see who holds it at once), and names the command once it runs.
+    let mut record = ctx.record();
+    for lock in &held {
+        lock.label(&record);
+    }
     let child = supervise::spawn(&args.command, &fds, &env)?;
     let signal = pending.settle();
-    let mut record = ctx.record();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());
     for lock in &held {

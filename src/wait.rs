@@ -237,7 +237,15 @@ fn waiting_line(shown: &Shown, waited: Duration) -> String {
     let holder = view
         .as_ref()
         .and_then(|v| v.holders.first())
-        .map(|h| format!(" for {}", holder_words(h)))
+        .map(|h| {
+            let ancestor = if h.pid.is_some_and(is_ancestor) {
+                " — an ancestor of this devlock: if it is the job this runs in, it did not \
+                 pass its lock down (Python: close_fds=False) and this wait will not end"
+            } else {
+                ""
+            };
+            format!(" for {}{ancestor}", holder_words(h))
+        })
         .unwrap_or_default();
     let place = shown
         .place()
@@ -248,6 +256,18 @@ fn waiting_line(shown: &Shown, waited: Duration) -> String {
         shown.label,
         short_duration(waited)
     )
+}
+
+fn is_ancestor(pid: u32) -> bool {
+    let mut current = std::process::id();
+    for _ in 0..64 {
+        match crate::procfs::parent_pid(current) {
+            Some(parent) if parent == pid => return true,
+            Some(parent) if parent > 1 => current = parent,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// `ns-train (pid 4242, alice)`

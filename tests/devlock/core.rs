@@ -611,19 +611,25 @@ fn a_replaced_lock_file_is_noticed() {
 }
 
 #[test]
-fn a_nested_take_finds_the_holder_even_when_descriptors_were_closed() {
+fn a_nested_take_whose_parent_closed_the_lock_says_why_it_waits() {
     // Python's subprocess and sudo close inherited descriptors; the nested
-    // devlock then finds the lock held by an ancestor and passes through.
+    // devlock then does not hold the lock and must not pretend to (the
+    // ancestor may hold it for other work), but it says what is going on.
     let s = Scratch::new();
     let lock = s.lock_path("r");
     let script = format!(
         "for f in /proc/$$/fd/*; do [ \"$(readlink $f)\" = {lock} ] && eval \"exec ${{f##*/}}>&-\"; done; \
-         ls -l /proc/$$/fd | grep -q r.lock && exit 9; exec {BIN} -n r -- echo inner",
+         ls -l /proc/$$/fd | grep -q r.lock && exit 9; exec {BIN} -w 300ms r -- echo inner",
         lock = lock.display()
     );
     let out = s.run(&["r", "--", "sh", "-c", &script]);
-    assert_eq!(stdout(&out).trim(), "inner", "{}", stderr(&out));
-    assert!(out.status.success());
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("inner"));
+    assert!(
+        stderr(&out).contains("an ancestor of this devlock"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -5,25 +5,6 @@ use std::process::{Child, Command, Stdio};
 
 use crate::harness::*;
 
-/// A devlock holder whose command waits for `release-TAG`.
-fn hold(s: &Scratch, args: &[&str], tag: &str) -> Child {
-    let ready = s.work(&format!("ready-{tag}"));
-    let release = s.work(&format!("release-{tag}"));
-    s.hold(
-        args,
-        &format!(
-            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
-            ready.display(),
-            release.display()
-        ),
-        &ready,
-    )
-}
-
-fn release(s: &Scratch, tag: &str) {
-    std::fs::write(s.work(&format!("release-{tag}")), "").unwrap();
-}
-
 fn no_wait(s: &Scratch, args: &[&str]) -> Option<i32> {
     let mut all = vec!["-n"];
     all.extend(args);
@@ -60,13 +41,13 @@ fn waiters_of(s: &Scratch, name: &str) -> usize {
 #[test]
 fn a_whole_group_excludes_its_members_and_members_share_the_box() {
     let s = Scratch::new();
-    let mut whole = hold(&s, &["gpu"], "g");
+    let mut whole = hold_until_released(&s, &["gpu"], "g");
     assert_eq!(no_wait(&s, &["gpu:0"]), Some(75));
     assert_eq!(no_wait(&s, &["gpu:3"]), Some(75));
     release(&s, "g");
     wait_child(&mut whole);
 
-    let mut member = hold(&s, &["gpu:0"], "m");
+    let mut member = hold_until_released(&s, &["gpu:0"], "m");
     assert_eq!(
         no_wait(&s, &["gpu"]),
         Some(75),
@@ -119,7 +100,7 @@ fn opposite_orders_never_deadlock() {
 #[test]
 fn no_wait_and_timeout_release_what_they_took() {
     let s = Scratch::new();
-    let mut b = hold(&s, &["b"], "b");
+    let mut b = hold_until_released(&s, &["b"], "b");
     assert_eq!(no_wait(&s, &["a", "b"]), Some(75));
     assert!(
         flock_is_free(&s.lock_path("a")),
@@ -135,7 +116,7 @@ fn no_wait_and_timeout_release_what_they_took() {
 #[test]
 fn any_takes_a_free_member_and_tells_the_command() {
     let s = Scratch::new();
-    let mut busy = hold(&s, &["gpu:0"], "0");
+    let mut busy = hold_until_released(&s, &["gpu:0"], "0");
     let show = "echo $DEVLOCK_RESOURCES/$CUDA_VISIBLE_DEVICES/$CUDA_DEVICE_ORDER";
     let out = s.run(&["--any", "gpu:0", "gpu:1", "gpu:2", "--", "sh", "-c", show]);
     assert_eq!(
@@ -167,8 +148,8 @@ fn any_takes_a_free_member_and_tells_the_command() {
 #[test]
 fn any_waits_for_the_first_to_come_free_in_arrival_order() {
     let s = Scratch::new();
-    let mut h0 = hold(&s, &["gpu:0"], "0");
-    let mut h1 = hold(&s, &["gpu:1"], "1");
+    let mut h0 = hold_until_released(&s, &["gpu:0"], "0");
+    let mut h1 = hold_until_released(&s, &["gpu:1"], "1");
     let mut first = logging_waiter(&s, &["--any", "gpu:0", "gpu:1"], "first");
     s.wait_for_status("gpu:1", "first --any waiter", |v| {
         v["waiters"].as_array().is_some_and(|w| w.len() == 1)
@@ -193,14 +174,14 @@ fn any_waits_for_the_first_to_come_free_in_arrival_order() {
 #[test]
 fn shared_holders_run_together_and_an_exclusive_one_alone() {
     let s = Scratch::new();
-    let mut reader = hold(&s, &["-s", "dataset"], "r");
+    let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
     assert_eq!(no_wait(&s, &["-s", "dataset"]), Some(0), "readers share");
     assert_eq!(
         no_wait(&s, &["dataset"]),
         Some(75),
         "a writer waits for readers"
     );
-    let mut second = hold(&s, &["--shared", "dataset"], "r2");
+    let mut second = hold_until_released(&s, &["--shared", "dataset"], "r2");
     let view = s.resource_status("dataset");
     assert_eq!(view["state"], "shared");
     assert_eq!(view["holders"].as_array().unwrap().len(), 2, "{view}");
@@ -217,7 +198,7 @@ fn shared_holders_run_together_and_an_exclusive_one_alone() {
     release(&s, "r2");
     wait_child(&mut reader);
     wait_child(&mut second);
-    let mut writer = hold(&s, &["dataset"], "w");
+    let mut writer = hold_until_released(&s, &["dataset"], "w");
     assert_eq!(
         no_wait(&s, &["-s", "dataset"]),
         Some(75),
@@ -230,7 +211,7 @@ fn shared_holders_run_together_and_an_exclusive_one_alone() {
 #[test]
 fn a_waiting_writer_is_not_starved_by_new_readers() {
     let s = Scratch::new();
-    let mut reader = hold(&s, &["-s", "dataset"], "r");
+    let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
     let mut writer = logging_waiter(&s, &["dataset"], "writer");
     s.wait_for_status("dataset", "the writer in line", |v| {
         v["waiters"].as_array().is_some_and(|w| w.len() == 1)
@@ -254,7 +235,7 @@ fn a_waiting_writer_is_not_starved_by_new_readers() {
 #[test]
 fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
     let s = Scratch::new();
-    let mut holder = hold(&s, &["r"], "h");
+    let mut holder = hold_until_released(&s, &["r"], "h");
     let mut waiter = logging_waiter(&s, &["r"], "waiter");
     wait_blocked(&s.lock_path("r"), 1);
     // A pushy job that re-asks as fast as it can until the waiter has run.
@@ -278,7 +259,7 @@ fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
 #[test]
 fn a_waiter_killed_in_line_never_blocks_the_line() {
     let s = Scratch::new();
-    let mut holder = hold(&s, &["r"], "h");
+    let mut holder = hold_until_released(&s, &["r"], "h");
     let mut doomed = logging_waiter(&s, &["r"], "doomed");
     s.wait_for_status("r", "first waiter", |v| {
         v["waiters"].as_array().is_some_and(|w| w.len() == 1)
@@ -398,7 +379,7 @@ fn bad_combinations_are_usage_errors() {
 #[test]
 fn any_takes_a_members_group_only_with_the_member_it_picks() {
     let s = Scratch::new();
-    let mut b = hold(&s, &["b"], "b");
+    let mut b = hold_until_released(&s, &["b"], "b");
     // b is held whole, so b:1 cannot be had; a:1 can, and a --any must not
     // sit on b's group meanwhile.
     let out = s.run(&[
@@ -411,8 +392,8 @@ fn any_takes_a_members_group_only_with_the_member_it_picks() {
         "echo $DEVLOCK_RESOURCES",
     ]);
     assert_eq!(stdout(&out).trim(), "a:1", "{}", stderr(&out));
-    let mut g0 = hold(&s, &["gpu:0"], "g0");
-    let mut g1 = hold(&s, &["gpu:1"], "g1");
+    let mut g0 = hold_until_released(&s, &["gpu:0"], "g0");
+    let mut g1 = hold_until_released(&s, &["gpu:1"], "g1");
     // The whole group is not free while members are held, whatever this
     // run took on the way.
     assert_eq!(no_wait(&s, &["--any", "gpu", "gpu:1"]), Some(75));

@@ -116,6 +116,31 @@ impl Scratch {
     }
 }
 
+/// The shell a holder runs: says it holds (writes `ready-TAG`), then waits
+/// for the test to write `release-TAG`.
+pub fn wait_for_release(s: &Scratch, tag: &str) -> (String, PathBuf) {
+    let ready = s.work(&format!("ready-{tag}"));
+    let release = s.work(&format!("release-{tag}"));
+    let script = format!(
+        "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+        ready.display(),
+        release.display()
+    );
+    (script, ready)
+}
+
+/// A devlock holder (`devlock ARGS -- sh -c ...`) that holds until
+/// [`release`] is called with the same tag.
+pub fn hold_until_released(s: &Scratch, args: &[&str], tag: &str) -> Child {
+    let (script, ready) = wait_for_release(s, tag);
+    s.hold(args, &script, &ready)
+}
+
+/// Lets the holder started with `tag` finish.
+pub fn release(s: &Scratch, tag: &str) {
+    std::fs::write(s.work(&format!("release-{tag}")), "").unwrap();
+}
+
 /// Waits until `path` exists.
 pub fn wait_for_file(path: &Path) {
     let start = Instant::now();

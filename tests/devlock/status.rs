@@ -8,41 +8,13 @@ use devlock::record::Record;
 
 use crate::harness::*;
 
-/// A holder whose command waits for `release` to appear.
-fn hold_until_released(s: &Scratch, args: &[&str], tag: &str) -> Child {
-    let ready = s.work(&format!("ready-{tag}"));
-    let release = s.work(&format!("release-{tag}"));
-    s.hold(
-        args,
-        &format!(
-            "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
-            ready.display(),
-            release.display()
-        ),
-        &ready,
-    )
-}
-
-fn release(s: &Scratch, tag: &str) {
-    std::fs::write(s.work(&format!("release-{tag}")), "").unwrap();
-}
-
 /// Plain util-linux flock holding `resource` until released.
 fn flock_holder(s: &Scratch, resource: &str, tag: &str) -> Child {
     std::fs::create_dir_all(s.dir()).unwrap();
-    let ready = s.work(&format!("ready-{tag}"));
-    let release = s.work(&format!("release-{tag}"));
+    let (script, ready) = wait_for_release(s, tag);
     let child = Command::new("/usr/bin/flock")
         .arg(s.lock_path(resource))
-        .args([
-            "sh",
-            "-c",
-            &format!(
-                "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
-                ready.display(),
-                release.display()
-            ),
-        ])
+        .args(["sh", "-c", &script])
         .spawn()
         .unwrap();
     wait_for_file(&ready);
