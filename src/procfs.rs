@@ -77,9 +77,23 @@ pub struct LockTable {
 }
 
 impl LockTable {
+    /// Reads the table. The kernel fills each read(2) of `/proc/locks` in
+    /// one pass over its list, but only a page at a time, so on a busy
+    /// machine an entry that moves between two reads can be skipped or
+    /// repeated (two shared holders shown as one). When the table spans
+    /// several reads, it is read again until two readings agree.
     pub fn read() -> std::io::Result<LockTable> {
-        let text = fs::read_to_string("/proc/locks")?;
-        Ok(LockTable::from_locks(parse_locks(&text)))
+        let (mut locks, pieces) = read_locks()?;
+        if pieces > 1 {
+            for _ in 0..5 {
+                let (again, _) = read_locks()?;
+                if again == locks {
+                    break;
+                }
+                locks = again;
+            }
+        }
+        Ok(LockTable::from_locks(locks))
     }
 
     pub fn from_locks(locks: Vec<KernelLock>) -> LockTable {
@@ -107,6 +121,23 @@ impl LockTable {
     fn entries(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
         self.by_file.get(&file).into_iter().flatten()
     }
+}
+
+/// The flock entries of `/proc/locks`, and how many reads it took.
+fn read_locks() -> std::io::Result<(Vec<KernelLock>, usize)> {
+    let mut file = fs::File::open("/proc/locks")?;
+    let mut text = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut pieces = 0;
+    loop {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        pieces += 1;
+        text.extend_from_slice(&chunk[..n]);
+    }
+    Ok((parse_locks(&String::from_utf8_lossy(&text)), pieces))
 }
 
 /// Start time of a process in clock ticks since boot (field 22 of `/proc/PID/stat`).

@@ -193,7 +193,8 @@ fn shared_holders_run_together_and_an_exclusive_one_alone() {
             .all(|h| h["step"] == "sh"),
         "{view}"
     );
-    assert!(stdout(&s.run(&["status", "dataset"])).contains("shared by 2"));
+    let table = stdout(&s.run(&["status", "dataset"]));
+    assert!(table.contains("shared by 2"), "{table}");
     release(&s, "r");
     release(&s, "r2");
     wait_child(&mut reader);
