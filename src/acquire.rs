@@ -184,13 +184,12 @@ impl Entry {
             }
             return Ok(Attempt::Busy);
         }
-        loop {
-            match self.lock.try_lock(self.request.exclusive)? {
-                TryLock::Busy => return Ok(Attempt::Busy),
-                TryLock::Taken if self.lock.still_at_path(dir) => return Ok(Attempt::Taken(None)),
-                TryLock::Taken => self.lock = LockFile::open(dir, &self.request.name.file_name())?,
-            }
-        }
+        Ok(
+            match self.lock.try_lock_at_path(dir, self.request.exclusive)? {
+                true => Attempt::Taken(None),
+                false => Attempt::Busy,
+            },
+        )
     }
 
     /// Sleeps for the turn and the lock. Every sleep is a kernel call that
@@ -200,17 +199,10 @@ impl Entry {
         self.ticket.wait_turn(&keep)?;
         let slot = if self.request.slots > 0 {
             let (slot, slot_lock) = wait_for_slot(dir, &self.request, stop)?;
-            self.lock.lock_interruptible(false, &keep)?;
+            self.lock.lock(false, &keep)?;
             Some((slot, slot_lock))
         } else {
-            loop {
-                self.lock
-                    .lock_interruptible(self.request.exclusive, &keep)?;
-                if self.lock.still_at_path(dir) {
-                    break;
-                }
-                self.lock = LockFile::open(dir, &self.request.name.file_name())?;
-            }
+            self.lock.lock_at_path(dir, self.request.exclusive, &keep)?;
             None
         };
         self.step_aside_if_shared();
@@ -268,13 +260,9 @@ fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Option<Lo
         return Ok(None);
     }
     let mut lock = LockFile::open(dir, &name)?;
-    loop {
-        match lock.try_lock(request.exclusive)? {
-            TryLock::Taken if lock.still_at_path(dir) => return Ok(Some(lock)),
-            TryLock::Taken => lock = LockFile::open(dir, &name)?,
-            TryLock::Busy => return Ok(None),
-        }
-    }
+    Ok(lock
+        .try_lock_at_path(dir, request.exclusive)?
+        .then_some(lock))
 }
 
 /// Takes one request: at once when free, else waiting in line.
@@ -601,7 +589,7 @@ fn wait_for_slot(dir: &ScratchDir, request: &Request, stop: &Stop) -> Result<(u6
         }
     }
     let (_, taken) = first_of(slots, stop, |(s, lock), stop| {
-        lock.lock_interruptible(true, &|| stop.keep_waiting())?;
+        lock.lock(true, &|| stop.keep_waiting())?;
         Ok((s, lock))
     })?;
     Ok(taken)
@@ -691,7 +679,7 @@ pub enum Inherited {
 /// passing through would let two holders in. The waiting line says so.
 pub fn inherited(lock: &LockFile, exclusive: bool) -> Inherited {
     let mut found = Inherited::No;
-    for held_exclusive in held_through("self", lock, true) {
+    for held_exclusive in inherited_modes(lock) {
         if held_exclusive || !exclusive {
             return Inherited::Yes;
         }
@@ -700,10 +688,10 @@ pub fn inherited(lock: &LockFile, exclusive: bool) -> Inherited {
     found
 }
 
-/// The modes (true for exclusive) in which process `pid` holds the lock
-/// through its descriptors; for ourselves, only inherited ones count.
-fn held_through(pid: &str, lock: &LockFile, only_inherited: bool) -> Vec<bool> {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+/// The modes (true for exclusive) in which descriptors we inherited hold the
+/// lock.
+fn inherited_modes(lock: &LockFile) -> Vec<bool> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
         return Vec::new();
     };
     let mut modes = Vec::new();
@@ -713,11 +701,11 @@ fn held_through(pid: &str, lock: &LockFile, only_inherited: bool) -> Vec<bool> {
         };
         let same = std::fs::metadata(fd.path())
             .is_ok_and(|m| procfs::FileId::from_metadata(m.dev(), m.ino()) == lock.id());
-        if !same || (only_inherited && !inheritable(&name)) {
+        if !same || !inheritable(&name) {
             continue;
         }
         modes.extend(
-            procfs::locks_of_fd(pid, &name)
+            procfs::locks_of_fd("self", &name)
                 .iter()
                 .filter(|l| l.file == lock.id() && !l.blocked)
                 .map(|l| l.exclusive),

@@ -123,52 +123,56 @@ impl LockFile {
 
     /// Takes the lock if nobody holds it, without waiting.
     pub fn try_lock(&self, exclusive: bool) -> io::Result<TryLock> {
-        let op = if exclusive {
-            libc::LOCK_EX
-        } else {
-            libc::LOCK_SH
-        };
-        match flock(&self.file, op | libc::LOCK_NB) {
+        match flock(&self.file, lock_op(exclusive) | libc::LOCK_NB) {
             Ok(()) => Ok(TryLock::Taken),
             Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(TryLock::Busy),
             Err(e) => Err(e),
         }
     }
 
-    /// Sleeps in the kernel until the lock is ours; the kernel wakes us when
-    /// the holder's last descriptor closes.
-    pub fn lock(&self, exclusive: bool) -> io::Result<()> {
-        let op = if exclusive {
-            libc::LOCK_EX
-        } else {
-            libc::LOCK_SH
-        };
+    /// Sleeps in the kernel until the lock is ours (the kernel wakes us when
+    /// the holder's last descriptor closes). An interrupting signal ends the
+    /// wait with `Interrupted` when `keep_waiting` says so.
+    pub fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
         loop {
-            match flock(&self.file, op) {
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            match flock(&self.file, lock_op(exclusive)) {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) && keep_waiting() => continue,
                 other => return other,
             }
         }
     }
 
-    /// Like [`LockFile::lock`], but an interrupting signal ends the wait with
-    /// `Interrupted` when `keep_waiting` says so.
-    pub fn lock_interruptible(
-        &self,
-        exclusive: bool,
-        keep_waiting: &dyn Fn() -> bool,
-    ) -> io::Result<()> {
-        let op = if exclusive {
-            libc::LOCK_EX
-        } else {
-            libc::LOCK_SH
-        };
+    /// [`LockFile::try_lock`] on the file the path names now: a lock taken
+    /// on a file someone replaced is let go, and the new file tried.
+    pub fn try_lock_at_path(&mut self, dir: &ScratchDir, exclusive: bool) -> Result<bool> {
         loop {
-            match flock(&self.file, op) {
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) && keep_waiting() => continue,
-                other => return other,
+            match self.try_lock(exclusive)? {
+                TryLock::Busy => return Ok(false),
+                TryLock::Taken if self.still_at_path(dir) => return Ok(true),
+                TryLock::Taken => *self = self.reopen(dir)?,
             }
         }
+    }
+
+    /// [`LockFile::lock`] on the file the path names now, likewise.
+    pub fn lock_at_path(
+        &mut self,
+        dir: &ScratchDir,
+        exclusive: bool,
+        keep_waiting: &dyn Fn() -> bool,
+    ) -> Result<()> {
+        loop {
+            self.lock(exclusive, keep_waiting)?;
+            if self.still_at_path(dir) {
+                return Ok(());
+            }
+            *self = self.reopen(dir)?;
+        }
+    }
+
+    fn reopen(&self, dir: &ScratchDir) -> Result<LockFile> {
+        let name = self.path.file_name().expect("lock path has a name");
+        LockFile::open(dir, &name.to_string_lossy())
     }
 
     /// Whether the path still names the inode we hold. Nobody should unlink or
@@ -180,6 +184,14 @@ impl LockFile {
             Ok(st) => FileId::from_metadata(st.st_dev, st.st_ino) == self.id,
             Err(_) => false,
         }
+    }
+}
+
+fn lock_op(exclusive: bool) -> libc::c_int {
+    if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
     }
 }
 

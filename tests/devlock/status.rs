@@ -424,3 +424,28 @@ fn locks_of_one_user_are_seen_and_shared_by_another() {
     // And root can use the file nobody created.
     assert!(s.run(&["-n", "fresh", "--", "true"]).status.success());
 }
+
+#[test]
+fn colour_only_on_a_terminal_and_never_with_no_color() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["r"], "h");
+    let on_tty = |no_color: bool| {
+        let mut cmd = Command::new("script");
+        cmd.args(["-qfec", &format!("{BIN} status"), "/dev/null"])
+            .env("DEVLOCK_DIR", s.dir())
+            .stdin(Stdio::null());
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+    };
+    let coloured = on_tty(false);
+    assert!(coloured.contains("\x1b[33mheld"), "{coloured:?}");
+    let plain = on_tty(true);
+    assert!(
+        plain.contains("held") && !plain.contains('\x1b'),
+        "{plain:?}"
+    );
+    release(&s, "h");
+    wait_child(&mut holder);
+}
