@@ -60,6 +60,23 @@ pub struct Cli {
     /// Longest wait for nvidia-smi before a device counts as unknown
     #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub probe_timeout: Duration,
+
+    /// Lock in etcd at these endpoints instead of the scratch directory, for
+    /// resources shared between machines (needs the `etcd` build feature)
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL[,URL...]",
+        env = "DEVLOCK_ETCD",
+        value_delimiter = ',',
+        value_hint = clap::ValueHint::Url
+    )]
+    pub etcd: Vec<String>,
+
+    /// etcd user and password, as NAME:PASSWORD (prefer the environment
+    /// variable: the command line is visible to every user)
+    #[arg(long, global = true, value_name = "NAME:PASSWORD", env = "DEVLOCK_ETCD_USER", hide_env_values = true)]
+    pub etcd_user: Option<String>,
 }
 
 /// The subcommands (a run under a lock is the default, not a subcommand).
@@ -146,6 +163,16 @@ pub struct RunArgs {
     /// When stderr is not a terminal, how often to report a long wait
     #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
     pub report_every: Duration,
+
+    /// With --etcd: lease time to live. If devlock dies, the lock frees itself
+    /// this long after its last renewal
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub ttl: Duration,
+
+    /// With --etcd: when the lease cannot be renewed, how long the command has
+    /// between SIGTERM and SIGKILL; both come before the lease could expire
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub kill_after: Duration,
 }
 
 /// Arguments of `devlock status`.
@@ -158,6 +185,11 @@ pub struct StatusArgs {
     /// Print one JSON document instead of a table
     #[arg(long)]
     pub json: bool,
+}
+
+/// `NAME:PASSWORD` split at the first colon.
+pub fn split_user(text: &str) -> Option<(&str, &str)> {
+    text.split_once(':').filter(|(name, _)| !name.is_empty())
 }
 
 /// A memory size in MiB: `256`, `256MiB`, `1GiB`, `1.5G`.

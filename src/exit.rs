@@ -12,11 +12,19 @@ pub enum ExitCode {
     /// A device the lock maps to is busy with work outside the gate
     /// (`--require-idle`), or its state could not be read.
     NotIdle,
+    /// etcd (`--etcd`) could not be reached, did not answer in time, or is
+    /// not etcd (EX_NOHOST).
+    EtcdUnreachable,
     /// The scratch directory or a lock file is unsafe or unusable.
     IoError,
     /// The lock is held by someone else and we were told not to wait, or the
     /// wait timed out (EX_TEMPFAIL; `--conflict-exit-code` overrides it).
     Busy,
+    /// With `--etcd`: the lease could not be renewed in time, so devlock
+    /// stopped the command before anyone else could be let in (EX_PROTOCOL).
+    LeaseLost,
+    /// etcd refused the user name or password (EX_NOPERM).
+    EtcdDenied,
     /// The command was found but could not be executed.
     CannotExecute,
     /// The command was not found.
@@ -34,9 +42,12 @@ impl ExitCode {
             ExitCode::Success => 0,
             ExitCode::GeneralError => 1,
             ExitCode::Usage => 2,
+            ExitCode::EtcdUnreachable => 68,
             ExitCode::NotIdle => 69,
             ExitCode::IoError => 74,
             ExitCode::Busy => 75,
+            ExitCode::LeaseLost => 76,
+            ExitCode::EtcdDenied => 77,
             ExitCode::CannotExecute => 126,
             ExitCode::NotFound => 127,
             ExitCode::Signal(n) => 128 + n,
@@ -57,6 +68,9 @@ mod tests {
         assert_eq!(ExitCode::NotIdle.code(), 69);
         assert_eq!(ExitCode::IoError.code(), 74);
         assert_eq!(ExitCode::Busy.code(), 75);
+        assert_eq!(ExitCode::EtcdUnreachable.code(), 68);
+        assert_eq!(ExitCode::LeaseLost.code(), 76);
+        assert_eq!(ExitCode::EtcdDenied.code(), 77);
         assert_eq!(ExitCode::CannotExecute.code(), 126);
         assert_eq!(ExitCode::NotFound.code(), 127);
         assert_eq!(ExitCode::Signal(15).code(), 143);

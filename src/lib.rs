@@ -9,6 +9,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod lock;
 mod run;
 mod status_cmd;
@@ -52,8 +54,29 @@ use anyhow::Result;
 
 /// Runs a parsed command line and returns the exit code to end with.
 pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
+    if !cli.etcd.is_empty() {
+        return run_etcd(cli);
+    }
     match cli.subcommand {
         Some(cli::Command::Status(args)) => status_cmd::run(&args, &cli.dir, cli.probe_timeout),
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
+}
+
+#[cfg(feature = "etcd")]
+fn run_etcd(cli: cli::Cli) -> Result<exit::ExitCode> {
+    let config = etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref())?;
+    match cli.subcommand {
+        Some(cli::Command::Status(args)) => etcd::status::run(&args, config),
+        None => etcd::run::run(&cli.run, config),
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+fn run_etcd(_cli: cli::Cli) -> Result<exit::ExitCode> {
+    Err(exit::coded(
+        exit::ExitCode::Usage,
+        "this devlock was built without etcd support (--etcd, DEVLOCK_ETCD); \
+         build it with `cargo install devlock --features etcd`",
+    ))
 }

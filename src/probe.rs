@@ -14,6 +14,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+use crate::text::human_duration;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
@@ -216,15 +218,6 @@ fn first_line(bytes: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn human_duration(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
-    }
-}
 
 enum Event {
     Stdout(Vec<u8>),

@@ -177,7 +177,7 @@ fn add(requests: &mut Vec<Request>, request: Request) {
     }
 }
 
-fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
+pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
     let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
     if args.resources.is_empty() {
         return usage("missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...");
@@ -267,7 +267,7 @@ fn require_idle(
 }
 
 /// Replaces devlock with the command: the inherited lock already covers it.
-fn pass_through(command: &[OsString], env: &[(String, String)]) -> ExitCode {
+pub(crate) fn pass_through(command: &[OsString], env: &[(String, String)]) -> ExitCode {
     // SAFETY: an empty set unblocks what block_handled_signals blocked.
     unsafe {
         let empty = std::mem::zeroed::<libc::sigset_t>();
@@ -322,7 +322,7 @@ fn child_env(taken: &[(Resource, Taken)], dir: &ScratchDir, step: &str) -> Vec<(
     env
 }
 
-fn basename(program: &OsString) -> String {
+pub(crate) fn basename(program: &OsString) -> String {
     Path::new(program)
         .file_name()
         .map_or_else(|| program.to_string_lossy(), |n| n.to_string_lossy())

@@ -208,7 +208,7 @@ fn devices_table(devices: &[DeviceView], colour: bool) -> String {
 }
 
 /// Pads every column to its widest cell; the last column is not padded.
-fn align(
+pub(crate) fn align(
     rows: &[Vec<String>],
     colour: bool,
     paint: fn(usize, &str) -> Option<&'static str>,
@@ -241,7 +241,7 @@ fn align(
     out
 }
 
-fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str> {
+pub(crate) fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str> {
     match (column, cell) {
         (1, "free") => Some("32"),
         (1, c) if c.starts_with("held") || c.starts_with("shared") => Some("33"),
@@ -253,7 +253,7 @@ fn paint_device_cell(column: usize, cell: &str) -> Option<&'static str> {
     (column == 8 && cell == "NOT GATED").then_some("1;31")
 }
 
-fn duration_cell(ms: Option<u64>) -> String {
+pub(crate) fn duration_cell(ms: Option<u64>) -> String {
     ms.map_or("-".to_owned(), |ms| {
         short_duration(Duration::from_millis(ms))
     })

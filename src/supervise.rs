@@ -137,6 +137,13 @@ pub struct Child {
 }
 
 impl Child {
+    /// A child started some other way, for [`supervise`] to wait for.
+    pub fn adopt(pid: u32) -> Child {
+        Child {
+            pid: pid as libc::pid_t,
+        }
+    }
+
     pub fn id(&self) -> u32 {
         self.pid as u32
     }

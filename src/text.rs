@@ -15,6 +15,17 @@ pub fn short_duration(d: Duration) -> String {
     }
 }
 
+/// A duration given in a message: `5s`, `250ms`, `1.5s`.
+pub fn human_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
 /// `1st`, `2nd`, `3rd`, `4th`, `11th`, `21st`.
 pub fn ordinal(n: usize) -> String {
     let suffix = match (n % 10, n % 100) {

@@ -1,0 +1,334 @@
+//! The etcd backend (`--etcd`, cargo feature `etcd`): locks on resources
+//! shared between machines, as keys under `/devlock/` tied to a lease.
+//!
+//! One request is one key, `/devlock/RESOURCE/LEASE`, put with this devlock's
+//! lease; its create revision is its place in line. An exclusive request
+//! holds once no earlier key is left, a shared one once no earlier exclusive
+//! key is left (writer preference, as in the file backend). When devlock
+//! dies its lease runs out and etcd deletes every key it had.
+
+pub mod run;
+mod session;
+pub mod status;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortTarget};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::split_user;
+use crate::exit::{ExitCode, coded};
+use crate::resource::Resource;
+
+/// Every devlock key starts with this.
+pub const PREFIX: &str = "/devlock/";
+
+/// How long one request to etcd may take before devlock treats etcd as
+/// unreachable (at start, and for status).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where etcd is and who to be there.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub endpoints: Vec<String>,
+    user: Option<(String, String)>,
+}
+
+impl Config {
+    /// Checks the URLs (http://HOST:PORT or HOST:PORT) and the user.
+    pub fn new(endpoints: &[String], user: Option<&str>) -> Result<Config> {
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
+            .map(check_url)
+            .collect::<Result<_>>()?;
+        if endpoints.is_empty() {
+            return Err(coded(ExitCode::Usage, "--etcd needs at least one URL"));
+        }
+        let user = match user {
+            None => None,
+            Some(text) => {
+                let (name, password) = split_user(text).ok_or_else(|| {
+                    coded(ExitCode::Usage, "--etcd-user must be NAME:PASSWORD")
+                })?;
+                Some((name.to_owned(), password.to_owned()))
+            }
+        };
+        Ok(Config { endpoints, user })
+    }
+
+    /// The endpoints as one would type them back.
+    pub fn shown(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// Connects; the first request (not this) finds out whether etcd answers.
+    pub async fn connect(&self) -> Result<Client> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        if let Some((name, password)) = &self.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        let connecting = Client::connect(&self.endpoints, Some(options));
+        match tokio::time::timeout(REQUEST_TIMEOUT, connecting).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(self.failure("connecting", e)),
+            Err(_) => Err(self.no_answer("connecting")),
+        }
+    }
+
+    /// Turns a client error into one line with the exit code it deserves.
+    pub fn failure(&self, doing: &str, err: etcd_client::Error) -> anyhow::Error {
+        use etcd_client::Error as E;
+        let at = self.shown();
+        match &err {
+            E::GRpcStatus(status) => {
+                let message = status.message();
+                // gRPC's PERMISSION_DENIED (7) and UNAUTHENTICATED (16).
+                let denied = matches!(i32::from(status.code()), 7 | 16) || ["authentication failed", "user name is empty", "permission denied", "invalid auth token"]
+                    .iter()
+                    .any(|m| message.contains(m));
+                if denied {
+                    let who = self.user.as_ref().map_or_else(
+                        || "a request without a user (set DEVLOCK_ETCD_USER=NAME:PASSWORD)".to_owned(),
+                        |(name, _)| format!("user {name}"),
+                    );
+                    coded(
+                        ExitCode::EtcdDenied,
+                        format!("etcd at {at} refused {who} while {doing}: {message}"),
+                    )
+                } else {
+                    // UNAVAILABLE, DEADLINE_EXCEEDED; CANCELLED, UNKNOWN,
+                    // UNIMPLEMENTED, INTERNAL (a server that is not etcd).
+                    let text = match i32::from(status.code()) {
+                        14 | 4 => format!("cannot reach etcd at {at} while {doing}: {message}"),
+                        1 | 2 | 12 | 13 => format!(
+                            "{at} gave no etcd answer while {doing}: {message} (is it an etcd client URL?)"
+                        ),
+                        _ => format!("etcd at {at} failed while {doing}: {message}"),
+                    };
+                    coded(ExitCode::EtcdUnreachable, text)
+                }
+            }
+            E::InvalidUri(e) => coded(ExitCode::Usage, format!("bad etcd URL {at}: {e}")),
+            _ => coded(
+                ExitCode::EtcdUnreachable,
+                format!("cannot reach etcd at {at} while {doing}: {}", innermost(&err)),
+            ),
+        }
+    }
+
+    /// One request, bounded in time, its failure turned into one line.
+    pub async fn ask<T>(
+        &self,
+        doing: &str,
+        request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.failure(doing, e)),
+            Err(_) => Err(self.no_answer(doing)),
+        }
+    }
+
+    /// The error for a request that got no answer in time.
+    pub fn no_answer(&self, doing: &str) -> anyhow::Error {
+        coded(
+            ExitCode::EtcdUnreachable,
+            format!(
+                "etcd at {} did not answer within {}s while {doing}",
+                self.shown(),
+                REQUEST_TIMEOUT.as_secs()
+            ),
+        )
+    }
+}
+
+/// The most specific cause, which is where transport errors say what happened.
+fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut last: &dyn std::error::Error = err;
+    while let Some(source) = last.source() {
+        last = source;
+    }
+    last.to_string()
+}
+
+fn check_url(url: &str) -> Result<String> {
+    let bad = |why: &str| {
+        coded(
+            ExitCode::Usage,
+            format!("bad etcd URL {url:?}: {why} (expected http://HOST:PORT)"),
+        )
+    };
+    if url.starts_with("https://") {
+        return Err(bad("TLS is not supported yet"));
+    }
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    if rest.contains("://") {
+        return Err(bad("only http:// is supported"));
+    }
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if host.is_empty() || host.contains('/') || host.contains('@') {
+        return Err(bad("no host"));
+    }
+    port.parse::<u16>().map_err(|_| bad("the port is not a number"))?;
+    Ok(format!("http://{rest}"))
+}
+
+/// What a key's value says about the request: a label, as in the file
+/// backend; whether the request holds comes from the keys' order in etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub step: String,
+    /// The devlock process, on `host`.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot, so a reused pid is not it.
+    pub pid_start: Option<u64>,
+    /// The command, once it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<u32>,
+    pub user: String,
+    pub host: String,
+    /// When the request joined the line (ms since the Unix epoch, on `host`'s clock).
+    pub since_ms: u64,
+    /// When it got the lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_ms: Option<u64>,
+    pub command: Vec<String>,
+    pub exclusive: bool,
+    /// For a group taken on behalf of a member: that member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+}
+
+/// One key under a resource's prefix, in line order.
+#[derive(Debug, Clone)]
+pub struct Place {
+    pub key: String,
+    pub create_revision: i64,
+    pub lease: i64,
+    /// None when the value is not a devlock entry (somebody else's key):
+    /// it still counts, as exclusive.
+    pub entry: Option<Entry>,
+}
+
+impl Place {
+    fn from_kv(kv: &KeyValue) -> Place {
+        Place {
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            create_revision: kv.create_revision(),
+            lease: kv.lease(),
+            entry: serde_json::from_slice(kv.value()).ok(),
+        }
+    }
+
+    pub fn exclusive(&self) -> bool {
+        self.entry.as_ref().is_none_or(|e| e.exclusive)
+    }
+}
+
+pub fn resource_prefix(resource: &Resource) -> String {
+    format!("{PREFIX}{}/", resource.as_str())
+}
+
+pub fn key_of(resource: &Resource, lease: i64) -> String {
+    format!("{}{lease:016x}", resource_prefix(resource))
+}
+
+/// Every key of one resource, oldest first, and the revision read at.
+pub async fn line_of(client: &mut Client, resource: &Resource) -> Result<(Vec<Place>, i64), etcd_client::Error> {
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let response = client.get(resource_prefix(resource), Some(options)).await?;
+    let revision = response.header().map_or(0, |h| h.revision());
+    Ok((response.kvs().iter().map(Place::from_kv).collect(), revision))
+}
+
+/// The places that stand in the way of `index` in `line`: every earlier one
+/// for an exclusive request, the earlier exclusive ones for a shared one.
+pub fn blockers(line: &[Place], index: usize) -> Vec<&Place> {
+    let exclusive = line[index].exclusive();
+    line[..index]
+        .iter()
+        .filter(|p| exclusive || p.exclusive())
+        .collect()
+}
+
+/// The places that hold the lock now: nothing stands in their way.
+pub fn holders(line: &[Place]) -> Vec<&Place> {
+    (0..line.len())
+        .filter(|&i| blockers(line, i).is_empty())
+        .map(|i| &line[i])
+        .collect()
+}
+
+/// This machine's name, as other machines will see it in status.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(n: i64, exclusive: bool) -> Place {
+        Place {
+            key: format!("k{n}"),
+            create_revision: n,
+            lease: n,
+            entry: Some(Entry {
+                step: String::new(),
+                pid: 1,
+                pid_start: None,
+                child: None,
+                user: String::new(),
+                host: String::new(),
+                since_ms: 0,
+                granted_ms: None,
+                command: vec![],
+                exclusive,
+                via: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn readers_share_until_a_writer_waits() {
+        let line = [place(1, false), place(2, false), place(3, true), place(4, false)];
+        let held: Vec<i64> = holders(&line).iter().map(|p| p.create_revision).collect();
+        assert_eq!(held, [1, 2]);
+        assert_eq!(blockers(&line, 3).len(), 1);
+        assert_eq!(blockers(&line, 2).len(), 2);
+    }
+
+    #[test]
+    fn a_foreign_key_counts_as_exclusive() {
+        let mut foreign = place(1, false);
+        foreign.entry = None;
+        let line = [foreign, place(2, false)];
+        assert_eq!(holders(&line).len(), 1);
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert_eq!(check_url("127.0.0.1:2379").unwrap(), "http://127.0.0.1:2379");
+        assert_eq!(check_url("http://h:1/").unwrap(), "http://h:1");
+        for bad in ["https://h:1", "ftp://h:1", "http://h", "http://:1", "h:port", "http://u@h:1"] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys_sort_by_resource_then_lease() {
+        let r = Resource::parse("gpu:0".as_ref()).unwrap();
+        assert_eq!(key_of(&r, 0x2a), "/devlock/gpu:0/000000000000002a");
+    }
+}

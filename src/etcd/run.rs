@@ -1,0 +1,208 @@
+//! `devlock --etcd URL RESOURCE... -- COMMAND`: the same run as with lock
+//! files, with the locks in etcd and the command tied to the lease.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::Config;
+use super::session::{Acquired, GUARD, Request, Session, Settings};
+use crate::cli::RunArgs;
+use crate::exit::{ExitCode, coded};
+use crate::resource::Resource;
+use crate::supervise;
+
+/// The shortest TTL etcd grants with its default timing.
+const MIN_TTL: Duration = Duration::from_secs(2);
+
+pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
+    let resources = crate::run::validate(args)?;
+    let (ttl, kill_after) = check_margins(args)?;
+    let command_line: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let step = args
+        .step
+        .clone()
+        .unwrap_or_else(|| crate::run::basename(&args.command[0]));
+    supervise::sane_start();
+    supervise::block_handled_signals();
+    let settings = Settings {
+        config,
+        ttl,
+        kill_after,
+        no_wait: args.no_wait,
+        timeout: args.timeout,
+        quiet: args.quiet,
+        report_every: args.report_every,
+        conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
+        step: step.clone(),
+        command: command_line,
+    };
+    let session = Session::start(settings, requests(&resources, !args.shared))?;
+    let env = vec![
+        (
+            "DEVLOCK_RESOURCES".to_owned(),
+            resources.iter().map(Resource::as_str).collect::<Vec<_>>().join(" "),
+        ),
+        ("DEVLOCK_STEP".to_owned(), step),
+    ];
+    if let Acquired::AllInherited = session.wait_for_locks()? {
+        drop(session);
+        return Ok(crate::run::pass_through(&args.command, &env));
+    }
+    if let Some(sig) = supervise::pending_stop() {
+        session.release();
+        return Err(supervise::stopped_before_start(sig));
+    }
+    let child = match spawn_tied(&args.command, &env) {
+        Ok(child) => child,
+        Err(e) => {
+            session.release();
+            return Err(e);
+        }
+    };
+    session.started(child.id());
+    let code = supervise::supervise(child, None);
+    match session.release() {
+        None => Ok(code),
+        Some(why) => Err(coded(
+            ExitCode::LeaseLost,
+            format!(
+                "{why}; the command was stopped ({}) because the lock no longer protected it",
+                match code {
+                    ExitCode::Signal(n) => format!("killed by signal {n}"),
+                    other => format!("exit status {}", other.code()),
+                }
+            ),
+        )),
+    }
+}
+
+/// The requests in the one global order; a member `G:M` also takes `G` shared.
+fn requests(resources: &[Resource], exclusive: bool) -> Vec<Request> {
+    let mut requests: Vec<Request> = Vec::new();
+    let mut add = |request: Request| match requests.iter_mut().find(|r| r.resource == request.resource) {
+        Some(existing) => {
+            existing.exclusive |= request.exclusive;
+            if request.via.is_none() {
+                existing.via = None;
+            }
+        }
+        None => requests.push(request),
+    };
+    for resource in resources {
+        if let Some(group) = resource.group() {
+            add(Request {
+                resource: group,
+                exclusive: false,
+                via: Some(resource.clone()),
+            });
+        }
+        add(Request {
+            resource: resource.clone(),
+            exclusive,
+            via: None,
+        });
+    }
+    requests.sort_by(|a, b| a.resource.cmp(&b.resource));
+    requests
+}
+
+/// The TTL and kill grace, checked so SIGKILL lands at least [`GUARD`] before
+/// the lease could expire, with at least one renewal period before SIGTERM.
+fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
+    let usage = |m: String| Err(coded(ExitCode::Usage, m));
+    if args.any || args.slots.is_some() || args.require_idle {
+        return usage("--any, --slots and --require-idle are not available with --etcd".into());
+    }
+    let ttl = args.ttl;
+    let kill_after = args.kill_after;
+    if ttl < MIN_TTL {
+        return usage(format!("--ttl must be at least {}s", MIN_TTL.as_secs()));
+    }
+    if kill_after + GUARD + ttl / 3 > ttl {
+        return usage(format!(
+            "--ttl {} is too short for --kill-after {}: the TTL must cover the kill grace, \
+             {}s of slack and a third of itself (try --ttl {}s)",
+            humantime::format_duration(ttl),
+            humantime::format_duration(kill_after),
+            GUARD.as_secs(),
+            ((kill_after + GUARD).as_secs_f64() * 1.5).ceil() as u64
+        ));
+    }
+    Ok((ttl, kill_after))
+}
+
+/// Starts the command so that it dies with devlock: the lease dies with
+/// devlock, and the command must not outlive the lock that covers it. The
+/// kernel sends it SIGKILL when devlock's main thread ends, however it ends.
+fn spawn_tied(command: &[OsString], env: &[(String, String)]) -> Result<supervise::Child> {
+    let parent = std::process::id();
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).envs(env.iter().map(|(k, v)| (k, v)));
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() as u32 != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            let mut empty = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    match cmd.spawn() {
+        Ok(child) => Ok(supervise::Child::adopt(child.id())),
+        Err(e) => {
+            let shown = command[0].to_string_lossy();
+            Err(match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    coded(ExitCode::NotFound, format!("{shown}: command not found"))
+                }
+                _ => coded(ExitCode::CannotExecute, format!("{shown}: cannot execute: {e}")),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn margins(extra: &[&str]) -> Result<(Duration, Duration)> {
+        let mut argv = vec!["devlock"];
+        argv.extend(extra);
+        argv.extend(["r", "--", "true"]);
+        check_margins(&crate::cli::Cli::try_parse_from(argv).unwrap().run)
+    }
+
+    #[test]
+    fn the_ttl_must_cover_the_kill_grace() {
+        assert!(margins(&[]).is_ok());
+        assert!(margins(&["--ttl", "3s", "--kill-after", "500ms"]).is_ok());
+        assert!(margins(&["--ttl", "3s", "--kill-after", "2s"]).is_err());
+        assert!(margins(&["--ttl", "1s", "--kill-after", "0s"]).is_err());
+        assert!(margins(&["--any", "r2"]).is_err());
+    }
+
+    #[test]
+    fn members_bring_their_group_in_order() {
+        let names = |v: &[&str]| {
+            let rs: Vec<Resource> = v.iter().map(|n| Resource::parse(n.as_ref()).unwrap()).collect();
+            requests(&rs, true)
+                .into_iter()
+                .map(|r| format!("{}{}", r.resource.as_str(), if r.exclusive { "!" } else { "" }))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);
+        assert_eq!(names(&["gpu:1", "gpu"]), ["gpu!", "gpu:1!"]);
+    }
+}

@@ -1,0 +1,255 @@
+//! `devlock status --etcd URL`: who holds and who waits, across machines.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use serde::Serialize;
+
+use super::{Config, PREFIX, Place, blockers, hostname, line_of};
+use crate::cli::StatusArgs;
+use crate::exit::{ExitCode, coded};
+use crate::procfs;
+use crate::record::now_ms;
+use crate::resource::Resource;
+use crate::status_cmd::{align, duration_cell, paint_lock_cell};
+use crate::text::sanitize;
+
+#[derive(Debug, Serialize)]
+struct Report {
+    etcd: Vec<String>,
+    prefix: &'static str,
+    resources: Vec<ResourceView>,
+}
+
+#[derive(Debug, Serialize)]
+struct ResourceView {
+    name: String,
+    /// free, held or shared
+    state: &'static str,
+    holders: Vec<PlaceView>,
+    waiters: Vec<PlaceView>,
+}
+
+#[derive(Debug, Serialize)]
+struct PlaceView {
+    step: Option<String>,
+    pid: Option<u32>,
+    child: Option<u32>,
+    user: Option<String>,
+    host: Option<String>,
+    since: Option<String>,
+    /// Held for (holders) or waiting for (waiters), by the writer's clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_for_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting_for_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<usize>,
+    command: Option<Vec<String>>,
+    exclusive: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    via: Option<String>,
+    key: String,
+    /// The key's create revision: its place in line.
+    revision: i64,
+    lease: String,
+    /// Seconds etcd gives the lease before it expires, unless renewed.
+    lease_ttl_s: Option<i64>,
+    /// On this machine: whether the devlock that wrote the key still runs
+    /// (false means the key lives only until its lease runs out). Null for
+    /// other machines.
+    alive: Option<bool>,
+}
+
+pub fn run(args: &StatusArgs, config: Config) -> Result<ExitCode> {
+    let wanted = args
+        .resources
+        .iter()
+        .map(|r| Resource::parse(r).map_err(|e| coded(ExitCode::Usage, e)))
+        .collect::<Result<Vec<_>>>()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(gather(&config, &wanted))?;
+    let text = if args.json {
+        let mut json = serde_json::to_string_pretty(&report)?;
+        json.push('\n');
+        json
+    } else {
+        let colour = std::io::stdout().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        table(&report, colour)
+    };
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::Success),
+    }
+}
+
+async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
+    let mut client = config.connect().await?;
+    let mut lines: BTreeMap<String, Vec<Place>> = BTreeMap::new();
+    if wanted.is_empty() {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let response = config.ask("listing locks", client.get(PREFIX, Some(options))).await?;
+        for kv in response.kvs() {
+            let place = Place::from_kv(kv);
+            let Some(name) = place.key.strip_prefix(PREFIX).and_then(|k| k.rsplit_once('/')) else {
+                continue;
+            };
+            lines.entry(name.0.to_owned()).or_default().push(place);
+        }
+    } else {
+        for resource in wanted {
+            let (line, _) = config.ask("reading a line", line_of(&mut client, resource)).await?;
+            lines.insert(resource.as_str().to_owned(), line);
+        }
+    }
+    let ttls = lease_ttls(config, &mut client, &lines).await?;
+    let here = hostname();
+    let now = now_ms();
+    let resources = lines
+        .into_iter()
+        .map(|(name, line)| {
+            let mut holders = Vec::new();
+            let mut waiters = Vec::new();
+            for (i, place) in line.iter().enumerate() {
+                let holds = blockers(&line, i).is_empty();
+                let mut view = view(place, &here, now, ttls.get(&place.lease).copied());
+                if holds {
+                    view.waiting_for_ms = None;
+                    holders.push(view);
+                } else {
+                    view.held_for_ms = None;
+                    view.position = Some(waiters.len() + 1);
+                    waiters.push(view);
+                }
+            }
+            let state = match holders.first() {
+                None => "free",
+                Some(h) if h.exclusive => "held",
+                Some(_) => "shared",
+            };
+            ResourceView {
+                name,
+                state,
+                holders,
+                waiters,
+            }
+        })
+        .collect();
+    Ok(Report {
+        etcd: config.endpoints.clone(),
+        prefix: PREFIX,
+        resources,
+    })
+}
+
+/// Remaining TTL of every lease seen, asked once per lease.
+async fn lease_ttls(
+    config: &Config,
+    client: &mut Client,
+    lines: &BTreeMap<String, Vec<Place>>,
+) -> Result<HashMap<i64, i64>> {
+    let mut ttls = HashMap::new();
+    for place in lines.values().flatten() {
+        if place.lease == 0 || ttls.contains_key(&place.lease) {
+            continue;
+        }
+        let response = config.ask("asking for a lease", client.lease_time_to_live(place.lease, None)).await?;
+        ttls.insert(place.lease, response.ttl());
+    }
+    Ok(ttls)
+}
+
+fn view(place: &Place, here: &str, now: u64, lease_ttl: Option<i64>) -> PlaceView {
+    let entry = place.entry.as_ref();
+    let alive = entry
+        .filter(|e| e.host == here)
+        .map(|e| procfs::is_same_process(e.pid, e.pid_start));
+    PlaceView {
+        step: entry.map(|e| e.step.clone()),
+        pid: entry.map(|e| e.pid),
+        child: entry.and_then(|e| e.child),
+        user: entry.map(|e| e.user.clone()),
+        host: entry.map(|e| e.host.clone()),
+        since: entry.map(|e| {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_millis(e.granted_ms.unwrap_or(e.since_ms)),
+            )
+            .to_string()
+        }),
+        held_for_ms: entry.map(|e| now.saturating_sub(e.granted_ms.unwrap_or(e.since_ms))),
+        waiting_for_ms: entry.map(|e| now.saturating_sub(e.since_ms)),
+        position: None,
+        command: entry.map(|e| e.command.clone()),
+        exclusive: place.exclusive(),
+        via: entry.and_then(|e| e.via.clone()),
+        key: place.key.clone(),
+        revision: place.create_revision,
+        lease: format!("{:016x}", place.lease),
+        lease_ttl_s: lease_ttl,
+        alive,
+    }
+}
+
+fn table(report: &Report, colour: bool) -> String {
+    let header = ["RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE"];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    let cell = |v: &Option<String>| v.as_deref().map_or("?".to_owned(), sanitize);
+    let lease_cell = |p: &PlaceView| {
+        let ttl = p.lease_ttl_s.map_or("?".to_owned(), |t| format!("{t}s"));
+        match p.alive {
+            Some(false) => format!("{ttl} (devlock gone)"),
+            _ => ttl,
+        }
+    };
+    for res in &report.resources {
+        let state = match (res.state, res.holders.len()) {
+            ("shared", n) => format!("shared by {n}"),
+            (state, _) => state.to_owned(),
+        };
+        if res.holders.is_empty() && res.waiters.is_empty() {
+            rows.push(vec![res.name.clone(), state.clone()]);
+        }
+        for (i, h) in res.holders.iter().enumerate() {
+            let mut step = cell(&h.step);
+            if let Some(via) = &h.via {
+                step.push_str(&format!(" (via {})", sanitize(via)));
+            }
+            rows.push(vec![
+                if i == 0 { res.name.clone() } else { String::new() },
+                if i == 0 { state.clone() } else { String::new() },
+                step,
+                h.pid.map_or("?".to_owned(), |p| p.to_string()),
+                cell(&h.host),
+                cell(&h.user),
+                duration_cell(h.held_for_ms),
+                lease_cell(h),
+            ]);
+        }
+        for w in &res.waiters {
+            rows.push(vec![
+                if res.holders.is_empty() { res.name.clone() } else { String::new() },
+                format!("waits #{}", w.position.unwrap_or(0)),
+                cell(&w.step),
+                w.pid.map_or("?".to_owned(), |p| p.to_string()),
+                cell(&w.host),
+                cell(&w.user),
+                duration_cell(w.waiting_for_ms),
+                lease_cell(w),
+            ]);
+        }
+    }
+    let mut out = align(&rows, colour, paint_lock_cell);
+    if report.resources.is_empty() {
+        out.push_str(&format!("(no locks in etcd at {} under {PREFIX})\n", report.etcd.join(",")));
+    }
+    out
+}
+
