@@ -38,7 +38,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --report-every --dir --probe-timeout --help --version status help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --help --version status help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -76,6 +76,14 @@ _devlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kill-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --dir)
                     COMPREPLY=()
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
@@ -84,6 +92,14 @@ _devlock() {
                     return 0
                     ;;
                 --probe-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -137,7 +153,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__status)
-            opts="-h --json --dir --probe-timeout --help"
+            opts="-h --json --dir --probe-timeout --etcd --etcd-user --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -151,6 +167,14 @@ _devlock() {
                     return 0
                     ;;
                 --probe-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -174,7 +198,7 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --conflict-exit-code | --count | --dir | --idle-threshold | --probe-timeout | --report-every | --slots | --step | --timeout | -w) return 0 ;;
+        --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }

@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= report-every= dir= probe-timeout= h/help V/version
+    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -34,8 +34,12 @@ complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: h
 complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r
 complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB)' -r
 complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r
 complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing while waiting'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count)'
@@ -47,6 +51,8 @@ complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who h
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
@@ -55,7 +61,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --conflict-exit-code --count --dir --idle-threshold --probe-timeout --report-every --slots --step --timeout -w
+    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand

@@ -14,7 +14,8 @@ runs COMMAND as a child that inherits the locked file, and waits for it. The ker
 holds the lock until the command, and anything it started that inherited the lock, \
 has exited, whatever kills whom; nothing is left to clean up after a crash. \
 Waiters are served first come, first served. util-linux flock on the same file \
-joins the same gate.";
+joins the same gate. With --etcd the locks live in etcd instead, for resources \
+shared between machines; see ACROSS MACHINES in devlock(1).";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -24,7 +25,9 @@ Examples:
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
-  flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate";
+  flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate
+  devlock --etcd http://10.0.0.5:2379 licence -- ./solve.sh
+                                                 one licence, across machines";
 
 /// devlock's command line.
 #[derive(Debug, Parser)]
@@ -75,7 +78,13 @@ pub struct Cli {
 
     /// etcd user and password, as NAME:PASSWORD (prefer the environment
     /// variable: the command line is visible to every user)
-    #[arg(long, global = true, value_name = "NAME:PASSWORD", env = "DEVLOCK_ETCD_USER", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        value_name = "NAME:PASSWORD",
+        env = "DEVLOCK_ETCD_USER",
+        hide_env_values = true
+    )]
     pub etcd_user: Option<String>,
 }
 
@@ -96,7 +105,11 @@ pub enum Command {
         waiting_for_ms, position}], record, stale_record}], device_info: {status \
         (none, unknown or ok), reason}, devices: [{index, uuid, name, memory_used_mib, \
         memory_total_mib, utilization_pct, processes: [{pid, name, user, used_mib, \
-        gated, gate}]}]}. Unknown values are null."
+        gated, gate}]}]}. Unknown values are null.\n\n\
+        With --etcd URL it shows the locks in etcd instead, across machines: \
+        {etcd, prefix, resources: [{name, state, holders: [{step, pid, child, user, \
+        host, since, held_for_ms, command, exclusive, via, key, revision, lease, \
+        lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}]}."
     )]
     Status(StatusArgs),
 }
@@ -164,15 +177,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
     pub report_every: Duration,
 
-    /// With --etcd: lease time to live. If devlock dies, the lock frees itself
-    /// this long after its last renewal
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub ttl: Duration,
+    /// With --etcd: the lease's time to live [default: 10s]. If devlock dies,
+    /// the lock frees itself this long after its last renewal
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
 
-    /// With --etcd: when the lease cannot be renewed, how long the command has
-    /// between SIGTERM and SIGKILL; both come before the lease could expire
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
-    pub kill_after: Duration,
+    /// With --etcd: when the lease cannot be renewed, the command's time
+    /// between SIGTERM and SIGKILL [default: 2s]; both come before the lease
+    /// could expire
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub kill_after: Option<Duration>,
 }
 
 /// Arguments of `devlock status`.

@@ -218,7 +218,6 @@ fn first_line(bytes: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
-
 enum Event {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),

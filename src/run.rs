@@ -22,6 +22,12 @@ use crate::wait::WaitPlan;
 
 pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let resources = validate(args)?;
+    if args.ttl.is_some() || args.kill_after.is_some() {
+        return Err(coded(
+            ExitCode::Usage,
+            "--ttl and --kill-after apply only with --etcd",
+        ));
+    }
     let command_line: Vec<String> = args
         .command
         .iter()

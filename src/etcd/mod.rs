@@ -50,9 +50,8 @@ impl Config {
         let user = match user {
             None => None,
             Some(text) => {
-                let (name, password) = split_user(text).ok_or_else(|| {
-                    coded(ExitCode::Usage, "--etcd-user must be NAME:PASSWORD")
-                })?;
+                let (name, password) = split_user(text)
+                    .ok_or_else(|| coded(ExitCode::Usage, "--etcd-user must be NAME:PASSWORD"))?;
                 Some((name.to_owned(), password.to_owned()))
             }
         };
@@ -89,12 +88,21 @@ impl Config {
             E::GRpcStatus(status) => {
                 let message = status.message();
                 // gRPC's PERMISSION_DENIED (7) and UNAUTHENTICATED (16).
-                let denied = matches!(i32::from(status.code()), 7 | 16) || ["authentication failed", "user name is empty", "permission denied", "invalid auth token"]
+                let denied = matches!(i32::from(status.code()), 7 | 16)
+                    || [
+                        "authentication failed",
+                        "user name is empty",
+                        "permission denied",
+                        "invalid auth token",
+                    ]
                     .iter()
                     .any(|m| message.contains(m));
                 if denied {
                     let who = self.user.as_ref().map_or_else(
-                        || "a request without a user (set DEVLOCK_ETCD_USER=NAME:PASSWORD)".to_owned(),
+                        || {
+                            "a request without a user (set DEVLOCK_ETCD_USER=NAME:PASSWORD)"
+                                .to_owned()
+                        },
                         |(name, _)| format!("user {name}"),
                     );
                     coded(
@@ -117,7 +125,10 @@ impl Config {
             E::InvalidUri(e) => coded(ExitCode::Usage, format!("bad etcd URL {at}: {e}")),
             _ => coded(
                 ExitCode::EtcdUnreachable,
-                format!("cannot reach etcd at {at} while {doing}: {}", innermost(&err)),
+                format!(
+                    "cannot reach etcd at {at} while {doing}: {}",
+                    innermost(&err)
+                ),
             ),
         }
     }
@@ -176,7 +187,8 @@ fn check_url(url: &str) -> Result<String> {
     if host.is_empty() || host.contains('/') || host.contains('@') {
         return Err(bad("no host"));
     }
-    port.parse::<u16>().map_err(|_| bad("the port is not a number"))?;
+    port.parse::<u16>()
+        .map_err(|_| bad("the port is not a number"))?;
     Ok(format!("http://{rest}"))
 }
 
@@ -241,13 +253,19 @@ pub fn key_of(resource: &Resource, lease: i64) -> String {
 }
 
 /// Every key of one resource, oldest first, and the revision read at.
-pub async fn line_of(client: &mut Client, resource: &Resource) -> Result<(Vec<Place>, i64), etcd_client::Error> {
+pub async fn line_of(
+    client: &mut Client,
+    resource: &Resource,
+) -> Result<(Vec<Place>, i64), etcd_client::Error> {
     let options = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
     let response = client.get(resource_prefix(resource), Some(options)).await?;
     let revision = response.header().map_or(0, |h| h.revision());
-    Ok((response.kvs().iter().map(Place::from_kv).collect(), revision))
+    Ok((
+        response.kvs().iter().map(Place::from_kv).collect(),
+        revision,
+    ))
 }
 
 /// The places that stand in the way of `index` in `line`: every earlier one
@@ -266,6 +284,20 @@ pub fn holders(line: &[Place]) -> Vec<&Place> {
         .filter(|&i| blockers(line, i).is_empty())
         .map(|i| &line[i])
         .collect()
+}
+
+/// Blocks SIGPIPE in this thread and the threads it starts: a peer that
+/// closes a socket under a write must give EPIPE, not kill devlock (which
+/// has no std runtime to ignore it). Blocked, not ignored, so the command
+/// does not inherit an ignored SIGPIPE.
+pub fn block_sigpipe() {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// This machine's name, as other machines will see it in status.
@@ -302,7 +334,12 @@ mod tests {
 
     #[test]
     fn readers_share_until_a_writer_waits() {
-        let line = [place(1, false), place(2, false), place(3, true), place(4, false)];
+        let line = [
+            place(1, false),
+            place(2, false),
+            place(3, true),
+            place(4, false),
+        ];
         let held: Vec<i64> = holders(&line).iter().map(|p| p.create_revision).collect();
         assert_eq!(held, [1, 2]);
         assert_eq!(blockers(&line, 3).len(), 1);
@@ -319,9 +356,19 @@ mod tests {
 
     #[test]
     fn urls_are_checked() {
-        assert_eq!(check_url("127.0.0.1:2379").unwrap(), "http://127.0.0.1:2379");
+        assert_eq!(
+            check_url("127.0.0.1:2379").unwrap(),
+            "http://127.0.0.1:2379"
+        );
         assert_eq!(check_url("http://h:1/").unwrap(), "http://h:1");
-        for bad in ["https://h:1", "ftp://h:1", "http://h", "http://:1", "h:port", "http://u@h:1"] {
+        for bad in [
+            "https://h:1",
+            "ftp://h:1",
+            "http://h",
+            "http://:1",
+            "h:port",
+            "http://u@h:1",
+        ] {
             assert!(check_url(bad).is_err(), "{bad}");
         }
     }

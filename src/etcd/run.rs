@@ -16,6 +16,8 @@ use crate::supervise;
 
 /// The shortest TTL etcd grants with its default timing.
 const MIN_TTL: Duration = Duration::from_secs(2);
+const DEFAULT_TTL: Duration = Duration::from_secs(10);
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 
 pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let resources = crate::run::validate(args)?;
@@ -31,6 +33,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         .unwrap_or_else(|| crate::run::basename(&args.command[0]));
     supervise::sane_start();
     supervise::block_handled_signals();
+    super::block_sigpipe();
     let settings = Settings {
         config,
         ttl,
@@ -47,7 +50,11 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let env = vec![
         (
             "DEVLOCK_RESOURCES".to_owned(),
-            resources.iter().map(Resource::as_str).collect::<Vec<_>>().join(" "),
+            resources
+                .iter()
+                .map(Resource::as_str)
+                .collect::<Vec<_>>()
+                .join(" "),
         ),
         ("DEVLOCK_STEP".to_owned(), step),
     ];
@@ -86,15 +93,16 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
 /// The requests in the one global order; a member `G:M` also takes `G` shared.
 fn requests(resources: &[Resource], exclusive: bool) -> Vec<Request> {
     let mut requests: Vec<Request> = Vec::new();
-    let mut add = |request: Request| match requests.iter_mut().find(|r| r.resource == request.resource) {
-        Some(existing) => {
-            existing.exclusive |= request.exclusive;
-            if request.via.is_none() {
-                existing.via = None;
+    let mut add =
+        |request: Request| match requests.iter_mut().find(|r| r.resource == request.resource) {
+            Some(existing) => {
+                existing.exclusive |= request.exclusive;
+                if request.via.is_none() {
+                    existing.via = None;
+                }
             }
-        }
-        None => requests.push(request),
-    };
+            None => requests.push(request),
+        };
     for resource in resources {
         if let Some(group) = resource.group() {
             add(Request {
@@ -120,8 +128,8 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
     if args.any || args.slots.is_some() || args.require_idle {
         return usage("--any, --slots and --require-idle are not available with --etcd".into());
     }
-    let ttl = args.ttl;
-    let kill_after = args.kill_after;
+    let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
+    let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
     if ttl < MIN_TTL {
         return usage(format!("--ttl must be at least {}s", MIN_TTL.as_secs()));
     }
@@ -144,7 +152,8 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
 fn spawn_tied(command: &[OsString], env: &[(String, String)]) -> Result<supervise::Child> {
     let parent = std::process::id();
     let mut cmd = std::process::Command::new(&command[0]);
-    cmd.args(&command[1..]).envs(env.iter().map(|(k, v)| (k, v)));
+    cmd.args(&command[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -166,7 +175,10 @@ fn spawn_tied(command: &[OsString], env: &[(String, String)]) -> Result<supervis
                 std::io::ErrorKind::NotFound => {
                     coded(ExitCode::NotFound, format!("{shown}: command not found"))
                 }
-                _ => coded(ExitCode::CannotExecute, format!("{shown}: cannot execute: {e}")),
+                _ => coded(
+                    ExitCode::CannotExecute,
+                    format!("{shown}: cannot execute: {e}"),
+                ),
             })
         }
     }
@@ -196,10 +208,19 @@ mod tests {
     #[test]
     fn members_bring_their_group_in_order() {
         let names = |v: &[&str]| {
-            let rs: Vec<Resource> = v.iter().map(|n| Resource::parse(n.as_ref()).unwrap()).collect();
+            let rs: Vec<Resource> = v
+                .iter()
+                .map(|n| Resource::parse(n.as_ref()).unwrap())
+                .collect();
             requests(&rs, true)
                 .into_iter()
-                .map(|r| format!("{}{}", r.resource.as_str(), if r.exclusive { "!" } else { "" }))
+                .map(|r| {
+                    format!(
+                        "{}{}",
+                        r.resource.as_str(),
+                        if r.exclusive { "!" } else { "" }
+                    )
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);

@@ -198,12 +198,17 @@ async fn run_session(
     }
     let ttl_secs = settings.ttl.as_secs_f64().ceil() as i64;
     let sent = Instant::now();
-    let grant = match config.ask("granting a lease", client.lease_grant(ttl_secs, None)).await {
+    let grant = match config
+        .ask("granting a lease", client.lease_grant(ttl_secs, None))
+        .await
+    {
         Ok(grant) => grant,
         Err(e) => return report(FromSession::Acquired(Err(e))),
     };
     let lease = grant.id();
-    let ttl = settings.ttl.min(Duration::from_secs(grant.ttl().max(0) as u64));
+    let ttl = settings
+        .ttl
+        .min(Duration::from_secs(grant.ttl().max(0) as u64));
     let shared = Arc::new(Shared {
         lost: Mutex::new(None),
         lost_notify: Notify::new(),
@@ -274,15 +279,17 @@ async fn run_session(
 /// Whether an ancestor of this process already holds `request` (a nested
 /// devlock), checked against etcd's line and this machine's processes.
 async fn inherited(config: &Config, client: &mut Client, request: &Request) -> Result<bool> {
-    let (line, _) = config.ask("reading the line", line_of(client, &request.resource)).await?;
+    let (line, _) = config
+        .ask("reading the line", line_of(client, &request.resource))
+        .await?;
     let host = super::hostname();
     let ancestors = ancestors();
     for place in holders(&line) {
         let Some(entry) = &place.entry else { continue };
         let is_ancestor = entry.host == host
-            && ancestors
-                .iter()
-                .any(|&(pid, start)| pid == entry.pid && (entry.pid_start.is_none() || entry.pid_start == start));
+            && ancestors.iter().any(|&(pid, start)| {
+                pid == entry.pid && (entry.pid_start.is_none() || entry.pid_start == start)
+            });
         if !is_ancestor {
             continue;
         }
@@ -324,8 +331,8 @@ async fn take_in_order(
     let config = &settings.config;
     let deadline = settings.timeout.map(|t| Instant::now() + t);
     let host = super::hostname();
-    let user = std::env::var("USER")
-        .unwrap_or_else(|_| procfs::user_name(nix::unistd::getuid().as_raw()));
+    let user =
+        std::env::var("USER").unwrap_or_else(|_| procfs::user_name(nix::unistd::getuid().as_raw()));
     for request in requests {
         let key = key_of(&request.resource, lease);
         let mut entry = Entry {
@@ -343,7 +350,12 @@ async fn take_in_order(
         };
         let value = serde_json::to_vec(&entry).expect("entries serialise");
         let options = PutOptions::new().with_lease(lease);
-        config.ask("joining the line", client.put(key.clone(), value, Some(options))).await?;
+        config
+            .ask(
+                "joining the line",
+                client.put(key.clone(), value, Some(options)),
+            )
+            .await?;
         let started = Instant::now();
         let waited = wait_turn(settings, client, request, &key, deadline).await?;
         entry.granted_ms = Some(now_ms());
@@ -373,8 +385,9 @@ async fn wait_turn(
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
     loop {
-        let (line, revision) =
-            config.ask("reading the line", line_of(client, &request.resource)).await?;
+        let (line, revision) = config
+            .ask("reading the line", line_of(client, &request.resource))
+            .await?;
         let Some(index) = line.iter().position(|p| p.key == key) else {
             return Err(coded(
                 ExitCode::EtcdUnreachable,
@@ -387,7 +400,10 @@ async fn wait_turn(
         };
         let who = describe_holders(&line);
         if settings.no_wait {
-            return Err(coded(settings.conflict_code, format!("{name} is busy: held by {who}")));
+            return Err(coded(
+                settings.conflict_code,
+                format!("{name} is busy: held by {who}"),
+            ));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(coded(
@@ -406,7 +422,9 @@ async fn wait_turn(
                     None => String::new(),
                     Some(_) => format!(" (waiting {})", short_duration(started.elapsed())),
                 };
-                eprintln!("devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited}");
+                eprintln!(
+                    "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited}"
+                );
             }
             last_report = Some(Instant::now());
         }
@@ -419,7 +437,10 @@ async fn wait_turn(
         let watch = async {
             let mut stream = client.watch(watched, Some(options)).await?;
             while let Some(response) = stream.message().await? {
-                let gone = response.events().iter().any(|e| e.event_type() == EventType::Delete);
+                let gone = response
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete);
                 if gone || response.canceled() {
                     return Ok(());
                 }
@@ -455,7 +476,6 @@ fn describe_holders(line: &[Place]) -> String {
         .collect();
     shown.join(", ")
 }
-
 
 /// Revokes the lease (every key goes with it); if etcd does not answer, the
 /// lease runs out by itself.
@@ -562,7 +582,13 @@ fn signal_child(pid: u32, pidfd: Option<i32>, signal: libc::c_int) {
     unsafe {
         match pidfd {
             Some(fd) => {
-                libc::syscall(libc::SYS_pidfd_send_signal, fd, signal, std::ptr::null::<()>(), 0);
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd,
+                    signal,
+                    std::ptr::null::<()>(),
+                    0,
+                );
             }
             None => {
                 libc::kill(pid as libc::pid_t, signal);
@@ -585,7 +611,12 @@ fn descendants(root: u32) -> Vec<u32> {
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        found.extend(links.iter().filter(|&&(_, pp)| pp == parent).map(|&(p, _)| p));
+        found.extend(
+            links
+                .iter()
+                .filter(|&&(_, pp)| pp == parent)
+                .map(|&(p, _)| p),
+        );
         i += 1;
     }
     found.remove(0);

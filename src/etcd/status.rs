@@ -70,6 +70,7 @@ pub fn run(args: &StatusArgs, config: Config) -> Result<ExitCode> {
         .iter()
         .map(|r| Resource::parse(r).map_err(|e| coded(ExitCode::Usage, e)))
         .collect::<Result<Vec<_>>>()?;
+    super::block_sigpipe();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -96,17 +97,25 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let response = config.ask("listing locks", client.get(PREFIX, Some(options))).await?;
+        let response = config
+            .ask("listing locks", client.get(PREFIX, Some(options)))
+            .await?;
         for kv in response.kvs() {
             let place = Place::from_kv(kv);
-            let Some(name) = place.key.strip_prefix(PREFIX).and_then(|k| k.rsplit_once('/')) else {
+            let Some(name) = place
+                .key
+                .strip_prefix(PREFIX)
+                .and_then(|k| k.rsplit_once('/'))
+            else {
                 continue;
             };
             lines.entry(name.0.to_owned()).or_default().push(place);
         }
     } else {
         for resource in wanted {
-            let (line, _) = config.ask("reading a line", line_of(&mut client, resource)).await?;
+            let (line, _) = config
+                .ask("reading a line", line_of(&mut client, resource))
+                .await?;
             lines.insert(resource.as_str().to_owned(), line);
         }
     }
@@ -161,7 +170,12 @@ async fn lease_ttls(
         if place.lease == 0 || ttls.contains_key(&place.lease) {
             continue;
         }
-        let response = config.ask("asking for a lease", client.lease_time_to_live(place.lease, None)).await?;
+        let response = config
+            .ask(
+                "asking for a lease",
+                client.lease_time_to_live(place.lease, None),
+            )
+            .await?;
         ttls.insert(place.lease, response.ttl());
     }
     Ok(ttls)
@@ -199,7 +213,9 @@ fn view(place: &Place, here: &str, now: u64, lease_ttl: Option<i64>) -> PlaceVie
 }
 
 fn table(report: &Report, colour: bool) -> String {
-    let header = ["RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE"];
+    let header = [
+        "RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE",
+    ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     let cell = |v: &Option<String>| v.as_deref().map_or("?".to_owned(), sanitize);
     let lease_cell = |p: &PlaceView| {
@@ -223,7 +239,11 @@ fn table(report: &Report, colour: bool) -> String {
                 step.push_str(&format!(" (via {})", sanitize(via)));
             }
             rows.push(vec![
-                if i == 0 { res.name.clone() } else { String::new() },
+                if i == 0 {
+                    res.name.clone()
+                } else {
+                    String::new()
+                },
                 if i == 0 { state.clone() } else { String::new() },
                 step,
                 h.pid.map_or("?".to_owned(), |p| p.to_string()),
@@ -235,7 +255,11 @@ fn table(report: &Report, colour: bool) -> String {
         }
         for w in &res.waiters {
             rows.push(vec![
-                if res.holders.is_empty() { res.name.clone() } else { String::new() },
+                if res.holders.is_empty() {
+                    res.name.clone()
+                } else {
+                    String::new()
+                },
                 format!("waits #{}", w.position.unwrap_or(0)),
                 cell(&w.step),
                 w.pid.map_or("?".to_owned(), |p| p.to_string()),
@@ -248,8 +272,10 @@ fn table(report: &Report, colour: bool) -> String {
     }
     let mut out = align(&rows, colour, paint_lock_cell);
     if report.resources.is_empty() {
-        out.push_str(&format!("(no locks in etcd at {} under {PREFIX})\n", report.etcd.join(",")));
+        out.push_str(&format!(
+            "(no locks in etcd at {} under {PREFIX})\n",
+            report.etcd.join(",")
+        ));
     }
     out
 }
-

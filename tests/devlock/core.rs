@@ -694,3 +694,17 @@ fn signals_the_caller_ignored_stay_ignored_for_the_command() {
         .unwrap();
     assert_eq!(stdout(&out).trim(), "survived", "{}", stderr(&out));
 }
+
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_without_the_feature_says_how_to_get_it() {
+    let s = Scratch::new();
+    let out = s
+        .devlock()
+        .env("DEVLOCK_ETCD", "http://127.0.0.1:2379")
+        .args(["r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--features etcd"), "{}", stderr(&out));
+}

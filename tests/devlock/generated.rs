@@ -20,6 +20,7 @@ const REGENERATE: &str = "DEVLOCK_REGENERATE=1 cargo test --test devlock generat
 /// generated OPTIONS and SUBCOMMANDS: title, and the file under doc/man/
 /// holding the body.
 const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
+    ("ACROSS MACHINES", "etcd.roff"),
     ("EXIT STATUS", "exit-status.roff"),
     ("ENVIRONMENT", "environment.roff"),
     ("FILES", "files.roff"),
@@ -376,9 +377,12 @@ fn exit_codes() -> Vec<(ExitCode, String)> {
         ExitCode::Success,
         ExitCode::GeneralError,
         ExitCode::Usage,
+        ExitCode::EtcdUnreachable,
         ExitCode::NotIdle,
         ExitCode::IoError,
         ExitCode::Busy,
+        ExitCode::LeaseLost,
+        ExitCode::EtcdDenied,
         ExitCode::CannotExecute,
         ExitCode::NotFound,
         ExitCode::Signal(1),
@@ -390,9 +394,12 @@ fn exit_codes() -> Vec<(ExitCode, String)> {
             ExitCode::Success
             | ExitCode::GeneralError
             | ExitCode::Usage
+            | ExitCode::EtcdUnreachable
             | ExitCode::NotIdle
             | ExitCode::IoError
             | ExitCode::Busy
+            | ExitCode::LeaseLost
+            | ExitCode::EtcdDenied
             | ExitCode::CannotExecute
             | ExitCode::NotFound => format!("\n.B {}\n", code.code()),
             ExitCode::Signal(_) => "\n.BI 128+ N\n".to_owned(),
@@ -504,6 +511,7 @@ fn man_page_has_every_section_and_exit_code() {
         "DESCRIPTION",
         "OPTIONS",
         "SUBCOMMANDS",
+        "ACROSS MACHINES",
         "EXIT STATUS",
         "ENVIRONMENT",
         "FILES",
@@ -539,6 +547,8 @@ fn man_page_has_every_section_and_exit_code() {
         "DEVLOCK_DIR",
         "NO_COLOR",
         "DEVLOCK_NVIDIA_SMI",
+        "DEVLOCK_ETCD",
+        "DEVLOCK_ETCD_USER",
         "DEVLOCK_RESOURCES",
         "DEVLOCK_STEP",
         "CUDA_VISIBLE_DEVICES",

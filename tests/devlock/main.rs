@@ -4,6 +4,10 @@ mod harness;
 
 mod core;
 mod devices;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_server;
 mod generated;
 mod granularity;
 mod status;

@@ -1,0 +1,477 @@
+//! The etcd backend against a real etcd server: exclusion, arrival order,
+//! leases that outlive devlock by at most their TTL, partitions, a frozen
+//! server, nesting, signals and clear failures.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::etcd_server::{EtcdServer, Proxy, shared_etcd};
+use crate::harness::*;
+
+/// A resource name no other test (or earlier run on a shared server) uses.
+fn name(test: &str) -> String {
+    format!("{test}-{}", std::process::id())
+}
+
+fn devlock(s: &Scratch, url: &str) -> Command {
+    let mut cmd = s.devlock();
+    cmd.env("DEVLOCK_ETCD", url).env_remove("DEVLOCK_ETCD_USER");
+    cmd
+}
+
+fn run(s: &Scratch, url: &str, args: &[&str]) -> Output {
+    devlock(s, url)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn status(s: &Scratch, url: &str, resource: &str) -> serde_json::Value {
+    let out = run(s, url, &["status", "--json", resource]);
+    assert!(out.status.success(), "status failed: {}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["resources"][0].clone()
+}
+
+fn wait_for(
+    s: &Scratch,
+    url: &str,
+    resource: &str,
+    what: &str,
+    accept: impl Fn(&serde_json::Value) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        let view = status(s, url, resource);
+        if accept(&view) {
+            return;
+        }
+        assert!(
+            start.elapsed() < HANG,
+            "timed out waiting for {what}: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn waiters(view: &serde_json::Value) -> usize {
+    view["waiters"].as_array().map_or(0, Vec::len)
+}
+
+/// Starts `devlock ARGS -- sh -c SCRIPT` in the background.
+fn spawn(s: &Scratch, url: &str, args: &[&str], script: &str) -> std::process::Child {
+    devlock(s, url)
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn etcd_holders_exclude_each_other() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("excl");
+    let counter = s.work("counter");
+    std::fs::write(&counter, "0").unwrap();
+    let section = format!(
+        "n=$(cat {c}); sleep 0.01; echo $((n+1)) > {c}",
+        c = counter.display()
+    );
+    let loops: Vec<_> = (0..4)
+        .map(|_| {
+            let script =
+                format!("for i in 1 2 3 4 5; do {BIN} -q {r} -- sh -c '{section}' || exit 1; done");
+            Command::new("sh")
+                .args(["-c", &script])
+                .env("DEVLOCK_ETCD", &url)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in loops {
+        assert!(wait_child(&mut child).success());
+    }
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "20");
+    assert_eq!(status(&s, &url, &r)["state"], "free");
+}
+
+#[test]
+fn etcd_waiters_are_served_in_arrival_order() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("order");
+    let (script, ready) = wait_for_release(&s, "h");
+    let holder = spawn(&s, &url, &["--step", "holder", &r], &script);
+    wait_for_file(&ready);
+    let order = s.work("order");
+    let mut line = Vec::new();
+    for n in 1..=4 {
+        let append = format!("echo {n} >> {}", order.display());
+        line.push(spawn(
+            &s,
+            &url,
+            &["-q", "--step", &format!("w{n}"), &r],
+            &append,
+        ));
+        wait_for(&s, &url, &r, &format!("{n} waiters"), |v| waiters(v) == n);
+    }
+    let view = status(&s, &url, &r);
+    assert_eq!(view["holders"][0]["step"], "holder");
+    assert_eq!(view["waiters"][0]["step"], "w1");
+    assert_eq!(view["waiters"][3]["position"], 4);
+    release(&s, "h");
+    assert!(holder.wait_with_output().unwrap().status.success());
+    for mut waiter in line {
+        assert!(wait_child(&mut waiter).success());
+    }
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "1\n2\n3\n4\n");
+}
+
+#[test]
+fn etcd_busy_names_the_holder_and_leaves_no_trace() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("busy");
+    let (script, ready) = wait_for_release(&s, "h");
+    let holder = spawn(&s, &url, &["--step", "trainer", &r], &script);
+    wait_for_file(&ready);
+
+    let out = run(&s, &url, &["-n", &r, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    let err = stderr(&out);
+    let host = nix_hostname();
+    assert!(
+        err.starts_with(&format!("devlock: {r} is busy: held by trainer (pid "))
+            && err.contains(&format!(" on {host}, ")),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let out = run(
+        &s,
+        &url,
+        &["-w", "300ms", "--conflict-exit-code", "9", &r, "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(9));
+    assert!(
+        stderr(&out).contains(&format!("gave up on {r} after")),
+        "{}",
+        stderr(&out)
+    );
+
+    let view = status(&s, &url, &r);
+    assert_eq!(waiters(&view), 0, "{view}");
+    assert_eq!(view["holders"].as_array().unwrap().len(), 1);
+    let holder_view = &view["holders"][0];
+    assert_eq!(holder_view["host"], host.as_str());
+    assert_eq!(holder_view["alive"], true);
+    assert!(holder_view["lease_ttl_s"].as_i64().unwrap() > 0, "{view}");
+
+    let table = stdout(&run(&s, &url, &["status", &r]));
+    assert!(table.starts_with("RESOURCE"), "{table}");
+    assert!(
+        table.contains("trainer") && table.contains(&host),
+        "{table}"
+    );
+    release(&s, "h");
+    assert!(holder.wait_with_output().unwrap().status.success());
+}
+
+#[test]
+fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("kill9");
+    let pid_file = s.work("pid");
+    let script = format!(
+        "echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = pid_file.display()
+    );
+    let mut holder = spawn(
+        &s,
+        &url,
+        &["--ttl", "3s", "--kill-after", "500ms", &r],
+        &script,
+    );
+    wait_for_file(&pid_file);
+    let command_pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let verdict = s.work("verdict");
+    let check = format!(
+        "if [ -d /proc/{command_pid} ] && ! grep -q '^State:.*Z' /proc/{command_pid}/status; then echo overlap; else echo clean; fi > {}",
+        verdict.display()
+    );
+    let mut waiter = spawn(&s, &url, &["-q", &r], &check);
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let killed_at = Instant::now();
+    signal(holder.id(), libc::SIGKILL);
+    wait_child(&mut holder);
+    // The kernel's parent-death signal ends the command with devlock.
+    wait_gone(command_pid);
+    // Until the lease runs out, status still lists the key, marked as the
+    // label of a devlock that is gone.
+    let view = status(&s, &url, &r);
+    if view["holders"][0]["pid"] == holder.id() {
+        assert_eq!(view["holders"][0]["alive"], false, "{view}");
+        let table = stdout(&run(&s, &url, &["status", &r]));
+        assert!(table.contains("(devlock gone)"), "{table}");
+    }
+    assert!(wait_child(&mut waiter).success());
+    assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
+    // Not before etcd let the lease run out.
+    assert!(
+        killed_at.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        killed_at.elapsed()
+    );
+}
+
+/// The holder talks to etcd through a proxy that the test cuts: its
+/// command must be dead before the waiter (on the direct address) starts.
+#[test]
+fn etcd_holder_cut_off_stops_its_command_before_the_next_one_starts() {
+    let (_server, url) = shared_etcd();
+    let proxy = Proxy::to(&url);
+    let s = Scratch::new();
+    let r = name("cut");
+    let pid_file = s.work("pid");
+    // The command ignores SIGTERM, so only the SIGKILL after --kill-after ends it.
+    let script = format!(
+        "trap '' TERM; echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = pid_file.display()
+    );
+    let holder = spawn(
+        &s,
+        &proxy.url,
+        &["--ttl", "3s", "--kill-after", "500ms", &r],
+        &script,
+    );
+    wait_for_file(&pid_file);
+    let command_pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let verdict = s.work("verdict");
+    let check = format!(
+        "if [ -d /proc/{command_pid} ] && ! grep -q '^State:.*Z' /proc/{command_pid}/status; then echo overlap; else echo clean; fi > {}",
+        verdict.display()
+    );
+    let mut waiter = spawn(&s, &url, &["-q", &r], &check);
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    proxy.cut();
+    let out = holder.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(err.contains("lost the etcd lease"), "{err}");
+    assert!(err.contains("killed by signal 9"), "{err}");
+    assert!(wait_child(&mut waiter).success());
+    assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
+}
+
+#[test]
+fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw() {
+    let server = EtcdServer::start();
+    let url = server.url.clone();
+    let s = Scratch::new();
+    let r = name("freeze");
+
+    // A short freeze, well inside the margin, changes nothing.
+    let (script, ready) = wait_for_release(&s, "calm");
+    let calm = spawn(&s, &url, &["--ttl", "10s", &r], &script);
+    wait_for_file(&ready);
+    server.freeze();
+    std::thread::sleep(Duration::from_millis(200));
+    server.thaw();
+    release(&s, "calm");
+    let out = calm.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A long one: the command is stopped, devlock says why and exits 76.
+    let pid_file = s.work("pid");
+    let script = format!(
+        "echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = pid_file.display()
+    );
+    let holder = spawn(
+        &s,
+        &url,
+        &["--ttl", "3s", "--kill-after", "500ms", &r],
+        &script,
+    );
+    wait_for_file(&pid_file);
+    let command_pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    server.freeze();
+    let out = holder.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(err.contains("killed by signal 15"), "{err}");
+    wait_gone(command_pid);
+    server.thaw();
+    // Once etcd runs again it expires the lease, and the lock is free.
+    let out = run(&s, &url, &["-w", "30s", &r, "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn etcd_nested_take_passes_through() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("nest");
+    let out = run(&s, &url, &[&r, "--", BIN, "-n", &r, "--", "echo", "inner"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "inner\n");
+
+    // A member holds its group only shared: an exclusive take of the group
+    // inside it would wait for itself.
+    let member = format!("{r}:0");
+    let out = run(&s, &url, &[&member, "--", BIN, "-n", &r, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("held only shared"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn etcd_signals_while_waiting_leave_the_line_and_reach_the_command_while_holding() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("sig");
+    let ready = s.work("ready");
+    let got = s.work("got-term");
+    let script = format!(
+        "trap 'echo term > {g}; exit 3' TERM; echo > {ready}; while :; do sleep 0.01; done",
+        g = got.display(),
+        ready = ready.display()
+    );
+    let holder = spawn(&s, &url, &[&r], &script);
+    wait_for_file(&ready);
+    let mut waiter = spawn(&s, &url, &["-q", &r], "true");
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    signal(waiter.id(), libc::SIGTERM);
+    assert_eq!(wait_child(&mut waiter).code(), Some(128 + libc::SIGTERM));
+    assert_eq!(waiters(&status(&s, &url, &r)), 0);
+
+    signal(holder.id(), libc::SIGTERM);
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "term");
+    assert_eq!(status(&s, &url, &r)["state"], "free");
+}
+
+#[test]
+fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
+    let s = Scratch::new();
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    // Speaks TCP, not etcd.
+    let not_etcd = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let not_etcd_url = format!("http://{}", not_etcd.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut conn in not_etcd.incoming().flatten() {
+            use std::io::Write;
+            let _ = conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    for (url, code) in [
+        ("ftp://127.0.0.1:1", 2),
+        ("127.0.0.1:port", 2),
+        ("https://127.0.0.1:2379", 2),
+        (dead.as_str(), 68),
+        (not_etcd_url.as_str(), 68),
+    ] {
+        for args in [&["r", "--", "true"][..], &["status"][..]] {
+            let out = run(&s, url, args);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(code), "{url} {args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{url}: {err}");
+            assert!(err.starts_with("devlock: "), "{err}");
+        }
+    }
+    let out = run(
+        &s,
+        "http://127.0.0.1:1",
+        &["--ttl", "3s", "--kill-after", "2s", "r", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("too short"), "{}", stderr(&out));
+}
+
+#[test]
+fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
+    let server = EtcdServer::start();
+    let url = server.url.clone();
+    let etcdctl = |args: &[&str]| {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &url])
+            .args(args)
+            .output()
+            .expect("etcdctl (Debian package etcd-client)");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    etcdctl(&["user", "add", "root:rootpw"]);
+    etcdctl(&["auth", "enable"]);
+    let s = Scratch::new();
+    for user in [None, Some("root:wrong")] {
+        let mut cmd = devlock(&s, &url);
+        if let Some(user) = user {
+            cmd.env("DEVLOCK_ETCD_USER", user);
+        }
+        let out = cmd.args(["r", "--", "true"]).output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(77), "{user:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("refused"), "{err}");
+    }
+    let out = devlock(&s, &url)
+        .env("DEVLOCK_ETCD_USER", "root:rootpw")
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["resources"], serde_json::json!([]));
+    let out = devlock(&s, &url)
+        .env("DEVLOCK_ETCD_USER", "root:rootpw")
+        .args(["r", "--", "echo", "in"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out), "in\n", "{}", stderr(&out));
+}
+
+fn nix_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned()
+}

@@ -1,0 +1,176 @@
+//! A real etcd server for the etcd tests (private, on loopback, data in a
+//! temp dir), and a TCP proxy a test can cut.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::harness::{HANG, signal};
+
+/// An etcd server of this test's own; killed when dropped.
+pub struct EtcdServer {
+    child: Child,
+    pub url: String,
+    _data: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// Starts `etcd` (or `$DEVLOCK_TEST_ETCD_BIN`) and waits for it to say
+    /// it serves clients.
+    pub fn start() -> EtcdServer {
+        let bin = std::env::var("DEVLOCK_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
+        // A free port can be taken between asking and binding: try again.
+        for _ in 0..5 {
+            let data = tempfile::Builder::new()
+                .prefix("devlock-etcd")
+                .tempdir()
+                .unwrap();
+            let (client, peer) = (free_port(), free_port());
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let spawned = Command::new(&bin)
+                .args(["--name", "test", "--data-dir"])
+                .arg(data.path())
+                .args([
+                    "--listen-client-urls",
+                    &url,
+                    "--advertise-client-urls",
+                    &url,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                ])
+                .args(["--initial-cluster", &format!("test={peer_url}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn();
+            let mut child = spawned.unwrap_or_else(|e| {
+                panic!("cannot start {bin}: {e}; install etcd-server or set DEVLOCK_TEST_ETCD_BIN")
+            });
+            let mut log = BufReader::new(child.stderr.take().unwrap());
+            let start = Instant::now();
+            let mut seen = String::new();
+            let ready = loop {
+                let mut line = String::new();
+                if log.read_line(&mut line).unwrap_or(0) == 0 {
+                    break false;
+                }
+                seen.push_str(&line);
+                if line.contains("ready to serve client requests") {
+                    break true;
+                }
+                assert!(start.elapsed() < HANG, "etcd did not start: {seen}");
+            };
+            if !ready {
+                let _ = child.wait();
+                continue;
+            }
+            // Keep reading so etcd never blocks on a full pipe.
+            std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+            return EtcdServer {
+                child,
+                url,
+                _data: data,
+            };
+        }
+        panic!("etcd would not start on a free port");
+    }
+
+    /// SIGSTOP: the server keeps its sockets but answers nothing.
+    pub fn freeze(&self) {
+        signal(self.child.id(), libc::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        signal(self.child.id(), libc::SIGCONT);
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The etcd a test uses: the one `.ci/run` started (`DEVLOCK_TEST_ETCD`), or
+/// a private one. Tests on the shared one use resource names of their own.
+pub fn shared_etcd() -> (Option<EtcdServer>, String) {
+    match std::env::var("DEVLOCK_TEST_ETCD") {
+        Ok(url) if !url.is_empty() => (None, url),
+        _ => {
+            let server = EtcdServer::start();
+            let url = server.url.clone();
+            (Some(server), url)
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A TCP proxy to `target`. `cut` turns it into a black hole: connections
+/// stay open but nothing gets through, as in a network partition.
+pub struct Proxy {
+    pub url: String,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub fn to(target_url: &str) -> Proxy {
+        let target = target_url.trim_start_matches("http://").to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let cut = Arc::new(AtomicBool::new(false));
+        let cut_for_accept = cut.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let cut = cut_for_accept.clone();
+                    std::thread::spawn(move || pump(from, to, &cut));
+                }
+            }
+        });
+        Proxy { url, cut }
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool) {
+    let mut buf = [0u8; 16384];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) if !cut.load(Ordering::SeqCst) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {} // dropped on the floor
+        }
+    }
+    if !cut.load(Ordering::SeqCst) {
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
+}
