@@ -14,7 +14,10 @@ pub mod status;
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, SortOrder, SortTarget};
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::split_user;
@@ -257,15 +260,44 @@ pub async fn line_of(
     client: &mut Client,
     resource: &Resource,
 ) -> Result<(Vec<Place>, i64), etcd_client::Error> {
-    let options = GetOptions::new()
+    let response = client
+        .get(resource_prefix(resource), Some(line_options()))
+        .await?;
+    Ok(line_from(&response))
+}
+
+/// Puts `key` (joining the line) and reads the line back, in one round trip.
+pub async fn join_line(
+    client: &mut Client,
+    resource: &Resource,
+    key: &str,
+    value: Vec<u8>,
+    lease: i64,
+) -> Result<(Vec<Place>, i64), etcd_client::Error> {
+    let txn = Txn::new().and_then([
+        TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
+        TxnOp::get(resource_prefix(resource), Some(line_options())),
+    ]);
+    let response = client.txn(txn).await?;
+    let line = response.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(get) => Some(line_from(&get)),
+        _ => None,
+    });
+    line.ok_or_else(|| etcd_client::Error::InvalidArgs("etcd sent no line back".into()))
+}
+
+fn line_options() -> GetOptions {
+    GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend);
-    let response = client.get(resource_prefix(resource), Some(options)).await?;
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+fn line_from(response: &GetResponse) -> (Vec<Place>, i64) {
     let revision = response.header().map_or(0, |h| h.revision());
-    Ok((
+    (
         response.kvs().iter().map(Place::from_kv).collect(),
         revision,
-    ))
+    )
 }
 
 /// The places that stand in the way of `index` in `line`: every earlier one

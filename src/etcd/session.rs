@@ -9,7 +9,7 @@ use anyhow::Result;
 use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, WatchOptions};
 use tokio::sync::{Notify, mpsc};
 
-use super::{Config, Entry, Place, blockers, holders, key_of, line_of};
+use super::{Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
 use crate::exit::{ExitCode, coded};
 use crate::procfs;
 use crate::record::now_ms;
@@ -245,6 +245,7 @@ async fn run_session(
     }
     report(FromSession::Acquired(Ok(Acquired::Taken)));
 
+    let mut labelling = None;
     while let Some(message) = rx.recv().await {
         match message {
             ToSession::Started { pid, pidfd } => {
@@ -253,20 +254,32 @@ async fn run_session(
                     tokio::spawn(stop_command(shared.clone()));
                 }
                 // Labels only, off the command's path: who runs, since when.
-                for (key, entry) in &mut entries {
-                    entry.child = Some(pid);
-                    let value = serde_json::to_vec(&*entry).expect("entries serialise");
-                    let options = PutOptions::new().with_lease(lease);
-                    let _ = tokio::time::timeout(
-                        RELEASE_TIMEOUT,
-                        client.put(key.clone(), value, Some(options)),
-                    )
-                    .await;
-                }
+                // A command that is over first does not wait for them.
+                let mut labeller = client.clone();
+                let labels: Vec<(String, Vec<u8>)> = entries
+                    .iter_mut()
+                    .map(|(key, entry)| {
+                        entry.child = Some(pid);
+                        (
+                            key.clone(),
+                            serde_json::to_vec(&*entry).expect("entries serialise"),
+                        )
+                    })
+                    .collect();
+                labelling = Some(tokio::spawn(async move {
+                    for (key, value) in labels {
+                        let options = PutOptions::new().with_lease(lease);
+                        let put = labeller.put(key, value, Some(options));
+                        let _ = tokio::time::timeout(RELEASE_TIMEOUT, put).await;
+                    }
+                }));
             }
             ToSession::Release => break,
             ToSession::Stop(_) => {}
         }
+    }
+    if let Some(labelling) = labelling {
+        labelling.abort();
     }
     shared.release_notify.notify_one();
     let lost = shared.lost();
@@ -279,11 +292,14 @@ async fn run_session(
 /// Whether an ancestor of this process already holds `request` (a nested
 /// devlock), checked against etcd's line and this machine's processes.
 async fn inherited(config: &Config, client: &mut Client, request: &Request) -> Result<bool> {
+    let ancestors = ancestors();
+    if ancestors.is_empty() {
+        return Ok(false);
+    }
     let (line, _) = config
         .ask("reading the line", line_of(client, &request.resource))
         .await?;
     let host = super::hostname();
-    let ancestors = ancestors();
     for place in holders(&line) {
         let Some(entry) = &place.entry else { continue };
         let is_ancestor = entry.host == host
@@ -308,13 +324,22 @@ async fn inherited(config: &Config, client: &mut Client, request: &Request) -> R
     Ok(false)
 }
 
-/// This process's ancestors, with their start times.
+/// This process's ancestors with their start times, when one of them may be
+/// a devlock: a devlock set `DEVLOCK_RESOURCES` for its command, or an
+/// ancestor runs a program called devlock, or the kernel will not say what
+/// it runs. Usually there is none, which spares asking etcd.
 fn ancestors() -> Vec<(u32, Option<u64>)> {
     let mut out = Vec::new();
+    let mut maybe_nested = std::env::var_os("DEVLOCK_RESOURCES").is_some();
     let mut pid = std::process::id();
     while let Some(parent) = procfs::parent_pid(pid).filter(|&p| p > 1) {
+        maybe_nested |= std::fs::read_link(format!("/proc/{parent}/exe"))
+            .map_or(true, |exe| exe.to_string_lossy().contains("devlock"));
         out.push((parent, procfs::start_time(parent)));
         pid = parent;
+    }
+    if !maybe_nested {
+        out.clear();
     }
     out
 }
@@ -349,15 +374,14 @@ async fn take_in_order(
             via: request.via.as_ref().map(|v| v.as_str().to_owned()),
         };
         let value = serde_json::to_vec(&entry).expect("entries serialise");
-        let options = PutOptions::new().with_lease(lease);
-        config
+        let joined = config
             .ask(
                 "joining the line",
-                client.put(key.clone(), value, Some(options)),
+                join_line(client, &request.resource, &key, value, lease),
             )
             .await?;
         let started = Instant::now();
-        let waited = wait_turn(settings, client, request, &key, deadline).await?;
+        let waited = wait_turn(settings, client, request, &key, joined, deadline).await?;
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
             eprintln!(
@@ -378,16 +402,23 @@ async fn wait_turn(
     client: &mut Client,
     request: &Request,
     key: &str,
+    joined: (Vec<Place>, i64),
     deadline: Option<Instant>,
 ) -> Result<bool> {
     let config = &settings.config;
     let name = request.resource.as_str();
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
+    let mut read = Some(joined);
     loop {
-        let (line, revision) = config
-            .ask("reading the line", line_of(client, &request.resource))
-            .await?;
+        let (line, revision) = match read.take() {
+            Some(line) => line,
+            None => {
+                config
+                    .ask("reading the line", line_of(client, &request.resource))
+                    .await?
+            }
+        };
         let Some(index) = line.iter().position(|p| p.key == key) else {
             return Err(coded(
                 ExitCode::EtcdUnreachable,
@@ -437,18 +468,24 @@ async fn wait_turn(
         let watch = async {
             let mut stream = client.watch(watched, Some(options)).await?;
             while let Some(response) = stream.message().await? {
-                let gone = response
+                if response.canceled() {
+                    return Ok(false);
+                }
+                if response
                     .events()
                     .iter()
-                    .any(|e| e.event_type() == EventType::Delete);
-                if gone || response.canceled() {
-                    return Ok(());
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(true);
                 }
             }
-            Ok::<_, etcd_client::Error>(())
+            Ok::<_, etcd_client::Error>(false)
         };
         match tokio::time::timeout_at(until.into(), watch).await {
-            Ok(Ok(())) | Err(_) => {}
+            // The only key in the way is gone; keys created since come
+            // after ours, so the line need not be read again.
+            Ok(Ok(true)) if in_the_way.len() == 1 => return Ok(true),
+            Ok(Ok(_)) | Err(_) => {}
             Ok(Err(e)) => return Err(config.failure("watching the line", e)),
         }
     }
