@@ -41,7 +41,7 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
     supervise::block_handled_signals();
     let dir = ScratchDir::open_or_create(dir_path)?;
     let plan = WaitPlan {
-        deadline: args.timeout.map(|t| Instant::now() + t),
+        deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
         quiet: args.quiet,
         live: std::io::stderr().is_terminal(),
@@ -274,6 +274,7 @@ fn require_idle(
 
 /// Replaces devlock with the command: the inherited lock already covers it.
 pub(crate) fn pass_through(command: &[OsString], env: &[(String, String)]) -> ExitCode {
+    supervise::discard_wakes();
     // SAFETY: an empty set unblocks what block_handled_signals blocked.
     unsafe {
         let empty = std::mem::zeroed::<libc::sigset_t>();

@@ -96,6 +96,12 @@ pub fn unblock_stop_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
 }
 
+/// Takes any wake signal still pending off the queue: unblocked before an
+/// exec, it would end the process (a real-time signal's default action).
+pub fn discard_wakes() {
+    while wait_in(&set_of(&[wake_signal()]), Some(std::time::Duration::ZERO)).is_some() {}
+}
+
 /// For the waiting display: a stopping signal or the wake signal, up to `timeout`.
 pub fn wait_stop_or_wake(timeout: std::time::Duration) -> Option<Received> {
     let mut signals = STOP_SIGNALS.to_vec();

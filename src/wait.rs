@@ -165,7 +165,9 @@ fn helper(
             } else {
                 say(&format!("{line}\n"));
             }
-            next_report = now + tick;
+            next_report = now
+                .checked_add(tick)
+                .unwrap_or(now + Duration::from_secs(86_400));
         }
         if let Some(deadline) = plan.deadline
             && now >= deadline

@@ -7,6 +7,7 @@
 //! key is left (writer preference, as in the file backend). When devlock
 //! dies its lease runs out and etcd deletes every key it had.
 
+mod keeper;
 pub mod run;
 mod session;
 pub mod status;

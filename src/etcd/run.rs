@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::Config;
-use super::session::{Acquired, GUARD, Request, Session, Settings};
+use super::keeper::{GUARD, descendants};
+use super::session::{Acquired, Request, Session, Settings};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
 use crate::resource::Resource;
@@ -46,7 +47,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         step: step.clone(),
         command: command_line,
     };
-    let session = Session::start(settings, requests(&resources, !args.shared))?;
+    let mut session = Session::start(settings, requests(&resources, !args.shared))?;
     let env = vec![
         (
             "DEVLOCK_RESOURCES".to_owned(),
@@ -58,14 +59,26 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         ),
         ("DEVLOCK_STEP".to_owned(), step),
     ];
-    if let Acquired::AllInherited = session.wait_for_locks()? {
-        drop(session);
+    let (acquired, stopped) = session.wait_for_locks()?;
+    if let Acquired::AllInherited = acquired {
+        session.finish();
         return Ok(crate::run::pass_through(&args.command, &env));
     }
-    if let Some(sig) = supervise::pending_stop() {
+    if let Some(sig) = stopped.or_else(supervise::pending_stop) {
         session.release();
         return Err(supervise::stopped_before_start(sig));
     }
+    if session.lease_lost() {
+        let why = session.release().unwrap_or_default();
+        return Err(coded(
+            ExitCode::EtcdUnreachable,
+            format!("{why}; the command was not started"),
+        ));
+    }
+    // What the command starts stays under devlock, even when its parent
+    // exits first: the lock covers it, and a lost lease stops it.
+    // SAFETY: prctl on this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let child = match spawn_tied(&args.command, &env) {
         Ok(child) => child,
         Err(e) => {
@@ -75,6 +88,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     };
     session.started(child.id());
     let code = supervise::supervise(child, None);
+    wait_for_what_it_left(args.quiet);
     match session.release() {
         None => Ok(code),
         Some(why) => Err(coded(
@@ -87,6 +101,42 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
                 }
             ),
         )),
+    }
+}
+
+/// Holds the lock until every process the command started has exited too,
+/// as the inherited descriptor does with the file backend. A stopping
+/// signal sent to devlock meanwhile goes to all of them.
+fn wait_for_what_it_left(quiet: bool) {
+    let mut said = quiet;
+    loop {
+        let mut status = 0;
+        // SAFETY: reaps any child of ours (devlock is their subreaper).
+        match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
+            -1 => return,
+            0 => {}
+            _ => continue,
+        }
+        if !said {
+            let left = descendants(std::process::id());
+            eprintln!(
+                "devlock: the command has exited; holding the lock until what it started has too (pid {})",
+                left.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            said = true;
+        }
+        if let Some(sig) = supervise::wait_signal(None)
+            && sig.signo != libc::SIGCHLD
+            && sig.from_process
+        {
+            for pid in descendants(std::process::id()) {
+                // SAFETY: plain kill of a process under us.
+                unsafe { libc::kill(pid as libc::pid_t, sig.signo) };
+            }
+        }
     }
 }
 

@@ -1,29 +1,28 @@
-//! The etcd side of one run, on its own thread: the lease and its renewals,
-//! the places in line, and stopping the command when the lease cannot be
-//! kept. The main thread only waits for signals and supervises the command.
+//! The etcd side of one run, on its own thread: the places in line and the
+//! lease (see `keeper`). The main thread waits for signals, says what the
+//! session reports, and supervises the command.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, WatchOptions};
-use tokio::sync::{Notify, mpsc};
+use etcd_client::{Client, EventType, PutOptions, WatchOptions};
+use tokio::sync::mpsc;
 
+use super::keeper::{self, LeaseState, boot_now};
 use super::{Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
-use crate::exit::{ExitCode, coded};
+use crate::exit::{ExitCode, coded, exit_code_of};
 use crate::procfs;
 use crate::record::now_ms;
 use crate::resource::Resource;
 use crate::supervise::{self, Received};
-use crate::text::{sanitize, short_duration};
-
-/// Slack kept between SIGKILL and the earliest moment etcd could let the
-/// lease expire: this thread waking late on a busy machine, the kill
-/// reaching the command, clocks ticking at slightly different rates.
-pub const GUARD: Duration = Duration::from_secs(1);
+use crate::text::{human_duration, sanitize, short_duration};
 
 /// How long releasing may take before devlock leaves the lease to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long to wait before asking etcd again after it failed a waiter.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// One lock to take.
 #[derive(Debug, Clone)]
@@ -64,8 +63,13 @@ pub enum Acquired {
 }
 
 enum FromSession {
-    Acquired(Result<Acquired>),
-    Released { lost: Option<String> },
+    /// A line for standard error, written by the main thread so that a
+    /// stderr nobody reads never holds up the lease.
+    Say(String),
+    Acquired(Result<Acquired>, Option<Arc<LeaseState>>),
+    Released {
+        lost: Option<String>,
+    },
 }
 
 /// The handle the main thread keeps.
@@ -73,6 +77,18 @@ pub struct Session {
     to: mpsc::UnboundedSender<ToSession>,
     from: std::sync::mpsc::Receiver<FromSession>,
     thread: Option<std::thread::JoinHandle<()>>,
+    lease: Option<Arc<LeaseState>>,
+}
+
+/// Wakes the main thread when the session thread ends, however it ends (a
+/// panic included), so it never sleeps on a session that is gone.
+struct WakeOnExit(libc::pthread_t);
+
+impl Drop for WakeOnExit {
+    fn drop(&mut self) {
+        // SAFETY: the main thread outlives this one (it joins it).
+        unsafe { libc::pthread_kill(self.0, supervise::wake_signal()) };
+    }
 }
 
 impl Session {
@@ -88,9 +104,10 @@ impl Session {
         let thread = std::thread::Builder::new()
             .name("devlock-etcd".into())
             .spawn(move || {
+                let _wake = WakeOnExit(main_thread);
                 let report = move |message: FromSession| {
                     let _ = tx.send(message);
-                    // SAFETY: the main thread outlives this one (it joins it).
+                    // SAFETY: as above.
                     unsafe { libc::pthread_kill(main_thread, supervise::wake_signal()) };
                 };
                 runtime.block_on(run_session(settings, requests, rx, report));
@@ -99,27 +116,48 @@ impl Session {
             to,
             from,
             thread: Some(thread),
+            lease: None,
         })
     }
 
-    /// Waits for every lock, passing a stopping signal on to the session
-    /// (which leaves the line and then reports the stop).
-    pub fn wait_for_locks(&self) -> Result<Acquired> {
+    /// Waits for every lock. A stopping signal goes to the session, which
+    /// leaves the line; one that comes as the last lock is granted is handed
+    /// back, so the command is not started.
+    pub fn wait_for_locks(&mut self) -> Result<(Acquired, Option<Received>)> {
+        let mut stopped = None;
         loop {
             match self.from.try_recv() {
-                Ok(FromSession::Acquired(result)) => return result,
+                Ok(FromSession::Say(line)) => eprintln!("{line}"),
+                Ok(FromSession::Acquired(result, lease)) => {
+                    self.lease = lease;
+                    return result.map(|acquired| (acquired, stopped));
+                }
                 Ok(FromSession::Released { .. }) => unreachable!("released before acquired"),
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                     return Err(anyhow::anyhow!("the etcd session ended unexpectedly"));
                 }
-                Err(std::sync::mpsc::TryRecvError::Empty) => {}
-            }
-            if let Some(sig) = supervise::wait_stop_or_wake(Duration::from_secs(3600))
-                && sig.signo != supervise::wake_signal()
-            {
-                let _ = self.to.send(ToSession::Stop(sig));
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    if let Some(sig) = supervise::wait_stop_or_wake(Duration::from_secs(3600))
+                        && sig.signo != supervise::wake_signal()
+                    {
+                        stopped = Some(sig);
+                        let _ = self.to.send(ToSession::Stop(sig));
+                    }
+                }
             }
         }
+    }
+
+    /// Waits for the session thread, which has nothing left to do.
+    pub fn finish(mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Whether the lease is already lost (then the command must not start).
+    pub fn lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| l.is_lost())
     }
 
     /// Tells the session which process to stop if the lease is lost.
@@ -135,42 +173,19 @@ impl Session {
         let _ = self.to.send(ToSession::Release);
         let mut lost = None;
         while let Ok(message) = self.from.recv() {
-            if let FromSession::Released { lost: why } = message {
-                lost = why;
-                break;
+            match message {
+                FromSession::Released { lost: why } => {
+                    lost = why;
+                    break;
+                }
+                FromSession::Say(line) => eprintln!("{line}"),
+                FromSession::Acquired(..) => {}
             }
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
         lost
-    }
-}
-
-/// What the keeper and the waiters share.
-struct Shared {
-    lost: Mutex<Option<String>>,
-    lost_notify: Notify,
-    release_notify: Notify,
-    /// The command (pid, pidfd) once started, with the moment SIGKILL is due.
-    child: Mutex<Option<(u32, Option<i32>)>>,
-    confirmed_until: Mutex<Instant>,
-    kill_after: Duration,
-}
-
-impl Shared {
-    fn lost(&self) -> Option<String> {
-        self.lost.lock().unwrap().clone()
-    }
-
-    async fn wait_lost(&self) -> String {
-        loop {
-            let notified = self.lost_notify.notified();
-            if let Some(why) = self.lost() {
-                return why;
-            }
-            notified.await;
-        }
     }
 }
 
@@ -181,46 +196,42 @@ async fn run_session(
     report: impl Fn(FromSession),
 ) {
     let config = &settings.config;
+    let failed = |e| FromSession::Acquired(Err(e), None);
     let mut client = match config.connect().await {
         Ok(client) => client,
-        Err(e) => return report(FromSession::Acquired(Err(e))),
+        Err(e) => return report(failed(e)),
     };
     let mut pending = Vec::new();
     for request in &requests {
         match inherited(config, &mut client, request).await {
             Ok(true) => {}
             Ok(false) => pending.push(request.clone()),
-            Err(e) => return report(FromSession::Acquired(Err(e))),
+            Err(e) => return report(failed(e)),
         }
     }
     if pending.is_empty() {
-        return report(FromSession::Acquired(Ok(Acquired::AllInherited)));
+        return report(FromSession::Acquired(Ok(Acquired::AllInherited), None));
     }
     let ttl_secs = settings.ttl.as_secs_f64().ceil() as i64;
-    let sent = Instant::now();
+    let sent = boot_now();
     let grant = match config
         .ask("granting a lease", client.lease_grant(ttl_secs, None))
         .await
     {
         Ok(grant) => grant,
-        Err(e) => return report(FromSession::Acquired(Err(e))),
+        Err(e) => return report(failed(e)),
     };
     let lease = grant.id();
+    // etcd may grant more than asked (never less); count on what was asked.
     let ttl = settings
         .ttl
         .min(Duration::from_secs(grant.ttl().max(0) as u64));
-    let shared = Arc::new(Shared {
-        lost: Mutex::new(None),
-        lost_notify: Notify::new(),
-        release_notify: Notify::new(),
-        child: Mutex::new(None),
-        confirmed_until: Mutex::new(sent + ttl),
-        kill_after: settings.kill_after,
-    });
-    tokio::spawn(keep(client.clone(), lease, settings.ttl, shared.clone()));
+    let state = LeaseState::new(ttl, settings.kill_after, sent);
+    tokio::spawn(keeper::keep(client.clone(), lease, state.clone()));
 
     let mut entries = Vec::new();
-    let waiting = take_in_order(&settings, &mut client, lease, &pending, &mut entries);
+    let say = |line: String| report(FromSession::Say(line));
+    let waiting = take_in_order(&settings, &mut client, lease, &pending, &mut entries, &say);
     let stop = async {
         loop {
             match rx.recv().await {
@@ -236,23 +247,26 @@ async fn run_session(
             ExitCode::Signal(sig.signo),
             format!("stopped by signal {} while waiting; left the line", sig.signo),
         )),
-        why = shared.wait_lost() => Err(coded(ExitCode::EtcdUnreachable, format!("{why}; left the line"))),
+        why = state.wait_lost() => Err(coded(
+            ExitCode::EtcdUnreachable,
+            format!("{why}; left the line, nothing ran"),
+        )),
     };
     if let Err(e) = outcome {
-        shared.release_notify.notify_one();
+        state.release();
         revoke(&mut client, lease).await;
-        return report(FromSession::Acquired(Err(e)));
+        return report(failed(e));
     }
-    report(FromSession::Acquired(Ok(Acquired::Taken)));
+    report(FromSession::Acquired(
+        Ok(Acquired::Taken),
+        Some(state.clone()),
+    ));
 
     let mut labelling = None;
     while let Some(message) = rx.recv().await {
         match message {
             ToSession::Started { pid, pidfd } => {
-                *shared.child.lock().unwrap() = Some((pid, pidfd));
-                if shared.lost().is_some() {
-                    tokio::spawn(stop_command(shared.clone()));
-                }
+                state.command_started(pidfd);
                 // Labels only, off the command's path: who runs, since when.
                 // A command that is over first does not wait for them.
                 let mut labeller = client.clone();
@@ -281,8 +295,8 @@ async fn run_session(
     if let Some(labelling) = labelling {
         labelling.abort();
     }
-    shared.release_notify.notify_one();
-    let lost = shared.lost();
+    state.release();
+    let lost = state.lost_reason();
     if lost.is_none() {
         revoke(&mut client, lease).await;
     }
@@ -352,9 +366,10 @@ async fn take_in_order(
     lease: i64,
     requests: &[Request],
     entries: &mut Vec<(String, Entry)>,
+    say: &dyn Fn(String),
 ) -> Result<()> {
     let config = &settings.config;
-    let deadline = settings.timeout.map(|t| Instant::now() + t);
+    let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
     let host = super::hostname();
     let user =
         std::env::var("USER").unwrap_or_else(|_| procfs::user_name(nix::unistd::getuid().as_raw()));
@@ -381,14 +396,14 @@ async fn take_in_order(
             )
             .await?;
         let started = Instant::now();
-        let waited = wait_turn(settings, client, request, &key, joined, deadline).await?;
+        let waited = wait_turn(settings, client, request, &key, joined, deadline, say).await?;
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
-            eprintln!(
+            say(format!(
                 "devlock: got {} after {}",
                 request.resource.as_str(),
-                crate::text::human_duration(started.elapsed())
-            );
+                human_duration(started.elapsed())
+            ));
         }
         entries.push((key, entry));
     }
@@ -396,7 +411,9 @@ async fn take_in_order(
 }
 
 /// Waits until nothing stands before `key` in its line; says whether it had
-/// to wait. Sleeps on a watch of the last key in the way, never polls.
+/// to wait. Sleeps on a watch of the last key in the way, never polls. etcd
+/// failing meanwhile is retried: the lease's own deadline decides when the
+/// wait is lost.
 async fn wait_turn(
     settings: &Settings,
     client: &mut Client,
@@ -404,25 +421,51 @@ async fn wait_turn(
     key: &str,
     joined: (Vec<Place>, i64),
     deadline: Option<Instant>,
+    say: &dyn Fn(String),
 ) -> Result<bool> {
     let config = &settings.config;
     let name = request.resource.as_str();
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
     let mut read = Some(joined);
+    let mut trouble_said = false;
     loop {
+        let gave_up = |why: String| {
+            coded(
+                settings.conflict_code,
+                format!(
+                    "gave up on {name} after {}: {why}",
+                    human_duration(started.elapsed())
+                ),
+            )
+        };
         let (line, revision) = match read.take() {
             Some(line) => line,
-            None => {
-                config
-                    .ask("reading the line", line_of(client, &request.resource))
-                    .await?
-            }
+            None => match config
+                .ask("reading the line", line_of(client, &request.resource))
+                .await
+            {
+                Ok(line) => line,
+                Err(e) if exit_code_of(&e) == ExitCode::EtcdUnreachable => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(gave_up(format!("{e:#}")));
+                    }
+                    if !trouble_said {
+                        say(format!("devlock: {e:#}; still waiting for {name}"));
+                        trouble_said = true;
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
         };
         let Some(index) = line.iter().position(|p| p.key == key) else {
             return Err(coded(
                 ExitCode::EtcdUnreachable,
-                format!("our place in line for {name} vanished from etcd (the lease expired)"),
+                format!(
+                    "our place in line for {name} is gone from etcd (the key or its lease was removed); nothing ran"
+                ),
             ));
         };
         let in_the_way = blockers(&line, index);
@@ -437,13 +480,7 @@ async fn wait_turn(
             ));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(coded(
-                settings.conflict_code,
-                format!(
-                    "gave up on {name} after {}: held by {who}",
-                    crate::text::human_duration(started.elapsed())
-                ),
-            ));
+            return Err(gave_up(format!("held by {who}")));
         }
         let report_due = last_report.is_none_or(|t| t.elapsed() >= settings.report_every);
         if report_due {
@@ -453,40 +490,44 @@ async fn wait_turn(
                     None => String::new(),
                     Some(_) => format!(" (waiting {})", short_duration(started.elapsed())),
                 };
-                eprintln!(
+                say(format!(
                     "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited}"
-                );
+                ));
             }
             last_report = Some(Instant::now());
         }
         let watched = last.key.clone();
-        let next_report = last_report.unwrap_or_else(Instant::now) + settings.report_every;
+        let next_report = last_report
+            .and_then(|t| t.checked_add(settings.report_every))
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let until = deadline.map_or(next_report, |d| d.min(next_report));
         // The watch starts after the revision the line was read at, so a
-        // delete between the read and the watch is not missed.
+        // delete between the read and the watch is not missed. Whatever
+        // ends it, the line is read again: our own key may be gone too.
         let options = WatchOptions::new().with_start_revision(revision + 1);
         let watch = async {
             let mut stream = client.watch(watched, Some(options)).await?;
             while let Some(response) = stream.message().await? {
-                if response.canceled() {
-                    return Ok(false);
-                }
-                if response
+                let gone = response
                     .events()
                     .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    return Ok(true);
+                    .any(|e| e.event_type() == EventType::Delete);
+                if gone || response.canceled() {
+                    break;
                 }
             }
-            Ok::<_, etcd_client::Error>(false)
+            Ok::<_, etcd_client::Error>(())
         };
-        match tokio::time::timeout_at(until.into(), watch).await {
-            // The only key in the way is gone; keys created since come
-            // after ours, so the line need not be read again.
-            Ok(Ok(true)) if in_the_way.len() == 1 => return Ok(true),
-            Ok(Ok(_)) | Err(_) => {}
-            Ok(Err(e)) => return Err(config.failure("watching the line", e)),
+        if let Ok(Err(e)) = tokio::time::timeout_at(until.into(), watch).await {
+            let e = config.failure("watching the line", e);
+            if exit_code_of(&e) != ExitCode::EtcdUnreachable {
+                return Err(e);
+            }
+            if !trouble_said {
+                say(format!("devlock: {e:#}; still waiting for {name}"));
+                trouble_said = true;
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 }
@@ -518,144 +559,4 @@ fn describe_holders(line: &[Place]) -> String {
 /// lease runs out by itself.
 async fn revoke(client: &mut Client, lease: i64) {
     let _ = tokio::time::timeout(RELEASE_TIMEOUT, client.lease_revoke(lease)).await;
-}
-
-/// Renews the lease every third of its TTL. A renewal counts from when it
-/// was sent: etcd restarted the TTL no earlier than that. When no renewal is
-/// confirmed in time to stop the command before the lease could expire,
-/// marks the lease lost and stops the command.
-async fn keep(mut client: Client, lease: i64, ttl: Duration, shared: Arc<Shared>) {
-    let renew_every = ttl / 3;
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
-    let mut next_renew = Instant::now() + renew_every;
-    let mut last_error = "no answer".to_owned();
-    let mut last_confirmed = Instant::now();
-    loop {
-        let confirmed_until = *shared.confirmed_until.lock().unwrap();
-        let term_at = confirmed_until
-            .checked_sub(shared.kill_after + GUARD)
-            .unwrap_or(confirmed_until);
-        if Instant::now() >= term_at {
-            break;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(next_renew.min(term_at).into()) => {}
-            _ = shared.release_notify.notified() => return,
-        }
-        if Instant::now() >= term_at {
-            break;
-        }
-        let sent = Instant::now();
-        let attempt_until = term_at.min(sent + renew_every.max(Duration::from_millis(500)));
-        let attempt = async {
-            if stream.is_none() {
-                stream = Some(client.lease_keep_alive(lease).await?);
-            }
-            let (keeper, responses) = stream.as_mut().expect("just made");
-            keeper.keep_alive().await?;
-            responses.message().await
-        };
-        match tokio::time::timeout_at(attempt_until.into(), attempt).await {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => {
-                let granted = Duration::from_secs(response.ttl() as u64);
-                *shared.confirmed_until.lock().unwrap() = sent + ttl.min(granted);
-                last_confirmed = sent;
-                next_renew = sent + renew_every;
-            }
-            Ok(Ok(Some(_))) => {
-                last_error = "etcd says the lease no longer exists".to_owned();
-                *shared.confirmed_until.lock().unwrap() = Instant::now();
-                break;
-            }
-            outcome => {
-                last_error = match outcome {
-                    Ok(Err(e)) => super::innermost(&e),
-                    Ok(Ok(None)) => "the renewal stream closed".to_owned(),
-                    _ => "no answer".to_owned(),
-                };
-                stream = None;
-                next_renew = Instant::now() + Duration::from_millis(200);
-            }
-        }
-    }
-    let why = format!(
-        "lost the etcd lease: no renewal confirmed for {} ({last_error})",
-        crate::text::human_duration(last_confirmed.elapsed())
-    );
-    *shared.lost.lock().unwrap() = Some(why);
-    shared.lost_notify.notify_waiters();
-    stop_command(shared).await;
-}
-
-/// SIGTERM to the command, then SIGKILL to it and everything under it, both
-/// before etcd could let the lease expire and admit someone else.
-async fn stop_command(shared: Arc<Shared>) {
-    let Some((pid, pidfd)) = *shared.child.lock().unwrap() else {
-        return;
-    };
-    let kill_at = shared
-        .confirmed_until
-        .lock()
-        .unwrap()
-        .checked_sub(GUARD)
-        .unwrap_or_else(Instant::now);
-    let why = shared.lost().unwrap_or_default();
-    eprintln!(
-        "devlock: {why}; stopping the command before the lock can pass on: SIGTERM now, SIGKILL in {}",
-        crate::text::human_duration(kill_at.saturating_duration_since(Instant::now()))
-    );
-    signal_child(pid, pidfd, libc::SIGTERM);
-    tokio::time::sleep_until(kill_at.into()).await;
-    for descendant in descendants(pid) {
-        // SAFETY: plain kill; a pid gone meanwhile gets ESRCH.
-        unsafe { libc::kill(descendant as libc::pid_t, libc::SIGKILL) };
-    }
-    signal_child(pid, pidfd, libc::SIGKILL);
-}
-
-fn signal_child(pid: u32, pidfd: Option<i32>, signal: libc::c_int) {
-    // SAFETY: pidfd_send_signal on a pidfd we own names exactly our child,
-    // even after it has been reaped; kill(2) is the fallback.
-    unsafe {
-        match pidfd {
-            Some(fd) => {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd,
-                    signal,
-                    std::ptr::null::<()>(),
-                    0,
-                );
-            }
-            None => {
-                libc::kill(pid as libc::pid_t, signal);
-            }
-        }
-    }
-}
-
-/// Every process under `root`, from /proc's parent links.
-fn descendants(root: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let links: Vec<(u32, u32)> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((pid, procfs::parent_pid(pid)?)))
-        .collect();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            links
-                .iter()
-                .filter(|&&(_, pp)| pp == parent)
-                .map(|&(p, _)| p),
-        );
-        i += 1;
-    }
-    found.remove(0);
-    found
 }

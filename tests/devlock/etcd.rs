@@ -234,19 +234,41 @@ fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() 
     );
 }
 
+/// A shell test for "every pid in FILES is gone (or a zombie)", written to
+/// `verdict` by the next holder as its first act.
+fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path::Path) -> String {
+    let checks: Vec<String> = pid_files
+        .iter()
+        .map(|f| {
+            let pid = std::fs::read_to_string(f).unwrap().trim().to_owned();
+            format!("{{ [ -d /proc/{pid} ] && ! grep -q '^State:.*Z' /proc/{pid}/status; }}")
+        })
+        .collect();
+    format!(
+        "if {}; then echo overlap; else echo clean; fi > {}",
+        checks.join(" || "),
+        verdict.display()
+    )
+}
+
 /// The holder talks to etcd through a proxy that the test cuts: its
-/// command must be dead before the waiter (on the direct address) starts.
+/// command, and what the command left running, must be dead before the
+/// waiter (on the direct address) starts.
 #[test]
-fn etcd_holder_cut_off_stops_its_command_before_the_next_one_starts() {
+fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     let (_server, url) = shared_etcd();
     let proxy = Proxy::to(&url);
     let s = Scratch::new();
     let r = name("cut");
-    let pid_file = s.work("pid");
-    // The command ignores SIGTERM, so only the SIGKILL after --kill-after ends it.
+    let (shell, orphan) = (s.work("shell"), s.work("orphan"));
+    // The shell starts a process that ignores SIGTERM, so only the SIGKILL
+    // after --kill-after ends it, and that the shell leaves behind when
+    // SIGTERM ends the shell.
     let script = format!(
-        "trap '' TERM; echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
-        p = pid_file.display()
+        "(trap '' TERM; exec sleep 1000) & echo $! > {o}.tmp; mv {o}.tmp {o}; \
+         echo $$ > {p}.tmp; mv {p}.tmp {p}; wait",
+        o = orphan.display(),
+        p = shell.display()
     );
     let holder = spawn(
         &s,
@@ -254,17 +276,9 @@ fn etcd_holder_cut_off_stops_its_command_before_the_next_one_starts() {
         &["--ttl", "3s", "--kill-after", "500ms", &r],
         &script,
     );
-    wait_for_file(&pid_file);
-    let command_pid: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    wait_for_file(&shell);
     let verdict = s.work("verdict");
-    let check = format!(
-        "if [ -d /proc/{command_pid} ] && ! grep -q '^State:.*Z' /proc/{command_pid}/status; then echo overlap; else echo clean; fi > {}",
-        verdict.display()
-    );
+    let check = verdict_script(&[&shell, &orphan], &verdict);
     let mut waiter = spawn(&s, &url, &["-q", &r], &check);
     wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
     proxy.cut();
@@ -272,9 +286,187 @@ fn etcd_holder_cut_off_stops_its_command_before_the_next_one_starts() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(76), "{err}");
     assert!(err.contains("lost the etcd lease"), "{err}");
-    assert!(err.contains("killed by signal 9"), "{err}");
+    assert!(err.contains("stopped (killed by signal 15)"), "{err}");
     assert!(wait_child(&mut waiter).success());
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
+}
+
+/// devlock's stderr is a pipe nobody reads, filled by the command: saying
+/// that the lease is lost must not hold up stopping the command.
+#[test]
+fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
+    use std::io::Read;
+    let (_server, url) = shared_etcd();
+    let proxy = Proxy::to(&url);
+    let s = Scratch::new();
+    let r = name("stderr");
+    let (shell, filler) = (s.work("shell"), s.work("filler"));
+    let script = format!(
+        "head -c 1000000 /dev/zero >&2 & echo $! > {f}.tmp; mv {f}.tmp {f}; \
+         echo $$ > {p}.tmp; mv {p}.tmp {p}; wait",
+        f = filler.display(),
+        p = shell.display()
+    );
+    let mut holder = spawn(
+        &s,
+        &proxy.url,
+        &["--ttl", "3s", "--kill-after", "500ms", &r],
+        &script,
+    );
+    wait_for_file(&shell);
+    let filler_pid = std::fs::read_to_string(&filler).unwrap().trim().to_owned();
+    let start = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{filler_pid}/wchan"))
+        .unwrap_or_default()
+        .contains("pipe")
+    {
+        assert!(start.elapsed() < HANG, "the pipe never filled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let verdict = s.work("verdict");
+    let check = verdict_script(&[&shell, &filler], &verdict);
+    let mut waiter = spawn(&s, &url, &["-q", &r], &check);
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    proxy.cut();
+    assert!(wait_child(&mut waiter).success());
+    assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
+    // Only now is the pipe read, and devlock can say why it ended.
+    let mut err = Vec::new();
+    holder.stderr.take().unwrap().read_to_end(&mut err).unwrap();
+    assert_eq!(wait_child(&mut holder).code(), Some(76));
+    assert!(String::from_utf8_lossy(&err).contains("lost the etcd lease"));
+}
+
+#[test]
+fn etcd_what_the_command_leaves_running_keeps_the_lock() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("left");
+    let orphan = s.work("orphan");
+    let script = format!(
+        "sleep 1000 & echo $! > {o}.tmp; mv {o}.tmp {o}",
+        o = orphan.display()
+    );
+    let mut holder = spawn(&s, &url, &[&r], &script);
+    wait_for_file(&orphan);
+    let orphan_pid: u32 = std::fs::read_to_string(&orphan)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let out = run(&s, &url, &["-n", &r, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    signal(orphan_pid, libc::SIGTERM);
+    assert!(wait_child(&mut holder).success());
+    assert_eq!(status(&s, &url, &r)["state"], "free");
+}
+
+#[test]
+fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("removed");
+    let (script, ready) = wait_for_release(&s, "h");
+    let holder = spawn(&s, &url, &[&r], &script);
+    wait_for_file(&ready);
+    let ran = s.work("ran");
+    let waiter = spawn(&s, &url, &["-q", &r], &format!("echo > {}", ran.display()));
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let key = status(&s, &url, &r)["waiters"][0]["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let del = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &url, "del", &key])
+        .output()
+        .expect("etcdctl (Debian package etcd-client)");
+    assert!(del.status.success());
+    release(&s, "h");
+    assert!(holder.wait_with_output().unwrap().status.success());
+    let out = waiter.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(68), "{err}");
+    assert!(err.contains("place in line"), "{err}");
+    assert!(!ran.exists());
+}
+
+#[test]
+fn etcd_waiters_ride_out_an_etcd_restart() {
+    let mut server = EtcdServer::start();
+    let url = server.url.clone();
+    let s = Scratch::new();
+    let r = name("restart");
+    let (script, ready) = wait_for_release(&s, "h");
+    let holder = spawn(&s, &url, &[&r], &script);
+    wait_for_file(&ready);
+    let ran = s.work("ran");
+    let waiter = spawn(&s, &url, &["-q", &r], &format!("echo > {}", ran.display()));
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    server.restart();
+    release(&s, "h");
+    let out = holder.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = waiter.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(ran.exists());
+}
+
+#[test]
+fn etcd_shared_holders_run_together_and_a_waiting_writer_goes_first() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("shared");
+    let (script1, ready1) = wait_for_release(&s, "s1");
+    let (script2, ready2) = wait_for_release(&s, "s2");
+    let s1 = spawn(&s, &url, &["--shared", "--step", "s1", &r], &script1);
+    let s2 = spawn(&s, &url, &["--shared", "--step", "s2", &r], &script2);
+    wait_for_file(&ready1);
+    wait_for_file(&ready2);
+    let order = s.work("order");
+    let append = |tag: &str| format!("echo {tag} >> {}", order.display());
+    let mut writer = spawn(&s, &url, &["-q", "--step", "w", &r], &append("w"));
+    wait_for(&s, &url, &r, "the writer waiting", |v| waiters(v) == 1);
+    let mut reader = spawn(
+        &s,
+        &url,
+        &["-q", "--shared", "--step", "s3", &r],
+        &append("s3"),
+    );
+    wait_for(&s, &url, &r, "a reader behind the writer", |v| {
+        waiters(v) == 2
+    });
+    let view = status(&s, &url, &r);
+    assert_eq!(view["state"], "shared", "{view}");
+    assert_eq!(view["waiters"][0]["step"], "w", "{view}");
+    assert_eq!(view["waiters"][1]["step"], "s3", "{view}");
+    // A member holds its group shared: the group alone waits for it.
+    let member = format!("{r}x:0");
+    let out = run(
+        &s,
+        &url,
+        &[&member, "--", BIN, "-n", &format!("{r}x:1"), "--", "true"],
+    );
+    assert!(
+        out.status.success(),
+        "members run side by side: {}",
+        stderr(&out)
+    );
+    release(&s, "s1");
+    release(&s, "s2");
+    assert!(s1.wait_with_output().unwrap().status.success());
+    assert!(s2.wait_with_output().unwrap().status.success());
+    assert!(wait_child(&mut writer).success());
+    assert!(wait_child(&mut reader).success());
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "w\ns3\n");
 }
 
 #[test]

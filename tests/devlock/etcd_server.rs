@@ -14,73 +14,46 @@ use crate::harness::{HANG, signal};
 pub struct EtcdServer {
     child: Child,
     pub url: String,
-    _data: tempfile::TempDir,
+    peer_url: String,
+    data: tempfile::TempDir,
 }
 
 impl EtcdServer {
     /// Starts `etcd` (or `$DEVLOCK_TEST_ETCD_BIN`) and waits for it to say
     /// it serves clients.
     pub fn start() -> EtcdServer {
-        let bin = std::env::var("DEVLOCK_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
         // A free port can be taken between asking and binding: try again.
         for _ in 0..5 {
             let data = tempfile::Builder::new()
                 .prefix("devlock-etcd")
                 .tempdir()
                 .unwrap();
-            let (client, peer) = (free_port(), free_port());
-            let url = format!("http://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let spawned = Command::new(&bin)
-                .args(["--name", "test", "--data-dir"])
-                .arg(data.path())
-                .args([
-                    "--listen-client-urls",
-                    &url,
-                    "--advertise-client-urls",
-                    &url,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer_url,
-                    "--initial-advertise-peer-urls",
-                    &peer_url,
-                ])
-                .args(["--initial-cluster", &format!("test={peer_url}")])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn();
-            let mut child = spawned.unwrap_or_else(|e| {
-                panic!("cannot start {bin}: {e}; install etcd-server or set DEVLOCK_TEST_ETCD_BIN")
-            });
-            let mut log = BufReader::new(child.stderr.take().unwrap());
-            let start = Instant::now();
-            let mut seen = String::new();
-            let ready = loop {
-                let mut line = String::new();
-                if log.read_line(&mut line).unwrap_or(0) == 0 {
-                    break false;
-                }
-                seen.push_str(&line);
-                if line.contains("ready to serve client requests") {
-                    break true;
-                }
-                assert!(start.elapsed() < HANG, "etcd did not start: {seen}");
-            };
-            if !ready {
-                let _ = child.wait();
-                continue;
+            let url = format!("http://127.0.0.1:{}", free_port());
+            let peer_url = format!("http://127.0.0.1:{}", free_port());
+            if let Some(child) = spawn_etcd(&url, &peer_url, data.path()) {
+                return EtcdServer {
+                    child,
+                    url,
+                    peer_url,
+                    data,
+                };
             }
-            // Keep reading so etcd never blocks on a full pipe.
-            std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
-            return EtcdServer {
-                child,
-                url,
-                _data: data,
-            };
         }
         panic!("etcd would not start on a free port");
+    }
+
+    /// Kills the server and starts it again on the same ports and data, as
+    /// an etcd restart looks to its clients.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let start = Instant::now();
+        self.child = loop {
+            if let Some(child) = spawn_etcd(&self.url, &self.peer_url, self.data.path()) {
+                break child;
+            }
+            assert!(start.elapsed() < HANG, "etcd would not restart");
+        };
     }
 
     /// SIGSTOP: the server keeps its sockets but answers nothing.
@@ -98,6 +71,44 @@ impl Drop for EtcdServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts etcd and waits for "ready to serve client requests"; None if it
+/// exited first (its port was taken).
+fn spawn_etcd(url: &str, peer_url: &str, data: &std::path::Path) -> Option<Child> {
+    let bin = std::env::var("DEVLOCK_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
+    let mut child = Command::new(&bin)
+        .args(["--name", "test", "--data-dir"])
+        .arg(data)
+        .args(["--listen-client-urls", url, "--advertise-client-urls", url])
+        .args(["--listen-peer-urls", peer_url])
+        .args(["--initial-advertise-peer-urls", peer_url])
+        .args(["--initial-cluster", &format!("test={peer_url}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {bin}: {e}; install etcd-server or set DEVLOCK_TEST_ETCD_BIN")
+        });
+    let mut log = BufReader::new(child.stderr.take().unwrap());
+    let start = Instant::now();
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if log.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.wait();
+            return None;
+        }
+        seen.push_str(&line);
+        if line.contains("ready to serve client requests") {
+            break;
+        }
+        assert!(start.elapsed() < HANG, "etcd did not start: {seen}");
+    }
+    // Keep reading so etcd never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    Some(child)
 }
 
 /// The etcd a test uses: the one `.ci/run` started (`DEVLOCK_TEST_ETCD`), or

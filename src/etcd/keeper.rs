@@ -1,0 +1,256 @@
+//! The lease: renewed every third of its TTL, under a deadline of devlock's
+//! own that stops the work (the command and every process under devlock)
+//! before etcd could let the lease expire and admit someone else.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::sync::Notify;
+
+use crate::procfs;
+use crate::text::human_duration;
+
+/// Slack kept between SIGKILL and the earliest moment etcd could let the
+/// lease expire: this thread waking late on a busy machine, the kill
+/// reaching every process, clocks ticking at slightly different rates.
+pub const GUARD: Duration = Duration::from_secs(1);
+
+/// Time on CLOCK_BOOTTIME, which keeps counting while the machine sleeps (a
+/// suspended machine's lease runs out on the server all the same).
+pub fn boot_now() -> Duration {
+    // SAFETY: clock_gettime fills the timespec.
+    let ts = unsafe {
+        let mut ts = std::mem::zeroed::<libc::timespec>();
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+        ts
+    };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// What the renewals, the waiting code and the main thread share.
+pub struct LeaseState {
+    ttl: Duration,
+    kill_after: Duration,
+    /// Boot time until which etcd cannot have let the lease expire.
+    confirmed_until: Mutex<Duration>,
+    lost: Mutex<Option<String>>,
+    lost_flag: AtomicBool,
+    lost_notify: Notify,
+    released: Notify,
+    /// The command's pidfd once it runs (None inside: no pidfd available).
+    command: Mutex<Option<Option<i32>>>,
+}
+
+impl LeaseState {
+    /// A lease of `ttl` whose grant request was sent at boot time `sent`.
+    pub fn new(ttl: Duration, kill_after: Duration, sent: Duration) -> Arc<LeaseState> {
+        Arc::new(LeaseState {
+            ttl,
+            kill_after,
+            confirmed_until: Mutex::new(sent + ttl),
+            lost: Mutex::new(None),
+            lost_flag: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+            released: Notify::new(),
+            command: Mutex::new(None),
+        })
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost_flag.load(Ordering::SeqCst)
+    }
+
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.lock().unwrap().clone()
+    }
+
+    /// Resolves once the lease is lost, with the reason.
+    pub async fn wait_lost(&self) -> String {
+        loop {
+            let notified = self.lost_notify.notified();
+            if let Some(why) = self.lost_reason() {
+                return why;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stops the renewals: the lease is being given back.
+    pub fn release(&self) {
+        self.released.notify_one();
+    }
+
+    /// The command runs: from now on a lost lease stops it.
+    pub fn command_started(self: &Arc<Self>, pidfd: Option<i32>) {
+        *self.command.lock().unwrap() = Some(pidfd);
+        if self.is_lost() {
+            tokio::spawn(stop_work(self.clone()));
+        }
+    }
+
+    fn mark_lost(&self, why: String) {
+        *self.lost.lock().unwrap() = Some(why);
+        self.lost_flag.store(true, Ordering::SeqCst);
+        self.lost_notify.notify_waiters();
+    }
+}
+
+/// Renews the lease every third of its TTL. A renewal counts from when it
+/// was sent: etcd restarted the TTL no earlier than that. When no renewal is
+/// confirmed in time to stop the work before the lease could expire, marks
+/// the lease lost and stops the work.
+pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
+    let renew_every = state.ttl / 3;
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let mut next_renew = boot_now() + renew_every;
+    let mut last_error = "no answer".to_owned();
+    let mut last_confirmed = boot_now();
+    loop {
+        let confirmed_until = *state.confirmed_until.lock().unwrap();
+        let term_at = confirmed_until.saturating_sub(state.kill_after + GUARD);
+        if boot_now() >= term_at {
+            break;
+        }
+        let wake = next_renew.min(term_at);
+        tokio::select! {
+            _ = tokio::time::sleep(wake.saturating_sub(boot_now())) => {}
+            _ = state.released.notified() => return,
+        }
+        let sent = boot_now();
+        if sent >= term_at {
+            break;
+        }
+        if sent < next_renew {
+            continue;
+        }
+        let attempt_for = (term_at - sent).min(renew_every.max(Duration::from_millis(500)));
+        let attempt = async {
+            if stream.is_none() {
+                stream = Some(client.lease_keep_alive(lease).await?);
+            }
+            let (keeper, responses) = stream.as_mut().expect("just made");
+            keeper.keep_alive().await?;
+            responses.message().await
+        };
+        match tokio::time::timeout(attempt_for, attempt).await {
+            Ok(Ok(Some(response))) if response.ttl() > 0 => {
+                let granted = Duration::from_secs(response.ttl() as u64);
+                *state.confirmed_until.lock().unwrap() = sent + state.ttl.min(granted);
+                last_confirmed = sent;
+                next_renew = sent + renew_every;
+            }
+            Ok(Ok(Some(_))) => {
+                last_error = "etcd says the lease no longer exists".to_owned();
+                break;
+            }
+            Ok(Err(etcd_client::Error::GRpcStatus(status)))
+                if status.message().contains("lease not found") =>
+            {
+                last_error = "etcd says the lease no longer exists".to_owned();
+                break;
+            }
+            outcome => {
+                last_error = match outcome {
+                    Ok(Err(e)) => super::innermost(&e),
+                    Ok(Ok(None)) => "the renewal stream closed".to_owned(),
+                    _ => "no answer".to_owned(),
+                };
+                stream = None;
+                next_renew = boot_now() + Duration::from_millis(200);
+            }
+        }
+    }
+    state.mark_lost(format!(
+        "lost the etcd lease: no renewal confirmed for {} ({last_error})",
+        human_duration(boot_now().saturating_sub(last_confirmed))
+    ));
+    stop_work(state).await;
+}
+
+/// SIGTERM to the command and every process under devlock, then SIGKILL to
+/// all of them, both before etcd could let the lease expire. devlock is a
+/// child subreaper, so what the command started stays under it.
+async fn stop_work(state: Arc<LeaseState>) {
+    let Some(pidfd) = *state.command.lock().unwrap() else {
+        return;
+    };
+    let kill_at = state.confirmed_until.lock().unwrap().saturating_sub(GUARD);
+    signal_work(pidfd, libc::SIGTERM);
+    // Said after the signal, on a thread of its own: a stderr nobody reads
+    // must not hold up the kill.
+    let message = format!(
+        "devlock: {}; stopping the command before the lock can pass on: SIGTERM sent, SIGKILL in {}",
+        state.lost_reason().unwrap_or_default(),
+        human_duration(kill_at.saturating_sub(boot_now()))
+    );
+    std::thread::spawn(move || eprintln!("{message}"));
+    tokio::time::sleep(kill_at.saturating_sub(boot_now())).await;
+    signal_work(pidfd, libc::SIGKILL);
+}
+
+fn signal_work(pidfd: Option<i32>, signal: libc::c_int) {
+    // SAFETY: pidfd_send_signal on a pidfd we own names exactly our command,
+    // even once reaped; kill(2) on processes under us, which stay ours
+    // until reaped.
+    unsafe {
+        if let Some(fd) = pidfd {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                signal,
+                std::ptr::null::<()>(),
+                0,
+            );
+        }
+        for pid in descendants(std::process::id()) {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    }
+}
+
+/// Every process under `root`, from /proc's parent links.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let links: Vec<(u32, u32)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, procfs::parent_pid(pid)?)))
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            links
+                .iter()
+                .filter(|&&(_, pp)| pp == parent)
+                .map(|&(p, _)| p),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_under_its_parent() {
+        let parent = procfs::parent_pid(std::process::id()).unwrap();
+        assert!(descendants(parent).contains(&std::process::id()));
+        assert!(!descendants(std::process::id()).contains(&parent));
+    }
+
+    #[test]
+    fn boot_time_moves_forward() {
+        let a = boot_now();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(boot_now() >= a + Duration::from_millis(5));
+    }
+}
