@@ -2,6 +2,7 @@
 //! lease (see `keeper`). The main thread waits for signals, says what the
 //! session reports, and supervises the command.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -461,17 +462,12 @@ async fn wait_turn(
             },
         };
         let Some(index) = line.iter().position(|p| p.key == key) else {
-            return Err(coded(
-                ExitCode::EtcdUnreachable,
-                format!(
-                    "our place in line for {name} is gone from etcd (the key or its lease was removed); nothing ran"
-                ),
-            ));
+            return Err(place_gone(name));
         };
         let in_the_way = blockers(&line, index);
-        let Some(last) = in_the_way.last() else {
+        if in_the_way.is_empty() {
             return Ok(last_report.is_some());
-        };
+        }
         let who = describe_holders(&line);
         if settings.no_wait {
             return Err(coded(
@@ -496,40 +492,82 @@ async fn wait_turn(
             }
             last_report = Some(Instant::now());
         }
-        let watched = last.key.clone();
+        let mut in_the_way: HashSet<String> = in_the_way.iter().map(|p| p.key.clone()).collect();
         let next_report = last_report
             .and_then(|t| t.checked_add(settings.report_every))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let until = deadline.map_or(next_report, |d| d.min(next_report));
-        // The watch starts after the revision the line was read at, so a
-        // delete between the read and the watch is not missed. Whatever
-        // ends it, the line is read again: our own key may be gone too.
-        let options = WatchOptions::new().with_start_revision(revision + 1);
+        // One watch over the whole line, from just after the revision it
+        // was read at: events come in revision order, so nothing between
+        // the read and the watch is missed, and our own key's removal is
+        // seen before anything that happened after it. Keys put later come
+        // after ours and never stand in the way.
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
         let watch = async {
-            let mut stream = client.watch(watched, Some(options)).await?;
+            let mut stream = client
+                .watch(super::resource_prefix(&request.resource), Some(options))
+                .await?;
             while let Some(response) = stream.message().await? {
-                let gone = response
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete);
-                if gone || response.canceled() {
-                    break;
+                if response.canceled() {
+                    return Ok(Turn::ReadAgain);
+                }
+                for event in response.events() {
+                    let Some(kv) = event
+                        .kv()
+                        .filter(|_| event.event_type() == EventType::Delete)
+                    else {
+                        continue;
+                    };
+                    let gone = String::from_utf8_lossy(kv.key());
+                    if gone == key {
+                        return Ok(Turn::Lost);
+                    }
+                    in_the_way.remove(gone.as_ref());
+                }
+                if in_the_way.is_empty() {
+                    return Ok(Turn::Ours);
                 }
             }
-            Ok::<_, etcd_client::Error>(())
+            Ok::<_, etcd_client::Error>(Turn::ReadAgain)
         };
-        if let Ok(Err(e)) = tokio::time::timeout_at(until.into(), watch).await {
-            let e = config.failure("watching the line", e);
-            if exit_code_of(&e) != ExitCode::EtcdUnreachable {
-                return Err(e);
+        match tokio::time::timeout_at(until.into(), watch).await {
+            Ok(Ok(Turn::Ours)) => return Ok(true),
+            Ok(Ok(Turn::Lost)) => return Err(place_gone(name)),
+            Ok(Ok(Turn::ReadAgain)) | Err(_) => {}
+            Ok(Err(e)) => {
+                let e = config.failure("watching the line", e);
+                if exit_code_of(&e) != ExitCode::EtcdUnreachable {
+                    return Err(e);
+                }
+                if !trouble_said {
+                    say(format!("devlock: {e:#}; still waiting for {name}"));
+                    trouble_said = true;
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
-            if !trouble_said {
-                say(format!("devlock: {e:#}; still waiting for {name}"));
-                trouble_said = true;
-            }
-            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
+}
+
+/// How a watch of the line ended.
+enum Turn {
+    /// Nothing stands in the way any more.
+    Ours,
+    /// Our own key was removed.
+    Lost,
+    /// Read the line again (the watch ended or fell behind a compaction).
+    ReadAgain,
+}
+
+fn place_gone(name: &str) -> anyhow::Error {
+    coded(
+        ExitCode::EtcdUnreachable,
+        format!(
+            "our place in line for {name} is gone from etcd (the key or its lease was removed); nothing ran"
+        ),
+    )
 }
 
 /// `step (pid 12 on host, user) for 3s`, for each holder.
