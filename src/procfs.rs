@@ -149,6 +149,12 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat_field(&stat, 22)?.parse().ok()
 }
 
+/// State letter (field 3 of `/proc/PID/stat`): `R`, `S`, `Z`, ...
+pub fn state_of(pid: u32) -> Option<char> {
+    let stat = read_small(format!("/proc/{pid}/stat"))?;
+    stat_field(&stat, 3)?.chars().next()
+}
+
 /// Parent pid (field 4 of `/proc/PID/stat`).
 pub fn parent_pid(pid: u32) -> Option<u32> {
     let stat = read_small(format!("/proc/{pid}/stat"))?;

@@ -161,10 +161,37 @@ impl Child {
         match unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } {
             0 => Ok(None),
             -1 => Err(std::io::Error::last_os_error()),
-            _ if libc::WIFEXITED(status) => Ok(Some(ExitCode::Command(libc::WEXITSTATUS(status)))),
-            _ if libc::WIFSIGNALED(status) => Ok(Some(ExitCode::Signal(libc::WTERMSIG(status)))),
-            _ => Ok(None),
+            _ => Ok(code_of(status)),
         }
+    }
+
+    /// Reaps every child that has ended, the command's status once it is
+    /// among them.
+    fn reap_until_ended(&self) -> std::io::Result<Option<ExitCode>> {
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid on any child of ours.
+            match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
+                0 => return Ok(None),
+                -1 => return Err(std::io::Error::last_os_error()),
+                pid if pid == self.pid => {
+                    if let Some(code) = code_of(status) {
+                        return Ok(Some(code));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn code_of(status: libc::c_int) -> Option<ExitCode> {
+    if libc::WIFEXITED(status) {
+        Some(ExitCode::Command(libc::WEXITSTATUS(status)))
+    } else if libc::WIFSIGNALED(status) {
+        Some(ExitCode::Signal(libc::WTERMSIG(status)))
+    } else {
+        None
     }
 }
 
@@ -256,16 +283,27 @@ pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> 
 /// terminal's Ctrl-C already reached it, and later signals are absorbed, so
 /// the lock stays held until the command has really finished cleaning up.
 pub fn supervise(child: Child, pending: Option<Received>) -> ExitCode {
+    supervise_reaping(child, pending, false).0
+}
+
+/// [`supervise`], also reaping other children as they end when `reap_all`
+/// (devlock as a subreaper collects what the command left behind), and
+/// saying which stopping signal, if any, came meanwhile.
+pub fn supervise_reaping(
+    child: Child,
+    pending: Option<Received>,
+    reap_all: bool,
+) -> (ExitCode, Option<Received>) {
     // The first stopping signal reaches the command once; later ones are
     // absorbed, so a second Ctrl-C or kill does not cut its clean-up short.
-    let mut delivered = false;
+    let mut first = None;
     // SAFETY: getsid and getpid cannot fail for the calling process.
     let session_leader = unsafe { libc::getsid(0) == libc::getpid() };
     let mut on_signal = |sig: Received, child: &Child| {
-        if sig.signo == libc::SIGCHLD || delivered {
+        if sig.signo == libc::SIGCHLD || first.is_some() {
             return;
         }
-        delivered = true;
+        first = Some(sig);
         // The kernel's own signals (a terminal's Ctrl-C) already went to the
         // whole foreground group, command included; the one exception is
         // the hang-up a terminal sends to its session leader alone.
@@ -279,10 +317,15 @@ pub fn supervise(child: Child, pending: Option<Received>) -> ExitCode {
         on_signal(sig, &child);
     }
     loop {
-        match child.try_wait() {
-            Ok(Some(code)) => return code,
+        let ended = if reap_all {
+            child.reap_until_ended()
+        } else {
+            child.try_wait()
+        };
+        match ended {
+            Ok(Some(code)) => return (code, first),
             Ok(None) => {}
-            Err(_) => return ExitCode::GeneralError,
+            Err(_) => return (ExitCode::GeneralError, first),
         }
         if let Some(sig) = wait_signal(None) {
             on_signal(sig, &child);

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
 use crate::procfs;
@@ -16,6 +16,9 @@ use crate::text::human_duration;
 /// lease expire: this thread waking late on a busy machine, the kill
 /// reaching every process, clocks ticking at slightly different rates.
 pub const GUARD: Duration = Duration::from_secs(1);
+
+/// The longest the renewals sleep between looks at the boot clock.
+const MAX_NAP: Duration = Duration::from_millis(250);
 
 /// Time on CLOCK_BOOTTIME, which keeps counting while the machine sleeps (a
 /// suspended machine's lease runs out on the server all the same).
@@ -39,6 +42,10 @@ pub struct LeaseState {
     lost_flag: AtomicBool,
     lost_notify: Notify,
     released: Notify,
+    releasing: AtomicBool,
+    /// Renewals failed (as opposed to a key removed by someone else): etcd
+    /// is not worth asking to revoke.
+    unreachable: AtomicBool,
     /// The command's pidfd once it runs (None inside: no pidfd available).
     command: Mutex<Option<Option<i32>>>,
 }
@@ -54,6 +61,8 @@ impl LeaseState {
             lost_flag: AtomicBool::new(false),
             lost_notify: Notify::new(),
             released: Notify::new(),
+            releasing: AtomicBool::new(false),
+            unreachable: AtomicBool::new(false),
             command: Mutex::new(None),
         })
     }
@@ -77,9 +86,17 @@ impl LeaseState {
         }
     }
 
-    /// Stops the renewals: the lease is being given back.
+    /// Stops the renewals: the lease is being given back (and our keys'
+    /// removal is ours).
     pub fn release(&self) {
+        self.releasing.store(true, Ordering::SeqCst);
+        self.released.notify_waiters();
         self.released.notify_one();
+    }
+
+    /// Whether asking etcd to revoke the lease is worth a try.
+    pub fn etcd_answers(&self) -> bool {
+        !self.unreachable.load(Ordering::SeqCst)
     }
 
     /// The command runs: from now on a lost lease stops it.
@@ -107,15 +124,19 @@ pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
     let mut next_renew = boot_now() + renew_every;
     let mut last_error = "no answer".to_owned();
     let mut last_confirmed = boot_now();
+    let mut gone = false;
     loop {
         let confirmed_until = *state.confirmed_until.lock().unwrap();
         let term_at = confirmed_until.saturating_sub(state.kill_after + GUARD);
         if boot_now() >= term_at {
             break;
         }
+        // Short naps: tokio's clock stops while the machine is suspended,
+        // the boot clock does not, and a resumed machine must notice soon.
         let wake = next_renew.min(term_at);
+        let nap = wake.saturating_sub(boot_now()).min(MAX_NAP);
         tokio::select! {
-            _ = tokio::time::sleep(wake.saturating_sub(boot_now())) => {}
+            _ = tokio::time::sleep(nap) => {}
             _ = state.released.notified() => return,
         }
         let sent = boot_now();
@@ -143,12 +164,12 @@ pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
             }
             Ok(Ok(Some(_))) => {
                 last_error = "etcd says the lease no longer exists".to_owned();
+                gone = true;
                 break;
             }
-            Ok(Err(etcd_client::Error::GRpcStatus(status)))
-                if status.message().contains("lease not found") =>
-            {
+            Ok(Err(e)) if super::innermost(&e).contains("lease not found") => {
                 last_error = "etcd says the lease no longer exists".to_owned();
+                gone = true;
                 break;
             }
             outcome => {
@@ -162,9 +183,58 @@ pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
             }
         }
     }
+    if gone {
+        // The keys are gone already: stop everything at once.
+        *state.confirmed_until.lock().unwrap() = boot_now();
+    } else {
+        state.unreachable.store(true, Ordering::SeqCst);
+    }
     state.mark_lost(format!(
         "lost the etcd lease: no renewal confirmed for {} ({last_error})",
         human_duration(boot_now().saturating_sub(last_confirmed))
+    ));
+    stop_work(state).await;
+}
+
+/// Watches a key this devlock holds: removed by anyone but devlock (a lease
+/// revoked or a key deleted by hand), the lock is free for the next in line
+/// at once, so the work is killed at once.
+pub async fn watch_own_key(
+    mut client: Client,
+    key: String,
+    joined_at: i64,
+    state: Arc<LeaseState>,
+) {
+    let mut from = joined_at + 1;
+    loop {
+        let options = WatchOptions::new().with_start_revision(from);
+        let watched = async {
+            let mut stream = client.watch(key.clone(), Some(options)).await?;
+            while let Some(response) = stream.message().await? {
+                if let Some(header) = response.header() {
+                    from = from.max(header.revision() + 1);
+                }
+                if response
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(true);
+                }
+            }
+            Ok::<_, etcd_client::Error>(false)
+        };
+        if let Ok(true) = watched.await {
+            break;
+        }
+        tokio::time::sleep(MAX_NAP).await;
+    }
+    if state.is_lost() || state.releasing.load(Ordering::SeqCst) {
+        return;
+    }
+    *state.confirmed_until.lock().unwrap() = boot_now();
+    state.mark_lost(format!(
+        "our key {key} was removed from etcd, so the lock is no longer ours"
     ));
     stop_work(state).await;
 }
@@ -186,28 +256,52 @@ async fn stop_work(state: Arc<LeaseState>) {
         human_duration(kill_at.saturating_sub(boot_now()))
     );
     std::thread::spawn(move || eprintln!("{message}"));
-    tokio::time::sleep(kill_at.saturating_sub(boot_now())).await;
-    signal_work(pidfd, libc::SIGKILL);
+    while boot_now() < kill_at {
+        tokio::time::sleep(kill_at.saturating_sub(boot_now()).min(MAX_NAP)).await;
+    }
+    // Again and again until nothing under devlock is alive: a process can
+    // fork between a look at /proc and the kill.
+    for _ in 0..10_000 {
+        signal_work(pidfd, libc::SIGKILL);
+        if live_descendants(std::process::id()).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 fn signal_work(pidfd: Option<i32>, signal: libc::c_int) {
     // SAFETY: pidfd_send_signal on a pidfd we own names exactly our command,
-    // even once reaped; kill(2) on processes under us, which stay ours
-    // until reaped.
-    unsafe {
-        if let Some(fd) = pidfd {
+    // even once reaped.
+    if let Some(fd) = pidfd {
+        unsafe {
             libc::syscall(
                 libc::SYS_pidfd_send_signal,
                 fd,
                 signal,
                 std::ptr::null::<()>(),
                 0,
-            );
-        }
-        for pid in descendants(std::process::id()) {
-            libc::kill(pid as libc::pid_t, signal);
-        }
+            )
+        };
     }
+    signal_descendants(signal);
+}
+
+/// Sends `signal` to every process under devlock.
+pub fn signal_descendants(signal: libc::c_int) {
+    for pid in descendants(std::process::id()) {
+        // SAFETY: plain kill of a process under us (ours until reaped); one
+        // gone meanwhile gets ESRCH.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+    }
+}
+
+/// The processes under `root` that have not ended (zombies left out).
+pub fn live_descendants(root: u32) -> Vec<u32> {
+    descendants(root)
+        .into_iter()
+        .filter(|&pid| procfs::state_of(pid).is_some_and(|state| state != 'Z'))
+        .collect()
 }
 
 /// Every process under `root`, from /proc's parent links.

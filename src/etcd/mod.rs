@@ -74,7 +74,11 @@ impl Config {
             .with_timeout(REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
         if let Some((name, password)) = &self.user {
-            options = options.with_user(name.clone(), password.clone());
+            // Tokens expire (etcd's --auth-token-ttl, 5 minutes by
+            // default); a long hold must still renew and revoke its lease.
+            options = options
+                .with_user(name.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         let connecting = Client::connect(&self.endpoints, Some(options));
         match tokio::time::timeout(REQUEST_TIMEOUT, connecting).await {

@@ -3,20 +3,22 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use super::Config;
-use super::keeper::{GUARD, descendants};
+use super::keeper::{self, GUARD};
 use super::session::{Acquired, Request, Session, Settings};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
 use crate::resource::Resource;
-use crate::supervise;
+use crate::supervise::{self, Received};
 
 /// The shortest TTL etcd grants with its default timing.
 const MIN_TTL: Duration = Duration::from_secs(2);
+/// The longest lease etcd grants (its MaxLeaseTTL).
+const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 
@@ -87,17 +89,18 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         }
     };
     session.started(child.id());
-    let code = supervise::supervise(child, None);
-    wait_for_what_it_left(args.quiet);
+    let (code, signal) = supervise::supervise_reaping(child, None, true);
+    wait_for_what_it_left(signal, kill_after, args.quiet);
     match session.release() {
         None => Ok(code),
         Some(why) => Err(coded(
             ExitCode::LeaseLost,
             format!(
-                "{why}; the command was stopped ({}) because the lock no longer protected it",
+                "{why}; everything under devlock was stopped because the lock no longer \
+                 protected it (the command {})",
                 match code {
-                    ExitCode::Signal(n) => format!("killed by signal {n}"),
-                    other => format!("exit status {}", other.code()),
+                    ExitCode::Signal(n) => format!("was killed by signal {n}"),
+                    other => format!("ended with exit status {}", other.code()),
                 }
             ),
         )),
@@ -106,9 +109,21 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
 
 /// Holds the lock until every process the command started has exited too,
 /// as the inherited descriptor does with the file backend. A stopping
-/// signal sent to devlock meanwhile goes to all of them.
-fn wait_for_what_it_left(quiet: bool) {
+/// signal (the one the command got, or one that comes now, from a process
+/// or a terminal) goes to all of them; a second one, or `kill_after` later,
+/// SIGKILL. A lost lease kills them from the session thread.
+fn wait_for_what_it_left(first: Option<Received>, kill_after: Duration, quiet: bool) {
     let mut said = quiet;
+    let mut signalled: Option<Instant> = None;
+    let forward = |sig: libc::c_int, signalled: &mut Option<Instant>| {
+        if signalled.is_some() {
+            keeper::signal_descendants(libc::SIGKILL);
+        } else {
+            keeper::signal_descendants(sig);
+            *signalled = Some(Instant::now());
+        }
+    };
+    let mut pending_first = first;
     loop {
         let mut status = 0;
         // SAFETY: reaps any child of ours (devlock is their subreaper).
@@ -117,8 +132,11 @@ fn wait_for_what_it_left(quiet: bool) {
             0 => {}
             _ => continue,
         }
+        if let Some(sig) = pending_first.take() {
+            forward(sig.signo, &mut signalled);
+        }
         if !said {
-            let left = descendants(std::process::id());
+            let left = keeper::live_descendants(std::process::id());
             eprintln!(
                 "devlock: the command has exited; holding the lock until what it started has too (pid {})",
                 left.iter()
@@ -128,14 +146,13 @@ fn wait_for_what_it_left(quiet: bool) {
             );
             said = true;
         }
-        if let Some(sig) = supervise::wait_signal(None)
-            && sig.signo != libc::SIGCHLD
-            && sig.from_process
-        {
-            for pid in descendants(std::process::id()) {
-                // SAFETY: plain kill of a process under us.
-                unsafe { libc::kill(pid as libc::pid_t, sig.signo) };
-            }
+        let timeout = signalled.map(|t| kill_after.saturating_sub(t.elapsed()));
+        if timeout.is_some_and(|t| t.is_zero()) {
+            keeper::signal_descendants(libc::SIGKILL);
+        }
+        match supervise::wait_signal(timeout.filter(|t| !t.is_zero())) {
+            Some(sig) if sig.signo != libc::SIGCHLD => forward(sig.signo, &mut signalled),
+            _ => {}
         }
     }
 }
@@ -180,17 +197,22 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
     }
     let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
-    if ttl < MIN_TTL {
-        return usage(format!("--ttl must be at least {}s", MIN_TTL.as_secs()));
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return usage(format!(
+            "--ttl must be between {}s and {}s",
+            MIN_TTL.as_secs(),
+            MAX_TTL.as_secs()
+        ));
     }
-    if kill_after + GUARD + ttl / 3 > ttl {
+    let needed = kill_after.checked_add(GUARD + ttl / 3);
+    if needed.is_none_or(|needed| needed > ttl) {
         return usage(format!(
             "--ttl {} is too short for --kill-after {}: the TTL must cover the kill grace, \
-             {}s of slack and a third of itself (try --ttl {}s)",
+             {}s of slack and a third of itself (try --ttl {:.0}s)",
             humantime::format_duration(ttl),
             humantime::format_duration(kill_after),
             GUARD.as_secs(),
-            ((kill_after + GUARD).as_secs_f64() * 1.5).ceil() as u64
+            ((kill_after.as_secs_f64() + GUARD.as_secs_f64()) * 1.5).ceil()
         ));
     }
     Ok((ttl, kill_after))
@@ -253,6 +275,8 @@ mod tests {
         assert!(margins(&["--ttl", "3s", "--kill-after", "2s"]).is_err());
         assert!(margins(&["--ttl", "1s", "--kill-after", "0s"]).is_err());
         assert!(margins(&["--any", "r2"]).is_err());
+        assert!(margins(&["--kill-after", "18446744073709551615s"]).is_err());
+        assert!(margins(&["--ttl", "1000years"]).is_err());
     }
 
     #[test]

@@ -262,6 +262,14 @@ async fn run_session(
         Ok(Acquired::Taken),
         Some(state.clone()),
     ));
+    for (key, _, joined_at) in &entries {
+        tokio::spawn(keeper::watch_own_key(
+            client.clone(),
+            key.clone(),
+            *joined_at,
+            state.clone(),
+        ));
+    }
 
     let mut labelling = None;
     while let Some(message) = rx.recv().await {
@@ -273,7 +281,7 @@ async fn run_session(
                 let mut labeller = client.clone();
                 let labels: Vec<(String, Vec<u8>)> = entries
                     .iter_mut()
-                    .map(|(key, entry)| {
+                    .map(|(key, entry, _)| {
                         entry.child = Some(pid);
                         (
                             key.clone(),
@@ -298,7 +306,7 @@ async fn run_session(
     }
     state.release();
     let lost = state.lost_reason();
-    if lost.is_none() {
+    if state.etcd_answers() {
         revoke(&mut client, lease).await;
     }
     report(FromSession::Released { lost });
@@ -366,7 +374,7 @@ async fn take_in_order(
     client: &mut Client,
     lease: i64,
     requests: &[Request],
-    entries: &mut Vec<(String, Entry)>,
+    entries: &mut Vec<(String, Entry, i64)>,
     say: &dyn Fn(String),
 ) -> Result<()> {
     let config = &settings.config;
@@ -397,6 +405,7 @@ async fn take_in_order(
             )
             .await?;
         let started = Instant::now();
+        let joined_at = joined.1;
         let waited = wait_turn(settings, client, request, &key, joined, deadline, say).await?;
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
@@ -406,7 +415,7 @@ async fn take_in_order(
                 human_duration(started.elapsed())
             ));
         }
-        entries.push((key, entry));
+        entries.push((key, entry, joined_at));
     }
     Ok(())
 }

@@ -286,7 +286,7 @@ fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(76), "{err}");
     assert!(err.contains("lost the etcd lease"), "{err}");
-    assert!(err.contains("stopped (killed by signal 15)"), "{err}");
+    assert!(err.contains("the command was killed by signal 15"), "{err}");
     assert!(wait_child(&mut waiter).success());
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
 }
@@ -356,9 +356,59 @@ fn etcd_what_the_command_leaves_running_keeps_the_lock() {
         .unwrap();
     let out = run(&s, &url, &["-n", &r, "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    signal(orphan_pid, libc::SIGTERM);
+    // A stopping signal to devlock now reaches what is left.
+    signal(holder.id(), libc::SIGTERM);
     assert!(wait_child(&mut holder).success());
+    wait_gone(orphan_pid);
     assert_eq!(status(&s, &url, &r)["state"], "free");
+}
+
+/// Somebody revokes the holder's lease: etcd frees the lock at once, so the
+/// command (which ignores SIGTERM) must be killed at once, not at the next
+/// renewal or the holder's own deadline.
+#[test]
+fn etcd_a_revoked_lease_stops_the_command_at_once() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("revoked");
+    let shell = s.work("shell");
+    let script = format!(
+        "trap '' TERM; echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = shell.display()
+    );
+    // Renewals 200s apart: only a watch of its own key can tell devlock
+    // within the test's hang bound.
+    let mut holder = spawn(&s, &url, &["--ttl", "600s", &r], &script);
+    wait_for_file(&shell);
+    let command_pid: u32 = std::fs::read_to_string(&shell)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut waiter = spawn(&s, &url, &["-q", &r], "true");
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let lease = status(&s, &url, &r)["holders"][0]["lease"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let revoke = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &url, "lease", "revoke", &lease])
+        .output()
+        .expect("etcdctl (Debian package etcd-client)");
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    // The waiter may start in the same instant: a lock revoked by hand is
+    // broken, and only how fast devlock reacts is up to devlock.
+    assert_eq!(wait_child(&mut holder).code(), Some(76));
+    wait_gone(command_pid);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("was removed from etcd"), "{err}");
+    assert!(wait_child(&mut waiter).success());
 }
 
 #[test]
@@ -616,7 +666,9 @@ fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
 
 #[test]
 fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
-    let server = EtcdServer::start();
+    // Tokens that expire after a second: a hold that outlives its token
+    // must still renew and give back its lease.
+    let server = EtcdServer::start_with(&["--auth-token-ttl", "1"]);
     let url = server.url.clone();
     let etcdctl = |args: &[&str]| {
         let out = Command::new("etcdctl")
@@ -659,6 +711,34 @@ fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
         .output()
         .unwrap();
     assert_eq!(stdout(&out), "in\n", "{}", stderr(&out));
+
+    // Waiting for etcd's own token timeout is the point here: no handshake
+    // can stand in for the clock of another process.
+    let out = devlock(&s, &url)
+        .env("DEVLOCK_ETCD_USER", "root:rootpw")
+        .args([
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "500ms",
+            "r",
+            "--",
+            "sleep",
+            "2.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = devlock(&s, &url)
+        .env("DEVLOCK_ETCD_USER", "root:rootpw")
+        .args(["status", "--json", "r"])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json["resources"][0]["state"], "free",
+        "the lease was given back: {json}"
+    );
 }
 
 fn nix_hostname() -> String {

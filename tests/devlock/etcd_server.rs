@@ -16,12 +16,19 @@ pub struct EtcdServer {
     pub url: String,
     peer_url: String,
     data: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
 impl EtcdServer {
     /// Starts `etcd` (or `$DEVLOCK_TEST_ETCD_BIN`) and waits for it to say
     /// it serves clients.
     pub fn start() -> EtcdServer {
+        EtcdServer::start_with(&[])
+    }
+
+    /// [`EtcdServer::start`] with more flags for etcd.
+    pub fn start_with(extra: &[&str]) -> EtcdServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // A free port can be taken between asking and binding: try again.
         for _ in 0..5 {
             let data = tempfile::Builder::new()
@@ -30,12 +37,13 @@ impl EtcdServer {
                 .unwrap();
             let url = format!("http://127.0.0.1:{}", free_port());
             let peer_url = format!("http://127.0.0.1:{}", free_port());
-            if let Some(child) = spawn_etcd(&url, &peer_url, data.path()) {
+            if let Some(child) = spawn_etcd(&url, &peer_url, data.path(), &extra) {
                 return EtcdServer {
                     child,
                     url,
                     peer_url,
                     data,
+                    extra,
                 };
             }
         }
@@ -49,7 +57,9 @@ impl EtcdServer {
         let _ = self.child.wait();
         let start = Instant::now();
         self.child = loop {
-            if let Some(child) = spawn_etcd(&self.url, &self.peer_url, self.data.path()) {
+            if let Some(child) =
+                spawn_etcd(&self.url, &self.peer_url, self.data.path(), &self.extra)
+            {
                 break child;
             }
             assert!(start.elapsed() < HANG, "etcd would not restart");
@@ -75,7 +85,12 @@ impl Drop for EtcdServer {
 
 /// Starts etcd and waits for "ready to serve client requests"; None if it
 /// exited first (its port was taken).
-fn spawn_etcd(url: &str, peer_url: &str, data: &std::path::Path) -> Option<Child> {
+fn spawn_etcd(
+    url: &str,
+    peer_url: &str,
+    data: &std::path::Path,
+    extra: &[String],
+) -> Option<Child> {
     let bin = std::env::var("DEVLOCK_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
     let mut child = Command::new(&bin)
         .args(["--name", "test", "--data-dir"])
@@ -84,6 +99,7 @@ fn spawn_etcd(url: &str, peer_url: &str, data: &std::path::Path) -> Option<Child
         .args(["--listen-peer-urls", peer_url])
         .args(["--initial-advertise-peer-urls", peer_url])
         .args(["--initial-cluster", &format!("test={peer_url}")])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
