@@ -211,23 +211,33 @@ pub async fn watch_own_key(
         let watched = async {
             let mut stream = client.watch(key.clone(), Some(options)).await?;
             while let Some(response) = stream.message().await? {
-                if let Some(header) = response.header() {
-                    from = from.max(header.revision() + 1);
+                if response.canceled() {
+                    // Compacted past `from`: ask for the key itself.
+                    return Ok(Watched::Ended);
                 }
-                if response
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    return Ok(true);
+                for event in response.events() {
+                    if event.event_type() == EventType::Delete {
+                        return Ok(Watched::Deleted);
+                    }
+                    if let Some(kv) = event.kv() {
+                        from = from.max(kv.mod_revision() + 1);
+                    }
                 }
             }
-            Ok::<_, etcd_client::Error>(false)
+            Ok::<_, etcd_client::Error>(Watched::Ended)
         };
-        if let Ok(true) = watched.await {
-            break;
+        match watched.await {
+            Ok(Watched::Deleted) => break,
+            Ok(Watched::Ended) => match client.get(key.clone(), None).await {
+                Ok(response) if response.kvs().is_empty() => break,
+                Ok(response) => {
+                    let read_at = response.header().map_or(from - 1, |h| h.revision());
+                    from = from.max(read_at + 1);
+                }
+                Err(_) => tokio::time::sleep(MAX_NAP).await,
+            },
+            Err(_) => tokio::time::sleep(MAX_NAP).await,
         }
-        tokio::time::sleep(MAX_NAP).await;
     }
     if state.is_lost() || state.releasing.load(Ordering::SeqCst) {
         return;
@@ -237,6 +247,11 @@ pub async fn watch_own_key(
         "our key {key} was removed from etcd, so the lock is no longer ours"
     ));
     stop_work(state).await;
+}
+
+enum Watched {
+    Deleted,
+    Ended,
 }
 
 /// SIGTERM to the command and every process under devlock, then SIGKILL to
@@ -260,13 +275,16 @@ async fn stop_work(state: Arc<LeaseState>) {
         tokio::time::sleep(kill_at.saturating_sub(boot_now()).min(MAX_NAP)).await;
     }
     // Again and again until nothing under devlock is alive: a process can
-    // fork between a look at /proc and the kill.
-    for _ in 0..10_000 {
+    // fork between a look at /proc and the kill. Backing off, so one stuck
+    // in the kernel does not cost a core.
+    let mut nap = Duration::from_millis(1);
+    for _ in 0..1000 {
         signal_work(pidfd, libc::SIGKILL);
         if live_descendants(std::process::id()).is_empty() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(nap).await;
+        nap = (nap * 2).min(MAX_NAP);
     }
 }
 
@@ -289,7 +307,17 @@ fn signal_work(pidfd: Option<i32>, signal: libc::c_int) {
 
 /// Sends `signal` to every process under devlock.
 pub fn signal_descendants(signal: libc::c_int) {
+    signal_descendants_outside(signal, None);
+}
+
+/// Sends `signal` to every process under devlock but those in process
+/// group `skip` (which a terminal's signal has reached already).
+pub fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>) {
     for pid in descendants(std::process::id()) {
+        // SAFETY: getpgid on any pid; -1 if it is gone.
+        if skip.is_some_and(|group| unsafe { libc::getpgid(pid as libc::pid_t) } == group) {
+            continue;
+        }
         // SAFETY: plain kill of a process under us (ours until reaped); one
         // gone meanwhile gets ESRCH.
         unsafe { libc::kill(pid as libc::pid_t, signal) };

@@ -90,7 +90,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     };
     session.started(child.id());
     let (code, signal) = supervise::supervise_reaping(child, None, true);
-    wait_for_what_it_left(signal, kill_after, args.quiet);
+    wait_for_what_it_left(signal, kill_after, args.quiet, &|| session.lease_lost());
     match session.release() {
         None => Ok(code),
         Some(why) => Err(coded(
@@ -109,21 +109,30 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
 
 /// Holds the lock until every process the command started has exited too,
 /// as the inherited descriptor does with the file backend. A stopping
-/// signal (the one the command got, or one that comes now, from a process
-/// or a terminal) goes to all of them; a second one, or `kill_after` later,
-/// SIGKILL. A lost lease kills them from the session thread.
-fn wait_for_what_it_left(first: Option<Received>, kill_after: Duration, quiet: bool) {
-    let mut said = quiet;
+/// signal goes to all of them (one from a terminal only to those it did not
+/// reach, outside devlock's process group), the one the command got
+/// included; a second one, or `kill_after` later, SIGKILL. A lost lease
+/// kills them from the session thread.
+fn wait_for_what_it_left(
+    first: Option<Received>,
+    kill_after: Duration,
+    quiet: bool,
+    lease_lost: &dyn Fn() -> bool,
+) {
+    // SAFETY: getpgrp cannot fail.
+    let own_group = unsafe { libc::getpgrp() };
     let mut signalled: Option<Instant> = None;
-    let forward = |sig: libc::c_int, signalled: &mut Option<Instant>| {
+    let forward = |sig: Received, signalled: &mut Option<Instant>| {
         if signalled.is_some() {
             keeper::signal_descendants(libc::SIGKILL);
-        } else {
-            keeper::signal_descendants(sig);
-            *signalled = Some(Instant::now());
+            return;
         }
+        let skip = (!sig.from_process).then_some(own_group);
+        keeper::signal_descendants_outside(sig.signo, skip);
+        *signalled = Some(Instant::now());
     };
-    let mut pending_first = first;
+    let mut first = first;
+    let mut said = quiet;
     loop {
         let mut status = 0;
         // SAFETY: reaps any child of ours (devlock is their subreaper).
@@ -132,10 +141,10 @@ fn wait_for_what_it_left(first: Option<Received>, kill_after: Duration, quiet: b
             0 => {}
             _ => continue,
         }
-        if let Some(sig) = pending_first.take() {
-            forward(sig.signo, &mut signalled);
+        if let Some(sig) = first.take() {
+            forward(sig, &mut signalled);
         }
-        if !said {
+        if !said && !lease_lost() {
             let left = keeper::live_descendants(std::process::id());
             eprintln!(
                 "devlock: the command has exited; holding the lock until what it started has too (pid {})",
@@ -151,7 +160,7 @@ fn wait_for_what_it_left(first: Option<Received>, kill_after: Duration, quiet: b
             keeper::signal_descendants(libc::SIGKILL);
         }
         match supervise::wait_signal(timeout.filter(|t| !t.is_zero())) {
-            Some(sig) if sig.signo != libc::SIGCHLD => forward(sig.signo, &mut signalled),
+            Some(sig) if sig.signo != libc::SIGCHLD => forward(sig, &mut signalled),
             _ => {}
         }
     }

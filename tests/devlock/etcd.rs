@@ -747,3 +747,63 @@ fn nix_hostname() -> String {
         .trim()
         .to_owned()
 }
+
+fn etcdctl(url: &str, args: &[&str]) -> String {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", url])
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian package etcd-client)");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// etcd compacts away the history a holder's watch of its own key starts
+/// from: the watch is cancelled, and devlock must still see its key go.
+#[test]
+fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
+    let server = EtcdServer::start();
+    let url = server.url.clone();
+    let s = Scratch::new();
+    let r = name("compact");
+    let (script, ready) = wait_for_release(&s, "a");
+    let first = spawn(&s, &url, &[&r], &script);
+    wait_for_file(&ready);
+    let shell = s.work("shell");
+    let script = format!(
+        "echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = shell.display()
+    );
+    let mut second = spawn(&s, &url, &["--ttl", "600s", &r], &script);
+    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    // History after the waiter joined, compacted away.
+    etcdctl(&url, &["put", "/unrelated", "1"]);
+    etcdctl(&url, &["put", "/unrelated", "2"]);
+    let json: serde_json::Value = serde_json::from_str(&etcdctl(
+        &url,
+        &["get", "/", "--prefix", "--keys-only", "-w", "json"],
+    ))
+    .unwrap();
+    let revision = json["header"]["revision"].as_i64().unwrap().to_string();
+    etcdctl(&url, &["compact", &revision]);
+    release(&s, "a");
+    assert!(first.wait_with_output().unwrap().status.success());
+    wait_for_file(&shell);
+    let command_pid: u32 = std::fs::read_to_string(&shell)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let key = status(&s, &url, &r)["holders"][0]["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    etcdctl(&url, &["del", &key]);
+    assert_eq!(wait_child(&mut second).code(), Some(76));
+    wait_gone(command_pid);
+}
