@@ -1,7 +1,7 @@
 //! The command line: every flag and subcommand, and the help text around them.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -187,6 +187,28 @@ pub struct RunArgs {
     /// could expire
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub kill_after: Option<Duration>,
+}
+
+impl RunArgs {
+    /// The command line as text, for labels.
+    pub fn command_line(&self) -> Vec<String> {
+        self.command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// `--step`, or the command's basename.
+    pub fn step_name(&self) -> String {
+        self.step.clone().unwrap_or_else(|| {
+            let program = Path::new(&self.command[0]);
+            program
+                .file_name()
+                .unwrap_or(program.as_os_str())
+                .to_string_lossy()
+                .into_owned()
+        })
+    }
 }
 
 /// Arguments of `devlock status`.

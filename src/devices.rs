@@ -137,15 +137,9 @@ fn views(devices: Vec<Device>, gates: &[Gate]) -> Vec<DeviceView> {
 /// (as the kernel reports it), or descends from a holder.
 fn inside(pid: u32, gate: &Gate) -> bool {
     let holders: HashSet<u32> = gate.holder_pids.iter().copied().collect();
-    let mut current = pid;
-    for _ in 0..64 {
-        if holders.contains(&current) {
-            return true;
-        }
-        match procfs::parent_pid(current) {
-            Some(parent) if parent > 1 => current = parent,
-            _ => break,
-        }
+    let mut line = std::iter::once(pid).chain(procfs::ancestors(pid).map(|(p, _)| p));
+    if line.any(|p| holders.contains(&p)) {
+        return true;
     }
     procfs::fd_locks(&pid.to_string())
         .unwrap_or_default()

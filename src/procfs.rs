@@ -140,25 +140,49 @@ fn read_locks() -> std::io::Result<(Vec<KernelLock>, usize)> {
     Ok((parse_locks(&String::from_utf8_lossy(&text)), pieces))
 }
 
-/// Start time of a process in clock ticks since boot (field 22 of `/proc/PID/stat`).
-///
-/// Together with the pid this names one process for the life of the machine,
-/// so a recycled pid is not mistaken for the process a record describes.
+/// The fields of `/proc/PID/stat` devlock uses, from one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// `R`, `S`, `D`, `Z`, ... (field 3).
+    pub state: char,
+    /// Parent pid (field 4).
+    pub ppid: u32,
+    /// Start time in clock ticks since boot (field 22). Together with the pid
+    /// this names one process for the life of the machine, so a recycled pid
+    /// is not mistaken for the process a record describes.
+    pub start: u64,
+}
+
+pub fn stat(pid: u32) -> Option<Stat> {
+    let text = read_small(format!("/proc/{pid}/stat"))?;
+    Some(Stat {
+        state: stat_field(&text, 3)?.chars().next()?,
+        ppid: stat_field(&text, 4)?.parse().ok()?,
+        start: stat_field(&text, 22)?.parse().ok()?,
+    })
+}
+
+/// Start time of a process in clock ticks since boot (see [`Stat::start`]).
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = read_small(format!("/proc/{pid}/stat"))?;
-    stat_field(&stat, 22)?.parse().ok()
+    stat(pid).map(|s| s.start)
 }
 
-/// State letter (field 3 of `/proc/PID/stat`): `R`, `S`, `Z`, ...
-pub fn state_of(pid: u32) -> Option<char> {
-    let stat = read_small(format!("/proc/{pid}/stat"))?;
-    stat_field(&stat, 3)?.chars().next()
-}
-
-/// Parent pid (field 4 of `/proc/PID/stat`).
+/// Parent pid.
 pub fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = read_small(format!("/proc/{pid}/stat"))?;
-    stat_field(&stat, 4)?.parse().ok()
+    stat(pid).map(|s| s.ppid)
+}
+
+/// The ancestors of `pid`, nearest first, each with its stat, up to but not
+/// including init (at most 64: a loop in /proc cannot hang a caller).
+pub fn ancestors(pid: u32) -> impl Iterator<Item = (u32, Stat)> {
+    let mut next = parent_pid(pid);
+    std::iter::from_fn(move || {
+        let parent = next.filter(|&p| p > 1)?;
+        let stat = stat(parent)?;
+        next = Some(stat.ppid);
+        Some((parent, stat))
+    })
+    .take(64)
 }
 
 /// Field `n` (1-based, as in proc(5)) of a stat line; the command name may hold

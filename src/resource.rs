@@ -44,6 +44,18 @@ impl Resource {
         Ok(Resource(text.to_owned()))
     }
 
+    /// Names from the command line, each checked; the first bad one is a
+    /// usage error.
+    pub fn parse_all(names: &[std::ffi::OsString]) -> anyhow::Result<Vec<Resource>> {
+        names
+            .iter()
+            .map(|name| {
+                Resource::parse(name)
+                    .map_err(|e| crate::exit::coded(crate::exit::ExitCode::Usage, e))
+            })
+            .collect()
+    }
+
     /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -28,15 +28,8 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
             "--ttl and --kill-after apply only with --etcd",
         ));
     }
-    let command_line: Vec<String> = args
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let step = args
-        .step
-        .clone()
-        .unwrap_or_else(|| basename(&args.command[0]));
+    let command_line = args.command_line();
+    let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
     let dir = ScratchDir::open_or_create(dir_path)?;
@@ -120,34 +113,21 @@ fn take_all(
 ) -> Result<Vec<(Resource, Taken)>> {
     let exclusive = !args.shared;
     let slots = u64::from(args.slots.unwrap_or(0));
-    let mut fixed: Vec<Request> = Vec::new();
-    let mut candidates = Vec::new();
-    for resource in resources {
-        // An --any candidate's group comes with the candidate that wins.
-        if let Some(group) = resource.group().filter(|_| !args.any) {
-            add(
-                &mut fixed,
-                Request {
-                    name: group,
-                    exclusive: false,
-                    via: Some(resource.clone()),
-                    slots: 0,
-                },
-            );
-        }
-        let request = Request {
-            name: resource.clone(),
-            exclusive,
-            via: None,
-            slots,
-        };
-        if args.any {
-            candidates.push(request);
-        } else {
-            add(&mut fixed, request);
-        }
-    }
-    fixed.sort_by(|a, b| a.name.cmp(&b.name));
+    // An --any candidate's group comes with the candidate that wins.
+    let (fixed, candidates): (Vec<Request>, Vec<Request>) = if args.any {
+        let candidates = resources
+            .iter()
+            .map(|resource| Request {
+                name: resource.clone(),
+                exclusive,
+                via: None,
+                slots,
+            })
+            .collect();
+        (Vec::new(), candidates)
+    } else {
+        (requests_in_order(resources, exclusive, slots), Vec::new())
+    };
     let mut taken = Vec::new();
     for request in &fixed {
         let (took, waited) = acquire::take(ctx, request)?;
@@ -167,6 +147,41 @@ fn take_all(
         }
     }
     Ok(taken)
+}
+
+/// The locks `resources` stand for, in the one global order (sorted names):
+/// each resource, and for a member `G:M` its group `G` shared on its behalf.
+/// The etcd backend takes the same list.
+pub(crate) fn requests_in_order(
+    resources: &[Resource],
+    exclusive: bool,
+    slots: u64,
+) -> Vec<Request> {
+    let mut requests = Vec::new();
+    for resource in resources {
+        if let Some(group) = resource.group() {
+            add(
+                &mut requests,
+                Request {
+                    name: group,
+                    exclusive: false,
+                    via: Some(resource.clone()),
+                    slots: 0,
+                },
+            );
+        }
+        add(
+            &mut requests,
+            Request {
+                name: resource.clone(),
+                exclusive,
+                via: None,
+                slots,
+            },
+        );
+    }
+    requests.sort_by(|a, b| a.name.cmp(&b.name));
+    requests
 }
 
 /// Adds a request, merging it with one for the same lock (exclusive wins).
@@ -193,11 +208,7 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
             "missing `-- COMMAND`: put the command after `--`, as in `devlock gpu -- python train.py`",
         );
     }
-    let mut resources = args
-        .resources
-        .iter()
-        .map(|r| Resource::parse(r).map_err(|e| coded(ExitCode::Usage, e)))
-        .collect::<Result<Vec<_>>>()?;
+    let mut resources = Resource::parse_all(&args.resources)?;
     resources.sort();
     resources.dedup();
     if args.any && usize::from(args.count) > resources.len() {
@@ -284,13 +295,9 @@ pub(crate) fn pass_through(command: &[OsString], env: &[(String, String)]) -> Ex
         .args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .exec();
-    let shown = command[0].to_string_lossy();
-    let (code, why) = match err.kind() {
-        std::io::ErrorKind::NotFound => (ExitCode::NotFound, "command not found".to_owned()),
-        _ => (ExitCode::CannotExecute, format!("cannot execute: {err}")),
-    };
-    eprintln!("devlock: {shown}: {why}");
-    code
+    let err = supervise::cannot_start(&command[0], &err);
+    eprintln!("devlock: {err:#}");
+    crate::exit::exit_code_of(&err)
 }
 
 /// What the command learns about its locks: the resources it got (the
@@ -329,9 +336,23 @@ fn child_env(taken: &[(Resource, Taken)], dir: &ScratchDir, step: &str) -> Vec<(
     env
 }
 
-pub(crate) fn basename(program: &OsString) -> String {
-    Path::new(program)
-        .file_name()
-        .map_or_else(|| program.to_string_lossy(), |n| n.to_string_lossy())
-        .into_owned()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_bring_their_group_in_order() {
+        let names = |v: &[&str]| {
+            let rs: Vec<Resource> = v
+                .iter()
+                .map(|n| Resource::parse(n.as_ref()).unwrap())
+                .collect();
+            requests_in_order(&rs, true, 0)
+                .into_iter()
+                .map(|r| format!("{}{}", r.name.as_str(), if r.exclusive { "!" } else { "" }))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);
+        assert_eq!(names(&["gpu:1", "gpu"]), ["gpu!", "gpu:1!"]);
+    }
 }

@@ -478,15 +478,7 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
     } else {
         Vec::new()
     };
-    let mut view = build_view(
-        resource,
-        lock.file(),
-        lock.id(),
-        &table,
-        registered,
-        SystemTime::now(),
-        &mut Sharers::default(),
-    );
+    let mut view = view_now(lock, resource, &table, registered);
     view.waiters.clear();
     view
 }
@@ -497,11 +489,21 @@ pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> Resou
     let table = LockTable::read().unwrap_or_default();
     let names = dir.entries().unwrap_or_default();
     let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
+    view_now(lock, resource, &table, registered)
+}
+
+/// One open lock's view as of now, on its own (no other lock shares labels).
+fn view_now(
+    lock: &LockFile,
+    resource: &Resource,
+    table: &LockTable,
+    registered: Vec<waiters::Waiter>,
+) -> ResourceView {
     build_view(
         resource,
         lock.file(),
         lock.id(),
-        &table,
+        table,
         registered,
         SystemTime::now(),
         &mut Sharers::default(),

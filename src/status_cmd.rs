@@ -8,27 +8,33 @@ use anyhow::Result;
 
 use crate::cli::StatusArgs;
 use crate::devices::{DeviceInfo, DeviceView};
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::probe::format_mib;
 use crate::resource::Resource;
 use crate::status::{self, StatusReport};
 use crate::text::{sanitize, short_duration};
 
 pub fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
-    let wanted = args
-        .resources
-        .iter()
-        .map(|r| Resource::parse(r).map_err(|e| coded(ExitCode::Usage, e)))
-        .collect::<Result<Vec<_>>>()?;
+    let wanted = Resource::parse_all(&args.resources)?;
     let report = status::gather(dir, &wanted, Some(probe_timeout))?;
-    let text = if args.json {
-        let mut json = serde_json::to_string_pretty(&report)?;
+    print_report(&report, args.json, table)
+}
+
+/// Prints a status report, as one JSON document or as `table` renders it
+/// (coloured on a terminal, unless NO_COLOR). Shared with `status --etcd`.
+pub fn print_report<R: serde::Serialize>(
+    report: &R,
+    json: bool,
+    table: fn(&R, bool) -> String,
+) -> Result<ExitCode> {
+    let text = if json {
+        let mut json = serde_json::to_string_pretty(report)?;
         json.push('\n');
         json
     } else {
         let colour = std::io::stdout().is_terminal()
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        table(&report, colour)
+        table(report, colour)
     };
     // A reader that stops early (`| head`) is not an error.
     match std::io::stdout().lock().write_all(text.as_bytes()) {

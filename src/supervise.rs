@@ -261,21 +261,29 @@ pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> 
     if err == 0 {
         return Ok(Child { pid });
     }
+    Err(cannot_start(
+        program,
+        &std::io::Error::from_raw_os_error(err),
+    ))
+}
+
+/// Why `program` could not be started, with the shell's exit code: 127 when
+/// it is not found, 126 when it cannot be executed.
+pub fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> anyhow::Error {
     let shown = program.to_string_lossy();
-    Err(match err {
-        libc::ENOENT => coded(ExitCode::NotFound, format!("{shown}: command not found")),
-        libc::EACCES => coded(
+    match err.kind() {
+        std::io::ErrorKind::NotFound => {
+            coded(ExitCode::NotFound, format!("{shown}: command not found"))
+        }
+        std::io::ErrorKind::PermissionDenied => coded(
             ExitCode::CannotExecute,
             format!("{shown}: cannot execute: permission denied"),
         ),
         _ => coded(
             ExitCode::CannotExecute,
-            format!(
-                "{shown}: cannot execute: {}",
-                std::io::Error::from_raw_os_error(err)
-            ),
+            format!("{shown}: cannot execute: {err}"),
         ),
-    })
+    }
 }
 
 /// Waits for the command to end and returns the exit code devlock should end

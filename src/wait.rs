@@ -261,15 +261,7 @@ fn waiting_line(shown: &Shown, waited: Duration) -> String {
 }
 
 fn is_ancestor(pid: u32) -> bool {
-    let mut current = std::process::id();
-    for _ in 0..64 {
-        match crate::procfs::parent_pid(current) {
-            Some(parent) if parent == pid => return true,
-            Some(parent) if parent > 1 => current = parent,
-            _ => return false,
-        }
-    }
-    false
+    crate::procfs::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
 }
 
 /// `ns-train (pid 4242, alice)`

@@ -38,16 +38,30 @@ pub struct LeaseState {
     kill_after: Duration,
     /// Boot time until which etcd cannot have let the lease expire.
     confirmed_until: Mutex<Duration>,
-    lost: Mutex<Option<String>>,
-    lost_flag: AtomicBool,
+    lost: Mutex<Option<Lost>>,
     lost_notify: Notify,
+    /// Wakes the renewals to stop; `releasing` tells the watches of our own
+    /// keys that the deletes to come are ours.
     released: Notify,
     releasing: AtomicBool,
-    /// Renewals failed (as opposed to a key removed by someone else): etcd
-    /// is not worth asking to revoke.
-    unreachable: AtomicBool,
-    /// The command's pidfd once it runs (None inside: no pidfd available).
-    command: Mutex<Option<Option<i32>>>,
+    /// Set once the command runs: from then on a lost lease stops it.
+    command: Mutex<Option<Started>>,
+}
+
+#[derive(Debug, Clone)]
+struct Lost {
+    why: String,
+    /// Whether etcd still answers (a key removed by someone else), so that
+    /// revoking the lease is worth a try; not after renewals failed.
+    etcd_answers: bool,
+}
+
+/// The running command, as the kill needs it.
+#[derive(Debug, Clone, Copy)]
+struct Started {
+    /// Names exactly our command even once it is reaped; None where the
+    /// kernel has no pidfd_open.
+    pidfd: Option<i32>,
 }
 
 impl LeaseState {
@@ -58,21 +72,19 @@ impl LeaseState {
             kill_after,
             confirmed_until: Mutex::new(sent + ttl),
             lost: Mutex::new(None),
-            lost_flag: AtomicBool::new(false),
             lost_notify: Notify::new(),
             released: Notify::new(),
             releasing: AtomicBool::new(false),
-            unreachable: AtomicBool::new(false),
             command: Mutex::new(None),
         })
     }
 
     pub fn is_lost(&self) -> bool {
-        self.lost_flag.load(Ordering::SeqCst)
+        self.lost.lock().unwrap().is_some()
     }
 
     pub fn lost_reason(&self) -> Option<String> {
-        self.lost.lock().unwrap().clone()
+        self.lost.lock().unwrap().as_ref().map(|l| l.why.clone())
     }
 
     /// Resolves once the lease is lost, with the reason.
@@ -90,26 +102,34 @@ impl LeaseState {
     /// removal is ours).
     pub fn release(&self) {
         self.releasing.store(true, Ordering::SeqCst);
-        self.released.notify_waiters();
+        // One waiter (the renewals); the permit waits if it is not asleep.
         self.released.notify_one();
     }
 
     /// Whether asking etcd to revoke the lease is worth a try.
     pub fn etcd_answers(&self) -> bool {
-        !self.unreachable.load(Ordering::SeqCst)
+        self.lost
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_none_or(|l| l.etcd_answers)
     }
 
     /// The command runs: from now on a lost lease stops it.
     pub fn command_started(self: &Arc<Self>, pidfd: Option<i32>) {
-        *self.command.lock().unwrap() = Some(pidfd);
+        *self.command.lock().unwrap() = Some(Started { pidfd });
         if self.is_lost() {
             tokio::spawn(stop_work(self.clone()));
         }
     }
 
-    fn mark_lost(&self, why: String) {
-        *self.lost.lock().unwrap() = Some(why);
-        self.lost_flag.store(true, Ordering::SeqCst);
+    /// Marks the lease lost; `at_once` when etcd has freed the lock already
+    /// (no grace left: SIGTERM and SIGKILL come together).
+    fn mark_lost(&self, why: String, etcd_answers: bool, at_once: bool) {
+        if at_once {
+            *self.confirmed_until.lock().unwrap() = boot_now();
+        }
+        *self.lost.lock().unwrap() = Some(Lost { why, etcd_answers });
         self.lost_notify.notify_waiters();
     }
 }
@@ -183,16 +203,15 @@ pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
             }
         }
     }
-    if gone {
-        // The keys are gone already: stop everything at once.
-        *state.confirmed_until.lock().unwrap() = boot_now();
-    } else {
-        state.unreachable.store(true, Ordering::SeqCst);
-    }
-    state.mark_lost(format!(
-        "lost the etcd lease: no renewal confirmed for {} ({last_error})",
-        human_duration(boot_now().saturating_sub(last_confirmed))
-    ));
+    // etcd saying the lease is gone has freed the lock already.
+    state.mark_lost(
+        format!(
+            "lost the etcd lease: no renewal confirmed for {} ({last_error})",
+            human_duration(boot_now().saturating_sub(last_confirmed))
+        ),
+        gone,
+        gone,
+    );
     stop_work(state).await;
 }
 
@@ -242,10 +261,11 @@ pub async fn watch_own_key(
     if state.is_lost() || state.releasing.load(Ordering::SeqCst) {
         return;
     }
-    *state.confirmed_until.lock().unwrap() = boot_now();
-    state.mark_lost(format!(
-        "our key {key} was removed from etcd, so the lock is no longer ours"
-    ));
+    state.mark_lost(
+        format!("our key {key} was removed from etcd, so the lock is no longer ours"),
+        true,
+        true,
+    );
     stop_work(state).await;
 }
 
@@ -258,7 +278,7 @@ enum Watched {
 /// all of them, both before etcd could let the lease expire. devlock is a
 /// child subreaper, so what the command started stays under it.
 async fn stop_work(state: Arc<LeaseState>) {
-    let Some(pidfd) = *state.command.lock().unwrap() else {
+    let Some(Started { pidfd }) = *state.command.lock().unwrap() else {
         return;
     };
     let kill_at = state.confirmed_until.lock().unwrap().saturating_sub(GUARD);
@@ -326,35 +346,37 @@ pub fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>
 
 /// The processes under `root` that have not ended (zombies left out).
 pub fn live_descendants(root: u32) -> Vec<u32> {
-    descendants(root)
+    tree_under(root)
         .into_iter()
-        .filter(|&pid| procfs::state_of(pid).is_some_and(|state| state != 'Z'))
+        .filter(|(_, stat)| stat.state != 'Z')
+        .map(|(pid, _)| pid)
         .collect()
 }
 
-/// Every process under `root`, from /proc's parent links.
+/// Every process under `root`.
 pub fn descendants(root: u32) -> Vec<u32> {
+    tree_under(root).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// Every process under `root` with its stat, from one read of each process
+/// in /proc.
+fn tree_under(root: u32) -> Vec<(u32, procfs::Stat)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let links: Vec<(u32, u32)> = dir
+    let all: Vec<(u32, procfs::Stat)> = dir
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((pid, procfs::parent_pid(pid)?)))
+        .filter_map(|pid| Some((pid, procfs::stat(pid)?)))
         .collect();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            links
-                .iter()
-                .filter(|&&(_, pp)| pp == parent)
-                .map(|&(p, _)| p),
-        );
-        i += 1;
+    let mut found: Vec<(u32, procfs::Stat)> = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for &(pid, stat) in all.iter().filter(|(_, stat)| stat.ppid == parent) {
+            found.push((pid, stat));
+            parents.push(pid);
+        }
     }
-    found.remove(0);
     found
 }
 

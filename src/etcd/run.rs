@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use super::Config;
 use super::keeper::{self, GUARD};
-use super::session::{Acquired, Request, Session, Settings};
+use super::session::{Acquired, Session, Settings};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
 use crate::resource::Resource;
@@ -25,15 +25,7 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let resources = crate::run::validate(args)?;
     let (ttl, kill_after) = check_margins(args)?;
-    let command_line: Vec<String> = args
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let step = args
-        .step
-        .clone()
-        .unwrap_or_else(|| crate::run::basename(&args.command[0]));
+    let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
     super::block_sigpipe();
@@ -47,9 +39,10 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
         step: step.clone(),
-        command: command_line,
+        command: args.command_line(),
     };
-    let mut session = Session::start(settings, requests(&resources, !args.shared))?;
+    let requests = crate::run::requests_in_order(&resources, !args.shared, 0);
+    let mut session = Session::start(settings, requests)?;
     let env = vec![
         (
             "DEVLOCK_RESOURCES".to_owned(),
@@ -166,37 +159,6 @@ fn wait_for_what_it_left(
     }
 }
 
-/// The requests in the one global order; a member `G:M` also takes `G` shared.
-fn requests(resources: &[Resource], exclusive: bool) -> Vec<Request> {
-    let mut requests: Vec<Request> = Vec::new();
-    let mut add =
-        |request: Request| match requests.iter_mut().find(|r| r.resource == request.resource) {
-            Some(existing) => {
-                existing.exclusive |= request.exclusive;
-                if request.via.is_none() {
-                    existing.via = None;
-                }
-            }
-            None => requests.push(request),
-        };
-    for resource in resources {
-        if let Some(group) = resource.group() {
-            add(Request {
-                resource: group,
-                exclusive: false,
-                via: Some(resource.clone()),
-            });
-        }
-        add(Request {
-            resource: resource.clone(),
-            exclusive,
-            via: None,
-        });
-    }
-    requests.sort_by(|a, b| a.resource.cmp(&b.resource));
-    requests
-}
-
 /// The TTL and kill grace, checked so SIGKILL lands at least [`GUARD`] before
 /// the lease could expire, with at least one renewal period before SIGTERM.
 fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
@@ -250,18 +212,7 @@ fn spawn_tied(command: &[OsString], env: &[(String, String)]) -> Result<supervis
     }
     match cmd.spawn() {
         Ok(child) => Ok(supervise::Child::adopt(child.id())),
-        Err(e) => {
-            let shown = command[0].to_string_lossy();
-            Err(match e.kind() {
-                std::io::ErrorKind::NotFound => {
-                    coded(ExitCode::NotFound, format!("{shown}: command not found"))
-                }
-                _ => coded(
-                    ExitCode::CannotExecute,
-                    format!("{shown}: cannot execute: {e}"),
-                ),
-            })
-        }
+        Err(e) => Err(supervise::cannot_start(&command[0], &e)),
     }
 }
 
@@ -286,27 +237,5 @@ mod tests {
         assert!(margins(&["--any", "r2"]).is_err());
         assert!(margins(&["--kill-after", "18446744073709551615s"]).is_err());
         assert!(margins(&["--ttl", "1000years"]).is_err());
-    }
-
-    #[test]
-    fn members_bring_their_group_in_order() {
-        let names = |v: &[&str]| {
-            let rs: Vec<Resource> = v
-                .iter()
-                .map(|n| Resource::parse(n.as_ref()).unwrap())
-                .collect();
-            requests(&rs, true)
-                .into_iter()
-                .map(|r| {
-                    format!(
-                        "{}{}",
-                        r.resource.as_str(),
-                        if r.exclusive { "!" } else { "" }
-                    )
-                })
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);
-        assert_eq!(names(&["gpu:1", "gpu"]), ["gpu!", "gpu:1!"]);
     }
 }

@@ -12,10 +12,10 @@ use tokio::sync::mpsc;
 
 use super::keeper::{self, LeaseState, boot_now};
 use super::{Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
+use crate::acquire::Request;
 use crate::exit::{ExitCode, coded, exit_code_of};
 use crate::procfs;
-use crate::record::now_ms;
-use crate::resource::Resource;
+use crate::record::{Record, now_ms};
 use crate::supervise::{self, Received};
 use crate::text::{human_duration, sanitize, short_duration};
 
@@ -24,15 +24,6 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long to wait before asking etcd again after it failed a waiter.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
-
-/// One lock to take.
-#[derive(Debug, Clone)]
-pub struct Request {
-    pub resource: Resource,
-    pub exclusive: bool,
-    /// For a group taken on behalf of a member: that member.
-    pub via: Option<Resource>,
-}
 
 /// Everything the session needs to know, fixed at start.
 #[derive(Debug, Clone)]
@@ -202,9 +193,10 @@ async fn run_session(
         Ok(client) => client,
         Err(e) => return report(failed(e)),
     };
+    let ancestors = possible_devlock_ancestors();
     let mut pending = Vec::new();
     for request in &requests {
-        match inherited(config, &mut client, request).await {
+        match inherited(config, &mut client, request, &ancestors).await {
             Ok(true) => {}
             Ok(false) => pending.push(request.clone()),
             Err(e) => return report(failed(e)),
@@ -314,20 +306,24 @@ async fn run_session(
 
 /// Whether an ancestor of this process already holds `request` (a nested
 /// devlock), checked against etcd's line and this machine's processes.
-async fn inherited(config: &Config, client: &mut Client, request: &Request) -> Result<bool> {
-    let ancestors = ancestors();
+async fn inherited(
+    config: &Config,
+    client: &mut Client,
+    request: &Request,
+    ancestors: &[(u32, u64)],
+) -> Result<bool> {
     if ancestors.is_empty() {
         return Ok(false);
     }
     let (line, _) = config
-        .ask("reading the line", line_of(client, &request.resource))
+        .ask("reading the line", line_of(client, &request.name))
         .await?;
     let host = super::hostname();
     for place in holders(&line) {
         let Some(entry) = &place.entry else { continue };
         let is_ancestor = entry.host == host
             && ancestors.iter().any(|&(pid, start)| {
-                pid == entry.pid && (entry.pid_start.is_none() || entry.pid_start == start)
+                pid == entry.pid && entry.pid_start.is_none_or(|s| s == start)
             });
         if !is_ancestor {
             continue;
@@ -337,7 +333,7 @@ async fn inherited(config: &Config, client: &mut Client, request: &Request) -> R
                 ExitCode::Busy,
                 format!(
                     "{} is held only shared by a devlock this command runs under (pid {}); an exclusive take would wait for itself",
-                    request.resource.as_str(),
+                    request.name.as_str(),
                     entry.pid
                 ),
             ));
@@ -351,20 +347,16 @@ async fn inherited(config: &Config, client: &mut Client, request: &Request) -> R
 /// a devlock: a devlock set `DEVLOCK_RESOURCES` for its command, or an
 /// ancestor runs a program called devlock, or the kernel will not say what
 /// it runs. Usually there is none, which spares asking etcd.
-fn ancestors() -> Vec<(u32, Option<u64>)> {
-    let mut out = Vec::new();
-    let mut maybe_nested = std::env::var_os("DEVLOCK_RESOURCES").is_some();
-    let mut pid = std::process::id();
-    while let Some(parent) = procfs::parent_pid(pid).filter(|&p| p > 1) {
-        maybe_nested |= std::fs::read_link(format!("/proc/{parent}/exe"))
-            .map_or(true, |exe| exe.to_string_lossy().contains("devlock"));
-        out.push((parent, procfs::start_time(parent)));
-        pid = parent;
-    }
-    if !maybe_nested {
-        out.clear();
-    }
-    out
+fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
+    let ancestors: Vec<(u32, u64)> = procfs::ancestors(std::process::id())
+        .map(|(pid, stat)| (pid, stat.start))
+        .collect();
+    let maybe_nested = std::env::var_os("DEVLOCK_RESOURCES").is_some()
+        || ancestors.iter().any(|(pid, _)| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .map_or(true, |exe| exe.to_string_lossy().contains("devlock"))
+        });
+    if maybe_nested { ancestors } else { Vec::new() }
 }
 
 /// Joins each line in turn, holding the earlier locks while waiting for the
@@ -379,15 +371,20 @@ async fn take_in_order(
 ) -> Result<()> {
     let config = &settings.config;
     let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
+    // Who we are, once for every request (pid, start time, user as the
+    // file backend's records have them).
+    let label = Record::for_this_process(&settings.step, &[]);
+    let user = label
+        .user
+        .clone()
+        .unwrap_or_else(|| procfs::user_name(label.uid));
     let host = super::hostname();
-    let user =
-        std::env::var("USER").unwrap_or_else(|_| procfs::user_name(nix::unistd::getuid().as_raw()));
     for request in requests {
-        let key = key_of(&request.resource, lease);
+        let key = key_of(&request.name, lease);
         let mut entry = Entry {
             step: settings.step.clone(),
-            pid: std::process::id(),
-            pid_start: procfs::start_time(std::process::id()),
+            pid: label.pid,
+            pid_start: label.pid_start,
             child: None,
             user: user.clone(),
             host: host.clone(),
@@ -401,7 +398,7 @@ async fn take_in_order(
         let joined = config
             .ask(
                 "joining the line",
-                join_line(client, &request.resource, &key, value, lease),
+                join_line(client, &request.name, &key, value, lease),
             )
             .await?;
         let started = Instant::now();
@@ -411,7 +408,7 @@ async fn take_in_order(
         if waited && !settings.quiet {
             say(format!(
                 "devlock: got {} after {}",
-                request.resource.as_str(),
+                request.name.as_str(),
                 human_duration(started.elapsed())
             ));
         }
@@ -421,7 +418,7 @@ async fn take_in_order(
 }
 
 /// Waits until nothing stands before `key` in its line; says whether it had
-/// to wait. Sleeps on a watch of the last key in the way, never polls. etcd
+/// to wait. Sleeps on one watch of the line, never polls. etcd
 /// failing meanwhile is retried: the lease's own deadline decides when the
 /// wait is lost.
 async fn wait_turn(
@@ -434,11 +431,15 @@ async fn wait_turn(
     say: &dyn Fn(String),
 ) -> Result<bool> {
     let config = &settings.config;
-    let name = request.resource.as_str();
+    let name = request.name.as_str();
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
     let mut read = Some(joined);
-    let mut trouble_said = false;
+    let mut trouble = Trouble {
+        said: false,
+        name,
+        say,
+    };
     loop {
         let gave_up = |why: String| {
             coded(
@@ -452,22 +453,14 @@ async fn wait_turn(
         let (line, revision) = match read.take() {
             Some(line) => line,
             None => match config
-                .ask("reading the line", line_of(client, &request.resource))
+                .ask("reading the line", line_of(client, &request.name))
                 .await
             {
                 Ok(line) => line,
-                Err(e) if exit_code_of(&e) == ExitCode::EtcdUnreachable => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(gave_up(format!("{e:#}")));
-                    }
-                    if !trouble_said {
-                        say(format!("devlock: {e:#}; still waiting for {name}"));
-                        trouble_said = true;
-                    }
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                Err(e) => {
+                    trouble.ride_out(e, deadline, &gave_up).await?;
                     continue;
                 }
-                Err(e) => return Err(e),
             },
         };
         let Some(index) = line.iter().position(|p| p.key == key) else {
@@ -516,7 +509,7 @@ async fn wait_turn(
             .with_start_revision(revision + 1);
         let watch = async {
             let mut stream = client
-                .watch(super::resource_prefix(&request.resource), Some(options))
+                .watch(super::resource_prefix(&request.name), Some(options))
                 .await?;
             while let Some(response) = stream.message().await? {
                 if response.canceled() {
@@ -547,16 +540,39 @@ async fn wait_turn(
             Ok(Ok(Turn::ReadAgain)) | Err(_) => {}
             Ok(Err(e)) => {
                 let e = config.failure("watching the line", e);
-                if exit_code_of(&e) != ExitCode::EtcdUnreachable {
-                    return Err(e);
-                }
-                if !trouble_said {
-                    say(format!("devlock: {e:#}; still waiting for {name}"));
-                    trouble_said = true;
-                }
-                tokio::time::sleep(RETRY_PAUSE).await;
+                trouble.ride_out(e, deadline, &gave_up).await?;
             }
         }
+    }
+}
+
+/// etcd failing a waiter: said once, then tried again after a pause, until
+/// the deadline (the lease's own deadline ends the wait from outside).
+struct Trouble<'a> {
+    said: bool,
+    name: &'a str,
+    say: &'a dyn Fn(String),
+}
+
+impl Trouble<'_> {
+    async fn ride_out(
+        &mut self,
+        err: anyhow::Error,
+        deadline: Option<Instant>,
+        gave_up: &dyn Fn(String) -> anyhow::Error,
+    ) -> Result<()> {
+        if exit_code_of(&err) != ExitCode::EtcdUnreachable {
+            return Err(err);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(gave_up(format!("{err:#}")));
+        }
+        if !self.said {
+            (self.say)(format!("devlock: {err:#}; still waiting for {}", self.name));
+            self.said = true;
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+        Ok(())
     }
 }
 

@@ -1,7 +1,6 @@
 //! `devlock status --etcd URL`: who holds and who waits, across machines.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -10,11 +9,11 @@ use serde::Serialize;
 
 use super::{Config, PREFIX, Place, blockers, hostname, line_of};
 use crate::cli::StatusArgs;
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::procfs;
 use crate::record::now_ms;
 use crate::resource::Resource;
-use crate::status_cmd::{align, duration_cell, paint_lock_cell};
+use crate::status_cmd::{align, duration_cell, paint_lock_cell, print_report};
 use crate::text::sanitize;
 
 #[derive(Debug, Serialize)]
@@ -65,29 +64,13 @@ struct PlaceView {
 }
 
 pub fn run(args: &StatusArgs, config: Config) -> Result<ExitCode> {
-    let wanted = args
-        .resources
-        .iter()
-        .map(|r| Resource::parse(r).map_err(|e| coded(ExitCode::Usage, e)))
-        .collect::<Result<Vec<_>>>()?;
+    let wanted = Resource::parse_all(&args.resources)?;
     super::block_sigpipe();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let report = runtime.block_on(gather(&config, &wanted))?;
-    let text = if args.json {
-        let mut json = serde_json::to_string_pretty(&report)?;
-        json.push('\n');
-        json
-    } else {
-        let colour = std::io::stdout().is_terminal()
-            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        table(&report, colour)
-    };
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(ExitCode::Success),
-    }
+    print_report(&report, args.json, table)
 }
 
 async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
@@ -128,15 +111,12 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
             let mut holders = Vec::new();
             let mut waiters = Vec::new();
             for (i, place) in line.iter().enumerate() {
-                let holds = blockers(&line, i).is_empty();
-                let mut view = view(place, &here, now, ttls.get(&place.lease).copied());
-                if holds {
-                    view.waiting_for_ms = None;
-                    holders.push(view);
+                let ttl = ttls.get(&place.lease).copied();
+                if blockers(&line, i).is_empty() {
+                    holders.push(view(place, &here, now, ttl, None));
                 } else {
-                    view.held_for_ms = None;
-                    view.position = Some(waiters.len() + 1);
-                    waiters.push(view);
+                    let position = waiters.len() + 1;
+                    waiters.push(view(place, &here, now, ttl, Some(position)));
                 }
             }
             let state = match holders.first() {
@@ -181,7 +161,14 @@ async fn lease_ttls(
     Ok(ttls)
 }
 
-fn view(place: &Place, here: &str, now: u64, lease_ttl: Option<i64>) -> PlaceView {
+/// A key as status shows it: a holder, or the waiter at `position`.
+fn view(
+    place: &Place,
+    here: &str,
+    now: u64,
+    lease_ttl: Option<i64>,
+    position: Option<usize>,
+) -> PlaceView {
     let entry = place.entry.as_ref();
     let alive = entry
         .filter(|e| e.host == here)
@@ -198,9 +185,13 @@ fn view(place: &Place, here: &str, now: u64, lease_ttl: Option<i64>) -> PlaceVie
             )
             .to_string()
         }),
-        held_for_ms: entry.map(|e| now.saturating_sub(e.granted_ms.unwrap_or(e.since_ms))),
-        waiting_for_ms: entry.map(|e| now.saturating_sub(e.since_ms)),
-        position: None,
+        held_for_ms: entry
+            .filter(|_| position.is_none())
+            .map(|e| now.saturating_sub(e.granted_ms.unwrap_or(e.since_ms))),
+        waiting_for_ms: entry
+            .filter(|_| position.is_some())
+            .map(|e| now.saturating_sub(e.since_ms)),
+        position,
         command: entry.map(|e| e.command.clone()),
         exclusive: place.exclusive(),
         via: entry.and_then(|e| e.via.clone()),

@@ -244,11 +244,7 @@ fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
         ),
         &ready,
     );
-    let command_pid: u32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command_pid = pid_in(&pidfile);
     // The record is written just after the command starts; wait for it.
     s.wait_for_status("r", "the holder's record", |v| {
         v["holders"][0]["step"] == "sh"

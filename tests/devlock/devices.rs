@@ -68,11 +68,7 @@ fn status_shows_each_gpu_and_who_is_inside_the_gate() {
         ),
         &ready,
     );
-    let trainer: u32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let trainer = pid_in(&pidfile);
     let stranger = Stranger::start();
     let pids = [trainer, stranger.pid(), stranger.pid(), 4_000_000];
     let json = json_of(

@@ -41,22 +41,33 @@ fn wait_for(
     what: &str,
     accept: impl Fn(&serde_json::Value) -> bool,
 ) {
-    let start = Instant::now();
-    loop {
-        let view = status(s, url, resource);
-        if accept(&view) {
-            return;
-        }
-        assert!(
-            start.elapsed() < HANG,
-            "timed out waiting for {what}: {view}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(what, || status(s, url, resource), accept);
 }
 
 fn waiters(view: &serde_json::Value) -> usize {
     view["waiters"].as_array().map_or(0, Vec::len)
+}
+
+/// `etcdctl ARGS` against `url`, which must succeed; its stdout.
+fn etcdctl(url: &str, args: &[&str]) -> String {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", url])
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian package etcd-client)");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Shell that writes `var` (`$$`, `$!`) to `path` in one rename, so a
+/// reader never sees it half written.
+fn write_pid(var: &str, path: &std::path::Path) -> String {
+    format!("echo {var} > {p}.tmp; mv {p}.tmp {p}", p = path.display())
 }
 
 /// Starts `devlock ARGS -- sh -c SCRIPT` in the background.
@@ -188,27 +199,16 @@ fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() 
     let s = Scratch::new();
     let r = name("kill9");
     let pid_file = s.work("pid");
-    let script = format!(
-        "echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
-        p = pid_file.display()
-    );
+    let script = format!("{}; exec sleep 1000", write_pid("$$", &pid_file));
     let mut holder = spawn(
         &s,
         &url,
         &["--ttl", "3s", "--kill-after", "500ms", &r],
         &script,
     );
-    wait_for_file(&pid_file);
-    let command_pid: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command_pid = pid_in(&pid_file);
     let verdict = s.work("verdict");
-    let check = format!(
-        "if [ -d /proc/{command_pid} ] && ! grep -q '^State:.*Z' /proc/{command_pid}/status; then echo overlap; else echo clean; fi > {}",
-        verdict.display()
-    );
+    let check = verdict_script(&[&pid_file], &verdict);
     let mut waiter = spawn(&s, &url, &["-q", &r], &check);
     wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
     let killed_at = Instant::now();
@@ -265,10 +265,9 @@ fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     // after --kill-after ends it, and that the shell leaves behind when
     // SIGTERM ends the shell.
     let script = format!(
-        "(trap '' TERM; exec sleep 1000) & echo $! > {o}.tmp; mv {o}.tmp {o}; \
-         echo $$ > {p}.tmp; mv {p}.tmp {p}; wait",
-        o = orphan.display(),
-        p = shell.display()
+        "(trap '' TERM; exec sleep 1000) & {}; {}; wait",
+        write_pid("$!", &orphan),
+        write_pid("$$", &shell)
     );
     let holder = spawn(
         &s,
@@ -302,10 +301,9 @@ fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
     let r = name("stderr");
     let (shell, filler) = (s.work("shell"), s.work("filler"));
     let script = format!(
-        "head -c 1000000 /dev/zero >&2 & echo $! > {f}.tmp; mv {f}.tmp {f}; \
-         echo $$ > {p}.tmp; mv {p}.tmp {p}; wait",
-        f = filler.display(),
-        p = shell.display()
+        "head -c 1000000 /dev/zero >&2 & {}; {}; wait",
+        write_pid("$!", &filler),
+        write_pid("$$", &shell)
     );
     let mut holder = spawn(
         &s,
@@ -343,17 +341,9 @@ fn etcd_what_the_command_leaves_running_keeps_the_lock() {
     let s = Scratch::new();
     let r = name("left");
     let orphan = s.work("orphan");
-    let script = format!(
-        "sleep 1000 & echo $! > {o}.tmp; mv {o}.tmp {o}",
-        o = orphan.display()
-    );
+    let script = format!("sleep 1000 & {}", write_pid("$!", &orphan));
     let mut holder = spawn(&s, &url, &[&r], &script);
-    wait_for_file(&orphan);
-    let orphan_pid: u32 = std::fs::read_to_string(&orphan)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let orphan_pid = pid_in(&orphan);
     let out = run(&s, &url, &["-n", &r, "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     // A stopping signal to devlock now reaches what is left.
@@ -372,35 +362,18 @@ fn etcd_a_revoked_lease_stops_the_command_at_once() {
     let s = Scratch::new();
     let r = name("revoked");
     let shell = s.work("shell");
-    let script = format!(
-        "trap '' TERM; echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
-        p = shell.display()
-    );
+    let script = format!("trap '' TERM; {}; exec sleep 1000", write_pid("$$", &shell));
     // Renewals 200s apart: only a watch of its own key can tell devlock
     // within the test's hang bound.
     let mut holder = spawn(&s, &url, &["--ttl", "600s", &r], &script);
-    wait_for_file(&shell);
-    let command_pid: u32 = std::fs::read_to_string(&shell)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command_pid = pid_in(&shell);
     let mut waiter = spawn(&s, &url, &["-q", &r], "true");
     wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
     let lease = status(&s, &url, &r)["holders"][0]["lease"]
         .as_str()
         .unwrap()
         .to_owned();
-    let revoke = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &url, "lease", "revoke", &lease])
-        .output()
-        .expect("etcdctl (Debian package etcd-client)");
-    assert!(
-        revoke.status.success(),
-        "{}",
-        String::from_utf8_lossy(&revoke.stderr)
-    );
+    etcdctl(&url, &["lease", "revoke", &lease]);
     // The waiter may start in the same instant: a lock revoked by hand is
     // broken, and only how fast devlock reacts is up to devlock.
     assert_eq!(wait_child(&mut holder).code(), Some(76));
@@ -426,12 +399,7 @@ fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
         .as_str()
         .unwrap()
         .to_owned();
-    let del = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &url, "del", &key])
-        .output()
-        .expect("etcdctl (Debian package etcd-client)");
-    assert!(del.status.success());
+    etcdctl(&url, &["del", &key]);
     release(&s, "h");
     assert!(holder.wait_with_output().unwrap().status.success());
     let out = waiter.wait_with_output().unwrap();
@@ -543,22 +511,14 @@ fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw() {
 
     // A long one: the command is stopped, devlock says why and exits 76.
     let pid_file = s.work("pid");
-    let script = format!(
-        "echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
-        p = pid_file.display()
-    );
+    let script = format!("{}; exec sleep 1000", write_pid("$$", &pid_file));
     let holder = spawn(
         &s,
         &url,
         &["--ttl", "3s", "--kill-after", "500ms", &r],
         &script,
     );
-    wait_for_file(&pid_file);
-    let command_pid: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command_pid = pid_in(&pid_file);
     server.freeze();
     let out = holder.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -670,21 +630,8 @@ fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
     // must still renew and give back its lease.
     let server = EtcdServer::start_with(&["--auth-token-ttl", "1"]);
     let url = server.url.clone();
-    let etcdctl = |args: &[&str]| {
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &url])
-            .args(args)
-            .output()
-            .expect("etcdctl (Debian package etcd-client)");
-        assert!(
-            out.status.success(),
-            "etcdctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    etcdctl(&["user", "add", "root:rootpw"]);
-    etcdctl(&["auth", "enable"]);
+    etcdctl(&url, &["user", "add", "root:rootpw"]);
+    etcdctl(&url, &["auth", "enable"]);
     let s = Scratch::new();
     for user in [None, Some("root:wrong")] {
         let mut cmd = devlock(&s, &url);
@@ -748,21 +695,6 @@ fn nix_hostname() -> String {
         .to_owned()
 }
 
-fn etcdctl(url: &str, args: &[&str]) -> String {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", url])
-        .args(args)
-        .output()
-        .expect("etcdctl (Debian package etcd-client)");
-    assert!(
-        out.status.success(),
-        "etcdctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// etcd compacts away the history a holder's watch of its own key starts
 /// from: the watch is cancelled, and devlock must still see its key go.
 #[test]
@@ -775,10 +707,7 @@ fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
     let first = spawn(&s, &url, &[&r], &script);
     wait_for_file(&ready);
     let shell = s.work("shell");
-    let script = format!(
-        "echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
-        p = shell.display()
-    );
+    let script = format!("{}; exec sleep 1000", write_pid("$$", &shell));
     let mut second = spawn(&s, &url, &["--ttl", "600s", &r], &script);
     wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
     // History after the waiter joined, compacted away.
@@ -793,12 +722,7 @@ fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
     etcdctl(&url, &["compact", &revision]);
     release(&s, "a");
     assert!(first.wait_with_output().unwrap().status.success());
-    wait_for_file(&shell);
-    let command_pid: u32 = std::fs::read_to_string(&shell)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command_pid = pid_in(&shell);
     let key = status(&s, &url, &r)["holders"][0]["key"]
         .as_str()
         .unwrap()

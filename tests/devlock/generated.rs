@@ -147,15 +147,22 @@ fn man_for(cmd: &clap::Command, version: &str) -> clap_mangen::Man {
         .manual("General Commands Manual")
 }
 
+/// A page up to its generated DESCRIPTION: the banner, title, NAME and
+/// SYNOPSIS, all from clap.
+fn page_head(man: &clap_mangen::Man) -> String {
+    let mut page = generated_by(".\\\"") + ROFF_PREAMBLE;
+    page += &rendered(man, clap_mangen::Man::render_title);
+    page += NO_HYPHENATION;
+    page += &rendered(man, clap_mangen::Man::render_name_section);
+    page += &rendered(man, clap_mangen::Man::render_synopsis_section);
+    page += &rendered(man, clap_mangen::Man::render_description_section);
+    page
+}
+
 fn man_page(cmd: &clap::Command) -> String {
     let version = version(cmd);
     let man = man_for(cmd, &version);
-    let mut page = generated_by(".\\\"") + ROFF_PREAMBLE;
-    page += &rendered(&man, clap_mangen::Man::render_title);
-    page += NO_HYPHENATION;
-    page += &rendered(&man, clap_mangen::Man::render_name_section);
-    page += &rendered(&man, clap_mangen::Man::render_synopsis_section);
-    page += &rendered(&man, clap_mangen::Man::render_description_section);
+    let mut page = page_head(&man);
     page += &doc("man/description.roff");
     if cmd.get_arguments().any(|a| !a.is_hide_set()) {
         page += &rendered(&man, clap_mangen::Man::render_options_section);
@@ -180,12 +187,7 @@ fn man_page(cmd: &clap::Command) -> String {
 fn subcommand_man_page(parent: &clap::Command, sub: &clap::Command) -> String {
     let version = version(parent);
     let man = man_for(sub, &version);
-    let mut page = generated_by(".\\\"") + ROFF_PREAMBLE;
-    page += &rendered(&man, clap_mangen::Man::render_title);
-    page += NO_HYPHENATION;
-    page += &rendered(&man, clap_mangen::Man::render_name_section);
-    page += &rendered(&man, clap_mangen::Man::render_synopsis_section);
-    page += &rendered(&man, clap_mangen::Man::render_description_section);
+    let mut page = page_head(&man);
     if sub.get_arguments().any(|a| !a.is_hide_set()) {
         page += &rendered(&man, clap_mangen::Man::render_options_section);
     }

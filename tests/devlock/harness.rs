@@ -101,19 +101,39 @@ impl Scratch {
         what: &str,
         accept: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let start = Instant::now();
-        loop {
-            let view = self.resource_status(name);
-            if accept(&view) {
-                return view;
-            }
-            assert!(
-                start.elapsed() < HANG,
-                "timed out waiting for {what}; last status: {view}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll_until(what, || self.resource_status(name), accept)
     }
+}
+
+/// Fetches a snapshot (a status, which the awaited thing changes in another
+/// process) until `accept` holds; fails on a hang, showing the last one.
+pub fn poll_until<T: std::fmt::Display>(
+    what: &str,
+    fetch: impl Fn() -> T,
+    accept: impl Fn(&T) -> bool,
+) -> T {
+    let start = Instant::now();
+    loop {
+        let view = fetch();
+        if accept(&view) {
+            return view;
+        }
+        assert!(
+            start.elapsed() < HANG,
+            "timed out waiting for {what}; last status: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a pid file written in one rename, and reads the pid.
+pub fn pid_in(path: &Path) -> u32 {
+    wait_for_file(path);
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// The shell a holder runs: says it holds (writes `ready-TAG`), then waits

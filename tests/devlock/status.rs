@@ -147,11 +147,7 @@ fn a_killed_holder_leaves_nothing_behind() {
         ),
         &ready,
     );
-    let command: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let command = pid_in(&pidfile) as i32;
     holder.kill().unwrap();
     holder.wait().unwrap();
     signal(command as u32, libc::SIGKILL);
