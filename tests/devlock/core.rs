@@ -704,3 +704,22 @@ fn etcd_without_the_feature_says_how_to_get_it() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--features etcd"), "{}", stderr(&out));
 }
+
+#[test]
+fn lease_flags_without_etcd_are_usage_errors() {
+    let s = Scratch::new();
+    for flag in ["--ttl", "--kill-after"] {
+        let out = s
+            .devlock()
+            .env_remove("DEVLOCK_ETCD")
+            .args([flag, "3s", "r", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(
+            stderr(&out).contains("only with --etcd"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}

@@ -731,3 +731,48 @@ fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
     assert_eq!(wait_child(&mut second).code(), Some(76));
     wait_gone(command_pid);
 }
+
+/// What the command left running ignores SIGTERM: devlock passes the
+/// signal on, then SIGKILLs it --kill-after later, and ends with the
+/// command's own status.
+#[test]
+fn etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("grace");
+    let orphan = s.work("orphan");
+    let script = format!(
+        "(trap '' TERM; exec sleep 1000) & {}; exit 3",
+        write_pid("$!", &orphan)
+    );
+    let mut holder = spawn(&s, &url, &["--kill-after", "200ms", &r], &script);
+    let orphan_pid = pid_in(&orphan);
+    wait_for(&s, &url, &r, "the command to have exited", |v| {
+        v["holders"][0]["child"].is_u64()
+            && !std::path::Path::new(&format!(
+                "/proc/{}",
+                v["holders"][0]["child"].as_u64().unwrap()
+            ))
+            .exists()
+    });
+    signal(holder.id(), libc::SIGTERM);
+    assert_eq!(wait_child(&mut holder).code(), Some(3));
+    wait_gone(orphan_pid);
+    assert_eq!(status(&s, &url, &r)["state"], "free");
+}
+
+#[test]
+fn etcd_flags_it_cannot_honour_are_usage_errors() {
+    let s = Scratch::new();
+    let url = "http://127.0.0.1:1";
+    for args in [
+        &["--any", "a", "b", "--", "true"][..],
+        &["--slots", "2", "a", "--", "true"][..],
+        &["--require-idle", "gpu", "--", "true"][..],
+        &["--etcd-user", "no-colon", "a", "--", "true"][..],
+    ] {
+        let out = run(&s, url, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    }
+}
