@@ -207,10 +207,7 @@ fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() 
         &script,
     );
     let command_pid = pid_in(&pid_file);
-    let verdict = s.work("verdict");
-    let check = verdict_script(&[&pid_file], &verdict);
-    let mut waiter = spawn(&s, &url, &["-q", &r], &check);
-    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&pid_file]);
     let killed_at = Instant::now();
     signal(holder.id(), libc::SIGKILL);
     wait_child(&mut holder);
@@ -251,6 +248,21 @@ fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path::Path) -> 
     )
 }
 
+/// Starts a waiter for `r` whose command first writes to the returned
+/// verdict file whether the processes in `pid_files` are all gone, and
+/// waits until it is in line.
+fn waiter_checking(
+    s: &Scratch,
+    url: &str,
+    r: &str,
+    pid_files: &[&std::path::Path],
+) -> (std::process::Child, std::path::PathBuf) {
+    let verdict = s.work("verdict");
+    let waiter = spawn(s, url, &["-q", r], &verdict_script(pid_files, &verdict));
+    wait_for(s, url, r, "a waiter", |v| waiters(v) == 1);
+    (waiter, verdict)
+}
+
 /// The holder talks to etcd through a proxy that the test cuts: its
 /// command, and what the command left running, must be dead before the
 /// waiter (on the direct address) starts.
@@ -276,10 +288,7 @@ fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
         &script,
     );
     wait_for_file(&shell);
-    let verdict = s.work("verdict");
-    let check = verdict_script(&[&shell, &orphan], &verdict);
-    let mut waiter = spawn(&s, &url, &["-q", &r], &check);
-    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&shell, &orphan]);
     proxy.cut();
     let out = holder.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -321,10 +330,7 @@ fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
         assert!(start.elapsed() < HANG, "the pipe never filled");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let verdict = s.work("verdict");
-    let check = verdict_script(&[&shell, &filler], &verdict);
-    let mut waiter = spawn(&s, &url, &["-q", &r], &check);
-    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&shell, &filler]);
     proxy.cut();
     assert!(wait_child(&mut waiter).success());
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
