@@ -12,6 +12,10 @@ pub struct Resource(String);
 /// Longest accepted resource name.
 pub const MAX_NAME_LEN: usize = 64;
 
+/// Largest GPU index a `gpu:N` name may carry: far above any machine's
+/// count, small enough for every consumer (`CUDA_VISIBLE_DEVICES`, u16).
+pub const MAX_GPU_INDEX: u32 = 65535;
+
 impl Resource {
     /// Checks a name as the user typed it.
     pub fn parse(name: &OsStr) -> Result<Resource, String> {
@@ -34,6 +38,14 @@ impl Resource {
             return Err(format!(
                 "invalid resource name \"{shown}\": it must not start with '.' or '-'"
             ));
+        }
+        if let Some(index) = text.strip_prefix("gpu:")
+            && index
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-:._".contains(c))
+        {
+            check_gpu_index(index)
+                .map_err(|rule| format!("invalid resource name \"{shown}\": {rule}"))?;
         }
         if let Some(bad) = text.chars().find(|c| !is_name_char(*c)) {
             return Err(format!(
@@ -82,6 +94,27 @@ impl Resource {
         let name = file_name.strip_suffix(".lock")?;
         Resource::parse(OsStr::new(name)).ok()
     }
+}
+
+/// One name per device: a member of `gpu` is its index in canonical decimal,
+/// so `gpu:0`, `gpu:00` and `gpu:+0` cannot be three locks on one GPU, and a
+/// name that is no index cannot leave `CUDA_VISIBLE_DEVICES` unset.
+fn check_gpu_index(index: &str) -> Result<(), String> {
+    let rule = format!(
+        "a GPU is gpu:N with N its index in decimal, 0 to {MAX_GPU_INDEX}, without sign or leading zeros"
+    );
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(rule);
+    }
+    let canonical = index.trim_start_matches('0');
+    let canonical = if canonical.is_empty() { "0" } else { canonical };
+    if canonical.len() > 5 || canonical.parse::<u32>().map_or(true, |n| n > MAX_GPU_INDEX) {
+        return Err(rule);
+    }
+    if canonical != index {
+        return Err(format!("write it gpu:{canonical} ({rule})"));
+    }
+    Ok(())
 }
 
 fn is_name_char(c: char) -> bool {
@@ -133,6 +166,29 @@ mod tests {
         }
         let not_utf8 = OsStr::from_bytes(b"gp\xffu");
         assert!(Resource::parse(not_utf8).unwrap_err().contains("UTF-8"));
+    }
+
+    #[test]
+    fn a_gpu_has_one_name() {
+        for name in ["gpu:0", "gpu:7", "gpu:65535", "gpu", "gpus:00", "tpu:00"] {
+            assert!(Resource::parse(OsStr::new(name)).is_ok(), "{name}");
+        }
+        for (name, want) in [
+            ("gpu:00", "write it gpu:0"),
+            ("gpu:007", "write it gpu:7"),
+            ("gpu:+1", "without sign"),
+            ("gpu:-1", "without sign"),
+            ("gpu:x", "in decimal"),
+            ("gpu:", "in decimal"),
+            ("gpu:1:2", "in decimal"),
+            ("gpu:65536", "0 to 65535"),
+            ("gpu:4294967296", "0 to 65535"),
+            ("gpu:0000000000000000000001", "0 to 65535"),
+        ] {
+            let err = Resource::parse(OsStr::new(name)).unwrap_err();
+            assert!(err.contains(want), "{name}: {err}");
+        }
+        assert_eq!(Resource::from_file_name("gpu:00.lock"), None);
     }
 
     #[test]
