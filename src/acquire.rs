@@ -13,7 +13,7 @@ use crate::exit::{ExitCode, coded};
 use crate::interrupt::Stop;
 use crate::lockfile::{LockFile, TryLock};
 use crate::procfs::{self, LockTable};
-use crate::queue::Ticket;
+use crate::queue::{Agreement, Ticket};
 use crate::record::Record;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
@@ -40,37 +40,74 @@ pub struct Held {
     pub lock: LockFile,
     /// The semaphore slot (from 1) and its lock file.
     pub slot: Option<(u64, LockFile)>,
-    /// Kept while holding exclusively, so the line behind waits for us.
+    /// Kept while holding: exclusively, the place in line, so the line
+    /// behind waits for us; always, the agreement on the slot count.
     ticket: Option<Ticket>,
     /// A shared holder's label (there is no single record in a shared file).
     label_file: Option<Registration>,
+    /// Whether the lock file may hold our record (decided once, at the
+    /// first label), and whether one was written (to clear on release).
+    record_ok: std::cell::OnceCell<bool>,
+    wrote: std::cell::Cell<bool>,
 }
 
 impl Held {
-    /// Descriptors the command must inherit to keep holding.
+    /// Descriptors the command must inherit to keep holding (and a shared
+    /// holder's registration, so its label lives as long as the hold).
     pub fn inheritable_fds(&self) -> Vec<RawFd> {
         let mut fds = vec![self.lock.file().as_raw_fd()];
         fds.extend(self.slot.as_ref().map(|(_, l)| l.file().as_raw_fd()));
+        fds.extend(self.label_file.as_ref().map(Registration::fd));
         fds
     }
 
     /// Whether the holder record goes into the lock file itself.
     pub fn owns_record(&self) -> bool {
-        self.request.exclusive && self.request.slots == 0 && self.lock.is_writable()
+        self.request.exclusive && self.request.slots == 0
+    }
+
+    /// The lock files this hold keeps, with the path each was opened at:
+    /// the lock, and the slot's.
+    pub fn files(&self) -> impl Iterator<Item = &LockFile> {
+        std::iter::once(&self.lock).chain(self.slot.as_ref().map(|(_, l)| l))
     }
 
     /// Writes the holder's label, now naming the running command: into the
-    /// lock file for an exclusive hold, into the registration for a shared one.
+    /// lock file for an exclusive hold, into the registration for a shared
+    /// one. A lock file that holds anything but a devlock record is held
+    /// without one (and the run says so once).
     pub fn label(&self, record: &Record) {
         let mut record = record.clone();
         record.ticket = self.ticket.as_ref().map(|t| t.number);
         record.slot = self.slot.as_ref().map(|(s, _)| *s);
         record.via = self.request.via.as_ref().map(Resource::to_string);
         if self.owns_record() {
+            let ok = *self
+                .record_ok
+                .get_or_init(|| match self.lock.may_hold_record() {
+                    Ok(()) => true,
+                    Err(why) => {
+                        crate::trust::note_line(why);
+                        false
+                    }
+                });
             // A label only: a failure to write it must not stop the work.
-            let _ = record.write_to(self.lock.file());
+            if ok && record.write_to(self.lock.file()).is_ok() {
+                self.wrote.set(true);
+            }
         } else if let Some(label) = &self.label_file {
             let _ = label.rewrite(&record);
+        }
+    }
+}
+
+impl Drop for Held {
+    /// Release clears the label before the lock goes (the kernel drops it
+    /// when the last descriptor closes): no step outlives the hold. The
+    /// file itself stays, so nobody can slip in on a fresh one.
+    fn drop(&mut self) {
+        if self.wrote.get() {
+            let _ = self.lock.file().set_len(0);
         }
     }
 }
@@ -91,7 +128,6 @@ pub struct Context<'a> {
     pub dir: &'a ScratchDir,
     /// The label registrations and holds carry.
     pub step: String,
-    pub command: Vec<String>,
     pub no_wait: bool,
     /// The display and deadline of the command line; `None` waits quietly.
     pub plan: Option<&'a WaitPlan>,
@@ -110,7 +146,7 @@ impl Context<'_> {
     /// A fresh record for this process; built only when a label is written,
     /// so an uncontended take reads nothing it does not need.
     pub fn record(&self) -> Record {
-        Record::for_this_process(&self.step, &self.command)
+        Record::for_this_process(&self.step)
     }
 }
 
@@ -125,24 +161,13 @@ impl Entry {
     fn join(dir: &ScratchDir, request: &Request) -> Result<Entry> {
         let name = request.name.file_name();
         let lock = LockFile::open(dir, &name)?;
-        let ticket = Ticket::take(dir, &name, request.slots, &|| in_use(&lock))?;
-        if ticket.agreed_slots != request.slots {
-            let theirs = match ticket.agreed_slots {
-                0 => "as a plain lock".to_owned(),
-                n => format!("with --slots {n}"),
-            };
-            let ours = match request.slots {
-                0 => "as a plain lock".to_owned(),
-                n => format!("with --slots {n}"),
-            };
-            return Err(coded(
-                ExitCode::Usage,
-                format!(
-                    "{} is in use {theirs}, but this asks for it {ours}; everyone must use a resource the same way",
-                    request.name
-                ),
-            ));
-        }
+        let ticket = Ticket::take(
+            dir,
+            &name,
+            request.slots,
+            &|| in_use(&lock),
+            request.name.as_str(),
+        )?;
         Ok(Entry {
             request: request.clone(),
             lock,
@@ -218,6 +243,7 @@ impl Entry {
 /// A hold: an exclusive holder keeps its place so the line behind waits; a
 /// shared holder steps aside so the line moves on, and labels itself in a
 /// registration, as a shared lock file has no room for everyone's record.
+/// Both keep the agreement on the slot count their ticket holds.
 fn hold(
     ctx: &Context,
     request: Request,
@@ -225,14 +251,17 @@ fn hold(
     ticket: Option<Ticket>,
     slot: Option<(u64, LockFile)>,
 ) -> Held {
+    let held = |request, lock, slot, ticket, label_file| Held {
+        request,
+        lock,
+        slot,
+        ticket,
+        label_file,
+        record_ok: std::cell::OnceCell::new(),
+        wrote: std::cell::Cell::new(false),
+    };
     if request.exclusive && request.slots == 0 {
-        return Held {
-            request,
-            lock,
-            slot,
-            ticket,
-            label_file: None,
-        };
+        return held(request, lock, slot, ticket, None);
     }
     let number = ticket.as_ref().map(|t| t.number);
     if let Some(ticket) = &ticket {
@@ -243,13 +272,7 @@ fn hold(
     record.slot = slot.as_ref().map(|(s, _)| *s);
     record.via = request.via.as_ref().map(Resource::to_string);
     let label = Registration::create(ctx.dir, &request.name, &record, Kind::Hold).ok();
-    Held {
-        request,
-        lock,
-        slot,
-        ticket: None,
-        label_file: label,
-    }
+    held(request, lock, slot, ticket, label)
 }
 
 /// The uncontended take: nobody in line and the lock free, without joining
@@ -275,8 +298,9 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         // Without joining the line: a failing -n must never hold a place
         // in it, not even while it words its message.
         let lock = LockFile::open(ctx.dir, &request.name.file_name())?;
-        let agreed = crate::queue::agreed_slots(ctx.dir, &request.name.file_name()).unwrap_or(0);
-        if agreed != 0 && in_use(&lock) {
+        if let Agreement::Slots(agreed @ 1..) =
+            crate::queue::agreement(ctx.dir, &request.name.file_name())?
+        {
             return Err(coded(
                 ExitCode::Usage,
                 format!(
@@ -533,6 +557,7 @@ fn first_of<I: Send, T: Send>(
             let (job, threads, started) = (&job, &threads, &started);
             handles.push(scope.spawn(move || {
                 crate::interrupt::unblock_here();
+                crate::interrupt::let_job_stops_in_here();
                 // SAFETY: pthread_self is always safe.
                 threads.lock().unwrap()[index] = Some(unsafe { libc::pthread_self() });
                 started.wait();
@@ -543,6 +568,8 @@ fn first_of<I: Send, T: Send>(
         }
         started.wait();
         drop(tx);
+        // A job stop must reach a thread asleep in a lock call, not this one.
+        let mask = crate::interrupt::keep_job_stops_off_here();
         let mut winner = None;
         let mut first_error = None;
         // Wait for the first success (or for every job to fail).
@@ -563,6 +590,7 @@ fn first_of<I: Send, T: Send>(
         for (stop, thread) in stops.iter().zip(threads.lock().unwrap().iter()) {
             stop.stop(thread.expect("every thread said who it is"));
         }
+        crate::interrupt::restore(&mask);
         // Late winners are dropped here, releasing what they took.
         drop(rx);
         for handle in handles {
@@ -644,7 +672,11 @@ fn busy(
 ) -> anyhow::Error {
     let view = status::describe(lock, dir, resource);
     let who = if view.holders.is_empty() && !view.waiters.is_empty() {
-        format!(": {} already waiting in line", view.waiters.len())
+        format!(
+            ": {} already waiting in line{}",
+            view.waiters.len(),
+            wait::unexplained_phrase(&view)
+        )
     } else {
         wait::holder_phrase(&view)
     };

@@ -25,6 +25,7 @@ Examples:
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
+  sudo devlock setup --gpus                      a directory and GPU locks no user can break
   flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate
   devlock --etcd http://10.0.0.5:2379 licence -- ./solve.sh
                                                  one licence, across machines";
@@ -38,7 +39,7 @@ Examples:
     long_about = LONG_ABOUT,
     after_long_help = EXAMPLES,
     subcommand_negates_reqs = true,
-    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]..."
+    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]..."
 )]
 #[allow(missing_docs)] // clap turns doc comments into help text
 pub struct Cli {
@@ -49,7 +50,7 @@ pub struct Cli {
     pub run: RunArgs,
 
     /// Scratch directory holding the lock files (created sticky and
-    /// world-writable when missing)
+    /// world-writable when missing; `devlock setup` makes it root's)
     #[arg(
         long,
         global = true,
@@ -94,24 +95,81 @@ pub enum Command {
     /// Show who holds each lock, for how long, and who waits
     #[command(
         long_about = "Show who holds each lock, for how long, and who waits.\n\n\
-        Whether a lock is held comes from the kernel (/proc/locks); records only \
-        label holders, and a record whose process is gone is shown as stale. \
-        status never takes a lock to find out. With nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
-        it also shows each GPU's memory, utilisation and processes, and which of \
-        them are outside the gate.\n\n\
-        --json prints one document: {dir, resources: [{name, state (free, held or \
-        shared), slots, holders: [{step, pid, pids, user, since, held_for_ms, command, \
-        exclusive, via, slot, devices, source}], waiters: [{step, pid, user, since, \
-        waiting_for_ms, position}], record, stale_record}], device_info: {status \
-        (none, unknown or ok), reason}, devices: [{index, uuid, name, memory_used_mib, \
-        memory_total_mib, utilization_pct, processes: [{pid, name, user, used_mib, \
-        gated, gate}]}]}. Unknown values are null.\n\n\
+        Whether a lock is held comes from the kernel (/proc/locks); users come from \
+        the kernel too (the uid of the live process), and command lines are read \
+        live from /proc, never from a file. A record in a lock file only labels its \
+        holder (step, since), and only when the process it names, pid and start \
+        time, is the holder the kernel lists; a record whose process is gone is \
+        shown as stale. When status cannot see who holds a lock (a file it cannot \
+        open, a holder outside its PID namespace) it says held by unknown, never \
+        free. status never takes a lock to find out, except inside a child PID \
+        namespace (see devlock(1)). With nvidia-smi (or DEVLOCK_NVIDIA_SMI) it also \
+        shows each GPU's memory, utilisation and processes, and which of them are \
+        outside the gate. Files another user could rename or replace are named in a \
+        warning, with the fix.\n\n\
+        --json prints one document: {dir, trust: {safe, managed, issues: [{path, \
+        owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
+        slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
+        exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
+        or unknown), note}], waiters: [{step, pid, user, since, waiting_for_ms, \
+        position, ticket, stopped, source (registration, flock or unregistered)}], \
+        record (unreadable or private), stale_record, foreign_locks: [{path, range, \
+        exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust}], \
+        device_info: {status (none, unknown or ok), reason}, devices: [{index, uuid, \
+        name, memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, \
+        name, user, used_mib, gated, gate}]}]}. Unknown values are null; text from \
+        files and processes has control and format characters replaced by '?'.\n\n\
         With --etcd URL it shows the locks in etcd instead, across machines: \
         {etcd, prefix, resources: [{name, state, holders: [{step, pid, child, user, \
         host, since, held_for_ms, command, exclusive, via, key, revision, lease, \
         lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}]}."
     )]
     Status(StatusArgs),
+
+    /// Make the scratch directory and the resources' files root's, so that no
+    /// user can rename, remove or replace them (run as root)
+    #[command(
+        long_about = "Make the scratch directory and the named resources' files root's, \
+        so that no user can rename, remove, replace or squat them: a managed directory \
+        for a shared machine. Run as root; running it again changes only what is not \
+        as it should be.\n\n\
+        The directory becomes root:root 1777 (sticky, so users can still lock names \
+        nobody declared, which stay open and draw a warning), or root:G 1770 with \
+        --group G (only members of G can take the locks). Each RESOURCE gets its \
+        lock file and queue file, root's, mode 0666 (root:G 0660 with --group). A \
+        directory another user owns is taken over; a file another user owns, or of \
+        the wrong type, is replaced (a new root file renamed over it) unless it is \
+        locked: a held lock file is never replaced (two holders), that file is \
+        named with its holder and setup exits 75. With --print-tmpfiles it prints \
+        the same set-up as a systemd-tmpfiles(5) snippet instead, to make it again \
+        at every boot (/run is a tmpfs)."
+    )]
+    Setup(SetupArgs),
+}
+
+/// Arguments of `devlock setup`.
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Resources to declare: their lock and queue files become root's
+    #[arg(value_name = "RESOURCE")]
+    pub resources: Vec<OsString>,
+
+    /// Only members of this group may take the locks (directory root:GROUP
+    /// 1770, files root:GROUP 0660)
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+
+    /// Declare gpu and gpu:0 .. gpu:N-1 for the GPUs nvidia-smi lists
+    #[arg(long)]
+    pub gpus: bool,
+
+    /// Also make the semaphore slot files of each RESOURCE (for --slots N)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub slots: Option<u16>,
+
+    /// Print a systemd-tmpfiles snippet for this set-up instead of making it
+    #[arg(long)]
+    pub print_tmpfiles: bool,
 }
 
 /// Arguments for running a command under a lock.
@@ -141,7 +199,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub step: Option<String>,
 
-    /// Print nothing while waiting
+    /// Print nothing while waiting, and no warnings
     #[arg(short, long)]
     pub quiet: bool,
 
@@ -279,6 +337,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn setup_is_a_subcommand() {
+        let cli =
+            Cli::try_parse_from(["devlock", "setup", "--gpus", "--group", "gpu", "x"]).unwrap();
+        match cli.subcommand {
+            Some(Command::Setup(args)) => {
+                assert!(args.gpus && !args.print_tmpfiles);
+                assert_eq!(args.group.as_deref(), Some("gpu"));
+                assert_eq!(args.resources, ["x"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["devlock", "setup", "--slots", "0", "x"]).is_err());
     }
 
     #[test]

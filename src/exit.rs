@@ -25,6 +25,8 @@ pub enum ExitCode {
     LeaseLost,
     /// etcd refused the user name or password (EX_NOPERM).
     EtcdDenied,
+    /// `devlock setup` was run without root (EX_NOPERM).
+    NoPermission,
     /// The command was found but could not be executed.
     CannotExecute,
     /// The command was not found.
@@ -47,7 +49,7 @@ impl ExitCode {
             ExitCode::IoError => 74,
             ExitCode::Busy => 75,
             ExitCode::LeaseLost => 76,
-            ExitCode::EtcdDenied => 77,
+            ExitCode::EtcdDenied | ExitCode::NoPermission => 77,
             ExitCode::CannotExecute => 126,
             ExitCode::NotFound => 127,
             ExitCode::Signal(n) => 128 + n,
@@ -71,6 +73,7 @@ mod tests {
         assert_eq!(ExitCode::EtcdUnreachable.code(), 68);
         assert_eq!(ExitCode::LeaseLost.code(), 76);
         assert_eq!(ExitCode::EtcdDenied.code(), 77);
+        assert_eq!(ExitCode::NoPermission.code(), 77);
         assert_eq!(ExitCode::CannotExecute.code(), 126);
         assert_eq!(ExitCode::NotFound.code(), 127);
         assert_eq!(ExitCode::Signal(15).code(), 143);

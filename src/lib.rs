@@ -13,6 +13,7 @@
 mod etcd;
 mod lock;
 mod run;
+mod setup;
 mod status_cmd;
 mod wait;
 
@@ -45,6 +46,8 @@ pub mod supervise;
 #[doc(hidden)]
 pub mod text;
 #[doc(hidden)]
+pub mod trust;
+#[doc(hidden)]
 pub mod waiters;
 
 pub use lock::{Guard, Lock, Options, Wait};
@@ -59,6 +62,7 @@ pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
     }
     match cli.subcommand {
         Some(cli::Command::Status(args)) => status_cmd::run(&args, &cli.dir, cli.probe_timeout),
+        Some(cli::Command::Setup(args)) => setup::run(&args, &cli.dir, cli.probe_timeout),
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
 }
@@ -68,6 +72,10 @@ fn run_etcd(cli: cli::Cli) -> Result<exit::ExitCode> {
     let config = etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref())?;
     match cli.subcommand {
         Some(cli::Command::Status(args)) => etcd::status::run(&args, config),
+        Some(cli::Command::Setup(_)) => Err(exit::coded(
+            exit::ExitCode::Usage,
+            "devlock setup prepares the scratch directory; it has nothing to do with --etcd",
+        )),
         None => etcd::run::run(&cli.run, config),
     }
 }

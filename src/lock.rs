@@ -99,7 +99,6 @@ impl Lock {
         let ctx = Context {
             dir: &dir,
             step: options.step.clone(),
-            command: Vec::new(),
             no_wait: options.wait == Wait::NoWait,
             plan: None,
             stop: Stop::default(),

@@ -24,6 +24,11 @@ pub struct LockFile {
     path: PathBuf,
     id: FileId,
     writable: bool,
+    /// Owner, mode bits and link count as opened: who could rename it, and
+    /// whether a record may be written into it.
+    owner: u32,
+    mode: u32,
+    nlink: u64,
 }
 
 /// Whether a lock was taken, or who is in the way.
@@ -35,8 +40,12 @@ pub enum TryLock {
 
 impl LockFile {
     /// Opens `name` in `dir`, creating it when missing. Refuses symlinks,
-    /// FIFOs, devices, hard links and anything else that is not a plain file
-    /// with one link, and never truncates or writes before holding the lock.
+    /// FIFOs, sockets, devices and directories (exit 74, naming the path),
+    /// and never truncates or writes before holding the lock. A file with
+    /// several hard links is used: anyone can link a file they can write,
+    /// so refusing it would hand every user a way to disable a resource
+    /// (a record is then written only where that gives nobody anything, see
+    /// [`LockFile::may_hold_record`]).
     pub fn open(dir: &ScratchDir, name: &str) -> Result<LockFile> {
         let path = dir.path().join(name);
         let c_name = crate::scratch::c_path(name.as_ref())?;
@@ -79,13 +88,17 @@ impl LockFile {
             // SAFETY: fd is a freshly opened descriptor owned by nobody else.
             let file = unsafe { File::from_raw_fd(fd) };
             let meta = file.metadata().map_err(|e| open_error(&path, e))?;
-            check_plain_file(meta.file_type().is_file(), meta_nlink(&meta), &path)?;
+            check_plain_file(std::os::unix::fs::MetadataExt::mode(&meta), &path)?;
             let id = FileId::from_metadata(meta_dev(&meta), meta_ino(&meta));
+            crate::trust::note_file(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
             return Ok(LockFile {
                 file,
                 path,
                 id,
                 writable,
+                owner: std::os::unix::fs::MetadataExt::uid(&meta),
+                mode: std::os::unix::fs::MetadataExt::mode(&meta),
+                nlink: meta_nlink(&meta),
             });
         }
     }
@@ -109,7 +122,47 @@ impl LockFile {
             path: self.path.clone(),
             id: self.id,
             writable: self.writable,
+            owner: self.owner,
+            mode: self.mode,
+            nlink: self.nlink,
         })
+    }
+
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// Whether a record may go into this file, and if not, why (one line
+    /// for a warning). Only a file that is empty or already holds a devlock
+    /// record is written: anything else is somebody's data (`--dir .` with
+    /// a `Cargo.lock`). A file linked elsewhere too is written only when
+    /// everyone may write it anyway, so a link cannot make devlock write
+    /// where its linker could not.
+    pub fn may_hold_record(&self) -> std::result::Result<(), String> {
+        use std::os::unix::fs::FileExt;
+        if !self.writable {
+            return Err(format!(
+                "{} is not writable for this user; holding it without a record",
+                self.path.display()
+            ));
+        }
+        if self.nlink > 1 && self.mode & 0o002 == 0 {
+            return Err(format!(
+                "{} has {} hard links; holding it without writing a record into it",
+                self.path.display(),
+                self.nlink
+            ));
+        }
+        let mut start = vec![0u8; crate::record::MAX_RECORD_BYTES + 1];
+        let len = self.file.read_at(&mut start, 0).unwrap_or(usize::MAX);
+        if len <= crate::record::MAX_RECORD_BYTES && crate::record::is_ours_to_write(&start[..len])
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "{} holds data devlock did not write; holding it without a record (status shows no step)",
+            self.path.display()
+        ))
     }
 
     /// The open file, for uses other than flock (the queue's byte locks).
@@ -135,6 +188,9 @@ impl LockFile {
     /// wait with `Interrupted` when `keep_waiting` says so.
     pub fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
         loop {
+            if !keep_waiting() {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
             match flock(&self.file, lock_op(exclusive)) {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) && keep_waiting() => continue,
                 other => return other,
@@ -225,35 +281,43 @@ fn refuse_odd_file_before_opening(
     path: &std::path::Path,
 ) -> Result<()> {
     match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st) => check_plain_file(
-            st.st_mode & libc::S_IFMT == libc::S_IFREG,
-            st.st_nlink,
-            path,
-        ),
+        Ok(st) => check_plain_file(st.st_mode, path),
         Err(_) => Ok(()),
     }
 }
 
-fn check_plain_file(is_file: bool, nlink: u64, path: &std::path::Path) -> Result<()> {
-    if !is_file {
-        return Err(coded(
-            ExitCode::IoError,
-            format!(
-                "{} is not a regular file (a symlink, FIFO or device was put there); refusing to use it",
-                path.display()
-            ),
-        ));
+/// What a file of mode `mode` is, in words.
+pub fn kind_of(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "regular file",
+        libc::S_IFDIR => "directory",
+        libc::S_IFLNK => "symbolic link",
+        libc::S_IFIFO => "FIFO",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFCHR => "character device",
+        libc::S_IFBLK => "block device",
+        _ => "file of unknown type",
     }
-    if nlink != 1 {
-        return Err(coded(
-            ExitCode::IoError,
-            format!(
-                "{} has {nlink} hard links; a lock file must have exactly one, refusing to use it",
-                path.display()
-            ),
-        ));
+}
+
+fn check_plain_file(mode: u32, path: &std::path::Path) -> Result<()> {
+    if mode & libc::S_IFMT == libc::S_IFREG {
+        return Ok(());
     }
-    Ok(())
+    Err(wrong_type(path, mode))
+}
+
+/// The one-line error (exit 74) for a file of the wrong type at one of
+/// devlock's paths.
+pub fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
+    coded(
+        ExitCode::IoError,
+        format!(
+            "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
+            path.display(),
+            kind_of(mode)
+        ),
+    )
 }
 
 fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
@@ -262,10 +326,53 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
             "{} is a symbolic link; refusing to follow it in a shared directory",
             path.display()
         ),
+        Some(libc::EISDIR) => format!(
+            "{} is a directory, not a regular file; refusing to use it",
+            path.display()
+        ),
+        Some(libc::ENXIO) => format!(
+            "{} is a socket or device, not a regular file; refusing to use it",
+            path.display()
+        ),
+        Some(libc::EACCES) => format!(
+            "cannot open lock file {}: permission denied (its owner made it private; \
+             ask them, or have root run devlock setup)",
+            path.display()
+        ),
         _ => format!("cannot open lock file {}: {err}", path.display()),
     };
     coded(ExitCode::IoError, message)
 }
+
+/// An error opening one of devlock's files (queue, registration) for
+/// reading, as the one-line exit-74 error naming the path.
+pub fn unusable(path: &std::path::Path, err: io::Error) -> anyhow::Error {
+    if let Some(mode) = wrong_type_mode(&err) {
+        return wrong_type(path, mode);
+    }
+    open_error(path, err)
+}
+
+/// The error [`crate::waiters::open_read_only`] gives for a file of the
+/// wrong type, carrying its mode.
+pub fn wrong_type_error(mode: u32) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, WrongType(mode))
+}
+
+fn wrong_type_mode(err: &io::Error) -> Option<u32> {
+    err.get_ref()?.downcast_ref::<WrongType>().map(|w| w.0)
+}
+
+#[derive(Debug)]
+struct WrongType(u32);
+
+impl std::fmt::Display for WrongType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a {}, not a regular file", kind_of(self.0))
+    }
+}
+
+impl std::error::Error for WrongType {}
 
 fn meta_dev(meta: &std::fs::Metadata) -> u64 {
     std::os::unix::fs::MetadataExt::dev(meta)

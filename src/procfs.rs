@@ -38,13 +38,76 @@ pub struct KernelLock {
     pub blocked: bool,
 }
 
-/// Parses the flock(2) entries of `/proc/locks`; POSIX and OFD locks are skipped
-/// because they never conflict with flock on local filesystems.
+/// A byte-range lock (POSIX `fcntl` or open-file-description) from
+/// `/proc/locks` or an fdinfo `lock:` line. devlock's queue files use OFD
+/// locks; anything else on them is somebody else's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeLock {
+    pub file: FileId,
+    /// POSIX locks name their process; OFD locks belong to an open file
+    /// description, and the kernel shows them with pid -1 (`None`).
+    pub pid: Option<u32>,
+    pub ofd: bool,
+    pub exclusive: bool,
+    /// A `->` line: a request blocked waiting for this range.
+    pub blocked: bool,
+    pub start: u64,
+    /// Last byte, inclusive; `None` to the end of the file (`EOF`).
+    pub end: Option<u64>,
+}
+
+impl RangeLock {
+    /// Whether the lock covers exactly the one byte at `at`.
+    pub fn is_byte(&self, at: u64) -> bool {
+        self.start == at && self.end == Some(at)
+    }
+
+    /// `1048577-1048580` or `1048577-EOF`.
+    pub fn range_text(&self) -> String {
+        match self.end {
+            Some(end) if end == self.start => self.start.to_string(),
+            Some(end) => format!("{}-{end}", self.start),
+            None => format!("{}-EOF", self.start),
+        }
+    }
+}
+
+enum Entry {
+    Flock(KernelLock),
+    Range(RangeLock),
+}
+
+/// Parses the flock(2) entries of `/proc/locks`; byte-range entries are left
+/// out (they never conflict with flock on local filesystems).
 pub fn parse_locks(text: &str) -> Vec<KernelLock> {
-    text.lines().filter_map(parse_lock_line).collect()
+    text.lines()
+        .filter_map(|l| match parse_entry(l)? {
+            Entry::Flock(lock) => Some(lock),
+            Entry::Range(_) => None,
+        })
+        .collect()
+}
+
+/// The byte-range entries of `/proc/locks` (POSIX and OFD).
+pub fn parse_range_locks(text: &str) -> Vec<RangeLock> {
+    text.lines()
+        .filter_map(|l| match parse_entry(l)? {
+            Entry::Range(lock) => Some(lock),
+            Entry::Flock(_) => None,
+        })
+        .collect()
 }
 
 fn parse_lock_line(line: &str) -> Option<KernelLock> {
+    match parse_entry(line)? {
+        Entry::Flock(lock) => Some(lock),
+        Entry::Range(_) => None,
+    }
+}
+
+/// `1: FLOCK  ADVISORY  WRITE 3023 fe:00:10010754 0 EOF`, or with `->`
+/// after the number for a blocked request; POSIX and OFDLCK lines alike.
+fn parse_entry(line: &str) -> Option<Entry> {
     let mut words = line.split_whitespace();
     words.next()?; // "1:"
     let mut kind = words.next()?;
@@ -52,28 +115,50 @@ fn parse_lock_line(line: &str) -> Option<KernelLock> {
     if blocked {
         kind = words.next()?;
     }
-    if kind != "FLOCK" {
+    if !matches!(kind, "FLOCK" | "POSIX" | "OFDLCK") {
         return None;
     }
     words.next()?; // ADVISORY / MANDATORY
-    let mode = words.next()?;
-    let pid = words.next()?.parse().ok()?;
+    let exclusive = match words.next()? {
+        "WRITE" => true,
+        "READ" => false,
+        _ => return None,
+    };
+    let pid: i64 = words.next()?.parse().ok()?;
     let mut dev = words.next()?.split(':');
     let major = u32::from_str_radix(dev.next()?, 16).ok()?;
     let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
     let ino = dev.next()?.parse().ok()?;
-    Some(KernelLock {
-        file: FileId { major, minor, ino },
-        pid,
-        exclusive: mode == "WRITE",
+    let file = FileId { major, minor, ino };
+    if kind == "FLOCK" {
+        return Some(Entry::Flock(KernelLock {
+            file,
+            pid: u32::try_from(pid).ok()?,
+            exclusive,
+            blocked,
+        }));
+    }
+    let start = words.next()?.parse().ok()?;
+    let end = match words.next()? {
+        "EOF" => None,
+        n => Some(n.parse().ok()?),
+    };
+    Some(Entry::Range(RangeLock {
+        file,
+        pid: u32::try_from(pid).ok().filter(|&p| p > 0),
+        ofd: kind == "OFDLCK",
+        exclusive,
         blocked,
-    })
+        start,
+        end,
+    }))
 }
 
-/// All flock entries of the machine (of this pid namespace), by file.
+/// All lock entries of the machine (of this pid namespace), by file.
 #[derive(Debug, Default)]
 pub struct LockTable {
     by_file: HashMap<FileId, Vec<KernelLock>>,
+    ranges: HashMap<FileId, Vec<RangeLock>>,
 }
 
 impl LockTable {
@@ -93,7 +178,12 @@ impl LockTable {
                 locks = again;
             }
         }
-        Ok(LockTable::from_locks(locks))
+        let (flocks, ranges) = locks;
+        let mut table = LockTable::from_locks(flocks);
+        for lock in ranges {
+            table.ranges.entry(lock.file).or_default().push(lock);
+        }
+        Ok(table)
     }
 
     pub fn from_locks(locks: Vec<KernelLock>) -> LockTable {
@@ -101,7 +191,10 @@ impl LockTable {
         for lock in locks {
             by_file.entry(lock.file).or_default().push(lock);
         }
-        LockTable { by_file }
+        LockTable {
+            by_file,
+            ranges: HashMap::new(),
+        }
     }
 
     /// Granted locks on the file (one for an exclusive holder, several when shared).
@@ -118,13 +211,25 @@ impl LockTable {
         self.holders(file).next().is_some()
     }
 
+    /// Byte-range locks and requests on the file.
+    pub fn ranges(&self, file: FileId) -> &[RangeLock] {
+        self.ranges.get(&file).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether any lock of any kind, granted or requested, is on the file.
+    pub fn any_on(&self, file: FileId) -> bool {
+        self.entries(file).next().is_some() || !self.ranges(file).is_empty()
+    }
+
     fn entries(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
         self.by_file.get(&file).into_iter().flatten()
     }
 }
 
-/// The flock entries of `/proc/locks`, and how many reads it took.
-fn read_locks() -> std::io::Result<(Vec<KernelLock>, usize)> {
+type Locks = (Vec<KernelLock>, Vec<RangeLock>);
+
+/// The entries of `/proc/locks`, and how many reads it took.
+fn read_locks() -> std::io::Result<(Locks, usize)> {
     let mut file = fs::File::open("/proc/locks")?;
     let mut text = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
@@ -137,7 +242,8 @@ fn read_locks() -> std::io::Result<(Vec<KernelLock>, usize)> {
         pieces += 1;
         text.extend_from_slice(&chunk[..n]);
     }
-    Ok((parse_locks(&String::from_utf8_lossy(&text)), pieces))
+    let text = String::from_utf8_lossy(&text);
+    Ok(((parse_locks(&text), parse_range_locks(&text)), pieces))
 }
 
 /// The fields of `/proc/PID/stat` devlock uses, from one read.
@@ -217,6 +323,89 @@ pub fn comm_of(pid: u32) -> Option<String> {
     )
 }
 
+/// The command line of a live process, read now (so `hidepid` is
+/// respected); `None` when it cannot be read or is empty (a zombie, a
+/// kernel thread). Each argument is cleaned of control and format
+/// characters.
+pub fn cmdline_of(pid: u32) -> Option<Vec<String>> {
+    let mut file = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut buf = Vec::with_capacity(256);
+    file.by_ref().take(8 * 1024).read_to_end(&mut buf).ok()?;
+    let args: Vec<String> = buf
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| crate::text::clean(&String::from_utf8_lossy(a)))
+        .collect();
+    (!args.is_empty()).then_some(args)
+}
+
+/// Whether a live process is stopped (`T`, by a signal, or `t`, by a tracer).
+pub fn is_stopped(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| matches!(s.state, 'T' | 't'))
+}
+
+/// Whether this process lives in a child PID namespace, where `/proc/locks`
+/// leaves out every lock whose owner is outside it: its `NSpid` line then
+/// has more than one pid.
+pub fn in_child_pid_namespace() -> bool {
+    static CHILD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHILD.get_or_init(|| {
+        read_small("/proc/self/status").is_some_and(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .is_some_and(|pids| pids.split_whitespace().count() > 1)
+        })
+    })
+}
+
+/// Whether `pid` holds a granted flock on `file` through one of its
+/// descriptors, from its fdinfo; `None` when its descriptors cannot be read
+/// (another user's process, without privilege).
+pub fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
+    let locks = fd_locks(&pid.to_string())?;
+    Some(locks.iter().any(|(_, l)| l.file == file && !l.blocked))
+}
+
+/// The processes whose descriptors hold byte-range locks on `file`, found
+/// by scanning the fdinfo of every process this user may inspect (root:
+/// all). OFD locks show no pid in `/proc/locks`; this is the only way to
+/// name their owners. Expensive: used only to explain a lock nobody owns.
+pub fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
+    let mut found = Vec::new();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc_dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Some(info) = read_small(fd.path()) else {
+                continue;
+            };
+            for line in info.lines() {
+                let Some(rest) = line.strip_prefix("lock:") else {
+                    continue;
+                };
+                if let Some(Entry::Range(lock)) = parse_entry(rest.trim_start())
+                    && lock.file == file
+                {
+                    found.push((pid, lock));
+                }
+            }
+        }
+    }
+    found
+}
+
 /// The boot id, which tells records written before the last reboot apart.
 pub fn boot_id() -> Option<String> {
     Some(
@@ -275,11 +464,14 @@ pub fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
         .collect()
 }
 
-/// Every process holding a granted flock, by file, found by scanning the
-/// descriptors of all processes this user may inspect. Expensive on a big
-/// machine: used only when `/proc/locks` names a pid that is gone.
-pub fn all_flock_holders() -> HashMap<FileId, Vec<u32>> {
-    let mut found: HashMap<FileId, Vec<u32>> = HashMap::new();
+/// Every process holding a granted flock, by file, each with the pid its
+/// `lock:` line names (the process that took the lock: a command that
+/// inherited devlock's descriptor shows devlock's pid there), found by
+/// scanning the descriptors of all processes this user may inspect.
+/// Expensive on a big machine: used only when `/proc/locks` names a pid that
+/// is gone, or is not the holder any more.
+pub fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
+    let mut found: HashMap<FileId, Vec<(u32, u32)>> = HashMap::new();
     let Ok(proc_dir) = fs::read_dir("/proc") else {
         return found;
     };
@@ -293,8 +485,8 @@ pub fn all_flock_holders() -> HashMap<FileId, Vec<u32>> {
                 continue;
             }
             let pids = found.entry(lock.file).or_default();
-            if !pids.contains(&pid) {
-                pids.push(pid);
+            if !pids.contains(&(pid, lock.pid)) {
+                pids.push((pid, lock.pid));
             }
         }
     }
@@ -355,6 +547,22 @@ mod tests {
             table.blocked(file).map(|l| l.pid).collect::<Vec<_>>(),
             [3050]
         );
+    }
+
+    #[test]
+    fn parses_byte_range_lines_with_their_ranges() {
+        let text = "1: OFDLCK ADVISORY  WRITE -1 08:01:7 1048577 1048577\n\
+                    2: POSIX  ADVISORY  READ 99 08:01:7 0 EOF\n\
+                    3: -> OFDLCK ADVISORY  READ -1 08:01:7 1048577 1048580\n\
+                    4: FLOCK  ADVISORY  WRITE 3 08:01:7 0 EOF\n";
+        let ranges = parse_range_locks(text);
+        assert_eq!(ranges.len(), 3);
+        assert_eq!((ranges[0].pid, ranges[0].ofd), (None, true));
+        assert!(ranges[0].is_byte(1_048_577));
+        assert_eq!((ranges[1].pid, ranges[1].end), (Some(99), None));
+        assert_eq!(ranges[1].range_text(), "0-EOF");
+        assert!(ranges[2].blocked && !ranges[2].exclusive);
+        assert_eq!(parse_locks(text).len(), 1);
     }
 
     #[test]

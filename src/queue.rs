@@ -1,39 +1,56 @@
 //! The line in front of each lock: first come, first served, built on
-//! open-file-description byte-range locks so every wait is a kernel sleep.
+//! open-file-description byte-range locks so every wait is a kernel sleep,
+//! and so that nothing in the file is ever read: whatever anyone writes into
+//! a queue file changes nothing.
 //!
 //! flock(2) wakes all waiters at once and lets any of them win, and a
 //! newcomer can take a lock at the instant it is released. So each lock file
-//! `R.lock` has a queue file `.R.queue`. A request takes the next ticket
-//! (a counter in the header, under a brief header lock), then write-locks the
-//! byte at `SLOT_BASE + ticket` for as long as it waits (and, if exclusive,
-//! holds). Its turn comes when no earlier ticket's byte is locked any more:
-//! one blocking read-lock over all of them, which the kernel grants once the
-//! last earlier request has finished or died. A dead waiter's bytes vanish
-//! with it, so it never blocks the line.
+//! `R.lock` has a queue file `.R.queue`. A request write-locks one byte at
+//! `SLOT_BASE + ticket` for as long as it waits (and, if exclusive, holds),
+//! its ticket one past the highest byte anyone holds (found with F_OFD_GETLK
+//! queries, no counter, no header lock). Its turn comes when no earlier
+//! ticket's byte is locked any more: one blocking read-lock over all of them,
+//! which the kernel grants once the last earlier request has finished or
+//! died. A dead waiter's bytes vanish with it, so it never blocks the line,
+//! and an empty line starts again at ticket 1.
+//!
+//! The semaphore size everyone agreed on (`--slots N`, 0 for a plain lock)
+//! is a read lock on the byte `AGREE_BASE + N`, held by every request in line
+//! and every holder that came through the line: the agreement lives exactly
+//! as long as someone uses the resource, and a request that finds another
+//! size held refuses. Two requests with different sizes that arrive together
+//! both lock before they look, so at least one sees the other.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 
 use anyhow::Result;
 
+use crate::exit::{ExitCode, coded};
 use crate::lockfile::LockFile;
+use crate::procfs::{FileId, LockTable, RangeLock};
 use crate::scratch::ScratchDir;
 
-/// Header: the last ticket handed out (u64), then the slot count all users
-/// of the resource agreed on (u64, 0 when not a semaphore).
-const HEADER_LEN: i64 = 16;
-const SLOTS_AT: u64 = 8;
-/// Where ticket bytes start; anything past the header would do.
+/// Where the agreement bytes start: `AGREE_BASE + N` for `--slots N`.
+const AGREE_BASE: i64 = 4096;
+/// One past the last agreement byte (`--slots` is a u16).
+const AGREE_END: i64 = AGREE_BASE + (1 << 16);
+/// Where ticket bytes start; anything past the agreement bytes would do.
 const SLOT_BASE: i64 = 1 << 20;
+/// Highest ticket handed out. Tickets restart at 1 whenever the line is
+/// empty, so only a lock that is not devlock's can push them this far.
+pub const MAX_TICKET: u64 = 1 << 32;
+/// How many taken bytes a request steps over before it gives up: far more
+/// than requests that could arrive at the same instant.
+const MAX_STEPS: usize = 1000;
 
-/// A place in line. Dropping it leaves the line.
+/// A place in line. Dropping it leaves the line and the agreement.
 #[derive(Debug)]
 pub struct Ticket {
     file: File,
     pub number: u64,
-    /// Slot count recorded for the resource when the ticket was taken.
+    /// Slot count everyone in line or holding uses (ours, if nobody else's).
     pub agreed_slots: u64,
 }
 
@@ -43,69 +60,58 @@ pub fn queue_name(lock_name: &str) -> String {
     format!(".{base}.queue")
 }
 
+/// What a request found about the size others use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agreement {
+    /// Nobody in line or holding through the line says.
+    None,
+    /// Someone in line or holding uses the resource with this many slots (0:
+    /// as a plain lock).
+    Slots(u64),
+}
+
 impl Ticket {
-    /// Joins the line for `lock_name`. `slots` is the semaphore size this
-    /// request expects (0 for a plain lock); it is recorded when nobody is in
-    /// line and `in_use` says nobody holds the lock, and reported back in
-    /// `agreed_slots` either way.
+    /// Joins the line for `lock_name` with a request for `slots` slots (0
+    /// for a plain lock). Fails when someone in line or holding uses another
+    /// size, or, for a semaphore, when `lock_held` says the lock is held by
+    /// someone who did not come through the line (a plain holder).
     pub fn take(
         dir: &ScratchDir,
         lock_name: &str,
         slots: u64,
-        in_use: &dyn Fn() -> bool,
+        lock_held: &dyn Fn() -> bool,
+        resource: &str,
     ) -> Result<Ticket> {
         // A separate open per ticket: OFD locks belong to the open file
         // description, and two tickets of one process must not merge.
-        let file = LockFile::open(dir, &queue_name(lock_name))?.into_file();
-        // Ctrl-Z while holding the header lock would stop everyone's line.
-        let _no_stop = StopSignalsHeld::new();
-        set_lock(&file, libc::F_WRLCK, 0, HEADER_LEN, true)?;
-        let mut header = [0u8; HEADER_LEN as usize];
-        let len = file.read_at(&mut header, 0)?;
-        let last = if len >= 8 {
-            u64::from_le_bytes(header[..8].try_into().unwrap())
-        } else {
-            0
-        };
-        let mut agreed = if len >= 16 {
-            u64::from_le_bytes(header[8..16].try_into().unwrap())
-        } else {
-            0
-        };
-        let number = last + 1;
-        let mut header = [0u8; HEADER_LEN as usize];
-        header[..8].copy_from_slice(&number.to_le_bytes());
-        header[8..].copy_from_slice(&agreed.to_le_bytes());
-        file.write_all_at(&header, 0)?;
-        set_lock(&file, libc::F_WRLCK, SLOT_BASE + number as i64, 1, false)?;
-        if agreed != slots && !Ticket::anyone_ahead(&file, number)? && !in_use() {
-            // Nobody else is in line or holding: this request sets the terms.
-            file.write_all_at(&slots.to_le_bytes(), SLOTS_AT)?;
-            agreed = slots;
+        let queue = LockFile::open(dir, &queue_name(lock_name))?;
+        let path = queue.path().to_owned();
+        let id = queue.id();
+        let file = queue.into_file();
+        let agree_at = AGREE_BASE + slots.min(u64::from(u16::MAX)) as i64;
+        set_lock(&file, libc::F_RDLCK, agree_at, 1, false)
+            .map_err(|e| line_blocked(resource, &path, id, &file, agree_at, Some(e)))?;
+        match other_agreement(&file, Some(slots)) {
+            Some(theirs) => return Err(mismatch(resource, theirs, slots)),
+            // Nobody else agrees with us either, yet the lock is held: by
+            // someone who did not come through the line, a plain holder.
+            None if slots > 0 && !shares_agreement(&file, agree_at) && lock_held() => {
+                return Err(mismatch(resource, 0, slots));
+            }
+            None => {}
         }
-        set_lock(&file, libc::F_UNLCK, 0, HEADER_LEN, false)?;
+        let number = take_number(&file)
+            .map_err(|at| line_blocked(resource, &path, id, &file, SLOT_BASE + at as i64, None))?;
         Ok(Ticket {
             file,
             number,
-            agreed_slots: agreed,
+            agreed_slots: slots,
         })
     }
 
     /// Whether an earlier ticket is still in line (or holding).
     pub fn has_anyone_ahead(&self) -> io::Result<bool> {
-        Ticket::anyone_ahead(&self.file, self.number)
-    }
-
-    fn anyone_ahead(file: &File, number: u64) -> io::Result<bool> {
-        if number <= 1 {
-            return Ok(false);
-        }
-        let mut probe = flock_struct(libc::F_RDLCK, SLOT_BASE + 1, number as i64 - 1);
-        // SAFETY: valid descriptor and struct.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(probe.l_type != libc::F_UNLCK as libc::c_short)
+        anyone_ahead(&self.file, self.number)
     }
 
     /// Sleeps until every earlier ticket has left the line. Returns early
@@ -114,31 +120,23 @@ impl Ticket {
         if self.number <= 1 {
             return Ok(());
         }
+        let (start, len) = (SLOT_BASE + 1, self.number as i64 - 1);
         loop {
-            match set_lock(
-                &self.file,
-                libc::F_RDLCK,
-                SLOT_BASE + 1,
-                self.number as i64 - 1,
-                true,
-            ) {
+            if !keep_waiting() {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            match set_lock(&self.file, libc::F_RDLCK, start, len, true) {
                 Ok(()) => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted && keep_waiting() => continue,
                 Err(e) => return Err(e),
             }
         }
-        set_lock(
-            &self.file,
-            libc::F_UNLCK,
-            SLOT_BASE + 1,
-            self.number as i64 - 1,
-            false,
-        )
+        set_lock(&self.file, libc::F_UNLCK, start, len, false)
     }
 
     /// Lets the next request go while this one keeps what it took (a shared
     /// holder admits the readers behind it; a writer behind still waits for
-    /// the lock itself).
+    /// the lock itself). The agreement stays.
     pub fn step_aside(&self) -> io::Result<()> {
         set_lock(
             &self.file,
@@ -150,22 +148,229 @@ impl Ticket {
     }
 }
 
-/// Whether nobody is in line for `lock_name` (and it is no semaphore), asked
-/// without joining the line: the cheap check that lets an uncontended take
-/// skip the ticket. A request that arrives just after this check takes a
-/// ticket, finds nobody ahead, and waits for the lock itself; one that was
-/// in line before it still holds its byte, which this check sees.
-pub fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> io::Result<bool> {
-    let file = match crate::waiters::open_read_only(dir, &queue_name(lock_name)) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
+/// The size someone else in line or holding uses, if it is not `ours`:
+/// a single-byte read lock on an agreement byte other than ours. Locks of
+/// other shapes there are not devlock's and say nothing.
+fn other_agreement(file: &File, ours: Option<u64>) -> Option<u64> {
+    let mut ranges = match ours {
+        Some(n) => {
+            let at = AGREE_BASE + n as i64;
+            vec![(AGREE_BASE, at - 1), (at + 1, AGREE_END - 1)]
+        }
+        None => vec![(AGREE_BASE, AGREE_END - 1)],
     };
-    let mut header = [0u8; HEADER_LEN as usize];
-    file.read_at(&mut header, 0)?;
-    let last = u64::from_le_bytes(header[..8].try_into().unwrap());
-    let slots = u64::from_le_bytes(header[8..16].try_into().unwrap());
-    Ok(slots == 0 && !Ticket::anyone_ahead(&file, last + 1)?)
+    // Bounded: a stranger's thousands of locks cost a bounded number of queries.
+    for _ in 0..64 {
+        let (lo, hi) = ranges.pop()?;
+        if lo > hi {
+            continue;
+        }
+        let Some(found) = get_lock(file, lo, hi - lo + 1).ok()? else {
+            continue;
+        };
+        if found.l_len == 1 && found.l_type == libc::F_RDLCK as libc::c_short {
+            return Some((found.l_start - AGREE_BASE) as u64);
+        }
+        // Something else: look on either side of it.
+        ranges.push((lo, found.l_start - 1));
+        if found.l_len > 0 {
+            ranges.push((found.l_start + found.l_len, hi));
+        }
+    }
+    None
+}
+
+/// Whether someone else holds the agreement byte we hold.
+fn shares_agreement(file: &File, at: i64) -> bool {
+    get_lock(file, at, 1).is_ok_and(|l| l.is_some())
+}
+
+/// Takes the byte one past the highest one anyone holds; on a race (or a
+/// stranger's lock) it steps past the lock in the way. `Err` names the
+/// ticket at which it gave up.
+fn take_number(file: &File) -> std::result::Result<u64, u64> {
+    let mut candidate = highest_taken(file)? + 1;
+    for _ in 0..MAX_STEPS {
+        if candidate > MAX_TICKET {
+            return Err(candidate);
+        }
+        match set_lock(file, libc::F_WRLCK, SLOT_BASE + candidate as i64, 1, false) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {}
+            Err(_) => return Err(candidate),
+        }
+        match get_lock(file, SLOT_BASE + candidate as i64, 1) {
+            // Gone already: try the same byte again.
+            Ok(None) => {}
+            Ok(Some(found)) if found.l_len > 0 => {
+                let next = (found.l_start + found.l_len - SLOT_BASE) as u64;
+                candidate = next.max(candidate + 1);
+            }
+            _ => return Err(candidate),
+        }
+    }
+    Err(candidate)
+}
+
+/// The highest ticket whose byte someone holds (0 when nobody does): an
+/// exponential then a binary search over "is anything locked from here to
+/// the end", a few dozen queries at most whatever is in the file.
+fn highest_taken(file: &File) -> std::result::Result<u64, u64> {
+    let taken_from = |t: u64| -> std::result::Result<bool, u64> {
+        get_lock(file, SLOT_BASE + t as i64, 0)
+            .map(|l| l.is_some())
+            .map_err(|_| t)
+    };
+    if !taken_from(1)? {
+        return Ok(0);
+    }
+    let (mut lo, mut hi) = (1u64, 2u64);
+    while taken_from(hi)? {
+        if hi >= MAX_TICKET {
+            return Err(hi);
+        }
+        lo = hi;
+        hi = (hi * 2).min(MAX_TICKET);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if taken_from(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+fn anyone_ahead(file: &File, number: u64) -> io::Result<bool> {
+    if number <= 1 {
+        return Ok(false);
+    }
+    // A read probe: only write locks (places in line) count.
+    let mut probe = flock_struct(libc::F_RDLCK, SLOT_BASE + 1, number as i64 - 1);
+    // SAFETY: valid descriptor and struct.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(probe.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+fn mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
+    let how = |n: u64| match n {
+        0 => "as a plain lock".to_owned(),
+        n => format!("with --slots {n}"),
+    };
+    coded(
+        ExitCode::Usage,
+        format!(
+            "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
+            how(theirs),
+            how(ours)
+        ),
+    )
+}
+
+/// The one-line error for a line that a lock devlock did not take makes
+/// unusable, naming the lock and, as far as this user can see, its owner.
+fn line_blocked(
+    resource: &str,
+    path: &std::path::Path,
+    id: FileId,
+    file: &File,
+    at: i64,
+    err: Option<io::Error>,
+) -> anyhow::Error {
+    let lock = get_lock(file, at, 1).ok().flatten();
+    let what = match lock {
+        Some(l) => {
+            let range = RangeLock {
+                file: id,
+                pid: (l.l_pid > 0).then_some(l.l_pid as u32),
+                ofd: l.l_pid <= 0,
+                exclusive: l.l_type == libc::F_WRLCK as libc::c_short,
+                blocked: false,
+                start: l.l_start as u64,
+                end: (l.l_len > 0).then(|| (l.l_start + l.l_len - 1) as u64),
+            };
+            format!(
+                "a lock that is not devlock's on bytes {} of {} ({})",
+                range.range_text(),
+                path.display(),
+                owner_words(&range)
+            )
+        }
+        None => match err {
+            Some(e) => format!("{}: {e}", path.display()),
+            None => format!("locks on {}", path.display()),
+        },
+    };
+    coded(
+        ExitCode::Busy,
+        format!("{resource} is busy: its line is blocked by {what}"),
+    )
+}
+
+/// `pid 4242, alice`, or why it cannot be said.
+pub fn owner_words(lock: &RangeLock) -> String {
+    let owners: Vec<u32> = match lock.pid {
+        Some(pid) => vec![pid],
+        None => crate::procfs::range_lock_owners(lock.file)
+            .into_iter()
+            .filter(|(_, l)| l.start == lock.start && l.end == lock.end)
+            .map(|(pid, _)| pid)
+            .collect(),
+    };
+    if owners.is_empty() {
+        return "held by a process this user cannot see".to_owned();
+    }
+    owners
+        .iter()
+        .map(|&pid| {
+            let user = crate::procfs::uid_of(pid)
+                .map_or("user unknown".to_owned(), crate::procfs::user_name);
+            format!("pid {pid}, {}", crate::text::sanitize(&user))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Whether nobody is in line for `lock_name` and nobody uses it as a
+/// semaphore, asked without joining the line: the cheap check that lets an
+/// uncontended plain take skip the ticket. One query. A request that arrives
+/// just after this check takes a ticket, finds nobody ahead, and waits for
+/// the lock itself; one that was in line before it still holds its byte,
+/// which this check sees. A queue file of the wrong type is an error.
+pub fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> Result<bool> {
+    let Some(file) = open_queue(dir, lock_name)? else {
+        return Ok(true);
+    };
+    // From the first agreement byte past "plain" to the end of the file.
+    Ok(get_lock(&file, AGREE_BASE + 1, 0)?.is_none())
+}
+
+/// The size someone in line or holding through the line uses, read without
+/// joining the line (status, and `-n`).
+pub fn agreement(dir: &ScratchDir, lock_name: &str) -> Result<Agreement> {
+    let Some(file) = open_queue(dir, lock_name)? else {
+        return Ok(Agreement::None);
+    };
+    Ok(match other_agreement(&file, None) {
+        Some(n) => Agreement::Slots(n),
+        None => Agreement::None,
+    })
+}
+
+/// The queue file opened for queries, `None` when there is none yet.
+fn open_queue(dir: &ScratchDir, lock_name: &str) -> Result<Option<File>> {
+    match crate::waiters::open_read_only(dir, &queue_name(lock_name)) {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(crate::lockfile::unusable(
+            &dir.path().join(queue_name(lock_name)),
+            e,
+        )),
+    }
 }
 
 /// How many tickets before `number` are still in line (or holding), for the
@@ -177,7 +382,7 @@ pub fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result
     let mut count = 0;
     let mut ranges = vec![(SLOT_BASE + 1, SLOT_BASE + number as i64 - 1)];
     while let Some((lo, hi)) = ranges.pop() {
-        if lo > hi {
+        if lo > hi || count >= 10_000 {
             continue;
         }
         let mut probe = flock_struct(libc::F_RDLCK, lo, hi - lo + 1);
@@ -190,44 +395,50 @@ pub fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result
         }
         count += 1;
         ranges.push((lo, probe.l_start - 1));
-        ranges.push((probe.l_start + 1, hi));
+        if probe.l_len > 0 {
+            ranges.push((probe.l_start + probe.l_len, hi));
+        }
     }
     Ok(count)
 }
 
-/// The slot count recorded in a resource's queue, read without taking any
-/// lock (status must never get in anyone's way).
-pub fn agreed_slots(dir: &ScratchDir, lock_name: &str) -> Option<u64> {
-    let file = crate::waiters::open_read_only(dir, &queue_name(lock_name)).ok()?;
-    let mut slots = [0u8; 8];
-    file.read_exact_at(&mut slots, SLOTS_AT).ok()?;
-    Some(u64::from_le_bytes(slots))
+/// What the kernel's table says about one queue file, sorted for status:
+/// the places in line (single write-locked ticket bytes, by number), the
+/// agreement, and every lock that is not devlock's.
+#[derive(Debug, Default)]
+pub struct LineView {
+    pub tickets: Vec<u64>,
+    pub agreed_slots: Option<u64>,
+    pub foreign: Vec<RangeLock>,
 }
 
-/// Keeps job-control stops away for as long as it lives.
-struct StopSignalsHeld(libc::sigset_t);
-
-impl StopSignalsHeld {
-    fn new() -> StopSignalsHeld {
-        // SAFETY: plain signal-mask calls on sets we initialise.
-        unsafe {
-            let mut set = std::mem::zeroed::<libc::sigset_t>();
-            libc::sigemptyset(&mut set);
-            for sig in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
-                libc::sigaddset(&mut set, sig);
-            }
-            let mut old = std::mem::zeroed::<libc::sigset_t>();
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            StopSignalsHeld(old)
+/// Reads a queue file's line from the kernel's table, by its file id.
+pub fn line_view(table: &LockTable, queue: FileId) -> LineView {
+    let mut view = LineView::default();
+    for lock in table.ranges(queue) {
+        if lock.blocked {
+            // Requests, not holds: a waiter's wait for its turn, or a
+            // stranger's wait, which blocks nobody.
+            continue;
+        }
+        let start = lock.start as i64;
+        let single = lock.end == Some(lock.start);
+        let ticket = start - SLOT_BASE;
+        if lock.ofd && lock.exclusive && single && ticket >= 1 && ticket as u64 <= MAX_TICKET {
+            view.tickets.push(ticket as u64);
+        } else if lock.ofd && !lock.exclusive && single && (AGREE_BASE..AGREE_END).contains(&start)
+        {
+            view.agreed_slots = Some((start - AGREE_BASE) as u64);
+        } else if lock.ofd && !lock.exclusive && start > SLOT_BASE {
+            // A waiter's read lock over the tickets before its own, held
+            // for an instant as its turn comes.
+        } else {
+            view.foreign.push(lock.clone());
         }
     }
-}
-
-impl Drop for StopSignalsHeld {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved in new().
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
-    }
+    view.tickets.sort_unstable();
+    view.tickets.dedup();
+    view
 }
 
 fn flock_struct(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
@@ -238,6 +449,17 @@ fn flock_struct(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
     fl.l_start = start;
     fl.l_len = len;
     fl
+}
+
+/// The first lock (of another open file description) that would conflict
+/// with a write lock on `[start, start + len)` (`len` 0: to the end).
+fn get_lock(file: &File, start: i64, len: i64) -> io::Result<Option<libc::flock>> {
+    let mut probe = flock_struct(libc::F_WRLCK, start, len);
+    // SAFETY: valid descriptor and struct.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((probe.l_type != libc::F_UNLCK as libc::c_short).then_some(probe))
 }
 
 fn set_lock(file: &File, kind: libc::c_int, start: i64, len: i64, wait: bool) -> io::Result<()> {
@@ -259,6 +481,7 @@ fn set_lock(file: &File, kind: libc::c_int, start: i64, len: i64, wait: bool) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     fn dir() -> (tempfile::TempDir, ScratchDir) {
         let tmp = tempfile::tempdir().unwrap();
@@ -266,12 +489,25 @@ mod tests {
         (tmp, dir)
     }
 
+    fn take(dir: &ScratchDir, slots: u64) -> Result<Ticket> {
+        Ticket::take(dir, "r.lock", slots, &|| false, "r")
+    }
+
+    /// Another open file description on the queue, as a stranger has.
+    fn stranger(dir: &ScratchDir) -> File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join(".r.queue"))
+            .unwrap()
+    }
+
     #[test]
     fn tickets_are_served_in_order_and_the_dead_do_not_block() {
         let (_tmp, dir) = dir();
-        let first = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
-        let second = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
-        let third = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
+        let first = take(&dir, 0).unwrap();
+        let second = take(&dir, 0).unwrap();
+        let third = take(&dir, 0).unwrap();
         assert_eq!((first.number, second.number, third.number), (1, 2, 3));
         assert!(!first.has_anyone_ahead().unwrap());
         assert!(second.has_anyone_ahead().unwrap());
@@ -280,13 +516,17 @@ mod tests {
         drop(first);
         assert!(!third.has_anyone_ahead().unwrap());
         third.wait_turn(&|| true).unwrap();
+        let fourth = take(&dir, 0).unwrap();
+        assert_eq!(fourth.number, 4, "one past the highest held");
+        drop((third, fourth));
+        assert_eq!(take(&dir, 0).unwrap().number, 1, "an empty line restarts");
     }
 
     #[test]
     fn an_emptied_line_is_seen_as_empty_again() {
         let (_tmp, dir) = dir();
         assert!(line_is_empty(&dir, "r.lock").unwrap());
-        let first = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
+        let first = take(&dir, 0).unwrap();
         assert!(!line_is_empty(&dir, "r.lock").unwrap());
         drop(first);
         assert!(
@@ -298,9 +538,7 @@ mod tests {
     #[test]
     fn counts_who_is_ahead() {
         let (_tmp, dir) = dir();
-        let tickets: Vec<Ticket> = (0..5)
-            .map(|_| Ticket::take(&dir, "r.lock", 0, &|| false).unwrap())
-            .collect();
+        let tickets: Vec<Ticket> = (0..5).map(|_| take(&dir, 0).unwrap()).collect();
         assert_eq!(count_ahead(&dir, "r.lock", 5).unwrap(), 4);
         let mut tickets = tickets;
         tickets.remove(1);
@@ -312,22 +550,97 @@ mod tests {
     #[test]
     fn stepping_aside_lets_the_next_through() {
         let (_tmp, dir) = dir();
-        let reader = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
-        let next = Ticket::take(&dir, "r.lock", 0, &|| false).unwrap();
+        let reader = take(&dir, 0).unwrap();
+        let next = take(&dir, 0).unwrap();
         assert!(next.has_anyone_ahead().unwrap());
         reader.step_aside().unwrap();
         assert!(!next.has_anyone_ahead().unwrap());
     }
 
     #[test]
-    fn the_first_in_an_empty_line_sets_the_slot_count() {
+    fn everyone_in_line_must_agree_on_the_slot_count() {
         let (_tmp, dir) = dir();
-        let a = Ticket::take(&dir, "r.lock", 2, &|| false).unwrap();
+        let a = take(&dir, 2).unwrap();
         assert_eq!(a.agreed_slots, 2);
-        let b = Ticket::take(&dir, "r.lock", 3, &|| false).unwrap();
-        assert_eq!(b.agreed_slots, 2, "someone is in line with 2");
+        // The lock held by those in the agreement is no plain holder.
+        let b = Ticket::take(&dir, "r.lock", 2, &|| true, "r").unwrap();
+        a.step_aside().unwrap();
+        let err = take(&dir, 3).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("in use with --slots 2"),
+            "{err:#}"
+        );
+        assert_eq!(agreement(&dir, "r.lock").unwrap(), Agreement::Slots(2));
+        let plain = take(&dir, 0).unwrap_err();
+        assert!(
+            format!("{plain:#}").contains("with --slots 2, but this asks for it as a plain lock")
+        );
         drop((a, b));
-        let c = Ticket::take(&dir, "r.lock", 3, &|| false).unwrap();
-        assert_eq!(c.agreed_slots, 3);
+        assert_eq!(agreement(&dir, "r.lock").unwrap(), Agreement::None);
+        assert_eq!(
+            take(&dir, 3).unwrap().agreed_slots,
+            3,
+            "free to choose again"
+        );
+        let held_plainly = Ticket::take(&dir, "r.lock", 2, &|| true, "r").unwrap_err();
+        assert!(format!("{held_plainly:#}").contains("in use as a plain lock"));
+    }
+
+    #[test]
+    fn whatever_is_written_into_the_file_changes_nothing() {
+        let (_tmp, dir) = dir();
+        drop(take(&dir, 0).unwrap());
+        let junk = stranger(&dir);
+        // The old format's last ticket at its maximum, and garbage after it.
+        junk.write_all_at(&(i64::MAX as u64).to_le_bytes(), 0)
+            .unwrap();
+        junk.write_all_at(&[0xff; 64], 8).unwrap();
+        assert_eq!(take(&dir, 0).unwrap().number, 1);
+        assert!(line_is_empty(&dir, "r.lock").unwrap());
+    }
+
+    #[test]
+    fn a_strangers_locks_are_stepped_over_or_named() {
+        let (_tmp, dir) = dir();
+        drop(take(&dir, 0).unwrap());
+        let other = stranger(&dir);
+        // Over the first tickets: the next request goes behind it.
+        set_lock(&other, libc::F_WRLCK, SLOT_BASE + 1, 10, false).unwrap();
+        let t = take(&dir, 0).unwrap();
+        assert_eq!(t.number, 11);
+        assert!(t.has_anyone_ahead().unwrap(), "the stranger is ahead");
+        drop(t);
+        // To the end of the file: no place in line can be had.
+        set_lock(&other, libc::F_WRLCK, SLOT_BASE + 5, 0, false).unwrap();
+        let err = format!("{:#}", take(&dir, 0).unwrap_err());
+        assert!(
+            err.contains(
+                "its line is blocked by a lock that is not devlock's on bytes 1048577-EOF"
+            ),
+            "{err}"
+        );
+        // Over the whole agreement range, a wide write lock.
+        let (_tmp2, dir2) = self::dir();
+        drop(take(&dir2, 0).unwrap());
+        let other2 = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir2.path().join(".r.queue"))
+            .unwrap();
+        set_lock(&other2, libc::F_WRLCK, 0, SLOT_BASE, false).unwrap();
+        let err = format!("{:#}", take(&dir2, 2).unwrap_err());
+        assert!(
+            err.contains("blocked by a lock that is not devlock's"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn many_tickets_are_found_in_few_queries() {
+        let (_tmp, dir) = dir();
+        drop(take(&dir, 0).unwrap());
+        let other = stranger(&dir);
+        set_lock(&other, libc::F_WRLCK, SLOT_BASE + 1_000_000, 1, false).unwrap();
+        assert_eq!(take(&dir, 0).unwrap().number, 1_000_001);
     }
 }

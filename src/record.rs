@@ -1,5 +1,7 @@
-//! The holder's label inside a lock file (and a waiter's in its waiter file):
-//! who, since when, doing what. A label only; the kernel says who really holds.
+//! The holder's label inside a lock file (and a waiter's in its registration):
+//! which step, since when, which place in line. A label only: the kernel says
+//! who holds, `/proc` says who the user is and what runs; a record carries no
+//! command line and no user name, so nothing secret outlives a hold.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -9,40 +11,45 @@ use serde::{Deserialize, Serialize};
 
 use crate::procfs;
 
-/// Largest record a reader accepts; anything longer is garbage.
+/// Largest record a reader accepts; anything longer is not ours.
 pub const MAX_RECORD_BYTES: usize = 16 * 1024;
 
-/// Longest command line kept in a record, so a huge argv cannot make the
-/// record too long to write in one call.
-const MAX_COMMAND_BYTES: usize = 4 * 1024;
-
-/// Longest step name kept in a record.
+/// Longest step name kept in a record written by this process.
 const MAX_STEP_BYTES: usize = 256;
+
+/// What every record starts with: the magic and the format version, so a
+/// reader tells a record from anything else a file may hold.
+const MAGIC_V2: &[u8] = b"{\"magic\":\"devlock-record\",\"v\":2,\"check\":\"";
+
+/// How version 1 records (with a command line and a user name) started.
+/// They are never believed any more, but they are devlock's to overwrite.
+const MAGIC_V1: &[u8] = b"{\"check\":\"";
+
+/// Largest pid the kernel hands out (`PID_MAX_LIMIT` on 64-bit).
+const MAX_PID: u32 = 1 << 22;
+
+/// Largest ticket and slot numbers a record may carry (see queue.rs).
+const MAX_TICKET: u64 = 1 << 32;
+const MAX_SLOT: u64 = u16::MAX as u64;
 
 /// What devlock writes about a holder or waiter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Record {
-    /// Format version, so later versions can tell old records apart.
-    pub v: u32,
     pub step: String,
     /// The devlock process (the pid `/proc/locks` names).
     pub pid: u32,
     /// Its start time in clock ticks since boot: pid plus start names one process.
-    pub pid_start: Option<u64>,
-    /// The command devlock runs, once started.
+    pub pid_start: u64,
+    /// The command devlock runs, once started, and its start time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_start: Option<u64>,
-    pub uid: u32,
-    /// The user name as the environment gave it (a label; readers show the
-    /// name of `uid`, looked up when shown).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
     /// Milliseconds since the Unix epoch when the lock was taken (or the wait began).
     pub since_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
-    pub command: Vec<String>,
     /// Place in the resource's line (for a waiter, or a holder that came
     /// through it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,21 +64,15 @@ pub struct Record {
 
 impl Record {
     /// A record for this process, as of now.
-    pub fn for_this_process(step: &str, command: &[String]) -> Record {
-        let pid = std::process::id();
-        let uid = nix::unistd::getuid().as_raw();
+    pub fn for_this_process(step: &str) -> Record {
         Record {
-            v: 1,
             step: clip(step, MAX_STEP_BYTES),
-            pid,
-            pid_start: own_start_time(),
+            pid: std::process::id(),
+            pid_start: own_start_time().unwrap_or(0),
             child: None,
             child_start: None,
-            uid,
-            user: std::env::var("USER").ok(),
             since_ms: now_ms(),
             boot_id: boot_id(),
-            command: clip_command(command),
             ticket: None,
             slot: None,
             via: None,
@@ -82,42 +83,44 @@ impl Record {
         UNIX_EPOCH + Duration::from_millis(self.since_ms)
     }
 
-    /// Whether the process the record names is still the one that wrote it
-    /// (the devlock, or the command it started).
-    pub fn names_live_process(&self) -> bool {
-        self.live_pids().next().is_some()
-    }
-
-    /// The recorded processes that are still alive and still the same process.
-    pub fn live_pids(&self) -> impl Iterator<Item = u32> + '_ {
-        let same_boot = match (&self.boot_id, boot_id()) {
+    /// Whether the record was written in this boot (a record without a boot
+    /// id cannot say, and is taken to be).
+    pub fn this_boot(&self) -> bool {
+        match (&self.boot_id, boot_id()) {
             (Some(then), Some(now)) => *then == now,
             _ => true,
-        };
-        [
-            (Some(self.pid), self.pid_start),
-            (self.child, self.child_start),
-        ]
-        .into_iter()
-        .filter_map(move |(pid, start)| {
-            let pid = pid?;
-            (same_boot && procfs::is_same_process(pid, start)).then_some(pid)
-        })
+        }
     }
 
-    /// The record as one JSON object that carries a checksum of itself as
-    /// its first member, so a reader can tell a torn read (bytes of two
-    /// records mixed mid-update) from a whole record.
+    /// Whether `pid` is the very process this record's `pid` names.
+    pub fn names(&self, pid: u32) -> bool {
+        self.pid == pid && self.this_boot() && procfs::start_time(pid) == Some(self.pid_start)
+    }
+
+    /// Whether `pid` is the very process this record's `child` names.
+    pub fn names_child(&self, pid: u32) -> bool {
+        self.child == Some(pid)
+            && self.this_boot()
+            && self
+                .child_start
+                .is_some_and(|start| procfs::start_time(pid) == Some(start))
+    }
+
+    /// The record as bytes: one JSON object whose first members are the
+    /// magic, the version and a checksum of the rest, so that a reader tells
+    /// a torn read (bytes of two records mixed mid-update) from a whole one.
     pub fn to_bytes(&self) -> Vec<u8> {
         let body = serde_json::to_vec(self).expect("a record always serialises");
-        let mut bytes = format!("{{\"check\":\"{:016x}\",", fnv1a(&body)).into_bytes();
+        let mut bytes = MAGIC_V2.to_vec();
+        bytes.extend_from_slice(format!("{:016x}\",", fnv1a(&body)).as_bytes());
         bytes.extend_from_slice(&body[1..]);
         bytes.push(b'\n');
         bytes
     }
 
     /// Writes the record over the file's contents in one call, then cuts off
-    /// whatever an older, longer record left behind.
+    /// whatever an older, longer record left behind. Callers check first
+    /// that the file is theirs to write ([`is_ours_to_write`]).
     pub fn write_to(&self, file: &File) -> std::io::Result<()> {
         let bytes = self.to_bytes();
         let written = file.write_at(&bytes, 0)?;
@@ -132,6 +135,17 @@ impl Record {
         }
         file.set_len(bytes.len() as u64)
     }
+}
+
+/// Whether bytes read from the start of a file may be overwritten with a
+/// record: nothing, or something devlock wrote (a record of any version,
+/// whole or torn). Anything else is somebody's data (a `Cargo.lock` in
+/// `--dir .`).
+pub fn is_ours_to_write(start: &[u8]) -> bool {
+    start.is_empty()
+        || start.starts_with(MAGIC_V2)
+        || MAGIC_V2.starts_with(start)
+        || start.starts_with(MAGIC_V1)
 }
 
 /// This process's start time, read once.
@@ -153,7 +167,7 @@ fn boot_id() -> Option<String> {
 pub enum ReadRecord {
     Empty,
     Valid(Record),
-    /// Still garbage after a few tries: torn beyond repair, or not ours.
+    /// Still garbage after a few tries: torn beyond repair, absurd, or not ours.
     Unreadable,
 }
 
@@ -170,22 +184,14 @@ impl ReadRecord {
 /// read, a few retries, then "unreadable".
 pub fn read_from(file: &File) -> ReadRecord {
     const TRIES: usize = 3;
-    // Records are a few hundred bytes; read a page first, more only if needed.
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; MAX_RECORD_BYTES + 1];
     for attempt in 0..TRIES {
         if attempt > 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let Ok(mut len) = file.read_at(&mut buf, 0) else {
+        let Ok(len) = file.read_at(&mut buf, 0) else {
             continue;
         };
-        if len == buf.len() && buf.len() <= MAX_RECORD_BYTES {
-            buf.resize(MAX_RECORD_BYTES + 1, 0);
-            let Ok(full) = file.read_at(&mut buf, 0) else {
-                continue;
-            };
-            len = full;
-        }
         if len == 0 {
             return ReadRecord::Empty;
         }
@@ -195,15 +201,21 @@ pub fn read_from(file: &File) -> ReadRecord {
         if let Some(record) = parse(&buf[..len]) {
             return ReadRecord::Valid(record);
         }
+        if !is_ours_to_write(&buf[..len]) {
+            // Not a record being rewritten: somebody's data. No retry helps.
+            return ReadRecord::Unreadable;
+        }
     }
     ReadRecord::Unreadable
 }
 
-/// A record is accepted only whole: one JSON object ending in a newline whose
-/// checksum matches the rest of it.
+/// A record is accepted only whole and sane: the magic and version, a
+/// checksum that matches, known fields only, and every number in bounds.
 pub fn parse(bytes: &[u8]) -> Option<Record> {
-    const PREFIX: &[u8] = b"{\"check\":\"";
-    let text = bytes.strip_suffix(b"\n")?.strip_prefix(PREFIX)?;
+    if bytes.len() > MAX_RECORD_BYTES {
+        return None;
+    }
+    let text = bytes.strip_suffix(b"\n")?.strip_prefix(MAGIC_V2)?;
     let (hex, rest) = (text.get(..16)?, text.get(16..)?.strip_prefix(b"\",")?);
     let check = u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
     let mut body = Vec::with_capacity(rest.len() + 1);
@@ -213,7 +225,28 @@ pub fn parse(bytes: &[u8]) -> Option<Record> {
         return None;
     }
     let record: Record = serde_json::from_slice(&body).ok()?;
-    (record.v == 1).then_some(record)
+    record.in_bounds().then_some(record)
+}
+
+impl Record {
+    /// Whether every number is one a real devlock could have written: a
+    /// record anyone can write must not make a reader compute with absurd
+    /// values.
+    fn in_bounds(&self) -> bool {
+        let pid_ok = |p: u32| (1..=MAX_PID).contains(&p);
+        // A day of clock skew is plenty; anything later is made up.
+        let latest = now_ms().saturating_add(86_400_000);
+        pid_ok(self.pid)
+            && self.child.is_none_or(pid_ok)
+            && self.child.is_some() == self.child_start.is_some()
+            && self.since_ms <= latest
+            && self.ticket.is_none_or(|t| (1..=MAX_TICKET).contains(&t))
+            && self.slot.is_none_or(|s| (1..=MAX_SLOT).contains(&s))
+            && self
+                .boot_id
+                .as_ref()
+                .is_none_or(|b| b.len() <= 64 && b.bytes().all(|c| c.is_ascii_graphic()))
+    }
 }
 
 /// FNV-1a, 64 bits: enough to catch a torn read, and nothing to depend on.
@@ -237,33 +270,24 @@ fn clip(text: &str, max: usize) -> String {
     text[..end].to_owned()
 }
 
-fn clip_command(command: &[String]) -> Vec<String> {
-    let mut kept = Vec::new();
-    let mut budget = MAX_COMMAND_BYTES;
-    for arg in command {
-        if arg.len() > budget {
-            kept.push("...".to_owned());
-            break;
-        }
-        budget -= arg.len();
-        kept.push(arg.clone());
-    }
-    kept
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn round_trips_and_rejects_torn_or_foreign_text() {
-        let record = Record::for_this_process("train", &["python".into(), "t.py".into()]);
+        let record = Record::for_this_process("train");
         let bytes = record.to_bytes();
+        assert!(bytes.starts_with(MAGIC_V2));
         assert_eq!(parse(&bytes), Some(record.clone()));
         for cut in [1, bytes.len() / 2, bytes.len() - 1] {
             assert_eq!(parse(&bytes[..cut]), None, "torn at {cut}");
+            assert!(is_ours_to_write(&bytes[..cut]), "a torn record is ours");
         }
         assert_eq!(parse(b"garbage\n"), None);
+        assert!(!is_ours_to_write(
+            b"# This file is automatically @generated"
+        ));
         let text = String::from_utf8(bytes.clone()).unwrap();
         let mixed = text.replacen("\"step\":\"train\"", "\"step\":\"trbin\"", 1);
         assert_eq!(
@@ -273,33 +297,66 @@ mod tests {
         );
         let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(value["step"], "train", "the record stays plain JSON");
-        assert_eq!(parse(b"{\"v\":2}\n"), None);
-        assert!(record.names_live_process());
+        assert!(value.get("command").is_none() && value.get("user").is_none());
+        assert!(record.names(std::process::id()));
+    }
+
+    #[test]
+    fn version_1_records_are_never_believed_but_are_ours() {
+        let v1 = br#"{"check":"0123456789abcdef","v":1,"step":"x","pid":1,"pid_start":1,"uid":0,"since_ms":0,"boot_id":null,"command":["secret"]}
+"#;
+        assert_eq!(parse(v1), None);
+        assert!(is_ours_to_write(v1));
+    }
+
+    /// A record with a valid check whose body says anything we like.
+    fn forged(body: &str) -> Vec<u8> {
+        let mut bytes = MAGIC_V2.to_vec();
+        bytes.extend_from_slice(format!("{:016x}\",", fnv1a(body.as_bytes())).as_bytes());
+        bytes.extend_from_slice(&body.as_bytes()[1..]);
+        bytes.push(b'\n');
+        bytes
+    }
+
+    #[test]
+    fn absurd_numbers_and_unknown_fields_are_refused() {
+        let ok = r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1}"#;
+        assert!(parse(&forged(ok)).is_some());
+        for body in [
+            r#"{"step":"s","pid":0,"pid_start":1,"since_ms":1}"#,
+            r#"{"step":"s","pid":4294967295,"pid_start":1,"since_ms":1}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":18446744073709551615}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"ticket":9223372036854775807}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"slot":0}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"child":7}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"command":["x"]}"#,
+            r#"{"step":"s","pid":-1,"pid_start":1,"since_ms":1}"#,
+        ] {
+            assert_eq!(parse(&forged(body)), None, "{body}");
+        }
     }
 
     #[test]
     fn a_recycled_pid_is_not_the_recorded_process() {
-        let mut record = Record::for_this_process("x", &[]);
-        record.pid_start = record.pid_start.map(|t| t + 1);
-        assert!(!record.names_live_process());
+        let mut record = Record::for_this_process("x");
+        record.pid_start += 1;
+        assert!(!record.names(std::process::id()));
     }
 
     #[test]
     fn shorter_record_cuts_off_the_longer_one_before_it() {
         let file = tempfile::tempfile().unwrap();
-        let long = Record::for_this_process(&"s".repeat(500), &[]);
+        let long = Record::for_this_process(&"s".repeat(500));
         long.write_to(&file).unwrap();
-        let short = Record::for_this_process("s", &[]);
+        let short = Record::for_this_process("s");
         short.write_to(&file).unwrap();
         assert_eq!(read_from(&file), ReadRecord::Valid(short));
     }
 
     #[test]
-    fn huge_command_lines_are_clipped() {
-        let args = vec!["x".repeat(3000), "y".repeat(3000)];
-        let record = Record::for_this_process("s", &args);
-        assert_eq!(record.command.len(), 2);
-        assert_eq!(record.command[1], "...");
+    fn huge_steps_are_clipped() {
+        let record = Record::for_this_process(&"é".repeat(3000));
+        assert!(record.step.len() <= MAX_STEP_BYTES);
         assert!(record.to_bytes().len() < MAX_RECORD_BYTES);
     }
 }

@@ -13,11 +13,12 @@ use crate::acquire::{self, Context, Pending, Request, Taken};
 use crate::cli::RunArgs;
 use crate::devices;
 use crate::exit::{ExitCode, coded};
-use crate::interrupt::Stop;
+use crate::interrupt::{self, Stop};
 use crate::procfs;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
 use crate::supervise;
+use crate::trust;
 use crate::wait::WaitPlan;
 
 pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
@@ -28,11 +29,14 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
             "--ttl and --kill-after apply only with --etcd",
         ));
     }
-    let command_line = args.command_line();
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
+    interrupt::hold_job_stops();
+    trust::enable();
+    trust::note_resources(&resources);
     let dir = ScratchDir::open_or_create(dir_path)?;
+    trust::note_dir(&dir);
     let plan = WaitPlan {
         deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
@@ -41,16 +45,45 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
     };
-    let ctx = Context {
+    let context = || Context {
         dir: &dir,
         step: step.clone(),
-        command: command_line,
         no_wait: args.no_wait,
         plan: Some(&plan),
         stop: Stop::default(),
     };
-    let mut pending = Pending::default();
-    let taken = take_all(&ctx, args, &resources, &mut pending)?;
+    // A job stop (Ctrl-Z) before the command starts gives up every place and
+    // lock taken so far, stops, and once continued starts again at the back.
+    let (taken, mut pending) = loop {
+        let mut pending = Pending::default();
+        let sig = match take_all(&context(), args, &resources, &mut pending) {
+            Ok(taken) => match interrupt::take_job_stop() {
+                None => break (taken, pending),
+                Some(sig) => {
+                    if let Some(stop) = pending.settle() {
+                        return Err(supervise::stopped_before_start(stop));
+                    }
+                    drop(taken);
+                    sig
+                }
+            },
+            Err(e) => match interrupt::suspended() {
+                Some(_) => {
+                    drop(pending);
+                    interrupt::take_job_stop().unwrap_or(libc::SIGTSTP)
+                }
+                None => return Err(e),
+            },
+        };
+        trust::flush(args.quiet);
+        interrupt::stop_as(sig);
+        if plan.live && !plan.quiet {
+            eprintln!(
+                "devlock: continued; back in line for {}, at the end",
+                names_of(&resources)
+            );
+        }
+    };
     // On a terminal the waiting line must be gone before anything else is
     // said or the command writes; otherwise the command starts first and the
     // display finishes beside it.
@@ -74,6 +107,7 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         })
         .collect();
     if held.is_empty() {
+        trust::flush(args.quiet);
         return Ok(pass_through(&args.command, &env));
     }
     let fds: Vec<_> = held
@@ -82,22 +116,86 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         .collect();
     // The label is there before the command runs (status and anyone who
     // waits see who holds it at once), and names the command once it runs.
-    let mut record = ctx.record();
+    let mut record = context().record();
     for lock in &held {
         lock.label(&record);
     }
+    trust::flush(args.quiet);
     let child = supervise::spawn(&args.command, &fds, &env)?;
+    // From here devlock stops with its job (Ctrl-Z), as any job does.
+    interrupt::release_job_stops();
     let signal = pending.settle();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());
     for lock in &held {
         lock.label(&record);
     }
-    let code = supervise::supervise(child, signal);
+    let mut watch = PathWatch {
+        dir: &dir,
+        held: &held,
+        record: &record,
+        warned: false,
+        lost: Vec::new(),
+    };
+    let code = supervise::supervise_watching(child, signal, &mut || watch.check());
+    drop(watch);
     // Let go of the locks before our places in line, so the next in line
     // finds the lock free when it wakes.
     drop(held);
     Ok(code)
+}
+
+/// `gpu:0 gpu:1`
+fn names_of(resources: &[Resource]) -> String {
+    resources
+        .iter()
+        .map(Resource::as_str)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Once a second while the command runs: whether each held lock file is
+/// still the file its path names. If someone renamed or removed it, the
+/// next devlock makes a fresh one and runs beside this job: that is said
+/// once on stderr (even with `-q`: exclusion is broken), and registered for
+/// status to show as long as this devlock lives.
+struct PathWatch<'a> {
+    dir: &'a ScratchDir,
+    held: &'a [acquire::Held],
+    record: &'a crate::record::Record,
+    warned: bool,
+    lost: Vec<crate::waiters::Registration>,
+}
+
+impl PathWatch<'_> {
+    fn check(&mut self) {
+        if self.warned {
+            return;
+        }
+        for held in self.held {
+            for file in held.files() {
+                let name = &held.request.name;
+                if file.still_at_path(self.dir) {
+                    continue;
+                }
+                self.warned = true;
+                eprintln!(
+                    "devlock: warning: {} no longer names the file this job holds (someone renamed or \
+                     removed it); another devlock may now take {name} beside this one",
+                    file.path().display()
+                );
+                if let Ok(reg) = crate::waiters::Registration::create(
+                    self.dir,
+                    name,
+                    self.record,
+                    crate::waiters::Kind::Lost,
+                ) {
+                    self.lost.push(reg);
+                }
+                return;
+            }
+        }
+    }
 }
 
 /// The locks a command line asks for, in the one global order (sorted lock

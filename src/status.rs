@@ -1,7 +1,10 @@
 //! Who holds each lock and who waits, from the kernel's lock table first and
-//! the records only as labels.
+//! the records only as labels: users come from the kernel (the uid of the
+//! live process), commands are read live from `/proc`, and a record or a
+//! registration is believed only where the kernel backs it.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
@@ -9,10 +12,12 @@ use serde::Serialize;
 
 use crate::devices::{self, DeviceInfo, DeviceView};
 use crate::lockfile::LockFile;
-use crate::procfs::{self, FileId, LockTable};
+use crate::procfs::{self, FileId, LockTable, RangeLock};
 use crate::record::{self, ReadRecord, Record};
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
+use crate::text::clean;
+use crate::trust::{self, Trust};
 use crate::waiters::{self, Kind, Waiter};
 
 /// One process holding a lock, as far as it can be told.
@@ -25,11 +30,16 @@ pub struct Holder {
     pub pid: Option<u32>,
     /// Every live process known to hold it (devlock and its command).
     pub pids: Vec<u32>,
+    /// From the kernel: the owner of the first of `pids`.
     pub user: Option<String>,
     /// RFC 3339, from the record.
     pub since: Option<String>,
     pub held_for_ms: Option<u64>,
+    /// The command line, read now from `/proc` (the command devlock runs,
+    /// else the holding process); null when it cannot be read (`hidepid`).
     pub command: Option<Vec<String>>,
+    /// The holding process's short name (`/proc/PID/comm`).
+    pub name: Option<String>,
     pub exclusive: bool,
     /// For a group held on behalf of a member: the member.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -37,15 +47,23 @@ pub struct Holder {
     /// The semaphore slot held (`--slots`), from 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<u64>,
+    /// A process of the holder is stopped (SIGSTOP, Ctrl-Z): it keeps the
+    /// lock and does no work.
+    pub stopped: bool,
     /// For a GPU resource: the device memory of the holder's processes and
     /// each device's utilisation, so a hung holder shows at a glance.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<HolderDevice>,
-    /// How the label was found: `record` (matched the kernel), `no-record`
-    /// (a holder that wrote none, such as plain flock), `inherited` (the
-    /// devlock that took it is gone; its command or a descendant holds it),
-    /// `unknown` (held, but no visible process owns it).
+    /// How the holder was found: `record` (the kernel's holder, labelled by
+    /// a record that names it), `no-record` (the kernel's holder, without a
+    /// record that names it: plain flock, say), `inherited` (the process
+    /// that took it is gone or no longer holds it; these processes hold it
+    /// through an inherited descriptor), `unknown` (held, but no visible
+    /// process owns it).
     pub source: &'static str,
+    /// Why an `unknown` holder cannot be seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<&'static str>,
 }
 
 /// A holder's footprint on one GPU.
@@ -60,12 +78,21 @@ pub struct HolderDevice {
 #[derive(Debug, Clone, Serialize)]
 pub struct WaiterView {
     pub step: Option<String>,
-    pub pid: u32,
+    /// Null for a place in line whose owner this user cannot see.
+    pub pid: Option<u32>,
     pub user: Option<String>,
     pub since: Option<String>,
     pub waiting_for_ms: Option<u64>,
     /// 1 for the longest waiter.
     pub position: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<u64>,
+    /// Stopped (SIGSTOP): it keeps its place and everyone behind it waits.
+    pub stopped: bool,
+    /// `registration` (a devlock in line), `flock` (blocked in flock(2)
+    /// without a registration: plain flock), `unregistered` (a place in
+    /// line that no registration explains).
+    pub source: &'static str,
 }
 
 /// A record whose process is gone or does not hold the lock.
@@ -76,21 +103,54 @@ pub struct StaleRecord {
     pub since: String,
 }
 
+/// A lock on one of the resource's files that devlock did not take.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForeignLock {
+    pub path: String,
+    /// Bytes, `1048577-EOF` style.
+    pub range: String,
+    pub exclusive: bool,
+    /// Its owner, as far as this user can see (OFD locks name no pid).
+    pub pid: Option<u32>,
+    pub user: Option<String>,
+    /// What it does to devlock: `blocks the line`, `blocks the slot
+    /// agreement`, or `none`.
+    pub effect: &'static str,
+}
+
+/// A holder whose lock file was renamed or removed while it held it: it
+/// still holds the old file, so another holder may be in beside it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Conflict {
+    pub pid: u32,
+    pub user: Option<String>,
+    pub step: String,
+    pub since: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ResourceView {
     pub name: String,
-    /// `free`, `held` or `shared`.
+    /// `free`, `held`, `shared`, or `unknown` (the lock file cannot be
+    /// opened and the kernel's table cannot show its holders).
     pub state: &'static str,
     /// The semaphore size everyone in line agreed on (`--slots`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots: Option<u64>,
     pub holders: Vec<Holder>,
     pub waiters: Vec<WaiterView>,
-    /// Present when the lock file's record is torn or not ours.
+    /// Present when the lock file's contents are not a record devlock
+    /// believes (`unreadable`: torn, foreign or absurd; `private`: the file
+    /// cannot be opened by this user).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub record: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stale_record: Option<StaleRecord>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub foreign_locks: Vec<ForeignLock>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<Conflict>,
+    pub trust: Trust,
     /// The lock file, as the kernel names it.
     #[serde(skip)]
     pub lock: Option<FileId>,
@@ -99,6 +159,8 @@ pub struct ResourceView {
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusReport {
     pub dir: String,
+    /// Whether another user could rename or replace the directory's files.
+    pub trust: Trust,
     pub resources: Vec<ResourceView>,
     /// What the driver says (absent when devices were not asked about).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,17 +178,20 @@ pub fn gather(
 ) -> Result<StatusReport> {
     let mut report = StatusReport {
         dir: dir_path.display().to_string(),
+        trust: Trust::default(),
         resources: Vec::new(),
         device_info: None,
         devices: Vec::new(),
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
+        report.trust.safe = true;
         report.resources = wanted.iter().map(free_view).collect();
         if let Some(timeout) = probe_timeout {
             add_devices(&mut report, timeout, Vec::new());
         }
         return Ok(report);
     };
+    report.trust = trust::of_dir(&dir);
     let names = dir.entries()?;
     let mut resources: Vec<Resource> = if wanted.is_empty() {
         names
@@ -152,11 +217,12 @@ pub fn gather(
             .push(waiter);
     }
     let mut sharers = Sharers::default();
+    let dir_managed = report.trust.managed;
     for resource in &resources {
-        let waiting = all_waiters.remove(resource).unwrap_or_default();
-        report
-            .resources
-            .push(view_of(&dir, resource, &table, waiting, now, &mut sharers));
+        let registered = all_waiters.remove(resource).unwrap_or_default();
+        let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
+        view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
+        report.resources.push(view);
     }
     if let Some(timeout) = probe_timeout {
         // Every GPU lock gates its devices, shown or not.
@@ -233,6 +299,12 @@ fn free_view(resource: &Resource) -> ResourceView {
         waiters: Vec::new(),
         record: None,
         stale_record: None,
+        foreign_locks: Vec::new(),
+        conflicts: Vec::new(),
+        trust: Trust {
+            safe: true,
+            ..Trust::default()
+        },
         lock: None,
         slots: None,
     }
@@ -246,28 +318,65 @@ fn view_of(
     now: SystemTime,
     sharers: &mut Sharers,
 ) -> ResourceView {
-    let Ok(file) = waiters::open_read_only(dir, &resource.file_name()) else {
+    // The file's identity from the directory, not from an open: a lock
+    // file its owner made private (mode 0600, util-linux flock under umask
+    // 077) cannot be opened, but its locks are in the kernel's table.
+    let lock_name = resource.file_name();
+    let Ok(st) = nix::sys::stat::fstatat(
+        dir.fd(),
+        lock_name.as_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) else {
         return free_view(resource);
     };
-    let Ok(meta) = file.metadata() else {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return free_view(resource);
-    };
-    let id = FileId::from_metadata(
-        std::os::unix::fs::MetadataExt::dev(&meta),
-        std::os::unix::fs::MetadataExt::ino(&meta),
+    }
+    let id = FileId::from_metadata(st.st_dev, st.st_ino);
+    let file = waiters::open_checked(dir, &lock_name)
+        .ok()
+        .filter(|(_, m)| m.ino() == st.st_ino && m.dev() == st.st_dev)
+        .map(|(f, _)| f);
+    let queue = queue_id(dir, &lock_name);
+    let mut view = build_view(
+        resource,
+        file.as_ref(),
+        id,
+        queue,
+        dir,
+        table,
+        registered,
+        now,
+        sharers,
     );
-    let mut view = build_view(resource, &file, id, table, registered, now, sharers);
-    view.slots = crate::queue::agreed_slots(dir, &resource.file_name()).filter(|n| *n > 0);
+    if file.is_none() {
+        view.record = Some("private");
+    }
     view
+}
+
+/// The queue file's identity, when it is there and a regular file.
+fn queue_id(dir: &ScratchDir, lock_name: &str) -> Option<FileId> {
+    let st = nix::sys::stat::fstatat(
+        dir.fd(),
+        crate::queue::queue_name(lock_name).as_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .ok()?;
+    (st.st_mode & libc::S_IFMT == libc::S_IFREG)
+        .then(|| FileId::from_metadata(st.st_dev, st.st_ino))
 }
 
 /// The view of one lock file: holders from the kernel's table, labelled by
 /// the lock file's record (an exclusive holder) or by registrations (shared
-/// holders), and the line of waiters.
+/// holders), the line of waiters, and locks that are not devlock's.
+#[allow(clippy::too_many_arguments)]
 fn build_view(
     resource: &Resource,
-    file: &std::fs::File,
+    file: Option<&std::fs::File>,
     id: FileId,
+    queue: Option<FileId>,
+    dir: &ScratchDir,
     table: &LockTable,
     registered: Vec<Waiter>,
     now: SystemTime,
@@ -275,36 +384,88 @@ fn build_view(
 ) -> ResourceView {
     let mut view = free_view(resource);
     view.lock = Some(id);
-    let (holds, waiting): (Vec<Waiter>, Vec<Waiter>) =
-        registered.into_iter().partition(|w| w.kind == Kind::Hold);
-    // A blocked waiter in /proc/locks without a registration: plain flock,
-    // or a devlock between registering and blocking.
-    let blocked: Vec<u32> = table.blocked(id).map(|l| l.pid).collect();
-    view.waiters = waiter_views(&waiting, &blocked, now);
-    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
-    if kernel_holders.is_empty() {
-        return view;
+    let mut holds = Vec::new();
+    let mut waiting = Vec::new();
+    for w in registered {
+        match w.kind {
+            Kind::Hold => holds.push(w.record),
+            _ if !w.believed => {}
+            Kind::Wait => waiting.push(w),
+            Kind::Lost => view.conflicts.push(Conflict {
+                pid: w.record.pid,
+                user: procfs::uid_of(w.record.pid)
+                    .map(procfs::user_name)
+                    .map(|u| clean(&u)),
+                step: clean(&w.record.step),
+                since: humantime::format_rfc3339_seconds(w.record.since()).to_string(),
+            }),
+        }
     }
-    let read = record::read_from(file);
+    let line = queue
+        .map(|q| crate::queue::line_view(table, q))
+        .unwrap_or_default();
+    view.slots = line.agreed_slots.filter(|n| *n > 0);
+    if let Some(q) = queue {
+        let path = dir
+            .path()
+            .join(crate::queue::queue_name(&resource.file_name()));
+        view.foreign_locks = line
+            .foreign
+            .iter()
+            .map(|l| foreign_lock(&path, l, q))
+            .collect();
+    }
+    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    let read = match file {
+        Some(f) if !kernel_holders.is_empty() => record::read_from(f),
+        _ => ReadRecord::Empty,
+    };
     if read == ReadRecord::Unreadable {
         view.record = Some("unreadable");
     }
     let record = read.valid();
-    let holds: Vec<Record> = holds.into_iter().map(|h| h.record).collect();
     view.holders = holders_of(id, &kernel_holders, record.as_ref(), &holds, now, sharers);
-    view.state = if view.holders.iter().all(|h| h.exclusive) {
-        "held"
-    } else {
-        "shared"
-    };
+    if view.holders.is_empty() && procfs::in_child_pid_namespace() {
+        // /proc/locks here leaves out every holder outside this namespace,
+        // and nothing else shows them: ask the lock itself, shared, for an
+        // instant (see `probe_from_inside`).
+        match file.map(probe_from_inside) {
+            Some(true) => view
+                .holders
+                .push(invisible_holder("outside this PID namespace")),
+            Some(false) => {}
+            None => view.state = "unknown",
+        }
+    }
+    let holder_tickets: Vec<u64> = record
+        .iter()
+        .chain(holds.iter())
+        .filter_map(|r| r.ticket)
+        .collect();
+    let blocked: Vec<u32> = table.blocked(id).map(|l| l.pid).collect();
+    view.waiters = waiter_views(
+        &waiting,
+        &blocked,
+        &line.tickets,
+        &holder_tickets,
+        queue,
+        now,
+    );
+    if !view.holders.is_empty() {
+        view.state = if view.holders.iter().all(|h| h.exclusive) {
+            "held"
+        } else {
+            "shared"
+        };
+    }
     if let Some(record) = record
         && !view
             .holders
             .iter()
-            .any(|h| h.source == "record" || h.source == "inherited")
+            .any(|h| h.source == "record" || (h.source == "inherited" && h.step.is_some()))
     {
         view.stale_record = Some(StaleRecord {
-            step: record.step.clone(),
+            step: clean(&record.step),
             pid: record.pid,
             since: humantime::format_rfc3339_seconds(record.since()).to_string(),
         });
@@ -312,7 +473,84 @@ fn build_view(
     view
 }
 
-/// The holders of one locked file.
+/// Inside a child PID namespace only: whether someone outside holds the
+/// lock exclusively, asked with a non-blocking shared lock released at once.
+/// For the few microseconds it is held, an exclusive `-n` taker elsewhere
+/// would find the lock busy; nothing else can see holders outside, and
+/// without asking status would say `free` of a held lock. Shared holders
+/// outside stay invisible (a shared probe is granted beside them).
+fn probe_from_inside(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // A second open: a lock on `file` itself would be ours to keep.
+    let Ok(fd) = std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd())) else {
+        return false;
+    };
+    // SAFETY: a descriptor we own; LOCK_NB never sleeps.
+    let taken = unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    if taken {
+        // SAFETY: as above.
+        unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) };
+    }
+    !taken
+}
+
+fn invisible_holder(note: &'static str) -> Holder {
+    Holder {
+        step: None,
+        pid: None,
+        pids: Vec::new(),
+        user: None,
+        since: None,
+        held_for_ms: None,
+        command: None,
+        name: None,
+        exclusive: true,
+        via: None,
+        slot: None,
+        stopped: false,
+        devices: Vec::new(),
+        source: "unknown",
+        note: Some(note),
+    }
+}
+
+fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> ForeignLock {
+    let pid = lock.pid.or_else(|| {
+        procfs::range_lock_owners(lock.file)
+            .into_iter()
+            .find(|(_, l)| {
+                l.start == lock.start && l.end == lock.end && l.exclusive == lock.exclusive
+            })
+            .map(|(pid, _)| pid)
+    });
+    let covers = |lo: u64, hi: u64| lock.start <= hi && lock.end.is_none_or(|e| e >= lo);
+    let effect = if !lock.exclusive && !lock.ofd {
+        "none"
+    } else if covers(4096, 4096 + 65535) {
+        "blocks the slot agreement"
+    } else if lock.exclusive && covers(1 << 20, u64::MAX) {
+        "blocks the line"
+    } else {
+        "none"
+    };
+    ForeignLock {
+        path: path.display().to_string(),
+        range: lock.range_text(),
+        exclusive: lock.exclusive,
+        pid,
+        user: pid
+            .and_then(procfs::uid_of)
+            .map(procfs::user_name)
+            .map(|u| clean(&u)),
+        effect,
+    }
+}
+
+/// The holders of one locked file. For each process the kernel lists:
+/// it holds the lock unless it is gone, its start time contradicts a record
+/// naming it (its pid was reused), or its descriptors (when this user may
+/// read them) show no such lock; then whoever shares the lock through a
+/// descriptor it passed down holds it, as far as this user can see.
 pub fn holders_of(
     id: FileId,
     kernel_holders: &[procfs::KernelLock],
@@ -324,115 +562,178 @@ pub fn holders_of(
     kernel_holders
         .iter()
         .map(|lock| {
-            let matching = if lock.exclusive {
-                record.filter(|r| r.pid == lock.pid)
+            let taker = lock.pid;
+            let recorded = if lock.exclusive {
+                record.filter(|r| r.pid == taker)
             } else {
-                holds.iter().find(|r| r.pid == lock.pid)
+                holds.iter().find(|r| r.pid == taker)
             };
-            if let Some(r) = matching {
-                let live: Vec<u32> = r.live_pids().collect();
-                if !live.is_empty() {
-                    let source = if live.contains(&r.pid) {
-                        "record"
-                    } else {
-                        "inherited"
-                    };
-                    return labelled(r, live, source, lock.exclusive, now);
-                }
-            }
-            // Alive but not the recorded process (no record, another
-            // holder's record, or a recycled pid): the kernel's word only.
-            if procfs::start_time(lock.pid).is_some() {
-                return Holder {
-                    step: None,
-                    pid: Some(lock.pid),
-                    pids: vec![lock.pid],
-                    user: procfs::uid_of(lock.pid).map(procfs::user_name),
-                    since: None,
-                    held_for_ms: None,
-                    command: procfs::comm_of(lock.pid).map(|c| vec![c]),
-                    exclusive: lock.exclusive,
-                    via: None,
-                    slot: None,
-                    devices: Vec::new(),
-                    source: "no-record",
+            let alive = procfs::start_time(taker).is_some();
+            let fd_says = if alive { procfs::holds_flock(taker, id) } else { None };
+            // Without its descriptors to look at, a live process with the
+            // taker's pid is taken for another only on the kernel's word: a
+            // record naming that pid with another start time, whose command
+            // still runs (the devlock was killed and its pid reused; its
+            // command holds the lock). A record whose command is gone too is
+            // merely stale, and the process is the holder.
+            let recycled = fd_says.is_none()
+                && recorded.is_some_and(|r| {
+                    !r.names(taker) && r.child.is_some_and(|c| r.names_child(c))
+                });
+            if alive && !recycled && fd_says != Some(false) {
+                let r = recorded.filter(|r| r.names(taker));
+                let mut pids = vec![taker];
+                let child = r.and_then(|r| {
+                    let c = r.child?;
+                    let descends = procfs::ancestors(c).any(|(p, _)| p == taker);
+                    (descends && r.names_child(c)).then_some(c)
+                });
+                pids.extend(child);
+                return match r {
+                    Some(r) => labelled(r, pids, child, "record", lock.exclusive, now),
+                    None => bare(pids, None, "no-record", lock.exclusive),
                 };
             }
-            // The process that took the lock is gone, yet the lock is held:
-            // something that inherited the descriptor still runs.
-            let pids = sharers.of(id);
-            match matching {
-                Some(r) if !pids.is_empty() => labelled(r, pids, "inherited", lock.exclusive, now),
-                _ => Holder {
-                    step: None,
-                    pid: pids.first().copied(),
-                    user: pids
-                        .first()
-                        .and_then(|p| procfs::uid_of(*p))
-                        .map(procfs::user_name),
-                    pids,
-                    since: None,
-                    held_for_ms: None,
-                    command: None,
-                    exclusive: lock.exclusive,
-                    via: None,
-                    slot: None,
-                    devices: Vec::new(),
-                    source: "unknown",
-                },
+            // The taker is gone, or its pid now belongs to another process.
+            let pids: Vec<u32> = sharers
+                .of(id, taker)
+                .into_iter()
+                .filter(|&p| p != taker)
+                .collect();
+            if pids.is_empty() {
+                let mut unknown = invisible_holder(
+                    "the process that took it is gone, and what holds it now is not visible to this user",
+                );
+                unknown.exclusive = lock.exclusive;
+                return unknown;
+            }
+            let child = recorded
+                .and_then(|r| r.child.filter(|c| pids.contains(c) && r.names_child(*c)));
+            match (recorded, child) {
+                (Some(r), Some(c)) => labelled(r, pids, Some(c), "inherited", lock.exclusive, now),
+                _ => bare(pids, None, "inherited", lock.exclusive),
             }
         })
         .collect()
 }
 
+/// A holder as the kernel shows it, without a label.
+fn bare(pids: Vec<u32>, command_of: Option<u32>, source: &'static str, exclusive: bool) -> Holder {
+    let first = pids.first().copied();
+    Holder {
+        step: None,
+        pid: first,
+        user: first
+            .and_then(procfs::uid_of)
+            .map(procfs::user_name)
+            .map(|u| clean(&u)),
+        command: command_of.or(first).and_then(procfs::cmdline_of),
+        name: first.and_then(procfs::comm_of).map(|c| clean(&c)),
+        stopped: pids.iter().any(|&p| procfs::is_stopped(p)),
+        pids,
+        since: None,
+        held_for_ms: None,
+        exclusive,
+        via: None,
+        slot: None,
+        devices: Vec::new(),
+        source,
+        note: None,
+    }
+}
+
 fn labelled(
     r: &Record,
     pids: Vec<u32>,
+    child: Option<u32>,
     source: &'static str,
     exclusive: bool,
     now: SystemTime,
 ) -> Holder {
-    Holder {
-        step: Some(r.step.clone()),
-        pid: pids.first().copied(),
-        user: pids
-            .first()
-            .and_then(|p| procfs::uid_of(*p))
-            .map(procfs::user_name)
-            .or_else(|| Some(procfs::user_name(r.uid))),
-        pids,
-        since: Some(humantime::format_rfc3339_seconds(r.since()).to_string()),
-        held_for_ms: Some(elapsed_ms(r.since(), now)),
-        command: Some(r.command.clone()),
-        exclusive,
-        via: r.via.clone(),
-        slot: r.slot,
-        devices: Vec::new(),
-        source,
-    }
+    let mut holder = bare(pids, child, source, exclusive);
+    holder.step = Some(clean(&r.step));
+    holder.since = Some(humantime::format_rfc3339_seconds(r.since()).to_string());
+    holder.held_for_ms = Some(elapsed_ms(r.since(), now));
+    holder.via = r.via.as_deref().map(clean);
+    holder.slot = r.slot;
+    holder
 }
 
-fn waiter_views(waiting: &[Waiter], blocked: &[u32], now: SystemTime) -> Vec<WaiterView> {
+fn waiter_views(
+    waiting: &[Waiter],
+    blocked: &[u32],
+    tickets: &[u64],
+    holder_tickets: &[u64],
+    queue: Option<FileId>,
+    now: SystemTime,
+) -> Vec<WaiterView> {
     let mut views: Vec<WaiterView> = waiting
         .iter()
         .map(|w| WaiterView {
-            step: Some(w.record.step.clone()),
-            pid: w.record.pid,
-            user: Some(procfs::user_name(w.record.uid)),
+            step: Some(clean(&w.record.step)),
+            pid: Some(w.record.pid),
+            user: procfs::uid_of(w.record.pid)
+                .map(procfs::user_name)
+                .map(|u| clean(&u)),
             since: Some(humantime::format_rfc3339_seconds(w.record.since()).to_string()),
             waiting_for_ms: Some(elapsed_ms(w.record.since(), now)),
             position: 0,
+            ticket: w.record.ticket,
+            stopped: procfs::is_stopped(w.record.pid),
+            source: "registration",
         })
         .collect();
-    for &pid in blocked {
-        if !views.iter().any(|v| v.pid == pid) {
+    // Places in line nobody registered: a devlock between its ticket and its
+    // registration, or a lock that is not devlock's. Its owner, if visible.
+    let known: Vec<u64> = views
+        .iter()
+        .filter_map(|v| v.ticket)
+        .chain(holder_tickets.iter().copied())
+        .collect();
+    let unexplained: Vec<u64> = tickets
+        .iter()
+        .copied()
+        .filter(|t| !known.contains(t))
+        .collect();
+    if !unexplained.is_empty() {
+        let owners = queue.map(procfs::range_lock_owners).unwrap_or_default();
+        for t in unexplained {
+            let at = (1u64 << 20) + t;
+            let pid = owners
+                .iter()
+                .find(|(_, l)| l.is_byte(at) && l.exclusive)
+                .map(|(p, _)| *p);
             views.push(WaiterView {
                 step: None,
                 pid,
-                user: procfs::uid_of(pid).map(procfs::user_name),
+                user: pid
+                    .and_then(procfs::uid_of)
+                    .map(procfs::user_name)
+                    .map(|u| clean(&u)),
                 since: None,
                 waiting_for_ms: None,
                 position: 0,
+                ticket: Some(t),
+                stopped: pid.is_some_and(procfs::is_stopped),
+                source: "unregistered",
+            });
+        }
+    }
+    views.sort_by_key(|v| v.ticket.unwrap_or(u64::MAX));
+    for &pid in blocked {
+        if !views.iter().any(|v| v.pid == Some(pid)) {
+            views.push(WaiterView {
+                step: None,
+                pid: Some(pid),
+                user: procfs::uid_of(pid)
+                    .map(procfs::user_name)
+                    .map(|u| clean(&u)),
+                since: None,
+                waiting_for_ms: None,
+                position: 0,
+                ticket: None,
+                stopped: procfs::is_stopped(pid),
+                source: "flock",
             });
         }
     }
@@ -452,14 +753,20 @@ fn elapsed_ms(since: SystemTime, now: SystemTime) -> u64 {
 /// `/proc/*/fdinfo` the first time anyone asks.
 #[derive(Debug, Default)]
 pub struct Sharers {
-    scanned: Option<HashMap<FileId, Vec<u32>>>,
+    scanned: Option<HashMap<FileId, Vec<(u32, u32)>>>,
 }
 
 impl Sharers {
-    fn of(&mut self, id: FileId) -> Vec<u32> {
+    /// Processes holding `id` through a lock that `taker` took.
+    fn of(&mut self, id: FileId, taker: u32) -> Vec<u32> {
         // One scan answers for every file: it reads all processes anyway.
         let map = self.scanned.get_or_insert_with(procfs::all_flock_holders);
-        map.get(&id).cloned().unwrap_or_default()
+        map.get(&id)
+            .into_iter()
+            .flatten()
+            .filter(|(_, t)| *t == taker)
+            .map(|(p, _)| *p)
+            .collect()
     }
 }
 
@@ -478,7 +785,7 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
     } else {
         Vec::new()
     };
-    let mut view = view_now(lock, resource, &table, registered);
+    let mut view = view_now(lock, dir, resource, &table, registered);
     view.waiters.clear();
     view
 }
@@ -489,20 +796,23 @@ pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> Resou
     let table = LockTable::read().unwrap_or_default();
     let names = dir.entries().unwrap_or_default();
     let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
-    view_now(lock, resource, &table, registered)
+    view_now(lock, dir, resource, &table, registered)
 }
 
 /// One open lock's view as of now, on its own (no other lock shares labels).
 fn view_now(
     lock: &LockFile,
+    dir: &ScratchDir,
     resource: &Resource,
     table: &LockTable,
     registered: Vec<waiters::Waiter>,
 ) -> ResourceView {
     build_view(
         resource,
-        lock.file(),
+        Some(lock.file()),
         lock.id(),
+        queue_id(dir, &resource.file_name()),
+        dir,
         table,
         registered,
         SystemTime::now(),

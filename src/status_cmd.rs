@@ -43,9 +43,11 @@ pub fn print_report<R: serde::Serialize>(
     }
 }
 
-/// Renders the report: the locks, then the GPUs when the driver answered.
+/// Renders the report: the locks, what another user could break, then the
+/// GPUs when the driver answered.
 pub fn table(report: &StatusReport, colour: bool) -> String {
     let mut out = locks_table(report, colour);
+    out.push_str(&warnings(report));
     match &report.device_info {
         Some(DeviceInfo::Unknown { reason }) => {
             out.push_str(&format!("\nGPUs: unknown ({})\n", sanitize(reason)));
@@ -83,19 +85,19 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             rows.push(vec![res.name.clone(), state.clone(), note]);
         }
         for (i, h) in res.holders.iter().enumerate() {
+            let name = h.name.as_deref().map_or(String::new(), sanitize);
             let mut step = match (&h.step, h.source) {
                 (Some(step), "inherited") => format!("{} (inherited)", sanitize(step)),
                 (Some(step), _) => sanitize(step),
-                (None, "no-record") => format!(
-                    "({}, no record)",
-                    h.command
-                        .as_ref()
-                        .map_or(String::new(), |c| sanitize(&c.join(" ")))
-                ),
-                (None, _) => "(unknown)".to_owned(),
+                (None, "no-record") => format!("({name}, no record)"),
+                (None, "inherited") => format!("({name}, inherited)"),
+                (None, _) => match h.note {
+                    Some(note) => format!("(unknown: {note})"),
+                    None => "(unknown)".to_owned(),
+                },
             };
             if let Some(via) = &h.via {
-                step.push_str(&format!(" (via {via})"));
+                step.push_str(&format!(" (via {})", sanitize(via)));
             }
             if let Some(slot) = h.slot {
                 step.push_str(&format!(" (slot {slot})"));
@@ -110,13 +112,17 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                     .join(",")
             };
             let first = i == 0;
+            let mut state_cell = if first { state.clone() } else { String::new() };
+            if h.stopped {
+                state_cell = format!("{state_cell} (stopped)").trim_start().to_owned();
+            }
             let mut row = vec![
                 if first {
                     res.name.clone()
                 } else {
                     String::new()
                 },
-                if first { state.clone() } else { String::new() },
+                state_cell,
                 step,
                 pids,
                 h.user.as_deref().map_or("?".to_owned(), sanitize),
@@ -142,11 +148,17 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             rows.push(row);
         }
         for w in &res.waiters {
+            let stopped = if w.stopped { " (stopped)" } else { "" };
+            let step = match (w.step.as_deref(), w.source) {
+                (Some(step), _) => sanitize(step),
+                (None, "unregistered") => "(a place in line, no registration)".to_owned(),
+                (None, _) => "(no record)".to_owned(),
+            };
             rows.push(vec![
                 String::new(),
-                format!("waits #{}", w.position),
-                w.step.as_deref().map_or("(no record)".to_owned(), sanitize),
-                w.pid.to_string(),
+                format!("waits #{}{stopped}", w.position),
+                step,
+                w.pid.map_or("?".to_owned(), |p| p.to_string()),
                 w.user.as_deref().map_or("?".to_owned(), sanitize),
                 duration_cell(w.waiting_for_ms),
             ]);
@@ -155,6 +167,68 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
     let mut out = align(&rows, colour, paint_lock_cell);
     if report.resources.is_empty() {
         out.push_str(&format!("(no locks in {})\n", report.dir));
+    }
+    out
+}
+
+/// One line for each thing another user could break, each lock devlock did
+/// not take, and each holder whose lock file was renamed or removed.
+fn warnings(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let mut issues: Vec<&str> = report
+        .trust
+        .issues
+        .iter()
+        .map(|i| i.reason.as_str())
+        .collect();
+    let mut unsafe_names = Vec::new();
+    for res in &report.resources {
+        if !res.trust.issues.is_empty() {
+            unsafe_names.push(res.name.as_str());
+        }
+        issues.extend(res.trust.issues.iter().map(|i| i.reason.as_str()));
+    }
+    if !issues.is_empty() {
+        let fix = crate::trust::fix_command(
+            Some(std::path::Path::new(&report.dir)),
+            unsafe_names.into_iter(),
+        );
+        out.push_str(&format!(
+            "warning: {}; to make them root's: {fix}\n",
+            issues.join("; ")
+        ));
+    }
+    for res in &report.resources {
+        for l in &res.foreign_locks {
+            let who = match (l.pid, &l.user) {
+                (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
+                (Some(pid), None) => format!("pid {pid}"),
+                _ => "owner not visible to this user".to_owned(),
+            };
+            let effect = if l.effect == "none" {
+                "no effect on devlock"
+            } else {
+                l.effect
+            };
+            out.push_str(&format!(
+                "warning: {}: a {} lock that is not devlock's on bytes {} of {} ({who}): {effect}\n",
+                res.name,
+                if l.exclusive { "write" } else { "read" },
+                l.range,
+                l.path
+            ));
+        }
+        for c in &res.conflicts {
+            out.push_str(&format!(
+                "warning: {}: {} (pid {}, {}) still holds a lock file that was renamed or removed \
+                 since {}: another holder may be in beside it\n",
+                res.name,
+                sanitize(&c.step),
+                c.pid,
+                c.user.as_deref().map_or("?".to_owned(), sanitize),
+                c.since
+            ));
+        }
     }
     out
 }
@@ -251,6 +325,7 @@ pub(crate) fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str>
     match (column, cell) {
         (1, "free") => Some("32"),
         (1, c) if c.starts_with("held") || c.starts_with("shared") => Some("33"),
+        (1, "unknown") => Some("35"),
         _ => None,
     }
 }

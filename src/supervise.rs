@@ -294,6 +294,16 @@ pub fn supervise(child: Child, pending: Option<Received>) -> ExitCode {
     supervise_reaping(child, pending, false).0
 }
 
+/// [`supervise`], calling `tick` about once a second while the command runs
+/// (the holder's check that its lock files are still where they were).
+pub fn supervise_watching(
+    child: Child,
+    pending: Option<Received>,
+    tick: &mut dyn FnMut(),
+) -> ExitCode {
+    supervise_loop(child, pending, false, Some(tick)).0
+}
+
 /// [`supervise`], also reaping other children as they end when `reap_all`
 /// (devlock as a subreaper collects what the command left behind), and
 /// saying which stopping signal, if any, came meanwhile.
@@ -301,6 +311,15 @@ pub fn supervise_reaping(
     child: Child,
     pending: Option<Received>,
     reap_all: bool,
+) -> (ExitCode, Option<Received>) {
+    supervise_loop(child, pending, reap_all, None)
+}
+
+fn supervise_loop(
+    child: Child,
+    pending: Option<Received>,
+    reap_all: bool,
+    mut tick: Option<&mut dyn FnMut()>,
 ) -> (ExitCode, Option<Received>) {
     // The first stopping signal reaches the command once; later ones are
     // absorbed, so a second Ctrl-C or kill does not cut its clean-up short.
@@ -335,8 +354,14 @@ pub fn supervise_reaping(
             Ok(None) => {}
             Err(_) => return (ExitCode::GeneralError, first),
         }
-        if let Some(sig) = wait_signal(None) {
-            on_signal(sig, &child);
+        let every = tick.is_some().then_some(std::time::Duration::from_secs(1));
+        match wait_signal(every) {
+            Some(sig) => on_signal(sig, &child),
+            None => {
+                if let Some(tick) = tick.as_mut() {
+                    tick();
+                }
+            }
         }
     }
 }

@@ -21,6 +21,9 @@ use crate::waiters::Registration;
 const WAITING: u8 = 0;
 const ACQUIRED: u8 = 1;
 const GAVE_UP: u8 = 2;
+/// The wait ended without the locks (a job stop, an error): the helper
+/// clears its display and ends.
+const LEFT: u8 = 3;
 
 /// How to wait and what to show meanwhile.
 #[derive(Debug, Clone)]
@@ -53,7 +56,10 @@ pub fn wait_for<T>(
         // and the kernel drops every lock and place in line); it is blocked
         // again before anything starts.
         supervise::unblock_stop_signals();
-        let held = block();
+        let held = {
+            let _stops = crate::interrupt::CatchJobStops::new();
+            block()
+        };
         supervise::block_handled_signals();
         drop(registrations);
         return Ok((held?, Waited::default()));
@@ -69,7 +75,31 @@ pub fn wait_for<T>(
             .stack_size(256 * 1024)
             .spawn(move || helper(shown, registrations, state, started, plan))?
     };
-    let held = block()?;
+    let held = {
+        // Job stops reach this thread only (the helper keeps them held), and
+        // interrupt its lock call.
+        let _stops = crate::interrupt::CatchJobStops::new();
+        block()
+    };
+    let held = match held {
+        Ok(held) => held,
+        Err(e) => {
+            if state
+                .compare_exchange(WAITING, LEFT, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // The helper gave up first and is ending the process.
+                loop {
+                    std::thread::park();
+                }
+            }
+            // SAFETY: as below; the helper then sees LEFT and ends, taking
+            // its display and the registrations with it.
+            unsafe { libc::pthread_kill(helper.as_pthread_t(), supervise::wake_signal()) };
+            let _ = helper.join();
+            return Err(e);
+        }
+    };
     if state
         .compare_exchange(WAITING, ACQUIRED, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -193,6 +223,10 @@ fn helper(
         }
         let signal = supervise::wait_stop_or_wake(until.saturating_duration_since(Instant::now()));
         let stop = signal.filter(|s| s.signo != supervise::wake_signal());
+        if state.load(Ordering::Acquire) == LEFT {
+            clear_live(&plan);
+            return None;
+        }
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear_live(&plan);
             if !plan.quiet && !plan.live {
@@ -269,11 +303,14 @@ fn holder_label(h: &status::Holder) -> String {
     let pid = h
         .pid
         .map_or("pid unknown".to_owned(), |p| format!("pid {p}"));
-    let user = h
+    let mut user = h
         .user
         .as_deref()
         .map(|u| format!(", {}", sanitize(u)))
         .unwrap_or_default();
+    if h.stopped {
+        user.push_str(", stopped");
+    }
     match (&h.step, &h.command) {
         (Some(step), _) => format!("{} ({pid}{user})", sanitize(step)),
         (None, Some(cmd)) if h.source == "no-record" => {
@@ -296,13 +333,48 @@ pub fn holder_words(h: &status::Holder) -> String {
     format!("{}{held}", holder_label(h))
 }
 
-/// `: held by ns-train (pid 4242, alice) for 5m03s`, or nothing when free.
+/// `: held by ns-train (pid 4242, alice) for 5m03s`, or what else is in
+/// the way (a lock that is not devlock's), or nothing when free.
 pub fn holder_phrase(view: &ResourceView) -> String {
     match view.holders.first() {
         Some(h) => {
             let held = held_for(h).map(|d| format!(" for {d}")).unwrap_or_default();
-            format!(": held by {}{held}", holder_label(h))
+            let note = h.note.map(|n| format!(" ({n})")).unwrap_or_default();
+            format!(": held by {}{held}{note}", holder_label(h))
         }
-        None => String::new(),
+        None => unexplained_phrase(view),
     }
+}
+
+/// ` (1 place in line held by pid 77, mallory, not a registered devlock)`
+/// and the locks that are not devlock's, or nothing.
+pub fn unexplained_phrase(view: &ResourceView) -> String {
+    let mut parts = Vec::new();
+    for w in view.waiters.iter().filter(|w| w.source == "unregistered") {
+        let who = match (w.pid, &w.user) {
+            (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
+            (Some(pid), None) => format!("pid {pid}"),
+            _ => "a process this user cannot see".to_owned(),
+        };
+        parts.push(format!(
+            "a place in line held by {who}, not a registered devlock"
+        ));
+    }
+    for l in view.foreign_locks.iter().filter(|l| l.effect != "none") {
+        let who = match (l.pid, &l.user) {
+            (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
+            (Some(pid), None) => format!("pid {pid}"),
+            _ => "a process this user cannot see".to_owned(),
+        };
+        parts.push(format!(
+            "a lock that is not devlock's on bytes {} of {} ({who}) {}",
+            l.range, l.path, l.effect
+        ));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    let lead = if view.waiters.is_empty() { ": " } else { " (" };
+    let tail = if view.waiters.is_empty() { "" } else { ")" };
+    format!("{lead}{}{tail}", parts.join("; "))
 }

@@ -1,9 +1,11 @@
 //! Registrations: one small file per waiting devlock (and per shared holder,
-//! which has no lock file of its own to write into), kept flock'ed by its
-//! owner, so the kernel itself says which registrations are alive.
+//! which has no lock file of its own to write into, and per holder whose
+//! lock file was renamed or removed under it), kept flock'ed by its owner, so
+//! the kernel itself says which registrations are alive, and whose.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result};
@@ -19,6 +21,9 @@ pub enum Kind {
     Wait,
     /// A shared hold: many holders, so no single record in the lock file.
     Hold,
+    /// A holder whose path no longer names the file it holds: someone renamed
+    /// or removed it, and a second holder may be in beside it.
+    Lost,
 }
 
 impl Kind {
@@ -26,9 +31,14 @@ impl Kind {
         match self {
             Kind::Wait => ".wait",
             Kind::Hold => ".hold",
+            Kind::Lost => ".lost",
         }
     }
 }
+
+/// How many taken names a registration tries before it gives up (only
+/// files planted under our pid's names can take them).
+const MAX_NAME_TRIES: u32 = 1000;
 
 /// Registrations are dot files, which no resource name can be, so they never
 /// collide with a lock file.
@@ -36,15 +46,21 @@ fn file_name(resource: &Resource, pid: u32, n: u32, kind: Kind) -> String {
     format!(".{resource}@{pid}.{n}{}", kind.suffix())
 }
 
+/// The resource, kind and pid a registration file name belongs to.
+pub fn parse_name(file_name: &str) -> Option<(Resource, Kind, u32)> {
+    let inner = file_name.strip_prefix('.')?;
+    let (inner, kind) = [Kind::Wait, Kind::Hold, Kind::Lost]
+        .into_iter()
+        .find_map(|k| Some((inner.strip_suffix(k.suffix())?, k)))?;
+    let (name, id) = inner.rsplit_once('@')?;
+    let (pid, n) = id.split_once('.')?;
+    n.parse::<u32>().ok()?;
+    Some((name.parse().ok()?, kind, pid.parse().ok()?))
+}
+
 /// The resource and kind a registration file name belongs to.
 pub fn resource_of(file_name: &str) -> Option<(Resource, Kind)> {
-    let inner = file_name.strip_prefix('.')?;
-    let (inner, kind) = match inner.strip_suffix(".wait") {
-        Some(inner) => (inner, Kind::Wait),
-        None => (inner.strip_suffix(".hold")?, Kind::Hold),
-    };
-    let (name, _) = inner.rsplit_once('@')?;
-    Some((name.parse().ok()?, kind))
+    parse_name(file_name).map(|(r, k, _)| (r, k))
 }
 
 /// A live registration; dropping it removes the file.
@@ -65,7 +81,7 @@ impl Registration {
     ) -> Result<Registration> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = dir.try_clone()?;
-        loop {
+        for _ in 0..MAX_NAME_TRIES {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let name = file_name(resource, std::process::id(), n, kind);
             let c_name = crate::scratch::c_path(name.as_ref())?;
@@ -80,7 +96,8 @@ impl Registration {
             if fd < 0 {
                 let err = std::io::Error::last_os_error();
                 if err.raw_os_error() == Some(libc::EEXIST) {
-                    // Left by a dead process that had our pid: try the next number.
+                    // Left by a dead process that had our pid, or planted:
+                    // never opened, so whatever it is does no harm.
                     continue;
                 }
                 return Err(err).with_context(|| {
@@ -103,25 +120,37 @@ impl Registration {
                 name.as_str(),
                 nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
             )
-            .is_ok_and(|st| st.st_ino == std::os::unix::fs::MetadataExt::ino(&meta));
+            .is_ok_and(|st| st.st_ino == meta.ino());
             if !still_there {
                 continue;
             }
             record.write_to(&file)?;
             return Ok(Registration { dir, name, file });
         }
+        Err(anyhow::anyhow!(
+            "every registration name for pid {} in {} is taken",
+            std::process::id(),
+            dir.path().display()
+        ))
     }
-}
 
-impl Registration {
     /// Replaces the label (once the command runs, its pid joins the record).
     pub fn rewrite(&self, record: &Record) -> std::io::Result<()> {
         record.write_to(&self.file)
+    }
+
+    /// The descriptor that holds the registration's lock: a shared holder's
+    /// command inherits it, so the label stays alive as long as the hold.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        // The label goes first, so that a child still holding this file
+        // through an inherited descriptor carries no stale step.
+        let _ = self.file.set_len(0);
         let _ = nix::unistd::unlinkat(
             self.dir.fd(),
             self.name.as_str(),
@@ -130,17 +159,23 @@ impl Drop for Registration {
     }
 }
 
-/// A registration that the kernel confirms is alive.
+/// A registration that the kernel confirms is alive and its own.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     pub resource: Resource,
     pub kind: Kind,
     pub record: Record,
+    /// False only for a shared hold's registration that the kernel shows
+    /// locked by the pid it names while that pid is now another process:
+    /// no label, but proof that the pid was reused (see status.rs).
+    pub believed: bool,
 }
 
 /// Live registrations in `dir`, in line order (ticket, then arrival), for
-/// the resources `wanted` accepts. Registrations of dead processes are
-/// removed where we may remove them.
+/// the resources `wanted` accepts. A registration is believed only when the
+/// process holding its flock (per the kernel) is the very process it names,
+/// pid and start time, so a planted or copied file names nobody.
+/// Registrations of dead processes are removed where we may remove them.
 pub fn live_waiters(
     dir: &ScratchDir,
     names: &[String],
@@ -149,29 +184,45 @@ pub fn live_waiters(
 ) -> Vec<Waiter> {
     let mut waiters = Vec::new();
     for name in names {
-        let Some((resource, kind)) = resource_of(name) else {
+        let Some((resource, kind, named_pid)) = parse_name(name) else {
             continue;
         };
         if !wanted(&resource) {
             continue;
         }
-        let Ok(file) = open_read_only(dir, name) else {
+        let Ok((file, meta)) = open_checked(dir, name) else {
             continue;
         };
-        let Ok(meta) = file.metadata() else { continue };
-        let id = FileId::from_metadata(
-            std::os::unix::fs::MetadataExt::dev(&meta),
-            std::os::unix::fs::MetadataExt::ino(&meta),
-        );
-        if !table.is_locked(id) {
+        if meta.nlink() != 1 {
+            // Never made by devlock (a registration is never linked):
+            // perhaps a lock file linked here, which must not be touched.
+            continue;
+        }
+        let id = FileId::from_metadata(meta.dev(), meta.ino());
+        let holders: Vec<u32> = table.holders(id).map(|l| l.pid).collect();
+        if holders.is_empty() {
             sweep_dead(dir, name, &file);
             continue;
         }
-        if let Some(record) = record::read_from(&file).valid() {
+        let Some(record) = record::read_from(&file).valid() else {
+            continue;
+        };
+        let own = record.pid == named_pid && holders.contains(&record.pid);
+        let alive_in_kernel = own && record.names(record.pid);
+        // After kill -9, a shared holder's command keeps its registration
+        // locked: believed when the command is the recorded child, which the
+        // kernel shows holding this very file.
+        let inherited = own
+            && !alive_in_kernel
+            && record.child.is_some_and(|c| {
+                record.names_child(c) && crate::procfs::holds_flock(c, id) == Some(true)
+            });
+        if alive_in_kernel || inherited || (own && kind == Kind::Hold) {
             waiters.push(Waiter {
                 resource,
                 kind,
                 record,
+                believed: alive_in_kernel || inherited,
             });
         }
     }
@@ -197,7 +248,20 @@ fn sweep_dead(dir: &ScratchDir, name: &str, file: &File) {
 /// Opens a file in the scratch directory for reading: no symlinks followed, no
 /// blocking on a FIFO, and only regular files accepted.
 pub fn open_read_only(dir: &ScratchDir, name: &str) -> std::io::Result<File> {
+    open_checked(dir, name).map(|(file, _)| file)
+}
+
+/// [`open_read_only`], with the file's metadata. A file of the wrong type is
+/// refused with [`crate::lockfile::wrong_type_error`], before opening it when
+/// it can be seen (opening a device can have effects of its own).
+pub fn open_checked(dir: &ScratchDir, name: &str) -> std::io::Result<(File, std::fs::Metadata)> {
     let c_name = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+    if let Ok(st) =
+        nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        && st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        return Err(crate::lockfile::wrong_type_error(st.st_mode));
+    }
     let flags =
         libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
     // SAFETY: valid directory descriptor and NUL-terminated name.
@@ -207,10 +271,11 @@ pub fn open_read_only(dir: &ScratchDir, name: &str) -> std::io::Result<File> {
     }
     // SAFETY: fd is ours alone.
     let file = unsafe { File::from_raw_fd(fd) };
-    if !file.metadata()?.file_type().is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(crate::lockfile::wrong_type_error(meta.mode()));
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 #[cfg(test)]
@@ -223,7 +288,13 @@ mod tests {
         let name = file_name(&gpu, 4242, 0, Kind::Wait);
         assert_eq!(name, ".gpu:3@4242.0.wait");
         assert_eq!(resource_of(&name), Some((gpu.clone(), Kind::Wait)));
-        assert_eq!(resource_of(".gpu:3@1.2.hold"), Some((gpu, Kind::Hold)));
+        assert_eq!(parse_name(&name), Some((gpu.clone(), Kind::Wait, 4242)));
+        assert_eq!(
+            resource_of(".gpu:3@1.2.hold"),
+            Some((gpu.clone(), Kind::Hold))
+        );
+        assert_eq!(resource_of(".gpu:3@1.2.lost"), Some((gpu, Kind::Lost)));
         assert_eq!(resource_of("gpu.lock"), None);
+        assert_eq!(resource_of(".gpu:3@x.2.wait"), None);
     }
 }

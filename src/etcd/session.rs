@@ -373,18 +373,19 @@ async fn take_in_order(
     let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
     // Who we are, once for every request (pid, start time, user as the
     // file backend's records have them).
-    let label = Record::for_this_process(&settings.step, &[]);
-    let user = label
-        .user
-        .clone()
-        .unwrap_or_else(|| procfs::user_name(label.uid));
+    let label = Record::for_this_process(&settings.step);
+    // etcd keys are not the kernel's to check: the name as the environment
+    // gives it, else the uid's.
+    let user = std::env::var("USER")
+        .ok()
+        .unwrap_or_else(|| procfs::user_name(nix::unistd::getuid().as_raw()));
     let host = super::hostname();
     for request in requests {
         let key = key_of(&request.name, lease);
         let mut entry = Entry {
             step: settings.step.clone(),
             pid: label.pid,
-            pid_start: label.pid_start,
+            pid_start: Some(label.pid_start),
             child: None,
             user: user.clone(),
             host: host.clone(),

@@ -342,7 +342,7 @@ fn assert_refused(s: &Scratch, victim: &std::path::Path, what: &str) {
 }
 
 #[test]
-fn planted_symlink_fifo_and_hard_link_are_refused() {
+fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written() {
     let s = Scratch::new();
     std::fs::create_dir(s.dir()).unwrap();
     let victim = s.work("victim");
@@ -360,8 +360,17 @@ fn planted_symlink_fifo_and_hard_link_are_refused() {
     );
     std::fs::remove_file(s.lock_path("r")).unwrap();
 
+    // A hard link is used as a gate (refusing it would let anyone who can
+    // link a lock file disable it), but nothing is written into it.
     std::fs::hard_link(&victim, s.lock_path("r")).unwrap();
-    assert_refused(&s, &victim, "hard link");
+    let out = s.run(&["-n", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "hard link: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("holding it without"),
+        "says it keeps no record: {}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     std::fs::remove_file(s.lock_path("r")).unwrap();
 
     nix::unistd::mkfifo(
@@ -660,20 +669,32 @@ fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
         wait_child(&mut child).success(),
         "devlock must still see its command end"
     );
+    // The command copies the lock file while it holds it (devlock clears the
+    // record on release): a lock file opened as fd 2 would hold its line.
+    let copy = s.work("copy");
     let out = Command::new("sh")
         .args([
             "-c",
-            &format!("exec 0<&- 2>&-; exec {BIN} r -- sh -c 'sleep 0.3; echo CHILD-LINE >&2'"),
+            &format!(
+                "exec 0<&- 2>&-; exec {BIN} r -- sh -c 'sleep 0.3; echo CHILD-LINE >&2; cat {} > {}'",
+                s.lock_path("r").display(),
+                copy.display()
+            ),
         ])
         .env("DEVLOCK_DIR", s.dir())
         .output()
         .unwrap();
     assert!(out.status.success());
-    let content = std::fs::read(s.lock_path("r")).unwrap();
+    let content = std::fs::read(&copy).unwrap();
     assert!(
         devlock::record::parse(&content).is_some(),
         "the lock file holds something other than its record: {:?}",
         String::from_utf8_lossy(&content)
+    );
+    assert_eq!(
+        std::fs::read(s.lock_path("r")).unwrap(),
+        b"",
+        "release clears the label"
     );
 }
 

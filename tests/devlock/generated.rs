@@ -385,6 +385,7 @@ fn exit_codes() -> Vec<(ExitCode, String)> {
         ExitCode::Busy,
         ExitCode::LeaseLost,
         ExitCode::EtcdDenied,
+        ExitCode::NoPermission,
         ExitCode::CannotExecute,
         ExitCode::NotFound,
         ExitCode::Signal(1),
@@ -402,6 +403,7 @@ fn exit_codes() -> Vec<(ExitCode, String)> {
             | ExitCode::Busy
             | ExitCode::LeaseLost
             | ExitCode::EtcdDenied
+            | ExitCode::NoPermission
             | ExitCode::CannotExecute
             | ExitCode::NotFound => format!("\n.B {}\n", code.code()),
             ExitCode::Signal(_) => "\n.BI 128+ N\n".to_owned(),
@@ -688,7 +690,7 @@ complete_line 'devlock gpu -- '
     assert_eq!(reply("words-only"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(
         reply("devlock "),
-        ["gpu", "gpu:0", "gpu:1", "help", "status"]
+        ["gpu", "gpu:0", "gpu:1", "help", "setup", "status"]
     );
     assert_eq!(reply("devlock g"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(reply("devlock -n -w 10m g"), ["gpu", "gpu:0", "gpu:1"]);
@@ -697,7 +699,7 @@ complete_line 'devlock gpu -- '
     assert_eq!(reply("devlock status --json g"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(
         reply(&format!("devlock --dir {other_dir} ")),
-        ["help", "status", "tpu"]
+        ["help", "setup", "status", "tpu"]
     );
     assert_eq!(
         reply(&format!("devlock --dir={other_dir} status ")),

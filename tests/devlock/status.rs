@@ -167,7 +167,8 @@ fn plain_flock_holder_shows_as_the_pid_the_kernel_names() {
     assert_eq!(h["pid"], holder.id());
     assert_eq!(h["source"], "no-record");
     assert!(h["step"].is_null());
-    assert_eq!(h["command"][0], "flock");
+    assert_eq!(h["name"], "flock");
+    assert_eq!(h["command"][0], "/usr/bin/flock", "the live command line");
     let table = stdout(&s.run(&["status"]));
     assert!(table.contains("(flock, no record)"), "{table}");
     release(&s, "f");
@@ -189,9 +190,9 @@ fn plant_record(s: &Scratch, resource: &str, record: &Record) {
 fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
     let s = Scratch::new();
     // A dead pid.
-    let mut dead = Record::for_this_process("ghost", &["ghost".into()]);
+    let mut dead = Record::for_this_process("ghost");
     dead.pid = 4_000_000;
-    dead.pid_start = Some(1);
+    dead.pid_start = 1;
     plant_record(&s, "r", &dead);
     let mut holder = flock_holder(&s, "r", "a");
     let view = s.resource_status("r");
@@ -205,9 +206,9 @@ fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
     // A recycled pid: the record names the very pid that holds the lock now,
     // but with another start time.
     let mut holder = flock_holder(&s, "r", "b");
-    let mut reused = Record::for_this_process("ghost", &["ghost".into()]);
+    let mut reused = Record::for_this_process("ghost");
     reused.pid = holder.id();
-    reused.pid_start = Some(1);
+    reused.pid_start = 1;
     plant_record(&s, "r", &reused);
     let view = s.resource_status("r");
     assert!(view["holders"][0]["step"].is_null(), "{view}");
@@ -221,23 +222,24 @@ fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
 fn escapes_and_garbage_in_records_never_reach_the_terminal() {
     let s = Scratch::new();
     let mut holder = flock_holder(&s, "evil", "e");
-    let mut record =
-        Record::for_this_process("\x1b[2J\x1b]0;pwned\x07step", &["\x1b[31mcmd".into()]);
+    let mut record = Record::for_this_process("\x1b[2J\x1b]0;pwned\x07step\u{202e}txt");
     record.pid = holder.id();
-    record.pid_start = devlock::procfs::start_time(holder.id());
-    record.user = Some("\x1b[5muser".into());
+    record.pid_start = devlock::procfs::start_time(holder.id()).unwrap();
+    record.via = Some("\x1b[31mvia\u{2066}".into());
     plant_record(&s, "evil", &record);
     let view = s.resource_status("evil");
     assert_eq!(
-        view["holders"][0]["step"], "\x1b[2J\x1b]0;pwned\x07step",
-        "JSON keeps it, escaped"
+        view["holders"][0]["step"], "?[2J?]0;pwned?step?txt",
+        "JSON carries the text cleaned too"
     );
+    assert_eq!(view["holders"][0]["via"], "?[31mvia?");
     let table = stdout(&s.run(&["status"]));
     assert!(table.contains("?[2J?]0;pwned?step"), "{table}");
     assert!(
-        !table.contains('\x1b') && !table.contains('\x07'),
+        !table.contains('\x1b') && !table.contains('\x07') && !table.contains('\u{202e}'),
         "{table:?}"
     );
+    assert!(table.contains("(via ?[31mvia?)"), "{table}");
     // The waiting line and the busy message are sanitised too.
     let busy = s.run(&["-n", "evil", "--", "true"]);
     assert!(!stderr(&busy).contains('\x1b'), "{:?}", stderr(&busy));

@@ -1,0 +1,548 @@
+//! `devlock setup`: a managed scratch directory for a shared machine. Root
+//! makes the directory and each declared resource's files its own, so no user
+//! can rename, remove, replace or squat them; running it again changes only
+//! what is not as it should be.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::cli::SetupArgs;
+use crate::exit::{ExitCode, coded};
+use crate::lockfile::kind_of;
+use crate::probe::{DeviceReport, NvidiaSmi, Probe};
+use crate::procfs::{self, FileId, LockTable};
+use crate::resource::Resource;
+use crate::scratch::ScratchDir;
+use crate::text::sanitize;
+
+/// How many times a step that someone races is tried again.
+const TRIES: usize = 10;
+
+/// What to make: modes and owners.
+struct Plan {
+    gid: u32,
+    group: Option<String>,
+    dir_mode: u32,
+    file_mode: u32,
+    resources: Vec<Resource>,
+    slots: u16,
+}
+
+impl Plan {
+    /// The files of one resource: lock, queue, and slots when asked.
+    fn files(&self, r: &Resource) -> Vec<String> {
+        let lock = r.file_name();
+        let queue = crate::queue::queue_name(&lock);
+        let mut files = vec![lock, queue];
+        for s in 1..=u64::from(self.slots) {
+            files.push(crate::acquire::slot_file(r, s));
+        }
+        files
+    }
+}
+
+pub fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
+    let mut resources = Resource::parse_all(&args.resources)?;
+    if args.gpus {
+        resources.extend(gpu_resources(probe_timeout)?);
+    }
+    resources.sort();
+    resources.dedup();
+    let gid = match &args.group {
+        None => 0,
+        Some(name) => match nix::unistd::Group::from_name(name) {
+            Ok(Some(group)) => group.gid.as_raw(),
+            _ => {
+                return Err(coded(
+                    ExitCode::Usage,
+                    format!("no group named {:?} (see getent group)", sanitize(name)),
+                ));
+            }
+        },
+    };
+    let plan = Plan {
+        gid,
+        group: args.group.clone(),
+        dir_mode: if args.group.is_some() { 0o1770 } else { 0o1777 },
+        file_mode: if args.group.is_some() { 0o660 } else { 0o666 },
+        resources,
+        slots: args.slots.unwrap_or(0),
+    };
+    if args.print_tmpfiles {
+        print!("{}", tmpfiles(dir, &plan, args)?);
+        return Ok(ExitCode::Success);
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(coded(
+            ExitCode::NoPermission,
+            format!(
+                "devlock setup must run as root: it makes {} and its lock files root's, so that \
+                 no user can rename or remove them (try: {})",
+                dir.display(),
+                crate::trust::fix_command(Some(dir), plan.resources.iter().map(Resource::as_str))
+            ),
+        ));
+    }
+    let mut report = Report::default();
+    let scratch = take_dir(dir, &plan, &mut report)?;
+    for resource in &plan.resources {
+        for name in plan.files(resource) {
+            declare(&scratch, &name, &plan, &mut report)?;
+        }
+    }
+    for issue in crate::trust::dir_issues(&scratch) {
+        println!("devlock setup: warning: {}", issue.reason);
+    }
+    let owner = match &plan.group {
+        Some(g) => format!("root:{}", sanitize(g)),
+        None => "root:root".to_owned(),
+    };
+    let names: Vec<&str> = plan.resources.iter().map(Resource::as_str).collect();
+    println!(
+        "devlock setup: {} is managed ({owner} {:o}); {} declared{}{}",
+        dir.display(),
+        plan.dir_mode,
+        match names.len() {
+            0 => "no resources".to_owned(),
+            1 => "1 resource".to_owned(),
+            n => format!("{n} resources"),
+        },
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", names.join(" "))
+        },
+        if report.changes == 0 {
+            ", nothing changed"
+        } else {
+            ""
+        }
+    );
+    if report.refused > 0 {
+        return Err(coded(
+            ExitCode::Busy,
+            format!(
+                "{} of the files could not be replaced while locked; run devlock setup again once they are free",
+                report.refused
+            ),
+        ));
+    }
+    Ok(ExitCode::Success)
+}
+
+#[derive(Default)]
+struct Report {
+    changes: usize,
+    refused: usize,
+}
+
+impl Report {
+    fn changed(&mut self, path: &Path, what: &str) {
+        self.changes += 1;
+        println!("devlock setup: {}: {what}", path.display());
+    }
+}
+
+/// `gpu` and `gpu:N` for the GPUs the probe lists.
+fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
+    let devices = match NvidiaSmi::from_env().probe(timeout) {
+        DeviceReport::Devices(devices) => devices,
+        DeviceReport::NoInfo => {
+            return Err(coded(
+                ExitCode::NotIdle,
+                "--gpus: no nvidia-smi found (set DEVLOCK_NVIDIA_SMI, or name the resources)",
+            ));
+        }
+        DeviceReport::Unknown { reason } => {
+            return Err(coded(
+                ExitCode::NotIdle,
+                format!("--gpus: cannot list the GPUs: {}", sanitize(&reason)),
+            ));
+        }
+    };
+    let mut names = vec!["gpu".to_owned()];
+    names.extend(devices.iter().map(|d| format!("gpu:{}", d.index)));
+    names
+        .iter()
+        .map(|n| {
+            n.parse()
+                .map_err(|e: String| coded(ExitCode::NotIdle, format!("--gpus: {e}")))
+        })
+        .collect()
+}
+
+fn c_string(text: &str) -> Result<CString> {
+    CString::new(text).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
+}
+
+/// Makes the directory root's: created when missing, taken over (through a
+/// descriptor opened without following links, then checked to be still at
+/// the path) when someone else owns it, and whatever else stands at the
+/// path (a symbolic link, a file) removed first.
+fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
+    let c_path = crate::scratch::c_path(path)?;
+    for _ in 0..TRIES {
+        match nix::sys::stat::lstat(path) {
+            Err(nix::errno::Errno::ENOENT) => {
+                match nix::unistd::mkdir(path, nix::sys::stat::Mode::from_bits_truncate(0o700)) {
+                    Ok(()) => report.changed(path, "created"),
+                    Err(nix::errno::Errno::EEXIST) => continue,
+                    Err(e) => {
+                        return Err(coded(
+                            ExitCode::IoError,
+                            format!("cannot create {}: {e}", path.display()),
+                        ));
+                    }
+                }
+            }
+            Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => {
+                nix::unistd::unlink(path)
+                    .with_context(|| format!("removing what stands at {}", path.display()))?;
+                report.changed(
+                    path,
+                    &format!(
+                        "removed a {} owned by {} that stood there",
+                        kind_of(st.st_mode),
+                        owner_name(st.st_uid)
+                    ),
+                );
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
+        }
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: c_path is NUL-terminated.
+        let fd = unsafe { libc::open(c_path.as_ptr(), flags) };
+        if fd < 0 {
+            // Replaced between the look and the open: look again.
+            continue;
+        }
+        // SAFETY: a descriptor we just opened.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let st = nix::sys::stat::fstat(&fd)?;
+        if let Some(what) = make_ours(&fd, &st, plan.gid, plan.dir_mode)? {
+            report.changed(path, &what);
+        }
+        let still = nix::sys::stat::lstat(path)
+            .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino);
+        if !still {
+            continue;
+        }
+        return match ScratchDir::open(path)? {
+            Some(dir) if same_file(&dir, &st) => Ok(dir),
+            _ => continue,
+        };
+    }
+    Err(coded(
+        ExitCode::IoError,
+        format!(
+            "{} keeps changing under devlock setup; someone is racing it",
+            path.display()
+        ),
+    ))
+}
+
+fn same_file(dir: &ScratchDir, st: &libc::stat) -> bool {
+    nix::sys::stat::fstat(dir.fd())
+        .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino)
+}
+
+fn owner_name(uid: u32) -> String {
+    sanitize(&procfs::user_name(uid))
+}
+
+/// Gives an open file or directory to root (and the group), with `mode`,
+/// and without ACL entries a former owner may have added (a named entry
+/// could lock a user out). Says what changed, if anything.
+fn make_ours(fd: &OwnedFd, st: &libc::stat, gid: u32, mode: u32) -> Result<Option<String>> {
+    let acls = [c"system.posix_acl_access", c"system.posix_acl_default"];
+    let mut had_acl = false;
+    for name in acls {
+        // SAFETY: a valid descriptor and attribute name; asking for the size
+        // only (a missing attribute fails with ENODATA).
+        let present =
+            unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), std::ptr::null_mut(), 0) } > 0;
+        // SAFETY: as above.
+        if present && unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) } == 0 {
+            had_acl = true;
+        }
+    }
+    let right_owner = st.st_uid == 0 && st.st_gid == gid;
+    let right_mode = st.st_mode & 0o7777 == mode;
+    if right_owner && right_mode && !had_acl {
+        return Ok(None);
+    }
+    // SAFETY: plain calls on our descriptor; chown first (it may clear
+    // mode bits), then the mode.
+    unsafe {
+        if libc::fchown(fd.as_raw_fd(), 0, gid) != 0 || libc::fchmod(fd.as_raw_fd(), mode) != 0 {
+            return Err(std::io::Error::last_os_error()).context("changing owner and mode");
+        }
+    }
+    let mut what = Vec::new();
+    if !right_owner {
+        what.push(format!(
+            "taken over from {}:{}",
+            owner_name(st.st_uid),
+            group_name(st.st_gid)
+        ));
+    }
+    if !right_mode {
+        what.push(format!("mode {:o} (was {:o})", mode, st.st_mode & 0o7777));
+    }
+    if had_acl {
+        what.push("ACL removed".to_owned());
+    }
+    Ok(Some(what.join(", ")))
+}
+
+fn group_name(gid: u32) -> String {
+    match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
+        Ok(Some(g)) => sanitize(&g.name),
+        _ => gid.to_string(),
+    }
+}
+
+/// Makes one declared file root's: created when missing; a regular file
+/// another user owns is taken over in place (the same inode, so a holder of
+/// it stays the only holder, and its owner can no longer rename it); a file
+/// of the wrong type (a FIFO, a symbolic link, a socket, a directory) is
+/// swapped for a new root file, unless it is locked.
+fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Result<()> {
+    let path = dir.path().join(name);
+    for _ in 0..TRIES {
+        let st =
+            match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            {
+                Err(nix::errno::Errno::ENOENT) => {
+                    let temp = new_file(dir, name, plan)?;
+                    match rename(dir, &temp, name, libc::RENAME_NOREPLACE) {
+                        Ok(()) => {
+                            report.changed(
+                                &path,
+                                &format!("created ({} {:o})", owner_words(plan), plan.file_mode),
+                            );
+                            return Ok(());
+                        }
+                        Err(_) => {
+                            let _ = unlink(dir, &temp);
+                            continue;
+                        }
+                    }
+                }
+                Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
+                Ok(st) => st,
+            };
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            let c_name = c_string(name)?;
+            let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+            // SAFETY: valid directory descriptor and NUL-terminated name.
+            let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), c_name.as_ptr(), flags) };
+            if fd < 0 {
+                continue;
+            }
+            // SAFETY: a descriptor we just opened.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let st = nix::sys::stat::fstat(&fd)?;
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                continue;
+            }
+            if let Some(what) = make_ours(&fd, &st, plan.gid, plan.file_mode)? {
+                report.changed(&path, &what);
+            }
+            return Ok(());
+        }
+        // The wrong type: swap a new file in, unless the thing is locked.
+        let id = FileId::from_metadata(st.st_dev, st.st_ino);
+        let table = LockTable::read().context("reading /proc/locks")?;
+        if table.any_on(id) {
+            let holders: Vec<String> = table
+                .holders(id)
+                .chain(table.blocked(id))
+                .map(|l| {
+                    let user = procfs::uid_of(l.pid).map_or("user unknown".to_owned(), owner_name);
+                    format!("pid {}, {user}", l.pid)
+                })
+                .collect();
+            let holders = if holders.is_empty() {
+                "byte-range locks".to_owned()
+            } else {
+                holders.join("; ")
+            };
+            eprintln!(
+                "devlock: not replacing {}: a {} owned by {}, locked by {holders}; replacing a \
+                 held lock file would let a second holder in",
+                path.display(),
+                kind_of(st.st_mode),
+                owner_name(st.st_uid)
+            );
+            report.refused += 1;
+            return Ok(());
+        }
+        let temp = new_file(dir, name, plan)?;
+        if rename(dir, &temp, name, libc::RENAME_EXCHANGE).is_err() {
+            let _ = unlink(dir, &temp);
+            continue;
+        }
+        // What came out must be what we looked at; else someone swapped it
+        // meanwhile: put theirs back and look again.
+        let out = nix::sys::stat::fstatat(
+            dir.fd(),
+            temp.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        if !out.is_ok_and(|o| o.st_dev == st.st_dev && o.st_ino == st.st_ino) {
+            let _ = rename(dir, &temp, name, libc::RENAME_EXCHANGE);
+            continue;
+        }
+        let gone = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            nix::unistd::unlinkat(
+                dir.fd(),
+                temp.as_str(),
+                nix::unistd::UnlinkatFlags::RemoveDir,
+            )
+            .is_ok()
+        } else {
+            unlink(dir, &temp).is_ok()
+        };
+        let aside = if gone {
+            String::new()
+        } else {
+            format!("; it is now {}", dir.path().join(&temp).display())
+        };
+        report.changed(
+            &path,
+            &format!(
+                "replaced a {} owned by {}{aside}",
+                kind_of(st.st_mode),
+                owner_name(st.st_uid)
+            ),
+        );
+        return Ok(());
+    }
+    Err(coded(
+        ExitCode::IoError,
+        format!(
+            "{} keeps changing under devlock setup; someone is racing it",
+            path.display()
+        ),
+    ))
+}
+
+fn owner_words(plan: &Plan) -> String {
+    match &plan.group {
+        Some(g) => format!("root:{}", sanitize(g)),
+        None => "root:root".to_owned(),
+    }
+}
+
+/// A new root file with the plan's group and mode, under a temporary name
+/// in the directory.
+fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
+    for n in 0..TRIES {
+        let temp = format!(".{name}.setup-{}-{n}", std::process::id());
+        let c_temp = c_string(&temp)?;
+        let flags =
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: valid directory descriptor and NUL-terminated name.
+        let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), c_temp.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: a descriptor we just opened, closed when dropped.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain calls on our descriptor.
+        unsafe {
+            if libc::fchown(fd.as_raw_fd(), 0, plan.gid) != 0
+                || libc::fchmod(fd.as_raw_fd(), plan.file_mode) != 0
+            {
+                let err = std::io::Error::last_os_error();
+                let _ = unlink(dir, &temp);
+                return Err(err).context("setting owner and mode of a new lock file");
+            }
+        }
+        return Ok(temp);
+    }
+    Err(coded(
+        ExitCode::IoError,
+        format!("cannot make a temporary file in {}", dir.path().display()),
+    ))
+}
+
+fn rename(dir: &ScratchDir, from: &str, to: &str, flags: libc::c_uint) -> std::io::Result<()> {
+    let (from, to) = (
+        CString::new(from).map_err(std::io::Error::other)?,
+        CString::new(to).map_err(std::io::Error::other)?,
+    );
+    let fd = dir.fd().as_raw_fd();
+    // SAFETY: valid descriptors and NUL-terminated names.
+    if unsafe { libc::renameat2(fd, from.as_ptr(), fd, to.as_ptr(), flags) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn unlink(dir: &ScratchDir, name: &str) -> nix::Result<()> {
+    nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+}
+
+/// The same set-up as a systemd-tmpfiles(5) snippet, to make it again at
+/// every boot. Paths are quoted where needed and `%` escaped.
+fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
+    let Some(dir_text) = dir.to_str().filter(|d| d.starts_with('/')) else {
+        return Err(coded(
+            ExitCode::Usage,
+            "--print-tmpfiles needs an absolute UTF-8 --dir",
+        ));
+    };
+    let quote = |path: &str| {
+        let escaped = path.replace('%', "%%");
+        if escaped.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\') {
+            format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\""))
+        } else {
+            escaped
+        }
+    };
+    let group = plan.group.as_deref().unwrap_or("root");
+    let mut invocation = "devlock setup --print-tmpfiles".to_owned();
+    if dir != Path::new(crate::scratch::DEFAULT_DIR) {
+        invocation.push_str(&format!(" --dir {dir_text}"));
+    }
+    if let Some(g) = &plan.group {
+        invocation.push_str(&format!(" --group {g}"));
+    }
+    if let Some(n) = args.slots {
+        invocation.push_str(&format!(" --slots {n}"));
+    }
+    for r in &plan.resources {
+        invocation.push(' ');
+        invocation.push_str(r.as_str());
+    }
+    let mut out = format!(
+        "# devlock: a managed lock directory, made again at every boot (/run is a tmpfs).\n\
+         # Root owns the directory and the declared resources' files, so no user can rename,\n\
+         # remove or squat them; see \"On a shared machine\" in devlock's README.\n\
+         # Made by: {invocation}\n\
+         # Install: cp THIS /etc/tmpfiles.d/devlock.conf && systemd-tmpfiles --create devlock.conf\n\
+         d {} {:04o} root {group} -\n",
+        quote(dir_text),
+        plan.dir_mode
+    );
+    for r in &plan.resources {
+        for name in plan.files(r) {
+            out.push_str(&format!(
+                "f {} {:04o} root {group} -\n",
+                quote(&format!("{dir_text}/{name}")),
+                plan.file_mode
+            ));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,402 @@
+//! Who could break a gate: the scratch directory and the files in it that a
+//! user other than root and ourselves owns, and so may rename or remove
+//! while we hold them (the next taker then makes a fresh file and runs
+//! beside us). In the open directory devlock keeps working and says so, once
+//! per run; `devlock setup` makes them root's.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::procfs;
+use crate::resource::Resource;
+use crate::scratch::ScratchDir;
+use crate::text::sanitize;
+
+/// One thing that lets another user break exclusion (or the line's order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Issue {
+    pub path: String,
+    /// The user who could do it: the owner (null when it is "anyone").
+    pub owner: Option<String>,
+    /// One sentence saying what they could do.
+    pub reason: String,
+}
+
+/// How far a resource (or the directory) can be trusted by this user.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Trust {
+    /// No other user but root could rename, remove or replace anything here.
+    pub safe: bool,
+    /// Owned by root throughout (made by `devlock setup`, or by root's
+    /// devlock): no user can rename or remove it, whoever runs devlock.
+    pub managed: bool,
+    pub issues: Vec<Issue>,
+}
+
+impl Trust {
+    fn from_issues(issues: Vec<Issue>, managed: bool) -> Trust {
+        Trust {
+            safe: issues.is_empty(),
+            managed,
+            issues,
+        }
+    }
+}
+
+/// The user whose exclusion is at stake: ours.
+fn me() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether a file owned by `owner` can be renamed or removed by a user who
+/// is neither root nor us.
+pub fn foreign(owner: u32) -> bool {
+    owner != 0 && owner != me()
+}
+
+fn user(uid: u32) -> String {
+    sanitize(&procfs::user_name(uid))
+}
+
+/// What an owner of `name` (a file in the scratch directory) could do.
+fn file_issue(path: &Path, owner: u32, name: &str) -> Issue {
+    let who = user(owner);
+    let reason = if name.ends_with(".queue") {
+        format!(
+            "{} is owned by {who}, who can replace it and reorder the line",
+            path.display()
+        )
+    } else {
+        format!(
+            "{} is owned by {who}, who can rename or remove it while it is held and so let a second holder in",
+            path.display()
+        )
+    };
+    Issue {
+        path: path.display().to_string(),
+        owner: Some(who),
+        reason,
+    }
+}
+
+/// The resource a file in the scratch directory belongs to: `R.lock`,
+/// `.R.queue`, `.R.slotN`.
+fn resource_of(name: &str) -> Option<Resource> {
+    if let Some(r) = Resource::from_file_name(name) {
+        return Some(r);
+    }
+    let inner = name.strip_prefix('.')?;
+    let base = inner.strip_suffix(".queue").or_else(|| {
+        let (base, n) = inner.rsplit_once(".slot")?;
+        n.bytes().all(|b| b.is_ascii_digit()).then_some(base)
+    })?;
+    base.parse().ok()
+}
+
+/// The issues with the directory at `path`, open as `dir`: its owner and
+/// mode, and those of every directory above it (whoever can replace one of
+/// them can put another directory in its place).
+pub fn dir_issues(dir: &ScratchDir) -> Vec<Issue> {
+    let mut issues = Vec::new();
+    let path = dir.path();
+    if let Ok(st) = nix::sys::stat::fstat(dir.fd()) {
+        if foreign(st.st_uid) {
+            let who = user(st.st_uid);
+            issues.push(Issue {
+                path: path.display().to_string(),
+                owner: Some(who.clone()),
+                reason: format!(
+                    "{} is owned by {who}, who can rename or remove every lock file in it",
+                    path.display()
+                ),
+            });
+        }
+        if let Some(issue) = loose_mode(path, st.st_mode, st.st_gid) {
+            issues.push(issue);
+        }
+    }
+    issues.extend(ancestor_issues(path));
+    issues
+}
+
+/// A directory others may write without the sticky bit: they can rename
+/// or remove what is in it.
+fn loose_mode(path: &Path, mode: u32, gid: u32) -> Option<Issue> {
+    let sticky = mode & libc::S_ISVTX != 0;
+    if sticky {
+        return None;
+    }
+    let who = if mode & 0o002 != 0 {
+        "everyone".to_owned()
+    } else if mode & 0o020 != 0 && gid != 0 {
+        format!("group {}", group_name(gid))
+    } else {
+        return None;
+    };
+    Some(Issue {
+        path: path.display().to_string(),
+        owner: None,
+        reason: format!(
+            "{} is writable by {who} and not sticky, so they can rename or replace what is in it",
+            path.display()
+        ),
+    })
+}
+
+fn group_name(gid: u32) -> String {
+    match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
+        Ok(Some(g)) => sanitize(&g.name),
+        _ => gid.to_string(),
+    }
+}
+
+/// Issues with the directories above `path` (lexically, and through any
+/// symbolic link on the way).
+fn ancestor_issues(path: &Path) -> Vec<Issue> {
+    let absolute = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        match std::env::current_dir() {
+            Ok(cwd) => cwd.join(path),
+            Err(_) => return Vec::new(),
+        }
+    };
+    let mut issues = Vec::new();
+    let mut through_link = false;
+    check_chain(&absolute, &mut issues, &mut through_link);
+    if through_link && let Ok(real) = std::fs::canonicalize(&absolute) {
+        let mut ignored = false;
+        check_chain(&real, &mut issues, &mut ignored);
+    }
+    issues.dedup();
+    issues
+}
+
+fn check_chain(path: &Path, issues: &mut Vec<Issue>, through_link: &mut bool) {
+    let mut prefix = PathBuf::new();
+    let components: Vec<_> = path.components().collect();
+    // Every proper ancestor: the directory itself is checked through its fd.
+    for component in components.iter().take(components.len().saturating_sub(1)) {
+        prefix.push(component);
+        let Ok(meta) = std::fs::symlink_metadata(&prefix) else {
+            return;
+        };
+        if foreign(meta.uid()) {
+            let who = user(meta.uid());
+            issues.push(Issue {
+                path: prefix.display().to_string(),
+                owner: Some(who.clone()),
+                reason: format!(
+                    "{} is owned by {who}, who can replace the directory below it",
+                    prefix.display()
+                ),
+            });
+        }
+        if meta.file_type().is_symlink() {
+            *through_link = true;
+            continue;
+        }
+        if let Some(issue) = loose_mode(&prefix, meta.mode(), meta.gid()) {
+            issues.push(issue);
+        }
+    }
+}
+
+/// The trust of the directory, for status.
+pub fn of_dir(dir: &ScratchDir) -> Trust {
+    let managed = nix::sys::stat::fstat(dir.fd()).is_ok_and(|st| st.st_uid == 0);
+    Trust::from_issues(dir_issues(dir), managed)
+}
+
+/// The trust of one resource's files (lock, queue, slots) that exist, for
+/// status; `dir_managed` from [`of_dir`].
+pub fn of_resource(
+    dir: &ScratchDir,
+    names: &[String],
+    resource: &Resource,
+    dir_managed: bool,
+) -> Trust {
+    let mut issues = Vec::new();
+    let mut root_owned = dir_managed;
+    let lock = resource.file_name();
+    let queue = crate::queue::queue_name(&lock);
+    let mut ours: Vec<&str> = vec![lock.as_str(), queue.as_str()];
+    ours.extend(
+        names
+            .iter()
+            .filter(|n| resource_of(n).as_ref() == Some(resource) && n.contains(".slot"))
+            .map(String::as_str),
+    );
+    for name in ours {
+        match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                root_owned &= st.st_uid == 0;
+                if foreign(st.st_uid) {
+                    issues.push(file_issue(&dir.path().join(name), st.st_uid, name));
+                }
+            }
+            Err(_) => root_owned = false,
+        }
+    }
+    Trust::from_issues(issues, root_owned)
+}
+
+/// The issues this run met, for its one warning line.
+#[derive(Default)]
+struct Notes {
+    enabled: bool,
+    issues: Vec<Issue>,
+    resources: BTreeSet<String>,
+    lines: Vec<String>,
+    dir: Option<PathBuf>,
+    run_resources: Vec<String>,
+}
+
+static NOTES: Mutex<Notes> = Mutex::new(Notes {
+    enabled: false,
+    issues: Vec::new(),
+    resources: BTreeSet::new(),
+    lines: Vec::new(),
+    dir: None,
+    run_resources: Vec::new(),
+});
+
+fn notes() -> std::sync::MutexGuard<'static, Notes> {
+    NOTES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes this process collect what it meets for [`flush`] (the command
+/// line does; the library stays silent).
+pub fn enable() {
+    notes().enabled = true;
+}
+
+/// Notes the directory's issues (found when it was opened).
+pub fn note_dir(dir: &ScratchDir) {
+    {
+        let mut n = notes();
+        if !n.enabled {
+            return;
+        }
+        n.dir = Some(dir.path().to_owned());
+    }
+    let issues = dir_issues(dir);
+    let mut notes = notes();
+    for issue in issues {
+        if !notes.issues.contains(&issue) {
+            notes.issues.push(issue);
+        }
+    }
+}
+
+/// Notes a file of the scratch directory that was opened (its owner from
+/// the fstat its opener made anyway: free on the fast path).
+pub fn note_file(path: &Path, owner: u32, name: &str) {
+    if !foreign(owner) {
+        return;
+    }
+    let mut notes = notes();
+    if !notes.enabled {
+        return;
+    }
+    let issue = file_issue(path, owner, name);
+    if !notes.issues.contains(&issue) {
+        notes.issues.push(issue);
+        if let Some(r) = resource_of(name) {
+            notes.resources.insert(r.to_string());
+        }
+    }
+}
+
+/// Notes another one-line warning (a file held without a record, say).
+pub fn note_line(line: String) {
+    let mut notes = notes();
+    if notes.enabled && !notes.lines.contains(&line) {
+        notes.lines.push(line);
+    }
+}
+
+/// Names the resources this run uses, for the fix a directory issue needs.
+pub fn note_resources(resources: &[Resource]) {
+    let mut notes = notes();
+    notes.run_resources = resources.iter().map(Resource::to_string).collect();
+}
+
+/// Prints what was noted since the last flush, unless `quiet`: the trust
+/// issues as one line with the fix, then any other warning.
+pub fn flush(quiet: bool) {
+    let mut notes = notes();
+    let issues = std::mem::take(&mut notes.issues);
+    let lines = std::mem::take(&mut notes.lines);
+    let mut resources: Vec<String> = std::mem::take(&mut notes.resources).into_iter().collect();
+    if resources.is_empty() {
+        resources = notes.run_resources.clone();
+    }
+    if quiet {
+        return;
+    }
+    let mut out = String::new();
+    if !issues.is_empty() {
+        let reasons: Vec<&str> = issues.iter().map(|i| i.reason.as_str()).collect();
+        out.push_str(&format!(
+            "devlock: warning: {}; to make them root's: {}\n",
+            reasons.join("; "),
+            fix_command(notes.dir.as_deref(), resources.iter().map(String::as_str))
+        ));
+    }
+    for line in lines {
+        out.push_str(&format!("devlock: warning: {line}\n"));
+    }
+    if !out.is_empty() {
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(out.as_bytes());
+    }
+}
+
+/// `sudo devlock setup [--dir D] R...`
+pub fn fix_command<'a>(dir: Option<&Path>, resources: impl Iterator<Item = &'a str>) -> String {
+    let mut command = "sudo devlock setup".to_owned();
+    if let Some(dir) = dir.filter(|d| *d != Path::new(crate::scratch::DEFAULT_DIR)) {
+        command.push_str(&format!(" --dir {}", dir.display()));
+    }
+    for r in resources {
+        command.push(' ');
+        command.push_str(r);
+    }
+    command
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_of_a_resource_are_recognised() {
+        let r = |s: &str| resource_of(s).map(|r| r.to_string());
+        assert_eq!(r("gpu:0.lock").as_deref(), Some("gpu:0"));
+        assert_eq!(r(".gpu:0.queue").as_deref(), Some("gpu:0"));
+        assert_eq!(r(".gpu.slot12").as_deref(), Some("gpu"));
+        assert_eq!(r(".gpu@12.0.wait"), None);
+        assert_eq!(r("notes.txt"), None);
+    }
+
+    #[test]
+    fn the_fix_names_a_directory_only_when_not_the_default() {
+        assert_eq!(
+            fix_command(
+                Some(Path::new(crate::scratch::DEFAULT_DIR)),
+                ["gpu"].into_iter()
+            ),
+            "sudo devlock setup gpu"
+        );
+        assert_eq!(
+            fix_command(Some(Path::new("/x")), ["a", "b"].into_iter()),
+            "sudo devlock setup --dir /x a b"
+        );
+    }
+}
