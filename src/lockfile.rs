@@ -339,7 +339,11 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
              ask them, or have root run devlock setup)",
             path.display()
         ),
-        _ => format!("cannot open lock file {}: {err}", path.display()),
+        _ => format!(
+            "cannot open lock file {}: {}",
+            path.display(),
+            crate::procfs::os_text(&err)
+        ),
     };
     coded(ExitCode::IoError, message)
 }

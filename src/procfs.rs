@@ -345,18 +345,32 @@ pub fn is_stopped(pid: u32) -> bool {
 }
 
 /// Whether this process lives in a child PID namespace, where `/proc/locks`
-/// leaves out every lock whose owner is outside it: its `NSpid` line then
-/// has more than one pid.
+/// leaves out every lock whose owner is outside it. Its `NSpid` line has
+/// more than one pid, unless `/proc` was mounted inside the namespace
+/// (`unshare --mount-proc`, a container); then the namespace is not the
+/// initial one, whose inode number the kernel fixes (`PROC_PID_INIT_INO`).
 pub fn in_child_pid_namespace() -> bool {
+    const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
     static CHILD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *CHILD.get_or_init(|| {
-        read_small("/proc/self/status").is_some_and(|status| {
+        let nspid = read_small("/proc/self/status").is_some_and(|status| {
             status
                 .lines()
                 .find_map(|l| l.strip_prefix("NSpid:"))
                 .is_some_and(|pids| pids.split_whitespace().count() > 1)
-        })
+        });
+        let ns = fs::metadata("/proc/self/ns/pid")
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) != INIT_PID_NS_INO);
+        nspid || ns
     })
+}
+
+/// An OS error as words, without Rust's `(os error N)`.
+pub fn os_text(err: &std::io::Error) -> String {
+    match err.raw_os_error() {
+        Some(code) => nix::errno::Errno::from_raw(code).desc().to_owned(),
+        None => err.to_string(),
+    }
 }
 
 /// Whether `pid` holds a granted flock on `file` through one of its

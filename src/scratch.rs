@@ -70,9 +70,21 @@ impl ScratchDir {
                     ExitCode::IoError,
                     format!("scratch directory {} is not a directory", path.display()),
                 )),
+                Some(libc::EACCES) => Err(coded(
+                    ExitCode::IoError,
+                    format!(
+                        "cannot open scratch directory {}: Permission denied (it is kept for \
+                         a group this user is not in, or for its owner)",
+                        path.display()
+                    ),
+                )),
                 _ => Err(coded(
                     ExitCode::IoError,
-                    format!("cannot open scratch directory {}: {err}", path.display()),
+                    format!(
+                        "cannot open scratch directory {}: {}",
+                        path.display(),
+                        crate::procfs::os_text(&err)
+                    ),
                 )),
             };
         }
@@ -165,8 +177,9 @@ fn create(path: &Path) -> Result<bool> {
         Err(e) => Err(coded(
             ExitCode::IoError,
             format!(
-                "cannot create scratch directory {}: {e} (choose another with --dir or DEVLOCK_DIR)",
-                path.display()
+                "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
+                path.display(),
+                crate::procfs::os_text(&e)
             ),
         )),
     }

@@ -530,7 +530,7 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
          # Root owns the directory and the declared resources' files, so no user can rename,\n\
          # remove or squat them; see \"On a shared machine\" in devlock's README.\n\
          # Made by: {invocation}\n\
-         # Install: cp THIS /etc/tmpfiles.d/devlock.conf && systemd-tmpfiles --create devlock.conf\n\
+         # Install: sudo cp devlock.conf /etc/tmpfiles.d/ && sudo systemd-tmpfiles --create devlock.conf\n\
          d {} {:04o} root {group} -\n",
         quote(dir_text),
         plan.dir_mode

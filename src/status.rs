@@ -770,23 +770,27 @@ impl Sharers {
     }
 }
 
-/// Who holds a lock we have open, without its waiters (for the waiting
-/// line): the kernel's holders, labelled by the record, and by the shared
+/// Who holds a lock we have open, without its registered waiters (for the
+/// waiting line): the kernel's holders, labelled by the record, and by the shared
 /// holders' registrations only when the lock is shared.
 pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
     let table = LockTable::read().unwrap_or_default();
+    let held = table.is_locked(lock.id());
     let shared = table.holders(lock.id()).any(|l| !l.exclusive);
-    let registered = if shared {
+    // The registrations are read only when they matter: a shared hold's
+    // labels, or, when nobody holds it, to tell the places in line ahead
+    // that no devlock registered (a stranger's lock) from those it did.
+    let registered = if shared || !held {
         let names = dir.entries().unwrap_or_default();
         waiters::live_waiters(dir, &names, &table, |r| r == resource)
             .into_iter()
-            .filter(|w| w.kind == Kind::Hold)
+            .filter(|w| w.kind != Kind::Lost)
             .collect()
     } else {
         Vec::new()
     };
     let mut view = view_now(lock, dir, resource, &table, registered);
-    view.waiters.clear();
+    view.waiters.retain(|w| !held && w.source == "unregistered");
     view
 }
 

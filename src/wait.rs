@@ -342,39 +342,40 @@ pub fn holder_phrase(view: &ResourceView) -> String {
             let note = h.note.map(|n| format!(" ({n})")).unwrap_or_default();
             format!(": held by {}{held}{note}", holder_label(h))
         }
-        None => unexplained_phrase(view),
+        None => match unexplained(view) {
+            Some(what) => format!(": {what}"),
+            None => String::new(),
+        },
     }
 }
 
-/// ` (1 place in line held by pid 77, mallory, not a registered devlock)`
+/// ` (a place in line held by pid 77, mallory, not a registered devlock)`
 /// and the locks that are not devlock's, or nothing.
 pub fn unexplained_phrase(view: &ResourceView) -> String {
+    unexplained(view).map_or(String::new(), |what| format!(" ({what})"))
+}
+
+fn unexplained(view: &ResourceView) -> Option<String> {
+    let who = |pid: Option<u32>, user: &Option<String>| match (pid, user) {
+        (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
+        (Some(pid), None) => format!("pid {pid}"),
+        _ => "a process this user cannot see".to_owned(),
+    };
     let mut parts = Vec::new();
     for w in view.waiters.iter().filter(|w| w.source == "unregistered") {
-        let who = match (w.pid, &w.user) {
-            (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
-            (Some(pid), None) => format!("pid {pid}"),
-            _ => "a process this user cannot see".to_owned(),
-        };
         parts.push(format!(
-            "a place in line held by {who}, not a registered devlock"
+            "a place in line held by {}, not a registered devlock",
+            who(w.pid, &w.user)
         ));
     }
     for l in view.foreign_locks.iter().filter(|l| l.effect != "none") {
-        let who = match (l.pid, &l.user) {
-            (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
-            (Some(pid), None) => format!("pid {pid}"),
-            _ => "a process this user cannot see".to_owned(),
-        };
         parts.push(format!(
-            "a lock that is not devlock's on bytes {} of {} ({who}) {}",
-            l.range, l.path, l.effect
+            "a lock that is not devlock's on bytes {} of {} ({}) {}",
+            l.range,
+            l.path,
+            who(l.pid, &l.user),
+            l.effect
         ));
     }
-    if parts.is_empty() {
-        return String::new();
-    }
-    let lead = if view.waiters.is_empty() { ": " } else { " (" };
-    let tail = if view.waiters.is_empty() { "" } else { ")" };
-    format!("{lead}{}{tail}", parts.join("; "))
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
