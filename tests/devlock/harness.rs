@@ -288,3 +288,63 @@ pub fn flock_is_free(path: &Path) -> bool {
         .unwrap()
         .success()
 }
+
+/// The two unprivileged users of the cross-user tests (neither need exist in
+/// the passwd database: setpriv takes numbers).
+pub const USER_A: u32 = 65534;
+pub const USER_B: u32 = 65533;
+
+/// Whether the cross-user tests can run here: as root, with setpriv and
+/// each of `tools`. When they cannot, the test fails if
+/// `DEVLOCK_TEST_REQUIRE_TOOLS=1` (CI sets it), else it says why it skips.
+pub fn can_play_users(what: &str, tools: &[&str]) -> bool {
+    let mut missing = Vec::new();
+    if !nix::unistd::getuid().is_root() {
+        missing.push("root".to_owned());
+    }
+    for tool in std::iter::once(&"setpriv").chain(tools) {
+        let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .any(|dir| dir.join(tool).is_file());
+        if !found {
+            missing.push((*tool).to_owned());
+        }
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!("{what}: needs {}", missing.join(", "));
+    if std::env::var("DEVLOCK_TEST_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
+        panic!("{why} (DEVLOCK_TEST_REQUIRE_TOOLS=1)");
+    }
+    eprintln!("skipping {why}");
+    false
+}
+
+/// `program` run as `uid` (group `uid`, no supplementary groups).
+pub fn as_user(uid: u32, program: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".to_owned(),
+        "--".to_owned(),
+        program.to_owned(),
+    ]);
+    cmd
+}
+
+/// A child killed (and reaped) when it goes out of scope, panic or not.
+pub struct Killed(pub Child);
+
+impl Killed {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

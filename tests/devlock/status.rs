@@ -343,12 +343,7 @@ fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
 
 /// Runs `args` as the unprivileged user `nobody`, or says why not.
 fn as_nobody(args: &[&str]) -> Option<Command> {
-    if !nix::unistd::getuid().is_root() {
-        eprintln!("skipping cross-user check: not running as root");
-        return None;
-    }
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipping cross-user check: setpriv is missing");
+    if !can_play_users("cross-user check", &[]) {
         return None;
     }
     let mut cmd = Command::new("setpriv");

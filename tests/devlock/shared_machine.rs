@@ -1,0 +1,1390 @@
+//! A shared machine: root and two other users (65534 and 65533, through
+//! setpriv), each attack of issue #12 played for real, and the outcome it
+//! must have. Every test needs root and setpriv (some unshare or a pty's
+//! job-control shell): without them it fails under
+//! `DEVLOCK_TEST_REQUIRE_TOOLS=1` (CI), else it says why it skips.
+//!
+//! Handshakes only: a holder writes its pid into a ready file, a stranger's
+//! lock holder does the same, and whatever happens in another process is
+//! awaited through status or `/proc`, bounded by `HANG`.
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use devlock::record::Record;
+
+use crate::harness::*;
+
+/// Where devlock's tickets start in a queue file (see src/queue.rs).
+const SLOT_BASE: u64 = 1 << 20;
+/// Where the slot-count agreement bytes start.
+const AGREE_BASE: u64 = 4096;
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The system's python3, which every user can run.
+fn python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+/// A holder's script: writes its pid into `ready-TAG` (in one rename), then
+/// holds until `release-TAG` exists or the test's directory is gone.
+fn hold_script(s: &Scratch, tag: &str) -> (String, PathBuf) {
+    let ready = s.work(&format!("ready-{tag}"));
+    let release = s.work(&format!("release-{tag}"));
+    let script = format!(
+        "echo $$ > {r}.tmp && mv {r}.tmp {r}; while [ ! -e {rel} ] && [ -d {w} ]; do sleep 0.01; done",
+        r = ready.display(),
+        rel = release.display(),
+        w = s.work("").display()
+    );
+    (script, ready)
+}
+
+/// `devlock` as `uid` (root for 0), with the scratch directory's env.
+fn devlock_as(s: &Scratch, uid: u32) -> Command {
+    let mut cmd = if uid == 0 {
+        Command::new(BIN)
+    } else {
+        as_user(uid, BIN)
+    };
+    cmd.env("DEVLOCK_DIR", s.dir())
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run_as(s: &Scratch, uid: u32, args: &[&str]) -> Output {
+    devlock_as(s, uid).args(args).output().unwrap()
+}
+
+/// `devlock ARGS -- sh -c HOLD` as `uid`, once it holds: the guard and the
+/// command's pid.
+fn hold_as(s: &Scratch, uid: u32, args: &[&str], tag: &str) -> (Killed, u32) {
+    let (script, ready) = hold_script(s, tag);
+    let child = devlock_as(s, uid)
+        .args(args)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = Killed(child);
+    (guard, pid_in(&ready))
+}
+
+/// The stranger (fixture stranger.py) as `uid`, holding what `args` say
+/// until released: the guard and its pid.
+fn stranger_holds(s: &Scratch, uid: u32, args: &[&str], tag: &str) -> (Killed, u32) {
+    let ready = s.work(&format!("ready-{tag}"));
+    let release = s.work(&format!("release-{tag}"));
+    let child = as_user(uid, python())
+        .arg(fixture("stranger.py"))
+        .args(args)
+        .arg(&ready)
+        .arg(&release)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = Killed(child);
+    (guard, pid_in(&ready))
+}
+
+/// Runs a command as `uid` to completion; whether it succeeded.
+fn user_does(uid: u32, program: &str, args: &[&str]) -> bool {
+    as_user(uid, program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// Writes `bytes` over the file at `path`, as `uid`.
+fn write_as(uid: u32, path: &Path, bytes: &[u8]) {
+    let mut child = as_user(uid, python())
+        .arg(fixture("stranger.py"))
+        .arg("write")
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    assert!(
+        wait_child(&mut child).success(),
+        "writing {}",
+        path.display()
+    );
+}
+
+fn status_as(s: &Scratch, uid: u32, name: &str) -> serde_json::Value {
+    let out = run_as(s, uid, &["status", "--json", name]);
+    assert!(out.status.success(), "status: {}", stderr(&out));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["resources"][0].clone()
+}
+
+/// The one line a failing devlock says.
+fn one_line(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.starts_with("devlock: "), "{err}");
+    assert!(!err.contains("os error"), "no bare OS error: {err}");
+    err
+}
+
+/// The scratch directory as root's devlock makes it (1777, root).
+fn open_dir(s: &Scratch) {
+    assert!(s.run(&["-n", "warm-up", "--", "true"]).status.success());
+}
+
+fn array_len(v: &serde_json::Value) -> usize {
+    v.as_array().map_or(0, Vec::len)
+}
+
+// ----------------------------------------------------------------------------
+// 1. Exclusion broken by a rename; a squatted directory and file.
+
+#[test]
+fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it() {
+    if !can_play_users("rename", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    open_dir(&s);
+    // User A makes r.lock: it is A's to rename.
+    assert!(
+        run_as(&s, USER_A, &["-n", "r", "--", "true"])
+            .status
+            .success()
+    );
+    let (script, ready) = hold_script(&s, "h");
+    let mut holder = Killed(
+        s.devlock()
+            .args(["--step", "root-job", "r", "--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(holder.0.stderr.take().unwrap());
+    let warning = wait_for_line(&mut err, "warning");
+    assert!(
+        warning.contains(&format!(
+            "{} is owned by nobody, who can rename or remove it",
+            s.lock_path("r").display()
+        )) && warning.contains(&format!("sudo devlock setup --dir {} r", s.dir().display())),
+        "{warning}"
+    );
+    assert_eq!(warning.lines().count(), 1, "one warning line: {warning}");
+    pid_in(&ready);
+    let old = s.dir().join("r.old");
+    assert!(user_does(
+        USER_A,
+        "mv",
+        &[s.lock_path("r").to_str().unwrap(), old.to_str().unwrap()]
+    ));
+    // A fresh r.lock now lets anyone in beside root: the holder says so...
+    let notice = wait_for_line(&mut err, "no longer names");
+    assert!(
+        notice.contains(&format!(
+            "{} no longer names the file this job holds",
+            s.lock_path("r").display()
+        )) && notice.contains("another devlock may now take r beside this one"),
+        "{notice}"
+    );
+    // ... and status shows it, beside whoever holds the new file.
+    let (mut second, _) = hold_as(&s, USER_B, &["--step", "second", "r"], "b");
+    let view = s.wait_for_status("r", "the conflict in status", |v| {
+        array_len(&v["conflicts"]) == 1
+    });
+    assert_eq!(view["conflicts"][0]["pid"], holder.id(), "{view}");
+    assert_eq!(view["conflicts"][0]["user"], "root");
+    assert_eq!(view["conflicts"][0]["step"], "root-job");
+    assert_eq!(view["holders"][0]["step"], "second", "{view}");
+    let table = stdout(&s.run(&["status", "r"]));
+    assert!(
+        table.contains("root-job (pid")
+            && table.contains("still holds a lock file that was renamed"),
+        "{table}"
+    );
+    release(&s, "h");
+    release(&s, "b");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut second.0).success());
+    assert_eq!(array_len(&s.resource_status("r")["conflicts"]), 0);
+}
+
+#[test]
+fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup() {
+    if !can_play_users("squat", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    // User A made the directory before root ever ran devlock.
+    let dir = s.work("squat");
+    let d = dir.to_str().unwrap();
+    assert!(user_does(USER_A, "mkdir", &["-m", "1777", d]));
+    let out = s
+        .devlock()
+        .args(["--dir", d, "-n", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "it keeps working: {}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one warning line: {err}");
+    assert!(
+        err.starts_with(&format!(
+            "devlock: warning: {d} is owned by nobody, who can rename or remove every lock file in it"
+        )) && err.contains(&format!("sudo devlock setup --dir {d} r")),
+        "{err}"
+    );
+    let quiet = s
+        .devlock()
+        .args(["--dir", d, "-q", "-n", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(stderr(&quiet), "", "-q silences it");
+    let json: serde_json::Value = serde_json::from_slice(
+        &s.devlock()
+            .args(["--dir", d, "status", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(json["trust"]["safe"], false, "{json}");
+    assert_eq!(json["trust"]["issues"][0]["owner"], "nobody");
+    // A holds q through a lock file of A's own while root sets up.
+    let (mut a_holds, _) = hold_as(&s, USER_A, &["--dir", d, "q"], "a");
+    let setup = s
+        .devlock()
+        .args(["--dir", d, "setup", "r", "q"])
+        .output()
+        .unwrap();
+    assert!(setup.status.success(), "{}", stderr(&setup));
+    let said = stdout(&setup);
+    assert!(
+        said.contains(&format!("{d}: taken over from nobody")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("{d}/q.lock: taken over from nobody")),
+        "{said}"
+    );
+    let meta = std::fs::metadata(&dir).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o1777));
+    let q = std::fs::metadata(dir.join("q.lock")).unwrap();
+    assert_eq!((q.uid(), q.mode() & 0o777), (0, 0o666));
+    // Taken over in place: A still holds it, alone.
+    let busy = s
+        .devlock()
+        .args(["--dir", d, "-n", "q", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    // Neither the directory nor its files are A's to move any more.
+    assert!(!user_does(
+        USER_A,
+        "mv",
+        &[&format!("{d}/q.lock"), &format!("{d}/q.old")]
+    ));
+    assert!(!user_does(USER_A, "mv", &[d, &format!("{d}.old")]));
+    let again = s
+        .devlock()
+        .args(["--dir", d, "setup", "r", "q"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&again).contains("nothing changed"),
+        "idempotent: {}",
+        stdout(&again)
+    );
+    let json: serde_json::Value = serde_json::from_slice(
+        &s.devlock()
+            .args(["--dir", d, "status", "--json", "q"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(json["trust"]["managed"], true, "{json}");
+    assert_eq!(json["resources"][0]["trust"]["safe"], true, "{json}");
+    release(&s, "a");
+    assert!(wait_child(&mut a_holds.0).success());
+}
+
+#[test]
+fn setup_refuses_without_root_and_makes_group_only_gpu_locks() {
+    if !can_play_users("setup", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    let out = run_as(&s, USER_A, &["setup", "gpu"]);
+    assert_eq!(out.status.code(), Some(77), "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains("devlock setup must run as root"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!s.dir().exists());
+    // The GPUs from the probe, for the group nogroup (USER_A's own group).
+    let out = s
+        .devlock()
+        .env("DEVLOCK_NVIDIA_SMI", fixture("nvidia-smi/fake-nvidia-smi"))
+        .args(["setup", "--gpus", "--group", "nogroup"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("5 resources declared: gpu gpu:0 gpu:1 gpu:2 gpu:3"),
+        "{}",
+        stdout(&out)
+    );
+    let gid = nix::unistd::Group::from_name("nogroup")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    let meta = std::fs::metadata(s.dir()).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (0, gid, 0o1770)
+    );
+    for name in ["gpu.lock", ".gpu.queue", "gpu:3.lock", ".gpu:3.queue"] {
+        let m = std::fs::metadata(s.dir().join(name)).unwrap();
+        assert_eq!(
+            (m.uid(), m.gid(), m.mode() & 0o777),
+            (0, gid, 0o660),
+            "{name}"
+        );
+    }
+    // A member takes the lock; anyone else cannot even reach it.
+    assert!(
+        run_as(&s, USER_A, &["-n", "gpu:1", "--", "true"])
+            .status
+            .success()
+    );
+    let out = run_as(&s, USER_B, &["-n", "gpu:1", "--", "true"]);
+    assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    // An unknown group is a usage error.
+    let out = s.run(&["setup", "--group", "no-such-group-here", "gpu"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
+    if !can_play_users("tmpfiles", &["systemd-tmpfiles"]) {
+        return;
+    }
+    let shipped =
+        std::fs::read_to_string(fixture("../../contrib/tmpfiles.d/devlock.conf")).unwrap();
+    let mut args = vec!["setup", "--print-tmpfiles", "gpu"];
+    let members: Vec<String> = (0..8).map(|i| format!("gpu:{i}")).collect();
+    args.extend(members.iter().map(String::as_str));
+    let printed = Command::new(BIN)
+        .args(&args)
+        .env_remove("DEVLOCK_DIR")
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    assert_eq!(
+        stdout(&printed),
+        shipped,
+        "contrib/tmpfiles.d/devlock.conf is what `devlock {}` prints",
+        args.join(" ")
+    );
+    let s = Scratch::new();
+    let root = s.work("root");
+    std::fs::create_dir(&root).unwrap();
+    let conf = s.work("devlock.conf");
+    std::fs::write(&conf, &shipped).unwrap();
+    let out = Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.display()))
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = root.join("run/lock/devlock");
+    let json: serde_json::Value = serde_json::from_slice(
+        &Command::new(BIN)
+            .arg("--dir")
+            .arg(&dir)
+            .args(["status", "--json", "gpu", "gpu:7"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(json["trust"]["managed"], true, "{json}");
+    for r in json["resources"].as_array().unwrap() {
+        assert_eq!(r["trust"]["managed"], true, "{r}");
+    }
+    // And setup over it changes nothing.
+    let again = Command::new(BIN)
+        .arg("--dir")
+        .arg(&dir)
+        .arg("setup")
+        .args(&args[2..])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&again).contains("nothing changed"),
+        "{}",
+        stdout(&again)
+    );
+}
+
+// ----------------------------------------------------------------------------
+// 2. One write or one `ln` must not disable a resource.
+
+#[test]
+fn a_hard_link_to_a_lock_file_disables_nothing() {
+    if !can_play_users("hard link", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    assert!(s.run(&["setup", "r"]).status.success());
+    let link = s.work("link");
+    assert!(user_does(
+        USER_A,
+        "ln",
+        &[s.lock_path("r").to_str().unwrap(), link.to_str().unwrap()]
+    ));
+    assert_eq!(std::fs::metadata(s.lock_path("r")).unwrap().nlink(), 2);
+    for uid in [0, USER_A, USER_B] {
+        let out = run_as(&s, uid, &["-n", "r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(0), "uid {uid}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "uid {uid}");
+    }
+    // A 0666 file anyone may write anyway: its record is written as usual.
+    let (mut h, _) = hold_as(&s, 0, &["--step", "linked", "r"], "h");
+    assert_eq!(s.resource_status("r")["holders"][0]["step"], "linked");
+    release(&s, "h");
+    assert!(wait_child(&mut h.0).success());
+}
+
+#[test]
+fn a_corrupt_queue_header_changes_nothing() {
+    if !can_play_users("queue header", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    open_dir(&s);
+    // A waiter once made the queue file; a stranger then writes the old
+    // format's last ticket at its maximum, and garbage after it.
+    let (mut h, _) = hold_as(&s, 0, &["r"], "h0");
+    let mut w = Killed(
+        s.devlock()
+            .args(["-q", "r", "--", "true"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_blocked(&s.lock_path("r"), 1);
+    release(&s, "h0");
+    assert!(wait_child(&mut h.0).success());
+    assert!(wait_child(&mut w.0).success());
+    let queue = s.dir().join(".r.queue");
+    let mut junk = (i64::MAX as u64).to_le_bytes().to_vec();
+    junk.extend([0xff; 4096]);
+    write_as(USER_A, &queue, &junk);
+    for args in [
+        vec!["-n", "r", "--", "true"],
+        vec!["-n", "--slots", "2", "r", "--", "true"],
+        vec!["-w", "5s", "r", "--", "true"],
+    ] {
+        let out = s.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    // The line works as ever: a waiter is first in line and gets its turn.
+    let (mut h, _) = hold_as(&s, 0, &["r"], "h");
+    let mut waiter = Killed(
+        s.devlock()
+            .args(["--report-every", "10ms", "r", "--", "true"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(waiter.0.stderr.take().unwrap());
+    let line = wait_for_line(&mut err, "in line");
+    assert!(line.contains("1st in line"), "{line}");
+    release(&s, "h");
+    assert!(wait_child(&mut h.0).success());
+    assert!(wait_child(&mut waiter.0).success());
+}
+
+#[test]
+fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
+    if !can_play_users("planted files", &[]) {
+        return;
+    }
+    let victim_dir = Scratch::new();
+    let victim = victim_dir.work("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let cases: [(&str, &[&str]); 3] = [
+        ("r.lock", &["-n", "r", "--", "true"]),
+        (".r.queue", &["-n", "r", "--", "true"]),
+        (".r.slot1", &["-n", "--slots", "1", "r", "--", "true"]),
+    ];
+    for (name, args) in cases {
+        for kind in ["fifo", "symlink", "socket", "directory"] {
+            let s = Scratch::new();
+            open_dir(&s);
+            let path = s.dir().join(name);
+            let p = path.to_str().unwrap();
+            let planted = match kind {
+                "fifo" => user_does(USER_A, "mkfifo", &[p]),
+                "symlink" => user_does(USER_A, "ln", &["-s", victim.to_str().unwrap(), p]),
+                "socket" => user_does(USER_A, python(), &[&fixture("stranger.py"), "socket", p]),
+                _ => user_does(USER_A, "mkdir", &[p]),
+            };
+            assert!(planted, "planting a {kind} at {name}");
+            let out = s.run(args);
+            let what = format!("a {kind} at {name}");
+            assert_eq!(out.status.code(), Some(74), "{what}: {}", stderr(&out));
+            let err = one_line(&out);
+            assert!(err.contains(p), "{what}: names the path: {err}");
+            assert!(err.contains("not a regular file"), "{what}: {err}");
+            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        }
+    }
+    // Junk where registrations go: status ignores it, never hangs on it.
+    let s = Scratch::new();
+    open_dir(&s);
+    let d = s.dir();
+    assert!(user_does(
+        USER_A,
+        "mkfifo",
+        &[d.join(".r@1.0.wait").to_str().unwrap()]
+    ));
+    assert!(user_does(
+        USER_A,
+        "ln",
+        &["-s", "/etc/shadow", d.join(".r@2.0.hold").to_str().unwrap()]
+    ));
+    assert!(user_does(
+        USER_A,
+        python(),
+        &[
+            &fixture("stranger.py"),
+            "socket",
+            d.join(".r@3.0.wait").to_str().unwrap()
+        ]
+    ));
+    assert!(user_does(
+        USER_A,
+        "mkdir",
+        &[d.join(".r@4.0.lost").to_str().unwrap()]
+    ));
+    let (mut h, _) = hold_as(&s, 0, &["r"], "h");
+    let view = s.resource_status("r");
+    assert_eq!(view["state"], "held");
+    assert_eq!(array_len(&view["waiters"]), 0, "{view}");
+    assert_eq!(array_len(&view["conflicts"]), 0, "{view}");
+    release(&s, "h");
+    assert!(wait_child(&mut h.0).success());
+    // setup swaps planted files for root's, unless they are locked.
+    assert!(user_does(
+        USER_A,
+        "mkfifo",
+        &[d.join("p.lock").to_str().unwrap()]
+    ));
+    assert!(user_does(
+        USER_A,
+        python(),
+        &[
+            &fixture("stranger.py"),
+            "socket",
+            d.join(".p.queue").to_str().unwrap()
+        ]
+    ));
+    assert!(user_does(
+        USER_A,
+        "mkdir",
+        &[d.join("q.lock").to_str().unwrap()]
+    ));
+    let (_locked, locker) = stranger_holds(
+        &s,
+        USER_A,
+        &["flock", d.join("q.lock").to_str().unwrap()],
+        "q",
+    );
+    let out = s.run(&["setup", "p", "q"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains("p.lock: replaced a FIFO owned by nobody"),
+        "{said}"
+    );
+    assert!(
+        said.contains(".p.queue: replaced a socket owned by nobody"),
+        "{said}"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "not replacing {}: a directory owned by nobody, locked by pid {locker}, nobody",
+            d.join("q.lock").display()
+        )),
+        "{err}"
+    );
+    assert!(d.join("q.lock").is_dir(), "a held file is never replaced");
+    assert!(s.run(&["-n", "p", "--", "true"]).status.success());
+}
+
+// ----------------------------------------------------------------------------
+// 3. A stranger's locks: named, and every wait stays bounded.
+
+#[test]
+fn strangers_locks_on_the_queue_are_named_and_waits_stay_bounded() {
+    if !can_play_users("stranger's OFD locks", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    assert!(s.run(&["setup", "r", "r2"]).status.success());
+    let queue = s.dir().join(".r.queue");
+    let q = queue.to_str().unwrap();
+    // (a) On the old header: nothing uses it any more.
+    {
+        let (_lock, pid) = stranger_holds(&s, USER_A, &["ofd", q, "0", "4096", "write"], "a");
+        for args in [
+            vec!["-w", "3s", "r", "--", "true"],
+            vec!["-n", "--any", "r", "r2", "--", "true"],
+            vec!["-n", "--slots", "2", "r", "--", "true"],
+            vec!["-n", "r", "--", "true"],
+        ] {
+            let out = s.run(&args);
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        }
+        let view = s.resource_status("r");
+        let foreign = &view["foreign_locks"][0];
+        assert_eq!(
+            (foreign["range"].as_str(), foreign["pid"].as_u64()),
+            (Some("0-4095"), Some(u64::from(pid))),
+            "{view}"
+        );
+        assert_eq!(foreign["user"], "nobody");
+        assert_eq!(foreign["effect"], "none");
+        release(&s, "a");
+    }
+    // (b) One ticket byte: a place in line nobody registered, ahead of all.
+    {
+        let at = (SLOT_BASE + 1).to_string();
+        let (_lock, pid) = stranger_holds(&s, USER_A, &["ofd", q, &at, "1", "write"], "b");
+        let out = s.run(&["-n", "r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+        let err = one_line(&out);
+        assert!(
+            err.contains(&format!(
+                "r is busy: 1 already waiting in line (a place in line held by pid {pid}, nobody, not a registered devlock)"
+            )),
+            "{err}"
+        );
+        let view = s.resource_status("r");
+        let w = &view["waiters"][0];
+        assert_eq!(
+            (w["source"].as_str(), w["pid"].as_u64(), w["user"].as_str()),
+            (Some("unregistered"), Some(u64::from(pid)), Some("nobody")),
+            "{view}"
+        );
+        // Another user cannot see whose it is, and says so.
+        let as_b = status_as(&s, USER_B, "r");
+        assert!(as_b["waiters"][0]["pid"].is_null(), "{as_b}");
+        let timed = s.run(&["-w", "300ms", "r", "--", "true"]);
+        assert_eq!(timed.status.code(), Some(75), "{}", stderr(&timed));
+        assert!(
+            stderr(&timed).contains(&format!(
+                "timed out after 300ms waiting for r: a place in line held by pid {pid}, nobody"
+            )),
+            "{}",
+            stderr(&timed)
+        );
+        // A stop signal ends the wait at once.
+        let mut waiter = Killed(
+            s.devlock()
+                .args(["-q", "r", "--", "true"])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        wait_blocked(&s.lock_path("r"), 1);
+        signal(waiter.id(), libc::SIGTERM);
+        let ended = wait_child(&mut waiter.0);
+        assert!(
+            ended.code() == Some(143) || ended.signal() == Some(libc::SIGTERM),
+            "{ended:?}"
+        );
+        release(&s, "b");
+    }
+    // (c) Every ticket byte: no place in line can be had; a one-line error.
+    {
+        let at = (SLOT_BASE + 1).to_string();
+        let (_lock, pid) = stranger_holds(&s, USER_A, &["ofd", q, &at, "0", "write"], "c");
+        let out = s.run(&["r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+        assert!(
+            one_line(&out).contains(&format!(
+                "r is busy: its line is blocked by a lock that is not devlock's on bytes 1048577-EOF of {q} (pid {pid}, nobody)"
+            )),
+            "{}",
+            stderr(&out)
+        );
+        let out = s.run(&["-n", "r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(75));
+        assert!(
+            one_line(&out).contains("blocks the line"),
+            "{}",
+            stderr(&out)
+        );
+        let view = s.resource_status("r");
+        assert_eq!(
+            view["foreign_locks"][0]["effect"], "blocks the line",
+            "{view}"
+        );
+        let table = stdout(&s.run(&["status", "r"]));
+        assert!(
+            table.contains(&format!(
+                "warning: r: a write lock that is not devlock's on bytes 1048577-EOF of {q} (pid {pid}, nobody): blocks the line"
+            )),
+            "{table}"
+        );
+        release(&s, "c");
+    }
+    // (d) Over the slot agreement.
+    {
+        let (start, len) = (AGREE_BASE.to_string(), (1u64 << 16).to_string());
+        let (_lock, _) = stranger_holds(&s, USER_A, &["ofd", q, &start, &len, "write"], "d");
+        let out = s.run(&["--slots", "2", "r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+        assert!(
+            one_line(&out).contains("blocked by a lock that is not devlock's on bytes 4096-69631"),
+            "{}",
+            stderr(&out)
+        );
+        release(&s, "d");
+    }
+    assert!(
+        s.run(&["-n", "--slots", "2", "r", "--", "true"])
+            .status
+            .success()
+    );
+}
+
+// ----------------------------------------------------------------------------
+// 4. Status believes only what the kernel backs.
+
+/// A record naming `pid` as the kernel knows it, with `edit` applied.
+fn forged_record(pid: u32, edit: impl FnOnce(&mut Record)) -> Vec<u8> {
+    let mut r = Record::for_this_process("forged");
+    r.pid = pid;
+    r.pid_start = devlock::procfs::start_time(pid).unwrap();
+    edit(&mut r);
+    r.to_bytes()
+}
+
+#[test]
+fn forged_and_replayed_records_and_registrations_are_not_believed() {
+    if !can_play_users("forged records", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    assert!(s.run(&["setup", "gpu", "gpu:0"]).status.success());
+    let (script, ready) = hold_script(&s, "h");
+    let mut holder = Killed(
+        s.devlock()
+            .args(["--step", "root-job", "gpu:0", "--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let command = pid_in(&ready);
+    let devlock_pid = holder.id();
+    s.wait_for_status("gpu:0", "root's record", |v| {
+        v["holders"][0]["pids"]
+            .as_array()
+            .is_some_and(|p| p.len() == 2)
+    });
+    // A's own process, on the GPU without the lock.
+    let mut notebook = Killed(
+        as_user(USER_A, "sleep")
+            .arg("1000")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let gpu_status = || {
+        let out = s
+            .devlock()
+            .env("DEVLOCK_NVIDIA_SMI", fixture("nvidia-smi/fake-nvidia-smi"))
+            .env("FAKE_SMI_PIDS", notebook.id().to_string())
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // A rewrites root's record: another step, A's notebook as the child,
+    // escapes and a right-to-left override in the via.
+    let lock = s.lock_path("gpu:0");
+    write_as(
+        USER_A,
+        &lock,
+        &forged_record(devlock_pid, |r| {
+            r.step = "evil\u{202e}gol".into();
+            r.child = Some(notebook.id());
+            r.child_start = devlock::procfs::start_time(notebook.id());
+            r.via = Some("\x1b]0;pwned\x07gpu\u{2067}".into());
+        }),
+    );
+    let json = gpu_status();
+    let view = json["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "gpu:0")
+        .unwrap()
+        .clone();
+    let h = &view["holders"][0];
+    assert_eq!(h["user"], "root", "users come from the kernel: {view}");
+    assert_eq!(h["pids"], serde_json::json!([devlock_pid]), "{view}");
+    assert_eq!(h["step"], "evil?gol", "a label, cleaned: {view}");
+    assert_eq!(h["via"], "?]0;pwned?gpu?");
+    let p = &json["devices"][0]["processes"][0];
+    assert_eq!(p["pid"], notebook.id());
+    assert_eq!(p["gated"], false, "a forged child is not gated: {json}");
+    let table = stdout(&s.run(&["status", "gpu:0"]));
+    assert!(
+        !table.contains('\x1b') && !table.contains('\u{202e}') && !table.contains('\u{2067}'),
+        "{table:?}"
+    );
+    // A record naming A's own process: not the kernel's holder, no label.
+    write_as(USER_A, &lock, &forged_record(notebook.id(), |_| {}));
+    let view = s.resource_status("gpu:0");
+    let h = &view["holders"][0];
+    assert_eq!(
+        (h["pid"].as_u64(), h["source"].as_str(), h["user"].as_str()),
+        (
+            Some(u64::from(devlock_pid)),
+            Some("no-record"),
+            Some("root")
+        ),
+        "{view}"
+    );
+    assert!(h["step"].is_null());
+    assert_eq!(view["stale_record"]["pid"], notebook.id());
+    // Planted registrations: a waiter naming root's devlock, flocked by A,
+    // and a copy of a real waiter's registration, flocked by A.
+    let planted = s.dir().join(format!(".gpu:0@{devlock_pid}.7.wait"));
+    std::fs::write(&planted, forged_record(devlock_pid, |_| {})).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (_a, _) = stranger_holds(&s, USER_A, &["flock", planted.to_str().unwrap()], "reg");
+    let mut waiter = Killed(
+        s.devlock()
+            .args(["-q", "--step", "real-waiter", "gpu:0", "--", "true"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let view = s.wait_for_status("gpu:0", "the real waiter", |v| {
+        array_len(&v["waiters"]) >= 1
+    });
+    assert_eq!(array_len(&view["waiters"]), 1, "only the real one: {view}");
+    assert_eq!(view["waiters"][0]["step"], "real-waiter");
+    let real = std::fs::read_dir(s.dir())
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!(".gpu:0@{}.", waiter.id()))
+        })
+        .unwrap()
+        .path();
+    let replay = s.dir().join(format!(".gpu:0@{}.99.wait", waiter.id()));
+    std::fs::copy(&real, &replay).unwrap();
+    std::fs::set_permissions(&replay, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (_b, _) = stranger_holds(&s, USER_A, &["flock", replay.to_str().unwrap()], "replay");
+    let view = s.resource_status("gpu:0");
+    assert_eq!(
+        array_len(&view["waiters"]),
+        1,
+        "a replay names nobody: {view}"
+    );
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut waiter.0).success());
+    let view = s.resource_status("gpu:0");
+    assert_eq!(array_len(&view["waiters"]), 0, "{view}");
+    let _ = command;
+    let _ = notebook.0.kill();
+}
+
+#[test]
+fn records_keep_no_command_line_and_release_clears_the_label() {
+    if !can_play_users("secrets", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    let (script, ready) = hold_script(&s, "h");
+    let mut holder = Killed(
+        s.devlock()
+            .args(["r", "--", "sh", "-c", &script, "--api-token=hunter2"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    pid_in(&ready);
+    let view = s.wait_for_status("r", "the record", |v| v["holders"][0]["step"] == "sh");
+    let record = std::fs::read_to_string(s.lock_path("r")).unwrap();
+    assert!(
+        !record.contains("hunter2") && !record.contains("root"),
+        "{record}"
+    );
+    // The command line is read live, for those allowed to see it.
+    assert!(
+        view["holders"][0]["command"]
+            .to_string()
+            .contains("--api-token=hunter2")
+    );
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert_eq!(std::fs::read(s.lock_path("r")).unwrap(), b"");
+}
+
+// ----------------------------------------------------------------------------
+// 5. Stopped in line: Ctrl-Z leaves it, SIGSTOP is shown.
+
+/// A job-control shell on a pty (bash -i under script(1)): commands in,
+/// the terminal's bytes out.
+struct Shell {
+    child: Killed,
+    input: std::process::ChildStdin,
+    output: std::sync::mpsc::Receiver<u8>,
+    seen: Vec<u8>,
+}
+
+impl Shell {
+    fn start(s: &Scratch) -> Shell {
+        let mut child = Command::new("script")
+            .args(["-qfec", "bash --norc --noprofile -i", "/dev/null"])
+            .env("DEVLOCK_DIR", s.dir())
+            .env("PS1", "$ ")
+            .env("TERM", "dumb")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let (tx, output) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                for &b in &buf[..n] {
+                    let _ = tx.send(b);
+                }
+            }
+        });
+        Shell {
+            child: Killed(child),
+            input,
+            output,
+            seen: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.input.write_all(bytes).unwrap();
+        self.input.flush().unwrap();
+    }
+
+    /// Reads until the terminal has shown `needle`.
+    fn wait_for(&mut self, needle: &str) {
+        let deadline = std::time::Instant::now() + HANG;
+        while !String::from_utf8_lossy(&self.seen).contains(needle) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(b) => self.seen.push(b),
+                Err(_) => panic!(
+                    "the terminal never showed {needle:?}: {:?}",
+                    String::from_utf8_lossy(&self.seen)
+                ),
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen).into_owned()
+    }
+}
+
+fn is_stopped(pid: u32) -> bool {
+    devlock::procfs::is_stopped(pid)
+}
+
+fn ctrl_z_round(quiet: bool) {
+    let s = Scratch::new();
+    let (mut holder, _) = hold_as(&s, 0, &["r"], "h");
+    let log = s.work("log");
+    let mut shell = Shell::start(&s);
+    let q = if quiet { "-q " } else { "" };
+    shell.send(
+        format!(
+            "{BIN} {q}--step first r -- sh -c 'echo first >> {}'\n",
+            log.display()
+        )
+        .as_bytes(),
+    );
+    let view = s.wait_for_status("r", "the first waiter", |v| array_len(&v["waiters"]) == 1);
+    let first = view["waiters"][0]["pid"].as_u64().unwrap() as u32;
+    // Ctrl-Z through the terminal: the line discipline stops the job.
+    shell.send(b"\x1a");
+    wait_until_true("the first waiter to stop", || is_stopped(first));
+    let view = s.resource_status("r");
+    assert_eq!(array_len(&view["waiters"]), 0, "it left the line: {view}");
+    let out = s.run(&["-n", "r", "--", "true"]);
+    assert!(
+        stderr(&out).contains("r is busy: held by sh") && !stderr(&out).contains("waiting in line"),
+        "{}",
+        stderr(&out)
+    );
+    // Someone behind it gets the resource first.
+    let mut second = Killed(
+        s.devlock()
+            .args(["-q", "--step", "second", "r", "--", "sh", "-c"])
+            .arg(format!("echo second >> {}", log.display()))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    s.wait_for_status("r", "the second waiter", |v| array_len(&v["waiters"]) == 1);
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut second.0).success());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "second\n");
+    // fg continues it: it joins again at the back and runs.
+    shell.send(b"fg\n");
+    wait_until_true("the first waiter to run", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l == "second\nfirst\n")
+    });
+    shell.send(b"echo DONE-$((6*7))\n");
+    shell.wait_for("DONE-42");
+    let text = shell.text();
+    if quiet {
+        assert!(!text.contains("devlock:"), "quiet: {text:?}");
+    } else {
+        assert!(
+            text.contains("devlock: continued; back in line for r, at the end"),
+            "{text:?}"
+        );
+    }
+    shell.send(b"exit\n");
+    let _ = wait_child(&mut shell.child.0);
+}
+
+fn wait_until_true(what: &str, ok: impl Fn() -> bool) {
+    poll_until(what, || if ok() { "yes" } else { "no" }, |v| *v == "yes");
+}
+
+#[test]
+fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
+    if !can_play_users("Ctrl-Z", &["script", "bash"]) {
+        return;
+    }
+    ctrl_z_round(false);
+    ctrl_z_round(true);
+}
+
+#[test]
+fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
+    if !can_play_users("SIGSTOP", &[]) {
+        return;
+    }
+    let s = Scratch::new();
+    open_dir(&s);
+    let (mut holder, command) = hold_as(&s, USER_A, &["r"], "h");
+    let mut waiter = Killed(
+        devlock_as(&s, USER_B)
+            .args(["-q", "--step", "frozen", "r", "--", "true"])
+            .spawn()
+            .unwrap(),
+    );
+    s.wait_for_status("r", "the waiter", |v| array_len(&v["waiters"]) == 1);
+    signal(waiter.id(), libc::SIGSTOP);
+    signal(command, libc::SIGSTOP);
+    let view = s.wait_for_status("r", "both stopped", |v| {
+        v["waiters"][0]["stopped"] == true && v["holders"][0]["stopped"] == true
+    });
+    assert_eq!(view["waiters"][0]["step"], "frozen");
+    let table = stdout(&s.run(&["status", "r"]));
+    assert!(
+        table.contains("held (stopped)") && table.contains("waits #1 (stopped)"),
+        "{table}"
+    );
+    let busy = s.run(&["-n", "r", "--", "true"]);
+    assert!(
+        stderr(&busy).contains("nobody, stopped"),
+        "{}",
+        stderr(&busy)
+    );
+    signal(waiter.id(), libc::SIGCONT);
+    signal(command, libc::SIGCONT);
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut waiter.0).success());
+}
+
+// ----------------------------------------------------------------------------
+// 6. Pid reuse after kill -9 of a holder.
+
+/// Makes some live process other than the one that had it take `pid`: the
+/// kernel hands out last_pid + 1, so set it just below and start sleeps
+/// until one gets it (any other process that takes it first is just as
+/// unrelated, and will do).
+fn reuse_pid(pid: u32) -> Option<Killed> {
+    let last = Path::new("/proc/sys/kernel/ns_last_pid");
+    for _ in 0..2000 {
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            return None;
+        }
+        std::fs::write(last, (pid - 1).to_string()).unwrap();
+        let child = Command::new("sleep")
+            .arg("1000")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        if child.id() == pid {
+            return Some(Killed(child));
+        }
+        drop(Killed(child));
+    }
+    panic!("pid {pid} was never reused");
+}
+
+fn pid_reuse_round(shared: bool) {
+    let what = if shared { "shared" } else { "exclusive" };
+    let s = Scratch::new();
+    open_dir(&s);
+    let mut args = vec!["--step", "job"];
+    if shared {
+        args.push("-s");
+    }
+    args.push("r");
+    let (script, ready) = hold_script(&s, "h");
+    let mut holder = s
+        .devlock()
+        .args(&args)
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command = pid_in(&ready);
+    let devlock_pid = holder.id();
+    s.wait_for_status("r", "the holder's label", |v| {
+        v["holders"][0]["pids"]
+            .as_array()
+            .is_some_and(|p| p.len() == 2)
+    });
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let _reused = reuse_pid(devlock_pid);
+    assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
+    // Root sees the command holding it through the descriptor it inherited.
+    let view = s.resource_status("r");
+    let h = &view["holders"][0];
+    // (the command's own children, its sleeps, inherit the lock too)
+    let pids = h["pids"].as_array().unwrap();
+    assert!(
+        pids.contains(&command.into()) && !pids.contains(&devlock_pid.into()),
+        "{what}: {view}"
+    );
+    assert_eq!(h["source"], "inherited", "{what}: {view}");
+    assert_eq!(h["step"], "job", "{what}: {view}");
+    let busy = s.run(&["-n", "r", "--", "true"]);
+    let err = stderr(&busy);
+    assert!(
+        err.contains(&format!("pid {command}")) && !err.contains(&format!("pid {devlock_pid}")),
+        "{what}: never the unrelated process: {err}"
+    );
+    // Another user cannot see root's descriptors: unknown, never the
+    // unrelated process.
+    let view = status_as(&s, USER_B, "r");
+    let h = &view["holders"][0];
+    assert_eq!(view["state"], if shared { "shared" } else { "held" });
+    assert!(
+        h["pid"] != devlock_pid && !h["pids"].to_string().contains(&devlock_pid.to_string()),
+        "{what}: {view}"
+    );
+    assert_eq!(h["source"], "unknown", "{what}: {view}");
+    std::fs::write(s.work("release-h"), "").unwrap();
+    wait_gone(command);
+}
+
+#[test]
+fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
+    if !can_play_users("pid reuse", &[]) {
+        return;
+    }
+    pid_reuse_round(true);
+    pid_reuse_round(false);
+}
+
+// ----------------------------------------------------------------------------
+// 7. One name per device; no data lost; nothing hidden.
+
+#[test]
+fn a_gpu_has_one_name_in_run_status_and_setup() {
+    let s = Scratch::new();
+    for name in ["gpu:00", "gpu:+1", "gpu:x", "gpu:4294967296", "gpu:01"] {
+        for args in [
+            vec![name, "--", "true"],
+            vec!["status", name],
+            vec!["setup", name],
+        ] {
+            let out = s.run(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            let err = one_line(&out);
+            assert!(err.contains("a GPU is gpu:N"), "{args:?}: {err}");
+        }
+    }
+    let err = stderr(&s.run(&["gpu:00", "--", "true"]));
+    assert!(err.contains("write it gpu:0"), "{err}");
+    assert!(!s.dir().exists(), "nothing touched");
+}
+
+#[test]
+fn dir_dot_with_a_cargo_lock_loses_no_data() {
+    let s = Scratch::new();
+    let project = s.work("project");
+    std::fs::create_dir(&project).unwrap();
+    let text = "# This file is automatically @generated by Cargo.\nversion = 4\n";
+    std::fs::write(project.join("Cargo.lock"), text).unwrap();
+    std::fs::write(project.join("yarn.lock"), "# yarn lockfile v1\n").unwrap();
+    for resource in ["Cargo", "yarn"] {
+        let out = Command::new(BIN)
+            .current_dir(&project)
+            .env_remove("DEVLOCK_DIR")
+            .args(["--dir", ".", "-n", resource, "--", "sh", "-c"])
+            .arg(format!("{BIN} --dir . status --json {resource}"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "./{resource}.lock holds data devlock did not write; holding it without a record"
+            )),
+            "{err}"
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["resources"][0]["state"], "held", "{json}");
+        assert_eq!(json["resources"][0]["record"], "unreadable");
+    }
+    assert_eq!(
+        std::fs::read_to_string(project.join("Cargo.lock")).unwrap(),
+        text
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("yarn.lock")).unwrap(),
+        "# yarn lockfile v1\n"
+    );
+}
+
+#[test]
+fn a_private_lock_file_held_by_plain_flock_shows_as_held() {
+    if !can_play_users("mode 0600", &["flock"]) {
+        return;
+    }
+    let s = Scratch::new();
+    open_dir(&s);
+    let lock = s.lock_path("p");
+    let (script, ready) = hold_script(&s, "f");
+    let mut flock = Killed(
+        as_user(USER_A, "sh")
+            .arg("-c")
+            .arg(format!(
+                "umask 077; exec flock {} sh -c '{}'",
+                lock.display(),
+                script
+            ))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    pid_in(&ready);
+    assert_eq!(std::fs::metadata(&lock).unwrap().mode() & 0o777, 0o600);
+    let view = status_as(&s, USER_B, "p");
+    assert_eq!(view["state"], "held", "never free: {view}");
+    assert_eq!(view["record"], "private", "{view}");
+    assert_eq!(view["holders"][0]["pid"], flock.id(), "{view}");
+    assert_eq!(view["holders"][0]["user"], "nobody");
+    let out = run_as(&s, USER_B, &["-n", "p", "--", "true"]);
+    assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains("permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    release(&s, "f");
+    assert!(wait_child(&mut flock.0).success());
+}
+
+#[test]
+fn status_inside_a_pid_namespace_says_held_by_unknown() {
+    if !can_play_users("PID namespace", &["unshare"]) {
+        return;
+    }
+    let s = Scratch::new();
+    let (mut holder, _) = hold_as(&s, 0, &["r"], "h");
+    let inside = |args: &[&str]| {
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", BIN])
+            .args(args)
+            .env("DEVLOCK_DIR", s.dir())
+            .output()
+            .unwrap()
+    };
+    let out = inside(&["status", "--json", "r"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = &json["resources"][0];
+    assert_eq!(view["state"], "held", "never free: {json}");
+    assert_eq!(view["holders"][0]["source"], "unknown");
+    assert_eq!(view["holders"][0]["note"], "outside this PID namespace");
+    let busy = inside(&["-n", "r", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    assert!(
+        stderr(&busy).contains("outside this PID namespace"),
+        "{}",
+        stderr(&busy)
+    );
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    let json: serde_json::Value =
+        serde_json::from_slice(&inside(&["status", "--json", "r"]).stdout).unwrap();
+    assert_eq!(json["resources"][0]["state"], "free", "{json}");
+}
