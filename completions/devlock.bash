@@ -22,11 +22,17 @@ _devlock() {
             devlock,help)
                 cmd="devlock__subcmd__help"
                 ;;
+            devlock,setup)
+                cmd="devlock__subcmd__setup"
+                ;;
             devlock,status)
                 cmd="devlock__subcmd__status"
                 ;;
             devlock__subcmd__help,help)
                 cmd="devlock__subcmd__help__subcmd__help"
+                ;;
+            devlock__subcmd__help,setup)
+                cmd="devlock__subcmd__help__subcmd__setup"
                 ;;
             devlock__subcmd__help,status)
                 cmd="devlock__subcmd__help__subcmd__status"
@@ -38,7 +44,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --help --version status help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --help --version status setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -111,7 +117,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__help)
-            opts="status help"
+            opts="status setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -138,6 +144,20 @@ _devlock() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        devlock__subcmd__help__subcmd__setup)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         devlock__subcmd__help__subcmd__status)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -145,6 +165,47 @@ _devlock() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__setup)
+            opts="-h --group --gpus --slots --print-tmpfiles --dir --probe-timeout --etcd --etcd-user --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --group)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --probe-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -198,27 +259,27 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --group | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is a subcommand.
 _devlock_is_subcommand() {
     case $1 in
-        help | status) return 0 ;;
+        help | setup | status) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is a subcommand that takes RESOURCE arguments.
 _devlock_lists_resources() {
     case $1 in
-        status) return 0 ;;
+        setup | status) return 0 ;;
     esac
     return 1
 }
 # Prints the subcommands.
 _devlock_subcommands() {
-    printf '%s\n' help status
+    printf '%s\n' help setup status
 }
 
 # Resource names, hand-written (doc/completions/devlock.bash): a RESOURCE is

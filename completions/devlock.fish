@@ -36,40 +36,51 @@ complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Devi
 complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r
 complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r
 complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
-complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing while waiting'
+complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing while waiting, and no warnings'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count)'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
 complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_needs_command" -s V -l version -d 'Print version'
 complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who holds each lock, for how long, and who waits'
+complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu and gpu:0 .. gpu:N-1 for the GPUs nvidia-smi lists'
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --group --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand
-    contains -- $argv[1] help status
+    contains -- $argv[1] help setup status
 end
 # Whether $argv[1] is a subcommand that takes RESOURCE arguments.
 function __devlock_lists_resources
-    contains -- $argv[1] status
+    contains -- $argv[1] setup status
 end
 
 # Resource names, hand-written (doc/completions/devlock.fish): a RESOURCE is

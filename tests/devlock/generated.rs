@@ -20,6 +20,7 @@ const REGENERATE: &str = "DEVLOCK_REGENERATE=1 cargo test --test devlock generat
 /// generated OPTIONS and SUBCOMMANDS: title, and the file under doc/man/
 /// holding the body.
 const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
+    ("ON A SHARED MACHINE", "shared.roff"),
     ("ACROSS MACHINES", "etcd.roff"),
     ("EXIT STATUS", "exit-status.roff"),
     ("ENVIRONMENT", "environment.roff"),
@@ -515,6 +516,7 @@ fn man_page_has_every_section_and_exit_code() {
         "DESCRIPTION",
         "OPTIONS",
         "SUBCOMMANDS",
+        "ON A SHARED MACHINE",
         "ACROSS MACHINES",
         "EXIT STATUS",
         "ENVIRONMENT",
