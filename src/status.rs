@@ -169,6 +169,16 @@ pub struct StatusReport {
     pub devices: Vec<DeviceView>,
 }
 
+/// A devlock takes its place in line a moment before it registers: a place
+/// nobody registered is looked at again, a few times, before it is shown as
+/// one (a stranger's lock stays; a devlock in between registers).
+const UNREGISTERED_TRIES: usize = 4;
+const UNREGISTERED_PAUSE: Duration = Duration::from_millis(5);
+
+fn has_unregistered(view: &ResourceView) -> bool {
+    view.waiters.iter().any(|w| w.source == "unregistered")
+}
+
 /// Reads the state of `wanted` resources (all in the directory when empty),
 /// and of the GPUs when `probe_timeout` is given.
 pub fn gather(
@@ -203,26 +213,38 @@ pub fn gather(
     };
     resources.sort();
     resources.dedup();
-    let table = LockTable::read().context("reading /proc/locks")?;
-    let now = SystemTime::now();
-    let mut all_waiters: HashMap<Resource, Vec<Waiter>> = HashMap::new();
     let filter: Option<std::collections::HashSet<&Resource>> =
         (!wanted.is_empty()).then(|| resources.iter().collect());
-    for waiter in waiters::live_waiters(&dir, &names, &table, |r| {
-        filter.as_ref().is_none_or(|f| f.contains(r))
-    }) {
-        all_waiters
-            .entry(waiter.resource.clone())
-            .or_default()
-            .push(waiter);
-    }
-    let mut sharers = Sharers::default();
     let dir_managed = report.trust.managed;
-    for resource in &resources {
-        let registered = all_waiters.remove(resource).unwrap_or_default();
-        let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
-        view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
-        report.resources.push(view);
+    let mut sharers = Sharers::default();
+    let mut table;
+    let mut now;
+    let mut attempt = 0;
+    loop {
+        table = LockTable::read().context("reading /proc/locks")?;
+        now = SystemTime::now();
+        let names = dir.entries()?;
+        let mut all_waiters: HashMap<Resource, Vec<Waiter>> = HashMap::new();
+        for waiter in waiters::live_waiters(&dir, &names, &table, |r| {
+            filter.as_ref().is_none_or(|f| f.contains(r))
+        }) {
+            all_waiters
+                .entry(waiter.resource.clone())
+                .or_default()
+                .push(waiter);
+        }
+        report.resources.clear();
+        for resource in &resources {
+            let registered = all_waiters.remove(resource).unwrap_or_default();
+            let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
+            view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
+            report.resources.push(view);
+        }
+        attempt += 1;
+        if attempt >= UNREGISTERED_TRIES || !report.resources.iter().any(has_unregistered) {
+            break;
+        }
+        std::thread::sleep(UNREGISTERED_PAUSE);
     }
     if let Some(timeout) = probe_timeout {
         // Every GPU lock gates its devices, shown or not.
@@ -330,7 +352,11 @@ fn view_of(
         return free_view(resource);
     };
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return free_view(resource);
+        // Nobody can use it through devlock (exit 74), and what it does for
+        // others is not ours to say: not "free".
+        let mut view = free_view(resource);
+        view.state = "unknown";
+        return view;
     }
     let id = FileId::from_metadata(st.st_dev, st.st_ino);
     let file = waiters::open_checked(dir, &lock_name)
@@ -595,11 +621,17 @@ pub fn holders_of(
                 };
             }
             // The taker is gone, or its pid now belongs to another process.
-            let pids: Vec<u32> = sharers
+            let mut pids: Vec<u32> = sharers
                 .of(id, taker)
                 .into_iter()
                 .filter(|&p| p != taker)
                 .collect();
+            // The recorded command first, then whatever it started.
+            if let Some(c) = recorded.and_then(|r| r.child)
+                && let Some(at) = pids.iter().position(|&p| p == c)
+            {
+                pids[..=at].rotate_right(1);
+            }
             if pids.is_empty() {
                 let mut unknown = invisible_holder(
                     "the process that took it is gone, and what holds it now is not visible to this user",
@@ -797,10 +829,18 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
 /// The state of one resource whose lock file we have open (for the busy
 /// message).
 pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
-    let table = LockTable::read().unwrap_or_default();
-    let names = dir.entries().unwrap_or_default();
-    let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
-    view_now(lock, dir, resource, &table, registered)
+    let mut attempt = 0;
+    loop {
+        let table = LockTable::read().unwrap_or_default();
+        let names = dir.entries().unwrap_or_default();
+        let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
+        let view = view_now(lock, dir, resource, &table, registered);
+        attempt += 1;
+        if attempt >= UNREGISTERED_TRIES || !has_unregistered(&view) {
+            return view;
+        }
+        std::thread::sleep(UNREGISTERED_PAUSE);
+    }
 }
 
 /// One open lock's view as of now, on its own (no other lock shares labels).

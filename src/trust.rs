@@ -225,22 +225,40 @@ pub fn of_resource(
     let mut root_owned = dir_managed;
     let lock = resource.file_name();
     let queue = crate::queue::queue_name(&lock);
-    let mut ours: Vec<&str> = vec![lock.as_str(), queue.as_str()];
-    ours.extend(
-        names
-            .iter()
-            .filter(|n| resource_of(n).as_ref() == Some(resource) && n.contains(".slot"))
-            .map(String::as_str),
-    );
-    for name in ours {
+    let slot_prefix = format!(".{resource}.slot");
+    let slots = names.iter().filter(|n| {
+        n.strip_prefix(slot_prefix.as_str())
+            .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+    });
+    let ours: Vec<&str> = [lock.as_str(), queue.as_str()]
+        .into_iter()
+        .chain(slots.map(String::as_str))
+        .collect();
+    for (i, name) in ours.into_iter().enumerate() {
         match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => {
-                root_owned &= st.st_uid == 0;
-                if foreign(st.st_uid) {
-                    issues.push(file_issue(&dir.path().join(name), st.st_uid, name));
+                // Slot files are made on demand: they do not decide `managed`.
+                if i < 2 {
+                    root_owned &= st.st_uid == 0;
+                }
+                let path = dir.path().join(name);
+                if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                    issues.push(Issue {
+                        path: path.display().to_string(),
+                        owner: Some(user(st.st_uid)),
+                        reason: format!(
+                            "{} is a {} owned by {}, not a regular file: devlock refuses it (exit 74)",
+                            path.display(),
+                            crate::lockfile::kind_of(st.st_mode),
+                            user(st.st_uid)
+                        ),
+                    });
+                } else if foreign(st.st_uid) {
+                    issues.push(file_issue(&path, st.st_uid, name));
                 }
             }
-            Err(_) => root_owned = false,
+            Err(_) if i < 2 => root_owned = false,
+            Err(_) => {}
         }
     }
     Trust::from_issues(issues, root_owned)

@@ -152,11 +152,11 @@ fn any_waits_for_the_first_to_come_free_in_arrival_order() {
     let mut h1 = hold_until_released(&s, &["gpu:1"], "1");
     let mut first = logging_waiter(&s, &["--any", "gpu:0", "gpu:1"], "first");
     s.wait_for_status("gpu:1", "first --any waiter", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 1)
+        registered_waiters(v) == 1
     });
     let mut second = logging_waiter(&s, &["--any", "gpu:0", "gpu:1"], "second");
     s.wait_for_status("gpu:1", "second --any waiter", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 2)
+        registered_waiters(v) == 2
     });
     release(&s, "1");
     wait_child(&mut h1);
@@ -215,13 +215,13 @@ fn a_waiting_writer_is_not_starved_by_new_readers() {
     let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
     let mut writer = logging_waiter(&s, &["dataset"], "writer");
     s.wait_for_status("dataset", "the writer in line", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 1)
+        registered_waiters(v) == 1
     });
     // New readers queue behind the waiting writer instead of joining in.
     assert_eq!(no_wait(&s, &["-s", "dataset"]), Some(75));
     let mut late_reader = logging_waiter(&s, &["-s", "dataset"], "reader");
     s.wait_for_status("dataset", "the late reader in line", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 2)
+        registered_waiters(v) == 2
     });
     let view = s.resource_status("dataset");
     assert_eq!(view["waiters"][0]["position"], 1);
@@ -262,13 +262,9 @@ fn a_waiter_killed_in_line_never_blocks_the_line() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let mut doomed = logging_waiter(&s, &["r"], "doomed");
-    s.wait_for_status("r", "first waiter", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 1)
-    });
+    s.wait_for_status("r", "first waiter", |v| registered_waiters(v) == 1);
     let mut next = logging_waiter(&s, &["r"], "next");
-    s.wait_for_status("r", "second waiter", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 2)
-    });
+    s.wait_for_status("r", "second waiter", |v| registered_waiters(v) == 2);
     doomed.kill().unwrap();
     doomed.wait().unwrap();
     assert_eq!(waiters_of(&s, "r"), 1);
@@ -348,9 +344,7 @@ fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
     assert!(stdout(&s.run(&["status"])).contains("shared by 2 (2 slots)"));
     // A waiter gets the slot that comes free.
     let mut c = logging_waiter(&s, &["--slots", "2", "gpu:0"], "third");
-    s.wait_for_status("gpu:0", "third in line", |v| {
-        v["waiters"].as_array().is_some_and(|w| w.len() == 1)
-    });
+    s.wait_for_status("gpu:0", "third in line", |v| registered_waiters(v) == 1);
     release(&s, "a");
     wait_child(&mut a);
     assert!(wait_child(&mut c).success());

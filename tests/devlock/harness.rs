@@ -348,3 +348,12 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// Waiters of a status view that registered (a devlock between taking its
+/// place in line and registering shows for that moment as a place nobody
+/// registered): what a handshake on "N waiting" should count.
+pub fn registered_waiters(view: &serde_json::Value) -> usize {
+    view["waiters"].as_array().map_or(0, |w| {
+        w.iter().filter(|w| w["source"] == "registration").count()
+    })
+}

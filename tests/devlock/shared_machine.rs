@@ -567,6 +567,16 @@ fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
             assert!(err.contains(p), "{what}: names the path: {err}");
             assert!(err.contains("not a regular file"), "{what}: {err}");
             assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+            let view = s.resource_status("r");
+            if name == "r.lock" {
+                assert_eq!(view["state"], "unknown", "{what}: never free: {view}");
+            }
+            assert!(
+                view["trust"]["issues"]
+                    .to_string()
+                    .contains("not a regular file"),
+                "{what}: {view}"
+            );
         }
     }
     // Junk where registrations go: status ignores it, never hangs on it.
@@ -905,8 +915,10 @@ fn forged_and_replayed_records_and_registrations_are_not_believed() {
             .spawn()
             .unwrap(),
     );
+    // (Between its ticket and its registration a waiter is a place in line
+    // nobody registered: wait for the registration.)
     let view = s.wait_for_status("gpu:0", "the real waiter", |v| {
-        array_len(&v["waiters"]) >= 1
+        v["waiters"][0]["step"] == "real-waiter"
     });
     assert_eq!(array_len(&view["waiters"]), 1, "only the real one: {view}");
     assert_eq!(view["waiters"][0]["step"], "real-waiter");
@@ -1045,42 +1057,54 @@ fn is_stopped(pid: u32) -> bool {
     devlock::procfs::is_stopped(pid)
 }
 
-fn ctrl_z_round(quiet: bool) {
+/// One round: a holder, a waiter in a job-control shell that Ctrl-Z stops,
+/// a second waiter that must get the resource first, then `fg`. `how` is
+/// given to all three (`--slots 1`: the wait for a slot; the plain lock
+/// otherwise).
+fn ctrl_z_round(quiet: bool, how: &[&str]) {
     let s = Scratch::new();
-    let (mut holder, _) = hold_as(&s, 0, &["r"], "h");
+    let mut hold_args = how.to_vec();
+    hold_args.push("r");
+    let (mut holder, _) = hold_as(&s, 0, &hold_args, "h");
     let log = s.work("log");
     let mut shell = Shell::start(&s);
     let q = if quiet { "-q " } else { "" };
     shell.send(
         format!(
-            "{BIN} {q}--step first r -- sh -c 'echo first >> {}'\n",
+            "{BIN} {q}{} --step first r -- sh -c 'echo first >> {}'\n",
+            how.join(" "),
             log.display()
         )
         .as_bytes(),
     );
-    let view = s.wait_for_status("r", "the first waiter", |v| array_len(&v["waiters"]) == 1);
+    let view = s.wait_for_status("r", "the first waiter", |v| registered_waiters(v) == 1);
     let first = view["waiters"][0]["pid"].as_u64().unwrap() as u32;
     // Ctrl-Z through the terminal: the line discipline stops the job.
     shell.send(b"\x1a");
     wait_until_true("the first waiter to stop", || is_stopped(first));
     let view = s.resource_status("r");
     assert_eq!(array_len(&view["waiters"]), 0, "it left the line: {view}");
-    let out = s.run(&["-n", "r", "--", "true"]);
+    let mut no_wait = vec!["-n"];
+    no_wait.extend(how);
+    no_wait.extend(["r", "--", "true"]);
+    let out = s.run(&no_wait);
     assert!(
-        stderr(&out).contains("r is busy: held by sh") && !stderr(&out).contains("waiting in line"),
+        stderr(&out).contains("r is busy") && !stderr(&out).contains("waiting in line"),
         "{}",
         stderr(&out)
     );
     // Someone behind it gets the resource first.
     let mut second = Killed(
         s.devlock()
-            .args(["-q", "--step", "second", "r", "--", "sh", "-c"])
+            .arg("-q")
+            .args(how)
+            .args(["--step", "second", "r", "--", "sh", "-c"])
             .arg(format!("echo second >> {}", log.display()))
             .stdin(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    s.wait_for_status("r", "the second waiter", |v| array_len(&v["waiters"]) == 1);
+    s.wait_for_status("r", "the second waiter", |v| registered_waiters(v) == 1);
     release(&s, "h");
     assert!(wait_child(&mut holder.0).success());
     assert!(wait_child(&mut second.0).success());
@@ -1114,8 +1138,10 @@ fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
     if !can_play_users("Ctrl-Z", &["script", "bash"]) {
         return;
     }
-    ctrl_z_round(false);
-    ctrl_z_round(true);
+    ctrl_z_round(false, &[]);
+    ctrl_z_round(true, &[]);
+    ctrl_z_round(false, &["--slots", "1"]);
+    ctrl_z_round(true, &["--slots", "1"]);
 }
 
 #[test]
@@ -1132,7 +1158,7 @@ fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
             .spawn()
             .unwrap(),
     );
-    s.wait_for_status("r", "the waiter", |v| array_len(&v["waiters"]) == 1);
+    s.wait_for_status("r", "the waiter", |v| registered_waiters(v) == 1);
     signal(waiter.id(), libc::SIGSTOP);
     signal(command, libc::SIGSTOP);
     let view = s.wait_for_status("r", "both stopped", |v| {

@@ -83,9 +83,9 @@ fn waiters_show_in_arrival_order_and_vanish_when_killed() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let mut first = waiter(&s, "r", "first");
-    s.wait_for_status("r", "first waiter", |v| waiter_count(v) == 1);
+    s.wait_for_status("r", "first waiter", |v| registered_waiters(v) == 1);
     let mut second = waiter(&s, "r", "second");
-    let view = s.wait_for_status("r", "second waiter", |v| waiter_count(v) == 2);
+    let view = s.wait_for_status("r", "second waiter", |v| registered_waiters(v) == 2);
     let w = &view["waiters"];
     assert_eq!(
         (w[0]["step"].as_str(), w[0]["position"].as_u64()),
@@ -377,7 +377,7 @@ fn locks_of_one_user_are_seen_and_shared_by_another() {
     let mut nobody_waits =
         as_nobody(&[BIN, "-q", "--step", "nobody-job", "r", "--", "true"]).unwrap();
     let mut nobody_waits = nobody_waits.env("DEVLOCK_DIR", s.dir()).spawn().unwrap();
-    let view = s.wait_for_status("r", "nobody waiting", |v| waiter_count(v) == 1);
+    let view = s.wait_for_status("r", "nobody waiting", |v| registered_waiters(v) == 1);
     assert_eq!(view["waiters"][0]["user"], "nobody");
     release(&s, "h");
     wait_child(&mut holder);
