@@ -137,12 +137,13 @@ pub enum Command {
         nobody declared, which stay open and draw a warning), or root:G 1770 with \
         --group G (only members of G can take the locks). Each RESOURCE gets its \
         lock file and queue file, root's, mode 0666 (root:G 0660 with --group). A \
-        directory another user owns is taken over; a file another user owns, or of \
-        the wrong type, is replaced (a new root file renamed over it) unless it is \
-        locked: a held lock file is never replaced (two holders), that file is \
-        named with its holder and setup exits 75. With --print-tmpfiles it prints \
-        the same set-up as a systemd-tmpfiles(5) snippet instead, to make it again \
-        at every boot (/run is a tmpfs)."
+        directory or a lock file another user owns is taken over in place (the same \
+        inode: a job that holds it keeps holding it, alone). A FIFO, symbolic link, \
+        socket or directory at a declared path is swapped for a new root file unless \
+        it is locked: a held lock file is never replaced (that lets a second holder \
+        in), so setup names its holder and exits 75. Without root it exits 77. With \
+        --print-tmpfiles it prints the same set-up as a systemd-tmpfiles(5) snippet \
+        instead, to make it again at every boot (/run is a tmpfs)."
     )]
     Setup(SetupArgs),
 }

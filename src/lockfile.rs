@@ -170,10 +170,6 @@ impl LockFile {
         self.file
     }
 
-    pub fn is_writable(&self) -> bool {
-        self.writable
-    }
-
     /// Takes the lock if nobody holds it, without waiting.
     pub fn try_lock(&self, exclusive: bool) -> io::Result<TryLock> {
         match flock(&self.file, lock_op(exclusive) | libc::LOCK_NB) {

@@ -54,9 +54,23 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
     };
     // A job stop (Ctrl-Z) before the command starts gives up every place and
     // lock taken so far, stops, and once continued starts again at the back.
-    let (taken, mut pending) = loop {
+    let (taken, pending) = loop {
         let mut pending = Pending::default();
-        let sig = match take_all(&context(), args, &resources, &mut pending) {
+        let attempt = take_all(&context(), args, &resources, &mut pending).and_then(|taken| {
+            // On a terminal the waiting line must be gone before anything
+            // else is said or the command writes; otherwise the command
+            // starts first and the display finishes beside it.
+            if pending.must_settle_before_spawn()
+                && let Some(sig) = std::mem::take(&mut pending).settle()
+            {
+                return Err(supervise::stopped_before_start(sig));
+            }
+            if args.require_idle {
+                require_idle(&taken, args.idle_threshold, probe_timeout)?;
+            }
+            Ok(taken)
+        });
+        let sig = match attempt {
             Ok(taken) => match interrupt::take_job_stop() {
                 None => break (taken, pending),
                 Some(sig) => {
@@ -84,17 +98,6 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
             );
         }
     };
-    // On a terminal the waiting line must be gone before anything else is
-    // said or the command writes; otherwise the command starts first and the
-    // display finishes beside it.
-    if pending.must_settle_before_spawn()
-        && let Some(sig) = std::mem::take(&mut pending).settle()
-    {
-        return Err(supervise::stopped_before_start(sig));
-    }
-    if args.require_idle {
-        require_idle(&taken, args.idle_threshold, probe_timeout)?;
-    }
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }

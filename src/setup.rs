@@ -186,11 +186,12 @@ fn c_string(text: &str) -> Result<CString> {
 /// path (a symbolic link, a file) removed first.
 fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
     let c_path = crate::scratch::c_path(path)?;
+    let mut created = false;
     for _ in 0..TRIES {
         match nix::sys::stat::lstat(path) {
             Err(nix::errno::Errno::ENOENT) => {
                 match nix::unistd::mkdir(path, nix::sys::stat::Mode::from_bits_truncate(0o700)) {
-                    Ok(()) => report.changed(path, "created"),
+                    Ok(()) => created = true,
                     Err(nix::errno::Errno::EEXIST) => continue,
                     Err(e) => {
                         return Err(coded(
@@ -226,7 +227,14 @@ fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir>
         // SAFETY: a descriptor we just opened.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let st = nix::sys::stat::fstat(&fd)?;
-        if let Some(what) = make_ours(&fd, &st, plan.gid, plan.dir_mode)? {
+        let changed = make_ours(&fd, &st, plan.gid, plan.dir_mode)?;
+        if created {
+            report.changed(
+                path,
+                &format!("created ({} {:o})", owner_words(plan), plan.dir_mode),
+            );
+            created = false;
+        } else if let Some(what) = changed {
             report.changed(path, &what);
         }
         let still = nix::sys::stat::lstat(path)
