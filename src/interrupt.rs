@@ -19,6 +19,10 @@ static SUSPEND: AtomicI32 = AtomicI32::new(0);
 /// lock calls then let them in).
 static CATCHING: AtomicBool = AtomicBool::new(false);
 
+/// Whether the handler was ever installed (the uncontended path never
+/// does, and need not put the default action back).
+static HANDLED: AtomicBool = AtomicBool::new(false);
+
 /// A timer that sends the interrupt signal to this process, armed by a job
 /// stop: the stop may land just before a thread enters its next lock call
 /// (too late to interrupt it), so it is repeated until the wait is over.
@@ -111,6 +115,7 @@ impl CatchJobStops {
                 libc::sigaction(sig, &action, std::ptr::null_mut());
             }
         }
+        HANDLED.store(true, Ordering::Release);
         CATCHING.store(true, Ordering::Release);
         let set = job_stop_set();
         // SAFETY: valid set pointer.
@@ -213,8 +218,10 @@ pub fn stop_as(sig: libc::c_int) {
 pub fn release_job_stops() {
     // SAFETY: plain signal calls on this process.
     unsafe {
-        for sig in JOB_STOPS {
-            libc::signal(sig, libc::SIG_DFL);
+        if HANDLED.load(Ordering::Acquire) {
+            for sig in JOB_STOPS {
+                libc::signal(sig, libc::SIG_DFL);
+            }
         }
         let set = job_stop_set();
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
