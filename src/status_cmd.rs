@@ -111,18 +111,17 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                     .collect::<Vec<_>>()
                     .join(",")
             };
-            let first = i == 0;
-            let mut state_cell = if first { state.clone() } else { String::new() };
             if h.stopped {
-                state_cell = format!("{state_cell} (stopped)").trim_start().to_owned();
+                step.push_str(" (stopped)");
             }
+            let first = i == 0;
             let mut row = vec![
                 if first {
                     res.name.clone()
                 } else {
                     String::new()
                 },
-                state_cell,
+                if first { state.clone() } else { String::new() },
                 step,
                 pids,
                 h.user.as_deref().map_or("?".to_owned(), sanitize),

@@ -1167,7 +1167,7 @@ fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
     assert_eq!(view["waiters"][0]["step"], "frozen");
     let table = stdout(&s.run(&["status", "r"]));
     assert!(
-        table.contains("held (stopped)") && table.contains("waits #1 (stopped)"),
+        table.contains("sh (stopped)") && table.contains("waits #1 (stopped)"),
         "{table}"
     );
     let busy = s.run(&["-n", "r", "--", "true"]);
