@@ -638,7 +638,12 @@ fn blocking<T>(
     block: impl FnOnce(&Stop) -> Result<T>,
 ) -> Result<(T, Waited)> {
     match ctx.plan {
-        Some(plan) => wait::wait_for(label, watch, registrations, plan, || block(&ctx.stop)),
+        Some(plan) => {
+            // What another user could break is said before a long wait, not
+            // only once the wait is over.
+            crate::trust::flush(plan.quiet);
+            wait::wait_for(label, watch, registrations, plan, || block(&ctx.stop))
+        }
         None => {
             let result = block(&ctx.stop);
             drop(registrations);

@@ -270,6 +270,26 @@ fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup() {
     assert_eq!(json["trust"]["issues"][0]["owner"], "nobody");
     // A holds q through a lock file of A's own while root sets up.
     let (mut a_holds, _) = hold_as(&s, USER_A, &["--dir", d, "q"], "a");
+    // A waiter is told before it waits, not once it is through.
+    let timed = s
+        .devlock()
+        .args(["--dir", d, "-w", "200ms", "q", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(timed.status.code(), Some(75), "{}", stderr(&timed));
+    let err = stderr(&timed);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].starts_with("devlock: warning: ")
+            && lines[0].contains(&format!("{d}/q.lock is owned by nobody"))
+            && lines[1].starts_with("devlock: q · waiting")
+            && lines
+                .last()
+                .unwrap()
+                .starts_with("devlock: timed out after 200ms waiting for q")
+            && lines.iter().filter(|l| l.contains("warning")).count() == 1,
+        "{err}"
+    );
     let setup = s
         .devlock()
         .args(["--dir", d, "setup", "r", "q"])
