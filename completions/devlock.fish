@@ -27,21 +27,21 @@ function __fish_devlock_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m)' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status (default: the command\'s basename)' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB)' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r
+complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out (1-255)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status, and the waiter\'s lines in logs (default: the command\'s basename)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB) [default: 256MiB]' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
-complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
-complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing while waiting'
+complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, and a busy lock or a timeout only in the exit status'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count)'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
@@ -50,10 +50,11 @@ complete -c devlock -n "__fish_devlock_needs_command" -s V -l version -d 'Print 
 complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table'
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, idle ones too'
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table (every lock file, idle ones too)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

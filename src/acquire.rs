@@ -493,7 +493,7 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
         .collect();
     if ctx.no_wait {
         drop(joined);
-        return Err(coded(
+        return Err(crate::exit::busy(
             ctx.plan.map_or(ExitCode::Busy, |p| p.conflict_code),
             format!("all of {} are busy", names.join(", ")),
         ));
@@ -648,7 +648,7 @@ fn busy(
     } else {
         wait::holder_phrase(&view)
     };
-    coded(
+    crate::exit::busy(
         plan.map_or(ExitCode::Busy, |p| p.conflict_code),
         format!("{resource} is busy{who}"),
     )

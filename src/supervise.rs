@@ -10,6 +10,9 @@ use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
 
+/// Variables set for the command, over devlock's own environment.
+pub type Env = Vec<(OsString, OsString)>;
+
 /// The signals that ask a job to stop, which devlock passes on to its command.
 pub const STOP_SIGNALS: [libc::c_int; 4] =
     [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
@@ -202,7 +205,7 @@ fn code_of(status: libc::c_int) -> Option<ExitCode> {
 /// signals it handles); signals the caller ignored stay ignored (`nohup`),
 /// and devlock's own handlers vanish at exec as always. The lock
 /// descriptors lose close-on-exec in the parent just before.
-pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> Result<Child> {
+pub fn spawn(command: &[OsString], keep: &[RawFd], env: &Env) -> Result<Child> {
     for &fd in keep {
         // SAFETY: fcntl on a descriptor we own.
         let ok = unsafe {
@@ -225,9 +228,9 @@ pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> 
     };
     let argv = c_strings(command.iter().map(|a| a.as_bytes().to_vec()).collect())?;
     let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !env.iter().any(|(name, _)| k == name.as_str()))
+        .filter(|(k, _)| !env.iter().any(|(name, _)| k == name))
         .collect();
-    vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    vars.extend(env.iter().cloned());
     let envp = c_strings(
         vars.iter()
             .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
@@ -265,6 +268,62 @@ pub fn spawn(command: &[OsString], keep: &[RawFd], env: &[(String, String)]) -> 
         program,
         &std::io::Error::from_raw_os_error(err),
     ))
+}
+
+/// Looks `program` up as posix_spawnp(3) will when it starts it (on `PATH`,
+/// or the path itself when it has a slash) and checks that it can be
+/// executed, so that a typo fails at once with 127, or 126, instead of
+/// after its turn in line. The start itself still decides: this is a
+/// check, not the lookup.
+pub fn check_command(program: &std::ffi::OsStr) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let bytes = program.as_bytes();
+    let candidates: Vec<std::path::PathBuf> = if bytes.contains(&b'/') {
+        vec![program.into()]
+    } else if bytes.is_empty() {
+        Vec::new()
+    } else {
+        // glibc's default when PATH is unset; an empty entry is the
+        // current directory, as execvp has it.
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+        path.as_bytes()
+            .split(|&b| b == b':')
+            .map(|dir| {
+                let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+                std::path::Path::new(std::ffi::OsStr::from_bytes(dir)).join(program)
+            })
+            .collect()
+    };
+    let mut denied = false;
+    for candidate in &candidates {
+        let Ok(meta) = std::fs::metadata(candidate) else {
+            continue;
+        };
+        let Ok(c_path) = CString::new(candidate.as_os_str().as_bytes()) else {
+            continue;
+        };
+        // SAFETY: a NUL-terminated path; faccessat only reads it.
+        let executable = meta.is_file()
+            && meta.permissions().mode() & 0o111 != 0
+            && unsafe {
+                libc::faccessat(
+                    libc::AT_FDCWD,
+                    c_path.as_ptr(),
+                    libc::X_OK,
+                    libc::AT_EACCESS,
+                )
+            } == 0;
+        if executable {
+            return Ok(());
+        }
+        denied = true;
+    }
+    let err = if denied {
+        std::io::Error::from_raw_os_error(libc::EACCES)
+    } else {
+        std::io::Error::from_raw_os_error(libc::ENOENT)
+    };
+    Err(cannot_start(program, &err))
 }
 
 /// Why `program` could not be started, with the shell's exit code: 127 when

@@ -173,13 +173,15 @@ fn helper(
             && now >= deadline
             && give_up(&state)
         {
-            let holder = shown.view().map(|v| holder_phrase(&v)).unwrap_or_default();
             clear_live(&plan);
-            let waited = humantime::format_duration(plan.timeout.unwrap_or_default());
-            say(&format!(
-                "devlock: timed out after {waited} waiting for {}{holder}\n",
-                shown.label
-            ));
+            if !plan.quiet {
+                let holder = shown.view().map(|v| holder_phrase(&v)).unwrap_or_default();
+                let waited = humantime::format_duration(plan.timeout.unwrap_or_default());
+                say(&format!(
+                    "devlock: timed out after {waited} waiting for {}{holder}\n",
+                    shown.label
+                ));
+            }
             drop(registration);
             std::process::exit(plan.conflict_code.code());
         }

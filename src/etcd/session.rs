@@ -442,7 +442,7 @@ async fn wait_turn(
     };
     loop {
         let gave_up = |why: String| {
-            coded(
+            crate::exit::busy(
                 settings.conflict_code,
                 format!(
                     "gave up on {name} after {}: {why}",
@@ -472,7 +472,7 @@ async fn wait_turn(
         }
         let who = describe_holders(&line);
         if settings.no_wait {
-            return Err(coded(
+            return Err(crate::exit::busy(
                 settings.conflict_code,
                 format!("{name} is busy: held by {who}"),
             ));

@@ -50,10 +50,15 @@ impl Scratch {
         self.root.path().join("work").join(name)
     }
 
-    /// `devlock` with `DEVLOCK_DIR` pointing here.
+    /// `devlock` with `DEVLOCK_DIR` pointing here, and none of the caller's
+    /// GPU restrictions (a CI runner's CUDA_VISIBLE_DEVICES must not change
+    /// what the tests see).
     pub fn devlock(&self) -> Command {
         let mut cmd = Command::new(BIN);
-        cmd.env("DEVLOCK_DIR", self.dir()).env_remove("NO_COLOR");
+        cmd.env("DEVLOCK_DIR", self.dir())
+            .env_remove("NO_COLOR")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("CUDA_DEVICE_ORDER");
         cmd
     }
 

@@ -10,5 +10,6 @@ mod etcd;
 mod etcd_server;
 mod generated;
 mod granularity;
+mod manners;
 mod status;
 mod torture;
