@@ -105,6 +105,10 @@ pub struct StatusReport {
     pub device_info: Option<DeviceInfo>,
     /// The devices, flat, for scripts (empty when unknown or absent).
     pub devices: Vec<DeviceView>,
+    /// The table leaves out idle locks (neither held nor waited for), and
+    /// counts them in one line; JSON always lists everything.
+    #[serde(skip)]
+    pub hide_idle: bool,
 }
 
 /// Reads the state of `wanted` resources (all in the directory when empty),
@@ -119,6 +123,7 @@ pub fn gather(
         resources: Vec::new(),
         device_info: None,
         devices: Vec::new(),
+        hide_idle: false,
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
         report.resources = wanted.iter().map(free_view).collect();
