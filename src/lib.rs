@@ -47,6 +47,8 @@ pub mod supervise;
 #[doc(hidden)]
 pub mod text;
 #[doc(hidden)]
+pub mod tty;
+#[doc(hidden)]
 pub mod waiters;
 
 pub use lock::{Guard, Lock, Options, Wait};

@@ -40,9 +40,10 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
         quiet: args.quiet,
-        live: std::io::stderr().is_terminal(),
+        on_terminal: std::io::stderr().is_terminal(),
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
+        step: step.clone(),
     };
     let ctx = Context {
         dir: &dir,

@@ -159,9 +159,9 @@ pub fn gather(
     let mut sharers = Sharers::default();
     for resource in &resources {
         let waiting = all_waiters.remove(resource).unwrap_or_default();
-        report
-            .resources
-            .push(view_of(&dir, resource, &table, waiting, now, &mut sharers));
+        let mut view = view_of(&dir, resource, &table, waiting, now, &mut sharers);
+        label_from_members(&dir, &names, resource, &mut view, now);
+        report.resources.push(view);
     }
     if let Some(timeout) = probe_timeout {
         // Every GPU lock gates its devices, shown or not.
@@ -468,6 +468,53 @@ impl Sharers {
     }
 }
 
+/// A group's lock held through a descriptor that a member's command
+/// inherited from a devlock that is gone has no label left (the group's
+/// was that devlock's registration), but the member's lock file still
+/// labels the same processes: the group's holder gets that label, marked
+/// as inherited through the member.
+fn label_from_members(
+    dir: &ScratchDir,
+    names: &[String],
+    group: &Resource,
+    view: &mut ResourceView,
+    now: SystemTime,
+) {
+    if !view
+        .holders
+        .iter()
+        .any(|h| h.source == "unknown" && !h.pids.is_empty())
+    {
+        return;
+    }
+    let prefix = format!("{group}:");
+    let members: Vec<(Resource, Record)> = names
+        .iter()
+        .filter_map(|name| Resource::from_file_name(name))
+        .filter(|member| member.as_str().starts_with(&prefix))
+        .filter_map(|member| {
+            let file = waiters::open_read_only(dir, &member.file_name()).ok()?;
+            Some((member, record::read_from(&file).valid()?))
+        })
+        .collect();
+    for holder in view.holders.iter_mut().filter(|h| h.source == "unknown") {
+        let found = members
+            .iter()
+            .find(|(_, record)| record.live_pids().any(|pid| holder.pids.contains(&pid)));
+        if let Some((member, record)) = found {
+            let mut labelled = labelled(
+                record,
+                holder.pids.clone(),
+                "inherited",
+                holder.exclusive,
+                now,
+            );
+            labelled.via = Some(member.to_string());
+            *holder = labelled;
+        }
+    }
+}
+
 /// Who holds a lock we have open, without its waiters (for the waiting
 /// line): the kernel's holders, labelled by the record, and by the shared
 /// holders' registrations only when the lock is shared.
@@ -485,6 +532,10 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
     };
     let mut view = view_now(lock, resource, &table, registered);
     view.waiters.clear();
+    if view.holders.iter().any(|h| h.source == "unknown") {
+        let names = dir.entries().unwrap_or_default();
+        label_from_members(dir, &names, resource, &mut view, SystemTime::now());
+    }
     view
 }
 
@@ -494,7 +545,9 @@ pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> Resou
     let table = LockTable::read().unwrap_or_default();
     let names = dir.entries().unwrap_or_default();
     let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
-    view_now(lock, resource, &table, registered)
+    let mut view = view_now(lock, resource, &table, registered);
+    label_from_members(dir, &names, resource, &mut view, SystemTime::now());
+    view
 }
 
 /// One open lock's view as of now, on its own (no other lock shares labels).

@@ -45,13 +45,14 @@ fn set_of(signals: &[libc::c_int]) -> libc::sigset_t {
     }
 }
 
-/// Blocks the signals devlock handles itself (the stop signals, SIGCHLD and
-/// the wake signal) in this thread and every thread it starts, so they queue
-/// up for sigwaitinfo instead of killing devlock while its command still
-/// runs. Call before starting any thread.
+/// Blocks the signals devlock handles itself (the stop signals, SIGCHLD,
+/// SIGWINCH for the waiting line, and the wake signal) in this thread and
+/// every thread it starts, so they queue up for sigwaitinfo instead of
+/// killing devlock while its command still runs. Call before starting any
+/// thread.
 pub fn block_handled_signals() {
     let mut all = STOP_SIGNALS.to_vec();
-    all.extend([libc::SIGCHLD, wake_signal()]);
+    all.extend([libc::SIGCHLD, libc::SIGWINCH, wake_signal()]);
     let set = set_of(&all);
     // SAFETY: valid set pointer.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -105,10 +106,11 @@ pub fn discard_wakes() {
     while wait_in(&set_of(&[wake_signal()]), Some(std::time::Duration::ZERO)).is_some() {}
 }
 
-/// For the waiting display: a stopping signal or the wake signal, up to `timeout`.
+/// For the waiting display: a stopping signal, the wake signal or SIGWINCH
+/// (the terminal changed size), up to `timeout`.
 pub fn wait_stop_or_wake(timeout: std::time::Duration) -> Option<Received> {
     let mut signals = STOP_SIGNALS.to_vec();
-    signals.push(wake_signal());
+    signals.extend([wake_signal(), libc::SIGWINCH]);
     wait_in(&set_of(&signals), Some(timeout))
 }
 

@@ -407,9 +407,10 @@ async fn take_in_order(
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
             say(format!(
-                "devlock: got {} after {}",
+                "devlock: got {} after {} ({})",
                 request.name.as_str(),
-                human_duration(started.elapsed())
+                human_duration(started.elapsed()),
+                crate::text::sanitize(&settings.step)
             ));
         }
         entries.push((key, entry, joined_at));
@@ -489,7 +490,8 @@ async fn wait_turn(
                     Some(_) => format!(" (waiting {})", short_duration(started.elapsed())),
                 };
                 say(format!(
-                    "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited}"
+                    "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited} ({})",
+                    crate::text::sanitize(&settings.step)
                 ));
             }
             last_report = Some(Instant::now());

@@ -4,6 +4,7 @@ mod harness;
 
 mod core;
 mod devices;
+mod display;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]

@@ -2,8 +2,9 @@
 //! durations, usage errors that say what to do, empty variables, the
 //! exported directory, -q, and a typo found before the wait.
 
+use std::io::BufReader;
 use std::os::unix::ffi::OsStrExt;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::harness::*;
 
@@ -197,4 +198,148 @@ fn a_missing_or_unrunnable_command_fails_before_joining_the_line() {
     assert_eq!(view["waiters"].as_array().unwrap().len(), 0, "{view}");
     release(&s, "h");
     wait_child(&mut holder);
+}
+
+/// A devlock started with `--report-every 20ms` whose stderr the test reads.
+fn reporting_waiter(
+    s: &Scratch,
+    args: &[&str],
+) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
+    let mut child = s
+        .devlock()
+        .args(["--report-every", "20ms"])
+        .args(args)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    (child, err)
+}
+
+#[test]
+fn any_failures_and_waits_name_every_holder() {
+    let s = Scratch::new();
+    let mut train = hold_until_released(&s, &["--step", "train", "gpu:0"], "t");
+    let mut eval = hold_until_released(&s, &["--step", "eval", "gpu:1"], "e");
+    let busy = s.run(&["-n", "--any", "gpu:0", "gpu:1", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75));
+    let err = stderr(&busy);
+    assert!(
+        err.starts_with("devlock: all of gpu:0, gpu:1 are busy: gpu:0 held by train (pid ")
+            && err.contains("; gpu:1 held by eval (pid "),
+        "{err}"
+    );
+    let timed = s.run(&["-w", "0.1", "--any", "gpu:0", "gpu:1", "--", "true"]);
+    let err = stderr(&timed);
+    assert!(
+        err.contains(
+            "timed out after 100ms waiting for any of gpu:0 gpu:1: gpu:0 held by train (pid "
+        ) && err.contains("gpu:1 held by eval (pid "),
+        "{err}"
+    );
+    let (mut waiter, mut err) = reporting_waiter(&s, &["--any", "gpu:0", "gpu:1"]);
+    let line = wait_for_line(&mut err, "waiting");
+    assert!(
+        line.contains("any of gpu:0 gpu:1 · waiting ")
+            && line.contains("gpu:0: train (pid ")
+            && line.contains("gpu:1: eval (pid "),
+        "{line}"
+    );
+    release(&s, "t");
+    assert!(wait_child(&mut waiter).success());
+    release(&s, "e");
+    wait_child(&mut train);
+    wait_child(&mut eval);
+}
+
+#[test]
+fn a_wait_behind_a_queued_whole_group_request_names_it() {
+    let s = Scratch::new();
+    // train holds gpu:0, and so gpu shared; `whole` waits for all of gpu.
+    let mut train = hold_until_released(&s, &["--step", "train", "gpu:0"], "t");
+    let mut whole = s
+        .devlock()
+        .args(["-q", "--step", "whole", "gpu", "--", "true"])
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("gpu"), 1);
+    // gpu:1 is free, but its group's line has `whole` first.
+    let busy = s.run(&["-n", "gpu:1", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75));
+    let err = stderr(&busy);
+    assert!(
+        err.contains("gpu:1 is busy, through its group gpu: held by train (pid ")
+            && err.contains("via gpu:0")
+            && err.contains("; whole (pid "),
+        "{err}"
+    );
+    assert!(err.contains("waits in line first"), "{err}");
+    let (mut waiter, mut err) = reporting_waiter(&s, &["--step", "mine", "gpu:1"]);
+    let line = wait_for_line(&mut err, "waiting");
+    assert!(
+        line.starts_with("devlock: gpu:1 (its group gpu) · waiting ")
+            && line.contains(" · behind whole (pid ")
+            && line.contains("2nd in line"),
+        "{line}"
+    );
+    release(&s, "t");
+    wait_child(&mut train);
+    assert!(wait_child(&mut whole).success());
+    assert!(wait_child(&mut waiter).success());
+}
+
+#[test]
+fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_group_row() {
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release_file = s.work("release");
+    let pidfile = s.work("pid");
+    let mut holder = s.hold(
+        &["--step", "train", "gpu:0"],
+        &format!(
+            "echo $$ > {pid}; echo > {ready}; while [ ! -e {release} ]; do sleep 0.01; done",
+            pid = pidfile.display(),
+            ready = ready.display(),
+            release = release_file.display()
+        ),
+        &ready,
+    );
+    let command = pid_in(&pidfile);
+    s.wait_for_status("gpu:0", "the holder's record", |v| {
+        v["holders"][0]["pids"]
+            .as_array()
+            .is_some_and(|p| p.len() == 2)
+    });
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let user = devlock::procfs::user_name(nix::unistd::getuid().as_raw());
+    let busy = s.run(&["-n", "gpu:0", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75));
+    assert!(
+        stderr(&busy).contains(&format!(
+            "gpu:0 is busy: held by train (pid {command}, {user}, inherited: its devlock is gone)"
+        )),
+        "{}",
+        stderr(&busy)
+    );
+    let whole = s.run(&["-n", "gpu", "--", "true"]);
+    assert!(
+        stderr(&whole).contains(&format!(
+            "gpu is busy: held by train (pid {command}, {user}, inherited: its devlock is gone) via gpu:0"
+        )),
+        "{}",
+        stderr(&whole)
+    );
+    let group = s.resource_status("gpu");
+    assert_eq!(group["holders"][0]["step"], "train", "{group}");
+    assert_eq!(group["holders"][0]["source"], "inherited");
+    assert_eq!(group["holders"][0]["via"], "gpu:0");
+    let table = stdout(&s.run(&["status"]));
+    let row = table.lines().find(|l| l.starts_with("gpu ")).unwrap();
+    assert!(row.contains("train (inherited) (via gpu:0)"), "{table}");
+    assert!(!table.contains("(unknown)"), "{table}");
+    std::fs::write(&release_file, "").unwrap();
+    wait_gone(command);
 }
