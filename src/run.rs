@@ -95,7 +95,7 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
     for lock in &held {
         lock.label(&record);
     }
-    let child = supervise::spawn(&args.command, &fds, &env)?;
+    let child = supervise::spawn(&args.command, &fds, &env, supervise::Placement::choose())?;
     let signal = pending.settle();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());

@@ -196,9 +196,14 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
 /// kernel sends it SIGKILL when devlock's main thread ends, however it ends.
 fn spawn_tied(command: &[OsString], env: &supervise::Env) -> Result<supervise::Child> {
     let parent = std::process::id();
+    let placement = supervise::Placement::choose();
+    let (own_group, terminal) = placement.spawn_settings();
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k, v)));
+    if own_group {
+        cmd.process_group(0);
+    }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -208,12 +213,21 @@ fn spawn_tied(command: &[OsString], env: &supervise::Env) -> Result<supervise::C
             }
             let mut empty = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut empty);
+            if let Some(fd) = terminal {
+                // Its own group (set just before) takes the terminal before
+                // it can read it; from the background that needs SIGTTOU
+                // blocked, as it is until the mask is emptied below.
+                let mut ttou = empty;
+                libc::sigaddset(&mut ttou, libc::SIGTTOU);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, std::ptr::null_mut());
+                libc::tcsetpgrp(fd, libc::getpid());
+            }
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             Ok(())
         });
     }
     match cmd.spawn() {
-        Ok(child) => Ok(supervise::Child::adopt(child.id())),
+        Ok(child) => Ok(supervise::Child::adopt(child.id(), placement)),
         Err(e) => Err(supervise::cannot_start(&command[0], &e)),
     }
 }

@@ -131,6 +131,7 @@ impl Session {
                 Err(std::sync::mpsc::TryRecvError::Empty) => {
                     if let Some(sig) = supervise::wait_stop_or_wake(Duration::from_secs(3600))
                         && sig.signo != supervise::wake_signal()
+                        && sig.signo != libc::SIGWINCH
                     {
                         stopped = Some(sig);
                         let _ = self.to.send(ToSession::Stop(sig));

@@ -380,6 +380,12 @@ impl Pty {
         cmd.spawn().unwrap()
     }
 
+    /// Types `bytes` (`b"\x03"` is Ctrl-C, `b"\x1a"` Ctrl-Z).
+    pub fn type_in(&self, bytes: &[u8]) {
+        use std::io::Write;
+        (&self.master).write_all(bytes).unwrap();
+    }
+
     /// Everything the terminal was sent so far.
     pub fn output(&self) -> String {
         String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
@@ -405,4 +411,25 @@ impl Pty {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// Fails when `DEVLOCK_TEST_REQUIRE_TOOLS=1` (CI installs every tool the
+/// tests use), else says why the test does not run; true when `program`
+/// can be run.
+pub fn have_tool(program: &str) -> bool {
+    let found = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    });
+    if !found {
+        let required = std::env::var_os("DEVLOCK_TEST_REQUIRE_TOOLS").is_some_and(|v| v == "1");
+        assert!(
+            !required,
+            "{program} is not installed, and DEVLOCK_TEST_REQUIRE_TOOLS=1"
+        );
+        eprintln!("skipped: {program} is not installed");
+    }
+    found
 }

@@ -12,5 +12,6 @@ mod etcd_server;
 mod generated;
 mod granularity;
 mod manners;
+mod signals;
 mod status;
 mod torture;
