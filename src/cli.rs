@@ -22,6 +22,7 @@ Examples:
   devlock gpu -- python train.py --epochs 3      wait for the GPU, then train
   devlock -n gpu -- ./eval.sh                    busy? say who holds it, exit 75
   devlock -w 10m gpu -- make bench               give up after ten minutes
+  devlock -w 90 gpu -- ./eval.sh                 a bare number is seconds
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
@@ -101,7 +102,9 @@ pub enum Command {
         long_about = "Show who holds each lock, for how long, and who waits.\n\n\
         Whether a lock is held comes from the kernel (/proc/locks); records only \
         label holders, and a record whose process is gone is shown as stale. \
-        status never takes a lock to find out. With nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
+        status never takes a lock to find out. The table shows the locks held or \
+        waited for, and counts the idle ones in one line (lock files are never \
+        deleted); --all or naming resources shows them too. With nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
         it also shows each GPU's memory, utilisation and processes, and which of \
         them are outside the gate.\n\n\
         --json prints one document: {dir, resources: [{name, state (free, held or \

@@ -20,6 +20,8 @@ const REGENERATE: &str = "DEVLOCK_REGENERATE=1 cargo test --test devlock generat
 /// generated OPTIONS and SUBCOMMANDS: title, and the file under doc/man/
 /// holding the body.
 const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
+    ("WAITING", "waiting.roff"),
+    ("SIGNALS", "signals.roff"),
     ("ACROSS MACHINES", "etcd.roff"),
     ("EXIT STATUS", "exit-status.roff"),
     ("ENVIRONMENT", "environment.roff"),
@@ -533,6 +535,8 @@ fn man_page_has_every_section_and_exit_code() {
         "DESCRIPTION",
         "OPTIONS",
         "SUBCOMMANDS",
+        "WAITING",
+        "SIGNALS",
         "ACROSS MACHINES",
         "EXIT STATUS",
         "ENVIRONMENT",
