@@ -120,9 +120,17 @@ fn pending(pid: u32, sig: i32) -> bool {
     })
 }
 
-/// Whether devlock's main thread sleeps waiting for signals.
+/// Whether devlock's main thread sleeps waiting for signals: in
+/// rt_sigtimedwait(2), as its wait channel or its system call says.
 fn waiting_for_signals(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w.contains("sigtimedwait"))
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    wchan.contains("sigtimedwait")
+        || syscall
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<libc::c_long>().ok())
+            == Some(libc::SYS_rt_sigtimedwait)
 }
 
 fn kill(pid: i32, sig: i32) {
