@@ -533,6 +533,8 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
                 let view = status::describe(lock, ctx.dir, resource);
                 let why = wait::in_the_way(&view, &view.waiters);
                 format!("{label} {}", why.trim_start_matches(": "))
+                    .trim_end()
+                    .to_owned()
             })
             .collect();
         return Err(crate::exit::busy(
