@@ -30,7 +30,7 @@ end
 complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out (1-255)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status, and the waiter\'s lines in logs (default: the command\'s basename)' -r -f
-complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take [default: 1]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB) [default: 256MiB]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r -f
@@ -42,7 +42,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd a
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, and a busy lock or a timeout only in the exit status'
-complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count)'
+complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
 complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -156,11 +156,12 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Take the first of the RESOURCEs that is or becomes free (see --count)
+    /// Take the first of the RESOURCEs that is or becomes free (see --count),
+    /// skipping those outside the caller's CUDA_VISIBLE_DEVICES
     #[arg(long)]
     pub any: bool,
 
-    /// With --any: how many of the RESOURCEs to take
+    /// With --any: how many of the RESOURCEs to take [default: 1]
     #[arg(long, value_name = "K", value_hint = clap::ValueHint::Other)]
     pub count: Option<u8>,
 
