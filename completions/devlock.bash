@@ -51,43 +51,73 @@ _devlock() {
             fi
             case "${prev}" in
                 --timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 -w)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --conflict-exit-code)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --step)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --count)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --slots)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --idle-threshold)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --report-every)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --ttl)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --kill-after)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --dir)
@@ -98,7 +128,10 @@ _devlock() {
                     return 0
                     ;;
                 --probe-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --etcd)
@@ -106,7 +139,10 @@ _devlock() {
                     return 0
                     ;;
                 --etcd-user)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 *)
@@ -180,11 +216,17 @@ _devlock() {
             fi
             case "${prev}" in
                 --group)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --slots)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --dir)
@@ -195,7 +237,10 @@ _devlock() {
                     return 0
                     ;;
                 --probe-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --etcd)
@@ -203,7 +248,10 @@ _devlock() {
                     return 0
                     ;;
                 --etcd-user)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 *)
@@ -214,7 +262,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__status)
-            opts="-h --json --dir --probe-timeout --etcd --etcd-user --help"
+            opts="-h --all --json --dir --probe-timeout --etcd --etcd-user --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -228,7 +276,10 @@ _devlock() {
                     return 0
                     ;;
                 --probe-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 --etcd)
@@ -236,7 +287,10 @@ _devlock() {
                     return 0
                     ;;
                 --etcd-user)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
                     return 0
                     ;;
                 *)
@@ -260,6 +314,13 @@ fi
 _devlock_takes_value() {
     case $1 in
         --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --group | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+    esac
+    return 1
+}
+# Whether $1 is an option whose value nothing completes (a duration, a number, a name).
+_devlock_value_is_free() {
+    case $1 in
+        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }
@@ -306,10 +367,37 @@ _devlock_resources() {
     done
 }
 
+# After `--`: the command, then that command's own arguments, the way
+# sudo and timeout complete (bash-completion's _comp_command_offset, or
+# _command_offset before 2.12); without bash-completion, command names and
+# then file names. Returns 1 when there is no `--` before the word.
+_devlock_command() {
+    local i
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        [[ ${COMP_WORDS[i]} == -- ]] || continue
+        if declare -F _comp_command_offset >/dev/null; then
+            _comp_command_offset $((i + 1))
+        elif declare -F _command_offset >/dev/null; then
+            _command_offset $((i + 1))
+        elif ((COMP_CWORD == i + 1)); then
+            local IFS=$'\n'
+            COMPREPLY=($(compgen -c -- "${COMP_WORDS[COMP_CWORD]}"))
+        else
+            local IFS=$'\n'
+            COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
+            compopt -o filenames 2>/dev/null
+        fi
+        return 0
+    done
+    return 1
+}
+
 # Offers resource names for a word that is not an option before `--`, at
 # the top level or after a subcommand that takes them (devlock status);
+# the command after `--` as above; nothing for a duration or a number;
 # everything else goes to clap's _devlock.
 _devlock_with_resources() {
+    _devlock_command && return 0
     # Words from the line itself: COMP_WORDS splits gpu:0 at the colon.
     local line
     if [[ -n ${COMP_LINE-} ]]; then
@@ -321,16 +409,13 @@ _devlock_with_resources() {
     local cur=${line##*[[:space:]]}
     local -a words
     read -ra words <<<"${line:0:${#line}-${#cur}}"
-    local sub= word i positionals=0 pending=0
+    local sub= word i positionals=0 pending=0 option=
     for ((i = 1; i < ${#words[@]}; i++)); do
         word=${words[i]}
         if ((pending)); then
             pending=0
-        elif [[ $word == -- ]]; then
-            _devlock "$@"
-            return
         elif [[ $word == -* ]]; then
-            _devlock_takes_value "$word" && pending=1
+            _devlock_takes_value "$word" && pending=1 option=$word
         else
             if ((positionals == 0)) && _devlock_is_subcommand "$word"; then
                 sub=$word
@@ -338,6 +423,12 @@ _devlock_with_resources() {
             ((positionals += 1))
         fi
     done
+    if ((pending)) && _devlock_value_is_free "$option"; then
+        # 90s, 10m, a count: there is nothing to offer, not even files.
+        COMPREPLY=()
+        compopt +o default +o bashdefault 2>/dev/null
+        return 0
+    fi
     if ((pending)) || [[ $cur == -* ]] ||
         { [[ -n $sub ]] && ! _devlock_lists_resources "$sub"; }; then
         _devlock "$@"

@@ -27,22 +27,22 @@ function __fish_devlock_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m)' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status (default: the command\'s basename)' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB)' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r
-complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r
+complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out (1-255)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status, and the waiter\'s lines in logs (default: the command\'s basename)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take [default: 1]' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB) [default: 256MiB]' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
-complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
-complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing while waiting, and no warnings'
-complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count)'
+complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
+complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
 complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -51,17 +51,18 @@ complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who h
 complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table'
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, idle ones too'
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table (every lock file, idle ones too)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r
-complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
-complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu and gpu:0 .. gpu:N-1 for the GPUs nvidia-smi lists'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -73,6 +74,10 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
     contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --group --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
+end
+# Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
+function __devlock_value_is_free
+    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand
@@ -144,3 +149,34 @@ function __devlock_resources
 end
 
 complete -c devlock -n __devlock_wants_resource -f -a '(__devlock_resources)' -d resource
+
+# After `--`: the command, then that command's own arguments, the way the
+# completions of sudo and timeout do it.
+function __devlock_after_dashdash
+    contains -- -- (commandline -opc)
+end
+
+function __devlock_complete_command
+    set -l words (commandline -opc)
+    set -l at (contains -i -- -- $words)
+    if test $at -ge (count $words)
+        # The command's name. (A range past the end would run backwards in
+        # fish, and __fish_complete_subcommand takes an empty line for none.)
+        set -l token (commandline -ct)
+        complete -C "$token"
+        return
+    end
+    __fish_complete_subcommand --commandline $words[(math $at + 1)..-1] (commandline -ct)
+end
+
+complete -c devlock -n __devlock_after_dashdash -f -a '(__devlock_complete_command)'
+
+# A duration or a number completes nothing, not even file names. (clap's
+# own entry for the option says so too, but its condition fails while the
+# option still waits for its value.)
+function __devlock_value_pending_is_free
+    set -l words (commandline -opc)
+    __devlock_value_is_free $words[-1]
+end
+
+complete -c devlock -n __devlock_value_pending_is_free -f

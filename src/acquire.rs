@@ -314,7 +314,7 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         if inherited(&lock, request.exclusive) == Inherited::Yes {
             return Ok((Taken::Inherited(lock), Waited::default()));
         }
-        return Err(busy(ctx.dir, &request.name, &lock, ctx.plan));
+        return Err(busy(ctx.dir, request, &lock, ctx.plan));
     }
     let mut entry = Entry::join(ctx.dir, request)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
@@ -324,19 +324,33 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         return Ok((Taken::Inherited(entry.lock), Waited::default()));
     }
     if ctx.no_wait {
-        let Entry { lock, .. } = entry;
-        return Err(busy(ctx.dir, &request.name, &lock, ctx.plan));
+        let Entry { lock, ticket, .. } = entry;
+        // Out of line before looking, so we are not among those ahead.
+        drop(ticket);
+        return Err(busy(ctx.dir, request, &lock, ctx.plan));
     }
-    let registration = register(ctx, &request.name, entry.ticket.number);
-    let label = request.name.to_string();
+    let registration = register(ctx, request, entry.ticket.number);
+    let label = label_of(request);
     let shows = ctx.plan.is_some_and(|p| !p.quiet);
-    let watch = shows
-        .then(|| watch(ctx.dir, &request.name, &entry))
-        .flatten();
-    let ((entry, slot), waited) = blocking(ctx, label, watch, vec![registration], |stop| {
+    let watches = shows
+        .then(|| watch(ctx.dir, request, &entry))
+        .flatten()
+        .into_iter()
+        .collect();
+    let ((entry, slot), waited) = blocking(ctx, label, watches, vec![registration], |stop| {
         entry.block(ctx.dir, stop)
     })?;
     Ok((Taken::Held(entry.into_held(ctx, slot)), waited))
+}
+
+/// What lines call a request: its resource, or for a group taken shared on
+/// a member's behalf, the member and its group (what the user asked for,
+/// and what stands in the way).
+fn label_of(request: &Request) -> String {
+    match &request.via {
+        Some(member) => format!("{member} (its group {})", request.name),
+        None => request.name.to_string(),
+    }
 }
 
 /// Whether we run inside a job that holds the lock already (then the take
@@ -516,21 +530,69 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
         .map(|u| u.last().expect("a member").name.to_string())
         .collect();
     if ctx.no_wait {
+        // Each candidate's lock and what stands in its way, out of line
+        // first so that we are not among those ahead.
+        let locks: Vec<(String, Resource, LockFile)> = joined
+            .iter()
+            .zip(units)
+            .filter_map(|(unit, requests)| {
+                let entry = unit.waiting.as_ref()?;
+                let member = requests.last().expect("a member");
+                let label = if entry.request.name == member.name {
+                    member.name.to_string()
+                } else {
+                    format!("{} (its group {})", member.name, entry.request.name)
+                };
+                Some((
+                    label,
+                    entry.request.name.clone(),
+                    entry.lock.try_clone().ok()?,
+                ))
+            })
+            .collect();
         drop(joined);
-        return Err(coded(
+        let why: Vec<String> = locks
+            .iter()
+            .map(|(label, resource, lock)| {
+                let view = status::describe(lock, ctx.dir, resource);
+                let why = wait::in_the_way(&view, &view.waiters);
+                format!("{label} {}", why.trim_start_matches(": "))
+                    .trim_end()
+                    .to_owned()
+            })
+            .collect();
+        return Err(crate::exit::busy(
             ctx.plan.map_or(ExitCode::Busy, |p| p.conflict_code),
-            format!("all of {} are busy", names.join(", ")),
+            format!("all of {} are busy: {}", names.join(", "), why.join("; ")),
         ));
     }
     let registrations = joined
         .iter()
         .filter_map(|u| {
             let entry = u.waiting.as_ref()?;
-            Some(register(ctx, &entry.request.name, entry.ticket.number))
+            Some(register(ctx, &entry.request, entry.ticket.number))
         })
         .collect();
     let label = format!("any of {}", names.join(" "));
-    let ((index, unit), waited) = blocking(ctx, label, None, registrations, |stop| {
+    let shows = ctx.plan.is_some_and(|p| !p.quiet);
+    let watches = if shows {
+        joined
+            .iter()
+            .zip(units)
+            .filter_map(|(unit, requests)| {
+                let entry = unit.waiting.as_ref()?;
+                let mut watch = watch(ctx.dir, &entry.request, entry)?;
+                let member = &requests.last().expect("a member").name;
+                if *member != entry.request.name {
+                    watch.label = format!("{member} (its group {})", entry.request.name);
+                }
+                Some(watch)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let ((index, unit), waited) = blocking(ctx, label, watches, registrations, |stop| {
         first_of(joined, stop, |unit, stop| unit.block(ctx.dir, stop))
     })?;
     Ok((index, unit.into_taken(ctx), waited))
@@ -633,7 +695,7 @@ pub fn slot_file(resource: &Resource, slot: u64) -> String {
 fn blocking<T>(
     ctx: &Context,
     label: String,
-    watch: Option<wait::Watch>,
+    watches: Vec<wait::Watch>,
     registrations: Vec<Option<Registration>>,
     block: impl FnOnce(&Stop) -> Result<T>,
 ) -> Result<(T, Waited)> {
@@ -642,7 +704,7 @@ fn blocking<T>(
             // What another user could break is said before a long wait, not
             // only once the wait is over.
             crate::trust::flush(plan.quiet);
-            wait::wait_for(label, watch, registrations, plan, || block(&ctx.stop))
+            wait::wait_for(label, watches, registrations, plan, || block(&ctx.stop))
         }
         None => {
             let result = block(&ctx.stop);
@@ -653,41 +715,42 @@ fn blocking<T>(
 }
 
 /// Handles of its own for the waiting display (not needed when it shows nothing).
-fn watch(dir: &ScratchDir, resource: &Resource, entry: &Entry) -> Option<wait::Watch> {
+fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Option<wait::Watch> {
     Some(wait::Watch {
         dir: dir.try_clone().ok()?,
-        resource: resource.clone(),
+        resource: request.name.clone(),
         lock: entry.lock.try_clone().ok()?,
         ticket: Some(entry.ticket.number),
+        label: label_of(request),
     })
 }
 
-fn register(ctx: &Context, resource: &Resource, ticket: u64) -> Option<Registration> {
+fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<Registration> {
     let mut record = ctx.record();
     record.ticket = Some(ticket);
     record.since_ms = crate::record::now_ms();
-    Registration::create(ctx.dir, resource, &record, Kind::Wait).ok()
+    record.via = request.via.as_ref().map(Resource::to_string);
+    Registration::create(ctx.dir, &request.name, &record, Kind::Wait).ok()
 }
 
+/// `gpu:0 is busy: held by train (pid 4242, alice) for 5m03s`, naming
+/// whoever is in the way: the holders, and those already in line (who
+/// would go first), such as a request for the whole group queued ahead.
 fn busy(
     dir: &ScratchDir,
-    resource: &Resource,
+    request: &Request,
     lock: &LockFile,
     plan: Option<&WaitPlan>,
 ) -> anyhow::Error {
-    let view = status::describe(lock, dir, resource);
-    let who = if view.holders.is_empty() && !view.waiters.is_empty() {
-        format!(
-            ": {} already waiting in line{}",
-            view.waiters.len(),
-            wait::unexplained_phrase(&view)
-        )
-    } else {
-        wait::holder_phrase(&view)
+    let view = status::describe(lock, dir, &request.name);
+    let who = wait::busy_phrase(&view);
+    let what = match &request.via {
+        Some(member) => format!("{member} is busy, through its group {}", request.name),
+        None => format!("{} is busy", request.name),
     };
-    coded(
+    crate::exit::busy(
         plan.map_or(ExitCode::Busy, |p| p.conflict_code),
-        format!("{resource} is busy{who}"),
+        format!("{what}{who}"),
     )
 }
 

@@ -22,6 +22,7 @@ Examples:
   devlock gpu -- python train.py --epochs 3      wait for the GPU, then train
   devlock -n gpu -- ./eval.sh                    busy? say who holds it, exit 75
   devlock -w 10m gpu -- make bench               give up after ten minutes
+  devlock -w 90 gpu -- ./eval.sh                 a bare number is seconds
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
@@ -57,12 +58,16 @@ pub struct Cli {
         value_name = "DIR",
         env = "DEVLOCK_DIR",
         default_value = crate::scratch::DEFAULT_DIR,
+        // Not PathBufValueParser, which refuses an empty value before we can
+        // tell an empty DEVLOCK_DIR (unset) from an empty --dir (a mistake).
+        value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from),
         value_hint = clap::ValueHint::DirPath
     )]
     pub dir: PathBuf,
 
-    /// Longest wait for nvidia-smi before a device counts as unknown
-    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    /// Longest wait for nvidia-smi before a device counts as unknown (a bare
+    /// number is seconds)
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub probe_timeout: Duration,
 
     /// Lock in etcd at these endpoints instead of the scratch directory, for
@@ -84,7 +89,8 @@ pub struct Cli {
         global = true,
         value_name = "NAME:PASSWORD",
         env = "DEVLOCK_ETCD_USER",
-        hide_env_values = true
+        hide_env_values = true,
+        value_hint = clap::ValueHint::Other
     )]
     pub etcd_user: Option<String>,
 }
@@ -106,7 +112,9 @@ pub enum Command {
         namespace (see devlock(1)). With nvidia-smi (or DEVLOCK_NVIDIA_SMI) it also \
         shows each GPU's memory, utilisation and processes, and which of them are \
         outside the gate. Files another user could rename or replace are named in a \
-        warning, with the fix.\n\n\
+        warning, with the fix. The table shows the locks held or waited for, and \
+        counts the idle ones in one line (lock files are never deleted); --all or \
+        naming resources shows them too; --json lists every lock file.\n\n\
         --json prints one document: {dir, trust: {safe, managed, issues: [{path, \
         owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
         slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
@@ -157,7 +165,7 @@ pub struct SetupArgs {
 
     /// Only members of this group may take the locks (directory root:GROUP
     /// 1770, files root:GROUP 0660)
-    #[arg(long, value_name = "GROUP")]
+    #[arg(long, value_name = "GROUP", value_hint = clap::ValueHint::Other)]
     pub group: Option<String>,
 
     /// Declare gpu and gpu:0 .. gpu:N-1 for the GPUs nvidia-smi lists
@@ -165,7 +173,7 @@ pub struct SetupArgs {
     pub gpus: bool,
 
     /// Also make the semaphore slot files of each RESOURCE (for --slots N)
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..), value_hint = clap::ValueHint::Other)]
     pub slots: Option<u16>,
 
     /// Print a systemd-tmpfiles snippet for this set-up instead of making it
@@ -185,32 +193,37 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 
     /// Fail at once if the lock is busy, naming who holds it
-    #[arg(short = 'n', long, conflicts_with = "timeout")]
+    #[arg(short = 'n', long)]
     pub no_wait: bool,
 
-    /// Give up after waiting this long (e.g. 90s, 10m, 1h30m)
-    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration)]
+    /// Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number
+    /// is seconds)
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub timeout: Option<Duration>,
 
-    /// Exit code when the lock is busy or the wait times out
-    #[arg(long, value_name = "N", default_value_t = 75, value_parser = clap::value_parser!(u8))]
+    /// Exit code when the lock is busy or the wait times out (1-255)
+    #[arg(long, value_name = "N", default_value_t = 75, value_parser = clap::value_parser!(u8), value_hint = clap::ValueHint::Other)]
     pub conflict_exit_code: u8,
 
-    /// Name the holder shows in status (default: the command's basename)
-    #[arg(long, value_name = "NAME")]
+    /// Name the holder shows in status, and the waiter's lines in logs
+    /// (default: the command's basename)
+    #[arg(long, value_name = "NAME", value_hint = clap::ValueHint::Other)]
     pub step: Option<String>,
 
-    /// Print nothing while waiting, and no warnings
+    /// Print nothing of devlock's own but errors: no waiting lines, no
+    /// warnings (but one that a held lock file was renamed away), and a
+    /// busy lock or a timeout only in the exit status
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Take the first of the RESOURCEs that is or becomes free (see --count)
+    /// Take the first of the RESOURCEs that is or becomes free (see --count),
+    /// skipping those outside the caller's CUDA_VISIBLE_DEVICES
     #[arg(long)]
     pub any: bool,
 
-    /// With --any: how many of the RESOURCEs to take
-    #[arg(long, value_name = "K", default_value_t = 1, requires = "any")]
-    pub count: u8,
+    /// With --any: how many of the RESOURCEs to take [default: 1]
+    #[arg(long, value_name = "K", value_hint = clap::ValueHint::Other)]
+    pub count: Option<u8>,
 
     /// Take the locks shared: shared holders run together, an exclusive
     /// holder runs alone, and a waiting exclusive request goes first
@@ -219,7 +232,7 @@ pub struct RunArgs {
 
     /// Admit up to N holders of the RESOURCE at once; each learns its slot in
     /// DEVLOCK_SLOT. Everyone using the resource must give the same N
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_hint = clap::ValueHint::Other)]
     pub slots: Option<u16>,
 
     /// Before starting, check that no process outside the gate uses the GPUs
@@ -228,27 +241,62 @@ pub struct RunArgs {
     pub require_idle: bool,
 
     /// Device memory a process outside the gate may hold before --require-idle
-    /// refuses (e.g. 256MiB, 1GiB)
-    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_mib, requires = "require_idle")]
-    pub idle_threshold: u64,
+    /// refuses (e.g. 256MiB, 1GiB) [default: 256MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib, value_hint = clap::ValueHint::Other)]
+    pub idle_threshold: Option<u64>,
 
     /// When stderr is not a terminal, how often to report a long wait
-    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub report_every: Duration,
 
     /// With --etcd: the lease's time to live [default: 10s]. If devlock dies,
     /// the lock frees itself this long after its last renewal
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub ttl: Option<Duration>,
 
     /// With --etcd: when the lease cannot be renewed, the command's time
     /// between SIGTERM and SIGKILL [default: 2s]; both come before the lease
     /// could expire
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub kill_after: Option<Duration>,
 }
 
+/// devlock's subcommands (clap's `help` included): names a resource cannot
+/// have, since as the first word they are read as the subcommand.
+pub const SUBCOMMANDS: [&str; 3] = ["help", "setup", "status"];
+
+/// A resource named like a subcommand is a usage error with a hint: as the
+/// first word of a run it would be read as the subcommand, so nobody could
+/// take it (and setup would declare a lock nobody can use).
+pub fn refuse_subcommand_names(resources: &[crate::resource::Resource]) -> anyhow::Result<()> {
+    match resources.iter().find(|r| SUBCOMMANDS.contains(&r.as_str())) {
+        Some(name) => Err(crate::exit::coded(
+            crate::exit::ExitCode::Usage,
+            format!(
+                "{name} is the name of devlock's subcommand `devlock {name}`, so it cannot be a \
+                 resource (as the first word it would be read as the subcommand); choose another \
+                 name, such as {name}-lock"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The memory a process outside the gate may hold before --require-idle
+/// refuses, when --idle-threshold is not given.
+pub const DEFAULT_IDLE_THRESHOLD_MIB: u64 = 256;
+
 impl RunArgs {
+    /// `--count`, 1 when not given.
+    pub fn count(&self) -> u8 {
+        self.count.unwrap_or(1)
+    }
+
+    /// `--idle-threshold` in MiB, or its default.
+    pub fn idle_threshold(&self) -> u64 {
+        self.idle_threshold.unwrap_or(DEFAULT_IDLE_THRESHOLD_MIB)
+    }
+
     /// The command line as text, for labels.
     pub fn command_line(&self) -> Vec<String> {
         self.command
@@ -273,13 +321,122 @@ impl RunArgs {
 /// Arguments of `devlock status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Resources to show (default: every lock file in the directory)
+    /// Resources to show, held or not (default: the locks held or waited
+    /// for, and a count of the idle ones)
     #[arg(value_name = "RESOURCE")]
     pub resources: Vec<OsString>,
 
-    /// Print one JSON document instead of a table
+    /// Show every lock file in the directory, idle ones too
+    #[arg(long)]
+    pub all: bool,
+
+    /// Print one JSON document instead of a table (every lock file, idle
+    /// ones too)
     #[arg(long)]
     pub json: bool,
+
+    /// Whatever came after `--`: status runs nothing, so this is a mistake
+    /// to point out rather than resources to show.
+    #[arg(last = true, hide = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+impl StatusArgs {
+    /// `devlock status -- COMMAND` runs nothing, which is never what was
+    /// meant: a usage error that says so.
+    pub fn refuse_command(&self) -> anyhow::Result<()> {
+        if self.command.is_empty() {
+            return Ok(());
+        }
+        let command: Vec<String> = self
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        Err(crate::exit::coded(
+            crate::exit::ExitCode::Usage,
+            format!(
+                "`devlock status` shows the locks and runs nothing, so it takes no `-- {}`; \
+                 to run it under a lock, name the resource: devlock RESOURCE -- {}",
+                crate::text::sanitize(&command.join(" ")),
+                crate::text::sanitize(&command.join(" "))
+            ),
+        ))
+    }
+}
+
+impl Cli {
+    /// Parses `args` (the first is the program's name). A `DEVLOCK_*`
+    /// variable set to the empty string counts as unset, as `${VAR:-...}`
+    /// would have it: an empty `DEVLOCK_DIR=` means the default directory,
+    /// an empty `DEVLOCK_ETCD=` no etcd.
+    pub fn parse_from_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let mut command = Cli::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+        let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);
+        if cli.dir.as_os_str().is_empty() {
+            if !from_env("dir") {
+                return Err(command.error(
+                    clap::error::ErrorKind::InvalidValue,
+                    "--dir needs a directory, got an empty one (leave it out for the default, \
+                     /run/lock/devlock)",
+                ));
+            }
+            cli.dir = PathBuf::from(crate::scratch::DEFAULT_DIR);
+        }
+        if from_env("etcd") && cli.etcd.iter().all(String::is_empty) {
+            cli.etcd.clear();
+        }
+        if from_env("etcd_user") && cli.etcd_user.as_deref() == Some("") {
+            cli.etcd_user = None;
+        }
+        Ok(cli)
+    }
+}
+
+/// One line out of clap's rendered error: the error itself, what it lists
+/// (the missing arguments), and its tips ("did you mean '--no-wait'?"),
+/// then a pointer to --help.
+pub fn usage_line(rendered: &str) -> String {
+    let mut lines = rendered.lines();
+    let first = lines.next().unwrap_or("invalid command line");
+    let mut line = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    let mut listed = Vec::new();
+    for more in lines {
+        let text = more.trim();
+        if more.starts_with("Usage:") || more.starts_with("For more information") {
+            break;
+        }
+        if let Some(tip) = text.strip_prefix("tip: ") {
+            if tip.starts_with("to pass ") {
+                // "to pass '--nowait' as a value, use '-- --nowait'": not
+                // what a misspelt flag needs.
+                continue;
+            }
+            let tip = match tip
+                .strip_prefix("a similar argument exists: ")
+                .or_else(|| tip.strip_prefix("a similar value exists: "))
+                .or_else(|| tip.strip_prefix("a similar subcommand exists: "))
+            {
+                Some(similar) => format!("did you mean {similar}?"),
+                None => tip.to_owned(),
+            };
+            line.push_str(&format!("; {tip}"));
+        } else if !text.is_empty() {
+            listed.push(text.to_owned());
+        }
+    }
+    if !listed.is_empty() {
+        line = format!("{} {}", line.trim_end_matches(':'), listed.join(", "));
+    }
+    format!("{line} (see devlock --help)")
 }
 
 /// `NAME:PASSWORD` split at the first colon.
@@ -306,8 +463,23 @@ fn parse_mib(text: &str) -> Result<u64, String> {
     Ok((number * scale).round() as u64)
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{e} (try 90s, 10m or 1h30m)"))
+/// A duration: `90s`, `10m`, `1h30m`, `250ms`, or a bare number of seconds
+/// (`10`, `1.5`), as `flock -w 10` and `timeout 10` take it.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    let bare = !trimmed.is_empty()
+        && trimmed.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && trimmed.chars().filter(|&c| c == '.').count() <= 1
+        && trimmed != ".";
+    if bare {
+        return trimmed
+            .parse::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .ok_or_else(|| format!("{trimmed} seconds is out of range (try 90s, 10m or 1h30m)"));
+    }
+    humantime::parse_duration(trimmed)
+        .map_err(|e| format!("{e} (try 90, 90s, 10m or 1h30m; a bare number is seconds)"))
 }
 
 #[cfg(test)]
@@ -318,6 +490,11 @@ mod tests {
     #[test]
     fn definitions_are_consistent() {
         Cli::command().debug_assert();
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut names: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).collect();
+        names.sort();
+        assert_eq!(names, SUBCOMMANDS);
     }
 
     #[test]
@@ -356,10 +533,63 @@ mod tests {
     }
 
     #[test]
-    fn durations_use_humantime() {
+    fn durations_use_humantime_and_bare_numbers_are_seconds() {
         let cli = Cli::try_parse_from(["devlock", "-w", "1h30m", "r", "--", "true"]).unwrap();
         assert_eq!(cli.run.timeout, Some(Duration::from_secs(5400)));
         assert!(Cli::try_parse_from(["devlock", "-w", "soon", "r", "--", "true"]).is_err());
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration(" 1.5 "), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", ".", "1.2.3", "-1", "1e400", "soon"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        let cli = Cli::try_parse_from(["devlock", "--report-every", "2", "r", "--", "x"]).unwrap();
+        assert_eq!(cli.run.report_every, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn an_empty_environment_variable_counts_as_unset() {
+        // SAFETY: the unit tests of this module alone touch these variables.
+        unsafe {
+            std::env::set_var("DEVLOCK_DIR", "");
+            std::env::set_var("DEVLOCK_ETCD", "");
+            std::env::set_var("DEVLOCK_ETCD_USER", "");
+        }
+        let cli = Cli::parse_from_args(["devlock", "r", "--", "true"]).unwrap();
+        assert_eq!(cli.dir, Path::new(crate::scratch::DEFAULT_DIR));
+        assert!(cli.etcd.is_empty());
+        assert_eq!(cli.etcd_user, None);
+        assert!(Cli::parse_from_args(["devlock", "--dir", "", "r", "--", "true"]).is_err());
+        // SAFETY: as above.
+        unsafe {
+            std::env::set_var("DEVLOCK_DIR", "/tmp/x");
+        }
+        let cli = Cli::parse_from_args(["devlock", "r", "--", "true"]).unwrap();
+        assert_eq!(cli.dir, Path::new("/tmp/x"));
+        // SAFETY: as above.
+        unsafe {
+            std::env::remove_var("DEVLOCK_DIR");
+            std::env::remove_var("DEVLOCK_ETCD");
+            std::env::remove_var("DEVLOCK_ETCD_USER");
+        }
+    }
+
+    #[test]
+    fn usage_errors_keep_their_tip_on_one_line() {
+        let err = Cli::try_parse_from(["devlock", "--nowait", "r", "--", "true"]).unwrap_err();
+        let line = usage_line(&err.render().to_string());
+        assert!(
+            line.contains("'--nowait'") && line.contains("did you mean '--no-wait'?"),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1);
+        let listing =
+            "error: the following required arguments were not provided:\n  --any\n\nUsage: x\n";
+        assert_eq!(
+            usage_line(listing),
+            "the following required arguments were not provided --any (see devlock --help)"
+        );
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub struct Coded {
     pub code: ExitCode,
     /// The one line it says, after `devlock: `.
     pub message: String,
+    /// The lock was busy or the wait timed out: an outcome `--quiet` keeps
+    /// to the exit status, not a failure to report.
+    pub busy: bool,
 }
 
 impl std::fmt::Display for Coded {
@@ -104,7 +107,25 @@ pub fn coded(code: ExitCode, message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Coded {
         code,
         message: message.into(),
+        busy: false,
     })
+}
+
+/// The error of a busy lock or a timed-out wait (`-n`, `-w`): said unless
+/// `--quiet`, and ended with `code` (the conflict exit code).
+pub fn busy(code: ExitCode, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        code,
+        message: message.into(),
+        busy: true,
+    })
+}
+
+/// Whether an error is a busy lock or a timeout, as [`busy`] made it.
+pub fn is_busy(err: &anyhow::Error) -> bool {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Coded>())
+        .is_some_and(|c| c.busy)
 }
 
 /// The exit code an error maps to: the innermost [`Coded`] wins, anything

@@ -24,6 +24,8 @@ pub mod resource;
 #[doc(hidden)]
 pub mod acquire;
 #[doc(hidden)]
+pub mod cuda;
+#[doc(hidden)]
 pub mod devices;
 #[doc(hidden)]
 pub mod interrupt;
@@ -48,6 +50,8 @@ pub mod text;
 #[doc(hidden)]
 pub mod trust;
 #[doc(hidden)]
+pub mod tty;
+#[doc(hidden)]
 pub mod waiters;
 
 pub use lock::{Guard, Lock, Options, Wait};
@@ -57,6 +61,9 @@ use anyhow::Result;
 
 /// Runs a parsed command line and returns the exit code to end with.
 pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
+    if let Some(cli::Command::Status(args)) = &cli.subcommand {
+        args.refuse_command()?;
+    }
     if !cli.etcd.is_empty() {
         return run_etcd(cli);
     }

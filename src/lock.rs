@@ -36,7 +36,9 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            // Empty counts as unset, as on the command line.
             dir: std::env::var_os("DEVLOCK_DIR")
+                .filter(|d| !d.is_empty())
                 .map_or_else(|| crate::scratch::DEFAULT_DIR.into(), PathBuf::from),
             wait: Wait::Block,
             step: std::env::args()

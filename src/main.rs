@@ -6,7 +6,6 @@
 //! keeps its default action, so `devlock status | head` ends quietly.
 #![no_main]
 
-use clap::Parser;
 use devlock::exit::{ExitCode, exit_code_of};
 
 #[unsafe(no_mangle)]
@@ -14,14 +13,18 @@ extern "C" fn main(
     _argc: std::ffi::c_int,
     _argv: *const *const std::ffi::c_char,
 ) -> std::ffi::c_int {
-    let cli = match devlock::cli::Cli::try_parse() {
+    let cli = match devlock::cli::Cli::parse_from_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(err) => return report_usage(err),
     };
+    // -q keeps a busy lock or a timeout to the exit status; errors are said.
+    let quiet = cli.subcommand.is_none() && cli.run.quiet;
     let code = match devlock::run(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("devlock: {err:#}");
+            if !(quiet && devlock::exit::is_busy(&err)) {
+                eprintln!("devlock: {err:#}");
+            }
             exit_code_of(&err)
         }
     };
@@ -29,7 +32,7 @@ extern "C" fn main(
 }
 
 /// Help and version go to stdout as clap renders them; real usage errors
-/// become one `devlock: ...` line.
+/// become one `devlock: ...` line, with clap's suggestion if it has one.
 fn report_usage(err: clap::Error) -> i32 {
     use clap::error::ErrorKind;
     if matches!(
@@ -41,9 +44,9 @@ fn report_usage(err: clap::Error) -> i32 {
         let _ = err.print();
         return ExitCode::Success.code();
     }
-    let text = err.render().to_string();
-    let first = text.lines().next().unwrap_or("invalid command line");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    eprintln!("devlock: {first} (see devlock --help)");
+    eprintln!(
+        "devlock: {}",
+        devlock::cli::usage_line(&err.render().to_string())
+    );
     ExitCode::Usage.code()
 }

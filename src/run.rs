@@ -29,6 +29,9 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
             "--ttl and --kill-after apply only with --etcd",
         ));
     }
+    // A typo must not wait its turn first.
+    supervise::check_command(&args.command[0])?;
+    let resources = within_visible_devices(args, resources, probe_timeout)?;
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
@@ -41,9 +44,10 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
         quiet: args.quiet,
-        live: std::io::stderr().is_terminal(),
+        on_terminal: std::io::stderr().is_terminal(),
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
+        step: step.clone(),
     };
     let context = || Context {
         dir: &dir,
@@ -56,20 +60,29 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
     // lock taken so far, stops, and once continued starts again at the back.
     let (taken, pending) = loop {
         let mut pending = Pending::default();
-        let attempt = take_all(&context(), args, &resources, &mut pending).and_then(|taken| {
-            // On a terminal the waiting line must be gone before anything
-            // else is said or the command writes; otherwise the command
-            // starts first and the display finishes beside it.
-            if pending.must_settle_before_spawn()
-                && let Some(sig) = std::mem::take(&mut pending).settle()
-            {
-                return Err(supervise::stopped_before_start(sig));
-            }
-            if args.require_idle {
-                require_idle(&taken, args.idle_threshold, probe_timeout)?;
-            }
-            Ok(taken)
-        });
+        // With --any --require-idle, the idle candidates as of this attempt
+        // (one that rejoins the line later looks again).
+        let candidates = if args.require_idle && args.any {
+            idle_candidates(dir_path, resources.clone(), args, probe_timeout)
+        } else {
+            Ok(resources.clone())
+        };
+        let attempt = candidates
+            .and_then(|candidates| take_all(&context(), args, &candidates, &mut pending))
+            .and_then(|taken| {
+                // On a terminal the waiting line must be gone before anything
+                // else is said or the command writes; otherwise the command
+                // starts first and the display finishes beside it.
+                if pending.must_settle_before_spawn()
+                    && let Some(sig) = std::mem::take(&mut pending).settle()
+                {
+                    return Err(supervise::stopped_before_start(sig));
+                }
+                if args.require_idle {
+                    require_idle(&taken, args.idle_threshold(), probe_timeout)?;
+                }
+                Ok(taken)
+            });
         let sig = match attempt {
             Ok(taken) => match interrupt::take_job_stop() {
                 None => break (taken, pending),
@@ -91,17 +104,12 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         };
         trust::flush(args.quiet);
         interrupt::stop_as(sig);
-        if plan.live && !plan.quiet {
-            eprintln!(
-                "devlock: continued; back in line for {}, at the end",
-                names_of(&resources)
-            );
-        }
+        crate::wait::say_back_in_line(&plan, &names_of(&resources));
     };
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }
-    let env = child_env(&taken, &dir, &step);
+    let env = child_env(&taken, dir_path, &step);
     let held: Vec<acquire::Held> = taken
         .into_iter()
         .filter_map(|(_, took)| match took {
@@ -124,9 +132,15 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         lock.label(&record);
     }
     trust::flush(args.quiet);
-    let child = supervise::spawn(&args.command, &fds, &env)?;
-    // From here devlock stops with its job (Ctrl-Z), as any job does.
+    let child = supervise::spawn(&args.command, &fds, &env, supervise::Placement::choose())?;
+    // From here devlock stops with its job (Ctrl-Z), as any job does. A job
+    // stop held since the last look before the start was meant for the whole
+    // job, which the command is part of now.
+    let held_stop = interrupt::take_job_stop();
     interrupt::release_job_stops();
+    if let Some(sig) = held_stop {
+        child.pass_on_job_stop(sig);
+    }
     let signal = pending.settle();
     record.child = Some(child.id());
     record.child_start = procfs::start_time(child.id());
@@ -201,6 +215,26 @@ impl PathWatch<'_> {
     }
 }
 
+/// The resources, checked against the caller's CUDA_VISIBLE_DEVICES: a GPU
+/// outside it is a usage error, and `--any` skips the candidates outside it.
+fn within_visible_devices(
+    args: &RunArgs,
+    resources: Vec<Resource>,
+    probe_timeout: Duration,
+) -> Result<Vec<Resource>> {
+    if !crate::cuda::concerns(&resources) {
+        return Ok(resources);
+    }
+    let Some(visible) = crate::cuda::Visible::from_env(probe_timeout)? else {
+        return Ok(resources);
+    };
+    if args.any {
+        return visible.filter_candidates(&resources, usize::from(args.count()));
+    }
+    visible.check(&resources)?;
+    Ok(resources)
+}
+
 /// The locks a command line asks for, in the one global order (sorted lock
 /// file names) whatever order the user wrote, so two jobs naming the same
 /// resources can never each hold what the other waits for. A member `G:M`
@@ -236,7 +270,7 @@ fn take_all(
         taken.push((request.name.clone(), took));
     }
     if args.any {
-        let chosen = acquire::take_any(ctx, &candidates, usize::from(args.count), pending)?;
+        let chosen = acquire::take_any(ctx, &candidates, usize::from(args.count()), pending)?;
         for took in chosen {
             let name = match &took {
                 Taken::Held(held) => held.request.name.clone(),
@@ -310,20 +344,45 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
         );
     }
     let mut resources = Resource::parse_all(&args.resources)?;
+    crate::cli::refuse_subcommand_names(&resources)?;
     resources.sort();
     resources.dedup();
-    if args.any && usize::from(args.count) > resources.len() {
+    if args.no_wait && args.timeout.is_some() {
+        return usage(
+            "--no-wait and --timeout contradict each other: -n fails at once, -w DURATION \
+             waits up to DURATION; give one of them",
+        );
+    }
+    if args.count.is_some() && !args.any {
+        return usage(
+            "--count needs --any: it says how many of the RESOURCEs --any takes \
+             (devlock --any --count 2 gpu:0 gpu:1 gpu:2 -- ...)",
+        );
+    }
+    if args.count() == 0 {
+        return usage("--count must be at least 1");
+    }
+    if args.any && usize::from(args.count()) > resources.len() {
         return usage(&format!(
             "--count {} needs at least that many resources after --any, got {}",
-            args.count,
+            args.count(),
             resources.len()
         ));
     }
+    if args.idle_threshold.is_some() && !args.require_idle {
+        return usage(
+            "--idle-threshold needs --require-idle: it is the memory --require-idle lets a \
+             process outside the gate hold",
+        );
+    }
+    if args.conflict_exit_code == 0 {
+        return usage(
+            "--conflict-exit-code 0 would report a busy lock as success; give 1-255 \
+             (75 by default)",
+        );
+    }
     if args.report_every < Duration::from_millis(10) {
         return usage("--report-every must be at least 10ms");
-    }
-    if args.count == 0 {
-        return usage("--count must be at least 1");
     }
     if let Some(slots) = args.slots {
         if slots == 0 {
@@ -341,6 +400,46 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
         return usage("--require-idle needs a GPU resource (gpu or gpu:N) to check");
     }
     Ok(resources)
+}
+
+/// With `--any --require-idle`: the candidates whose GPUs run no work
+/// outside the gate now, so that the first of them to be free is taken, not
+/// the first free one. Too few idle is exit 69, naming why for each; the
+/// one taken is checked again once held.
+fn idle_candidates(
+    dir_path: &Path,
+    candidates: Vec<Resource>,
+    args: &RunArgs,
+    probe_timeout: Duration,
+) -> Result<Vec<Resource>> {
+    let report = crate::status::gather(dir_path, &[], Some(probe_timeout))?;
+    let info = report.device_info.unwrap_or(devices::DeviceInfo::None);
+    let mut idle = Vec::new();
+    let mut reasons = Vec::new();
+    for candidate in &candidates {
+        match devices::not_idle_reason(&info, candidate, args.idle_threshold()) {
+            Some(reason) => reasons.push(reason),
+            None => idle.push(candidate.clone()),
+        }
+    }
+    let count = usize::from(args.count());
+    if idle.len() >= count {
+        return Ok(idle);
+    }
+    let names: Vec<&str> = candidates.iter().map(Resource::as_str).collect();
+    let how_many = if count == 1 {
+        "none of them is idle".to_owned()
+    } else {
+        format!("{} of them are idle, --count asks for {count}", idle.len())
+    };
+    Err(coded(
+        ExitCode::NotIdle,
+        format!(
+            "--any {} --require-idle: {how_many}: {}",
+            names.join(" "),
+            reasons.join(" | ")
+        ),
+    ))
 }
 
 /// Fails fast, with the lock released, when a GPU the resources map to runs
@@ -385,7 +484,7 @@ fn require_idle(
 }
 
 /// Replaces devlock with the command: the inherited lock already covers it.
-pub(crate) fn pass_through(command: &[OsString], env: &[(String, String)]) -> ExitCode {
+pub(crate) fn pass_through(command: &[OsString], env: &supervise::Env) -> ExitCode {
     supervise::discard_wakes();
     // SAFETY: an empty set unblocks what block_handled_signals blocked.
     unsafe {
@@ -404,7 +503,7 @@ pub(crate) fn pass_through(command: &[OsString], env: &[(String, String)]) -> Ex
 /// What the command learns about its locks: the resources it got (the
 /// members an `--any` chose, not the groups taken on their behalf), the
 /// matching CUDA devices, and its semaphore slot.
-fn child_env(taken: &[(Resource, Taken)], dir: &ScratchDir, step: &str) -> Vec<(String, String)> {
+fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::Env {
     let mut names = Vec::new();
     let mut slot = None;
     for (resource, took) in taken {
@@ -416,23 +515,18 @@ fn child_env(taken: &[(Resource, Taken)], dir: &ScratchDir, step: &str) -> Vec<(
         }
         names.push(resource.as_str());
     }
-    let mut env = vec![
-        ("DEVLOCK_RESOURCES".to_owned(), names.join(" ")),
-        ("DEVLOCK_DIR".to_owned(), dir.path().display().to_string()),
-        ("DEVLOCK_STEP".to_owned(), step.to_owned()),
-    ];
+    // Absolute, so that a nested devlock that changed directory meets the
+    // same gate, and byte for byte as given (not every path is UTF-8).
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
+    let mut env = supervise::Env::new();
+    env.push(("DEVLOCK_RESOURCES".into(), names.join(" ").into()));
+    env.push(("DEVLOCK_DIR".into(), dir.into_os_string()));
+    env.push(("DEVLOCK_STEP".into(), step.into()));
     if let Some(slot) = slot {
-        env.push(("DEVLOCK_SLOT".to_owned(), slot.to_string()));
+        env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
     }
-    let gpus: Vec<&str> = names
-        .iter()
-        .filter_map(|n| n.strip_prefix("gpu:"))
-        .collect();
-    if !gpus.is_empty() && gpus.iter().all(|g| g.parse::<u32>().is_ok()) {
-        env.push(("CUDA_VISIBLE_DEVICES".to_owned(), gpus.join(",")));
-        // Without this CUDA numbers devices fastest-first, and the numbers
-        // would not match nvidia-smi's.
-        env.push(("CUDA_DEVICE_ORDER".to_owned(), "PCI_BUS_ID".to_owned()));
+    for (name, value) in crate::cuda::child_env(&names) {
+        env.push((name.into(), value.into()));
     }
     env
 }

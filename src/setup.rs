@@ -47,6 +47,7 @@ impl Plan {
 
 pub fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let mut resources = Resource::parse_all(&args.resources)?;
+    crate::cli::refuse_subcommand_names(&resources)?;
     if args.gpus {
         resources.extend(gpu_resources(probe_timeout)?);
     }

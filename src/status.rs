@@ -167,6 +167,10 @@ pub struct StatusReport {
     pub device_info: Option<DeviceInfo>,
     /// The devices, flat, for scripts (empty when unknown or absent).
     pub devices: Vec<DeviceView>,
+    /// The table leaves out idle locks (neither held nor waited for), and
+    /// counts them in one line; JSON always lists everything.
+    #[serde(skip)]
+    pub hide_idle: bool,
 }
 
 /// A devlock takes its place in line a moment before it registers: a place
@@ -192,6 +196,7 @@ pub fn gather(
         resources: Vec::new(),
         device_info: None,
         devices: Vec::new(),
+        hide_idle: false,
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
         report.trust.safe = true;
@@ -238,6 +243,7 @@ pub fn gather(
             let registered = all_waiters.remove(resource).unwrap_or_default();
             let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
             view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
+            label_from_members(&dir, resource, &table, &mut view, now, &mut sharers);
             report.resources.push(view);
         }
         attempt += 1;
@@ -802,6 +808,57 @@ impl Sharers {
     }
 }
 
+/// A group's holder that holds it only through an inherited descriptor
+/// and has no label of its own (its devlock is gone, and so is the shared
+/// hold's registration that labelled it) takes the label of a member's
+/// holder that is the same processes: `train`, inherited, via `gpu:0`.
+/// Only a label the member's own file backs is taken (its record names a
+/// process the kernel lists for that very file, pid and start time), and
+/// only for processes the kernel shows holding both files; pid, user and
+/// command stay the kernel's.
+fn label_from_members(
+    dir: &ScratchDir,
+    group: &Resource,
+    table: &LockTable,
+    view: &mut ResourceView,
+    now: SystemTime,
+    sharers: &mut Sharers,
+) {
+    let unlabelled = |h: &Holder| h.source == "inherited" && h.step.is_none() && !h.pids.is_empty();
+    if !view.holders.iter().any(unlabelled) {
+        return;
+    }
+    let names = dir.entries().unwrap_or_default();
+    let prefix = format!("{group}:");
+    let mut labelled: Vec<(Resource, Holder)> = Vec::new();
+    for member in names
+        .iter()
+        .filter_map(|name| Resource::from_file_name(name))
+        .filter(|member| member.as_str().starts_with(&prefix))
+    {
+        let registered = waiters::live_waiters(dir, &names, table, |r| r == &member);
+        let member_view = view_of(dir, &member, table, registered, now, sharers);
+        labelled.extend(
+            member_view
+                .holders
+                .into_iter()
+                .filter(|h| h.step.is_some() && matches!(h.source, "record" | "inherited"))
+                .map(|h| (member.clone(), h)),
+        );
+    }
+    for holder in view.holders.iter_mut().filter(|h| unlabelled(h)) {
+        let found = labelled
+            .iter()
+            .find(|(_, h)| h.pids.iter().any(|pid| holder.pids.contains(pid)));
+        if let Some((member, from)) = found {
+            holder.step = from.step.clone();
+            holder.since = from.since.clone();
+            holder.held_for_ms = from.held_for_ms;
+            holder.via = Some(member.to_string());
+        }
+    }
+}
+
 /// Who holds a lock we have open, without its registered waiters (for the
 /// waiting line): the kernel's holders, labelled by the record, and by the shared
 /// holders' registrations only when the lock is shared.
@@ -823,6 +880,14 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
     };
     let mut view = view_now(lock, dir, resource, &table, registered);
     view.waiters.retain(|w| !held && w.source == "unregistered");
+    label_from_members(
+        dir,
+        resource,
+        &table,
+        &mut view,
+        SystemTime::now(),
+        &mut Sharers::default(),
+    );
     view
 }
 
@@ -834,9 +899,17 @@ pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> Resou
         let table = LockTable::read().unwrap_or_default();
         let names = dir.entries().unwrap_or_default();
         let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
-        let view = view_now(lock, dir, resource, &table, registered);
+        let mut view = view_now(lock, dir, resource, &table, registered);
         attempt += 1;
         if attempt >= UNREGISTERED_TRIES || !has_unregistered(&view) {
+            label_from_members(
+                dir,
+                resource,
+                &table,
+                &mut view,
+                SystemTime::now(),
+                &mut Sharers::default(),
+            );
             return view;
         }
         std::thread::sleep(UNREGISTERED_PAUSE);

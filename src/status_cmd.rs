@@ -16,7 +16,11 @@ use crate::text::{sanitize, short_duration};
 
 pub fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let wanted = Resource::parse_all(&args.resources)?;
-    let report = status::gather(dir, &wanted, Some(probe_timeout))?;
+    let mut report = status::gather(dir, &wanted, Some(probe_timeout))?;
+    // Lock files stay forever (deleting one would let two holders in), so
+    // after a few typos most are idle: the table shows what is in use, and
+    // what was asked for by name.
+    report.hide_idle = !args.all && wanted.is_empty();
     print_report(&report, args.json, table)
 }
 
@@ -68,7 +72,26 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
         header.push("ON GPU");
     }
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
-    for res in &report.resources {
+    // Idle: free as far as status can tell, and nothing in its way. A lock
+    // in an unknown state, or one that another user's lock or a renamed
+    // file concerns, is never counted away.
+    let idle = |res: &&crate::status::ResourceView| {
+        res.state == "free"
+            && res.holders.is_empty()
+            && res.waiters.is_empty()
+            && res.conflicts.is_empty()
+            && res.foreign_locks.iter().all(|l| l.effect == "none")
+    };
+    let hidden = if report.hide_idle {
+        report.resources.iter().filter(idle).count()
+    } else {
+        0
+    };
+    for res in report
+        .resources
+        .iter()
+        .filter(|res| !(report.hide_idle && idle(res)))
+    {
         let mut state = match (res.state, res.holders.len()) {
             ("shared", n) => format!("shared by {n}"),
             (state, _) => state.to_owned(),
@@ -163,9 +186,23 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             ]);
         }
     }
-    let mut out = align(&rows, colour, paint_lock_cell);
+    let mut out = if rows.len() > 1 {
+        align(&rows, colour, paint_lock_cell)
+    } else {
+        String::new()
+    };
     if report.resources.is_empty() {
         out.push_str(&format!("(no locks in {})\n", report.dir));
+    } else if hidden > 0 {
+        let (locks, none_in_use) = match (hidden, rows.len()) {
+            (1, 1) => ("lock", "no lock is held or waited for; "),
+            (1, _) => ("lock", ""),
+            (_, 1) => ("locks", "no lock is held or waited for; "),
+            _ => ("locks", ""),
+        };
+        out.push_str(&format!(
+            "({none_in_use}{hidden} idle {locks} not shown: devlock status --all lists them)\n"
+        ));
     }
     out
 }

@@ -104,6 +104,61 @@ pub fn sanitize(text: &str) -> String {
     out
 }
 
+/// The columns `text` may take on a terminal, counted high: one for
+/// printable ASCII, two for anything else (CJK and emoji take two, and
+/// so do "ambiguous" characters like `·` in some locales). Controls are
+/// gone already ([`sanitize`]). A line measured so never wraps.
+pub fn columns(text: &str) -> usize {
+    text.chars().map(|c| if c.is_ascii() { 1 } else { 2 }).sum()
+}
+
+/// `text` cut to at most `width` [`columns`], ending in `…` when cut.
+pub fn clip_to(text: &str, width: usize) -> String {
+    if columns(text) <= width {
+        return text.to_owned();
+    }
+    const MORE: char = '…';
+    let mut out = String::new();
+    let mut used = 0;
+    for c in text.chars() {
+        let w = if c.is_ascii() { 1 } else { 2 };
+        if used + w + 2 > width {
+            break;
+        }
+        out.push(c);
+        used += w;
+    }
+    if used + 2 <= width {
+        out.push(MORE);
+    }
+    out
+}
+
+/// One line of at most `width` columns from `parts`: when too wide, the
+/// parts marked shrinkable give way first (clipped, or left out when
+/// little of them would be left), in order; then the line itself is cut.
+pub fn fit(parts: &[(&str, bool)], width: usize) -> String {
+    let mut parts: Vec<(String, bool)> = parts.iter().map(|(p, s)| (p.to_string(), *s)).collect();
+    let total = |parts: &[(String, bool)]| parts.iter().map(|(p, _)| columns(p)).sum::<usize>();
+    for i in 0..parts.len() {
+        let over = total(&parts).saturating_sub(width);
+        if over == 0 {
+            break;
+        }
+        if !parts[i].1 {
+            continue;
+        }
+        let left = columns(&parts[i].0).saturating_sub(over);
+        parts[i].0 = if left < 8 {
+            String::new()
+        } else {
+            clip_to(&parts[i].0, left)
+        };
+    }
+    let line: String = parts.into_iter().map(|(p, _)| p).collect();
+    clip_to(&line, width)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +186,35 @@ mod tests {
             [
                 "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"
             ]
+        );
+    }
+
+    #[test]
+    fn lines_fit_their_width_counted_high() {
+        assert_eq!(columns("ab·"), 4);
+        assert_eq!(clip_to("abcdef", 6), "abcdef");
+        assert_eq!(clip_to("abcdefgh", 6), "abcd…");
+        assert!(columns(&clip_to("日本語のテキスト", 7)) <= 7);
+        let parts = [
+            ("devlock: r · waiting 3s", false),
+            (
+                " for a-very-long-step-name (pid 4242, alice), held 5m",
+                true,
+            ),
+            (" · 2nd in line", false),
+        ];
+        for width in [10, 30, 40, 60, 200] {
+            let line = fit(&parts, width);
+            assert!(columns(&line) <= width, "{width}: {line}");
+        }
+        assert!(
+            fit(&parts, 45).ends_with(" · 2nd in line"),
+            "{}",
+            fit(&parts, 45)
+        );
+        assert_eq!(
+            fit(&parts, 200),
+            "devlock: r · waiting 3s for a-very-long-step-name (pid 4242, alice), held 5m · 2nd in line"
         );
     }
 

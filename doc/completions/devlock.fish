@@ -59,3 +59,34 @@ function __devlock_resources
 end
 
 complete -c devlock -n __devlock_wants_resource -f -a '(__devlock_resources)' -d resource
+
+# After `--`: the command, then that command's own arguments, the way the
+# completions of sudo and timeout do it.
+function __devlock_after_dashdash
+    contains -- -- (commandline -opc)
+end
+
+function __devlock_complete_command
+    set -l words (commandline -opc)
+    set -l at (contains -i -- -- $words)
+    if test $at -ge (count $words)
+        # The command's name. (A range past the end would run backwards in
+        # fish, and __fish_complete_subcommand takes an empty line for none.)
+        set -l token (commandline -ct)
+        complete -C "$token"
+        return
+    end
+    __fish_complete_subcommand --commandline $words[(math $at + 1)..-1] (commandline -ct)
+end
+
+complete -c devlock -n __devlock_after_dashdash -f -a '(__devlock_complete_command)'
+
+# A duration or a number completes nothing, not even file names. (clap's
+# own entry for the option says so too, but its condition fails while the
+# option still waits for its value.)
+function __devlock_value_pending_is_free
+    set -l words (commandline -opc)
+    __devlock_value_is_free $words[-1]
+end
+
+complete -c devlock -n __devlock_value_pending_is_free -f

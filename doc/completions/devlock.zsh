@@ -23,17 +23,23 @@ _devlock_resources() {
 
 # Offers resource names for a word that is not an option before `--`, at
 # the top level or after a subcommand that takes them (devlock status);
-# everything else goes to clap's _devlock.
+# after `--`, the command and then its own arguments, as _precommand does
+# for sudo and nice; everything else goes to clap's _devlock.
 _devlock_with_resources() {
     local cur=$words[CURRENT] sub= word
     integer i positionals=0 pending=0
     for ((i = 2; i < CURRENT; i++)); do
+        if [[ $words[i] == -- ]]; then
+            words=("${(@)words[i+1,-1]}")
+            ((CURRENT -= i))
+            _normal
+            return
+        fi
+    done
+    for ((i = 2; i < CURRENT; i++)); do
         word=$words[i]
         if ((pending)); then
             pending=0
-        elif [[ $word == -- ]]; then
-            _devlock "$@"
-            return
         elif [[ $word == -* ]]; then
             _devlock_takes_value "$word" && pending=1
         else

@@ -25,6 +25,7 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let resources = crate::run::validate(args)?;
     let (ttl, kill_after) = check_margins(args)?;
+    supervise::check_command(&args.command[0])?;
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
@@ -43,16 +44,17 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     };
     let requests = crate::run::requests_in_order(&resources, !args.shared, 0);
     let mut session = Session::start(settings, requests)?;
-    let env = vec![
+    let env: supervise::Env = vec![
         (
-            "DEVLOCK_RESOURCES".to_owned(),
+            "DEVLOCK_RESOURCES".into(),
             resources
                 .iter()
                 .map(Resource::as_str)
                 .collect::<Vec<_>>()
-                .join(" "),
+                .join(" ")
+                .into(),
         ),
-        ("DEVLOCK_STEP".to_owned(), step),
+        ("DEVLOCK_STEP".into(), step.into()),
     ];
     let (acquired, stopped) = session.wait_for_locks()?;
     if let Acquired::AllInherited = acquired {
@@ -192,11 +194,16 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
 /// Starts the command so that it dies with devlock: the lease dies with
 /// devlock, and the command must not outlive the lock that covers it. The
 /// kernel sends it SIGKILL when devlock's main thread ends, however it ends.
-fn spawn_tied(command: &[OsString], env: &[(String, String)]) -> Result<supervise::Child> {
+fn spawn_tied(command: &[OsString], env: &supervise::Env) -> Result<supervise::Child> {
     let parent = std::process::id();
+    let placement = supervise::Placement::choose();
+    let (own_group, terminal) = placement.spawn_settings();
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k, v)));
+    if own_group {
+        cmd.process_group(0);
+    }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -206,12 +213,21 @@ fn spawn_tied(command: &[OsString], env: &[(String, String)]) -> Result<supervis
             }
             let mut empty = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut empty);
+            if let Some(fd) = terminal {
+                // Its own group (set just before) takes the terminal before
+                // it can read it; from the background that needs SIGTTOU
+                // blocked, as it is until the mask is emptied below.
+                let mut ttou = empty;
+                libc::sigaddset(&mut ttou, libc::SIGTTOU);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, std::ptr::null_mut());
+                libc::tcsetpgrp(fd, libc::getpid());
+            }
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             Ok(())
         });
     }
     match cmd.spawn() {
-        Ok(child) => Ok(supervise::Child::adopt(child.id())),
+        Ok(child) => Ok(supervise::Child::adopt(child.id(), placement)),
         Err(e) => Err(supervise::cannot_start(&command[0], &e)),
     }
 }

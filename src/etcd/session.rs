@@ -131,6 +131,7 @@ impl Session {
                 Err(std::sync::mpsc::TryRecvError::Empty) => {
                     if let Some(sig) = supervise::wait_stop_or_wake(Duration::from_secs(3600))
                         && sig.signo != supervise::wake_signal()
+                        && sig.signo != libc::SIGWINCH
                     {
                         stopped = Some(sig);
                         let _ = self.to.send(ToSession::Stop(sig));
@@ -408,9 +409,10 @@ async fn take_in_order(
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
             say(format!(
-                "devlock: got {} after {}",
+                "devlock: got {} after {} ({})",
                 request.name.as_str(),
-                human_duration(started.elapsed())
+                human_duration(started.elapsed()),
+                crate::text::sanitize(&settings.step)
             ));
         }
         entries.push((key, entry, joined_at));
@@ -443,7 +445,7 @@ async fn wait_turn(
     };
     loop {
         let gave_up = |why: String| {
-            coded(
+            crate::exit::busy(
                 settings.conflict_code,
                 format!(
                     "gave up on {name} after {}: {why}",
@@ -473,7 +475,7 @@ async fn wait_turn(
         }
         let who = describe_holders(&line);
         if settings.no_wait {
-            return Err(coded(
+            return Err(crate::exit::busy(
                 settings.conflict_code,
                 format!("{name} is busy: held by {who}"),
             ));
@@ -490,7 +492,8 @@ async fn wait_turn(
                     Some(_) => format!(" (waiting {})", short_duration(started.elapsed())),
                 };
                 say(format!(
-                    "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited}"
+                    "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited} ({})",
+                    crate::text::sanitize(&settings.step)
                 ));
             }
             last_report = Some(Instant::now());

@@ -403,3 +403,178 @@ fn acquiring_without_require_idle_never_runs_the_probe() {
     assert!(out.status.success());
     assert!(!pidfile.exists(), "nvidia-smi was started");
 }
+
+/// `devlock ARGS -- sh -c 'echo $DEVLOCK_RESOURCES $CUDA_VISIBLE_DEVICES'`
+/// with the caller's `CUDA_VISIBLE_DEVICES` set to `visible`.
+fn under_visible(s: &Scratch, visible: &str, args: &[&str]) -> Output {
+    with_smi(s, "several", &[])
+        .env("CUDA_VISIBLE_DEVICES", visible)
+        .args(args)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo $DEVLOCK_RESOURCES $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER",
+        ])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_callers_cuda_visible_devices_is_respected() {
+    let s = Scratch::new();
+    // --any skips the candidates outside the caller's set.
+    let any = under_visible(&s, "2,3", &["--any", "gpu:0", "gpu:1", "gpu:2", "gpu:3"]);
+    assert_eq!(
+        stdout(&any).trim(),
+        "gpu:2 2 PCI_BUS_ID",
+        "{}",
+        stderr(&any)
+    );
+    // A GPU outside it is a usage error naming both.
+    let outside = under_visible(&s, "2,3", &["gpu:0"]);
+    assert_eq!(outside.status.code(), Some(2));
+    let err = stderr(&outside);
+    assert!(
+        err.contains("gpu:0 is outside CUDA_VISIBLE_DEVICES=2,3") && err.contains("gpu:2 or gpu:3"),
+        "{err}"
+    );
+    assert!(stdout(&outside).is_empty());
+    let none_inside = under_visible(&s, "2,3", &["--any", "gpu:0", "gpu:1"]);
+    assert_eq!(none_inside.status.code(), Some(2));
+    assert!(
+        stderr(&none_inside).contains("none of gpu:0, gpu:1 is inside CUDA_VISIBLE_DEVICES=2,3"),
+        "{}",
+        stderr(&none_inside)
+    );
+    // UUIDs (and unique prefixes of them) are mapped through the probe:
+    // GPU-c47a0e93... is GPU 2 in the fixture. The child is told the
+    // physical index, with the order that makes it mean what nvidia-smi says.
+    let uuid = under_visible(
+        &s,
+        "GPU-c47a0e93,GPU-2d8f5b17-a9c4-4e3b-9d62-4f0e1a7b8c33",
+        &["gpu:3"],
+    );
+    assert_eq!(
+        stdout(&uuid).trim(),
+        "gpu:3 3 PCI_BUS_ID",
+        "{}",
+        stderr(&uuid)
+    );
+    let by_uuid_outside = under_visible(&s, "GPU-c47a0e93", &["gpu:0"]);
+    assert_eq!(by_uuid_outside.status.code(), Some(2));
+    assert!(
+        stderr(&by_uuid_outside).contains("outside CUDA_VISIBLE_DEVICES=GPU-c47a0e93 (GPU 2)"),
+        "{}",
+        stderr(&by_uuid_outside)
+    );
+    let unknown = under_visible(&s, "GPU-ffffffff", &["gpu:0"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(stderr(&unknown).contains("which nvidia-smi does not list"));
+    // The whole group and other resources are not restricted.
+    let whole = under_visible(&s, "2,3", &["gpu", "dataset"]);
+    assert_eq!(
+        stdout(&whole).trim(),
+        "dataset gpu 2,3",
+        "{}",
+        stderr(&whole)
+    );
+}
+
+#[test]
+fn several_gpus_are_exported_in_numeric_order() {
+    let s = Scratch::new();
+    let out = s.run(&[
+        "gpu:10",
+        "gpu:2",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(stdout(&out).trim(), "2,10", "{}", stderr(&out));
+}
+
+#[test]
+fn indices_in_cuda_visible_devices_never_run_the_probe() {
+    let s = Scratch::new();
+    let pidfile = s.work("smi-pids");
+    let out = with_smi(&s, "several", &[])
+        .env("FAKE_SMI_PIDFILE", &pidfile)
+        .env("CUDA_VISIBLE_DEVICES", "0,1")
+        .args(["gpu:1", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!pidfile.exists(), "nvidia-smi was started");
+}
+
+#[test]
+fn a_nested_devlock_stays_inside_the_gpus_its_job_was_given() {
+    let s = Scratch::new();
+    let out = s.run(&["gpu:3", "--", BIN, "-n", "gpu:2", "--", "echo", "ran"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("gpu:2 is outside CUDA_VISIBLE_DEVICES=3"),
+        "{}",
+        stderr(&out)
+    );
+    let same = s.run(&[
+        "gpu:3",
+        "--",
+        BIN,
+        "-n",
+        "gpu:3",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(stdout(&same).trim(), "3", "{}", stderr(&same));
+}
+
+#[test]
+fn require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle() {
+    let s = Scratch::new();
+    let stranger = Stranger::start();
+    // In the fixture, GPU 0 runs the stranger outside any gate; GPU 1 is
+    // empty; GPUs 2 and 3 run it too.
+    let pids = [stranger.pid(); 4];
+    let out = with_smi(&s, "several", &pids)
+        .args(["--require-idle", "--any", "gpu:0", "gpu:1", "--"])
+        .args(["sh", "-c", "echo $DEVLOCK_RESOURCES"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out).trim(), "gpu:1", "{}", stderr(&out));
+    // gpu:1 busy with a devlock job, gpu:0 free but not idle: waits for
+    // gpu:1 rather than refusing or taking gpu:0.
+    let mut holder = hold_until_released(&s, &["--step", "other", "gpu:1"], "h");
+    let mut waiter = with_smi(&s, "several", &pids)
+        .args(["--require-idle", "--any", "gpu:0", "gpu:1", "--"])
+        .args(["sh", "-c", "echo $DEVLOCK_RESOURCES"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("gpu:1"), 1);
+    assert!(flock_is_free(&s.lock_path("gpu:0")), "gpu:0 was not taken");
+    release(&s, "h");
+    wait_child(&mut holder);
+    assert!(wait_child(&mut waiter).success());
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut waiter.stdout.take().unwrap(), &mut got).unwrap();
+    assert_eq!(got.trim(), "gpu:1");
+    // None idle: exit 69 at once, naming why.
+    let none = with_smi(&s, "several", &pids)
+        .args(["--require-idle", "--any", "gpu:0", "gpu:2", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(69), "{}", stderr(&none));
+    let err = stderr(&none);
+    assert!(
+        err.contains("none of them is idle")
+            && err.contains("gpu:0 is not idle")
+            && err.contains("gpu:2 is not idle"),
+        "{err}"
+    );
+}

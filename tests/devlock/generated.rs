@@ -20,6 +20,8 @@ const REGENERATE: &str = "DEVLOCK_REGENERATE=1 cargo test --test devlock generat
 /// generated OPTIONS and SUBCOMMANDS: title, and the file under doc/man/
 /// holding the body.
 const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
+    ("WAITING", "waiting.roff"),
+    ("SIGNALS", "signals.roff"),
     ("ON A SHARED MACHINE", "shared.roff"),
     ("ACROSS MACHINES", "etcd.roff"),
     ("EXIT STATUS", "exit-status.roff"),
@@ -242,6 +244,9 @@ fn completion(shell: Shell) -> String {
 struct Shape {
     /// Options that take a value as the next word (`-w`, `--timeout`, ...).
     value_options: Vec<String>,
+    /// Those of them whose value nothing can complete (a duration, a
+    /// number, a name): not file names.
+    free_value_options: Vec<String>,
     /// Subcommand names, aliases included.
     subcommands: Vec<String>,
     /// Subcommands whose arguments are RESOURCE names.
@@ -249,13 +254,16 @@ struct Shape {
 }
 
 fn shape() -> Shape {
-    fn value_options(cmd: &clap::Command, into: &mut Vec<String>) {
+    fn value_options(cmd: &clap::Command, into: &mut Vec<String>, free_only: bool) {
         for arg in cmd.get_arguments().filter(|a| !a.is_positional()) {
             let takes_value = arg
                 .get_num_args()
                 .map_or_else(|| arg.get_action().takes_values(), |n| n.takes_values());
             // `--opt=VALUE` only: the next word is not the option's.
             if !takes_value || arg.is_require_equals_set() {
+                continue;
+            }
+            if free_only && arg.get_value_hint() != clap::ValueHint::Other {
                 continue;
             }
             into.extend(
@@ -272,16 +280,18 @@ fn shape() -> Shape {
             );
         }
         for sub in cmd.get_subcommands() {
-            value_options(sub, into);
+            value_options(sub, into, free_only);
         }
     }
     let cmd = built_command();
     let mut shape = Shape {
         value_options: Vec::new(),
+        free_value_options: Vec::new(),
         subcommands: Vec::new(),
         resource_subcommands: Vec::new(),
     };
-    value_options(&cmd, &mut shape.value_options);
+    value_options(&cmd, &mut shape.value_options, false);
+    value_options(&cmd, &mut shape.free_value_options, true);
     for sub in cmd.get_subcommands() {
         let names: Vec<String> = std::iter::once(sub.get_name())
             .chain(sub.get_all_aliases())
@@ -298,6 +308,7 @@ fn shape() -> Shape {
     }
     for list in [
         &mut shape.value_options,
+        &mut shape.free_value_options,
         &mut shape.subcommands,
         &mut shape.resource_subcommands,
     ] {
@@ -326,6 +337,11 @@ fn sh_helpers() -> String {
         "_devlock_takes_value",
         "an option that takes the next word as its value",
         &shape.value_options,
+    );
+    text += &membership(
+        "_devlock_value_is_free",
+        "an option whose value nothing completes (a duration, a number, a name)",
+        &shape.free_value_options,
     );
     text += &membership("_devlock_is_subcommand", "a subcommand", &shape.subcommands);
     text += &membership(
@@ -358,6 +374,11 @@ fn fish_helpers() -> String {
         "__devlock_takes_value",
         "an option that takes the next word as its value",
         &shape.value_options,
+    );
+    text += &membership(
+        "__devlock_value_is_free",
+        "an option whose value nothing completes (a duration, a number, a name)",
+        &shape.free_value_options,
     );
     text += &membership(
         "__devlock_is_subcommand",
@@ -458,7 +479,8 @@ fn run_if_installed(program: &str, args: &[&str], env: &[(&str, &str)]) -> Optio
     match cmd.output() {
         Ok(output) => Some(output),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("skipped: {program} is not installed");
+            // Fails under DEVLOCK_TEST_REQUIRE_TOOLS=1, else says it skips.
+            assert!(!crate::harness::have_tool(program), "{program}: {e}");
             None
         }
         Err(e) => panic!("running {program}: {e}"),
@@ -516,6 +538,8 @@ fn man_page_has_every_section_and_exit_code() {
         "DESCRIPTION",
         "OPTIONS",
         "SUBCOMMANDS",
+        "WAITING",
+        "SIGNALS",
         "ON A SHARED MACHINE",
         "ACROSS MACHINES",
         "EXIT STATUS",
@@ -655,13 +679,30 @@ complete_line 'devlock --dir {other} '
 complete_line 'devlock --dir={other} status '
 complete_line 'devlock gpu:'
 complete_line 'devlock -w '
+complete_line 'devlock --report-every '
 complete_line 'devlock --no'
 complete_line 'devlock gpu -- '
+complete_line 'devlock gpu -- devlock-test-t'
+complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
 "#,
         other = other.path().display()
     );
     let dir = locks.path().to_str().unwrap();
-    let Some(out) = bash_with_completions(&script, &[("DEVLOCK_DIR", dir)]) else {
+    let tools = tempfile::tempdir().unwrap();
+    let tool = tools.path().join("devlock-test-tool");
+    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    // The command's own completion, for bash-completion to find.
+    let script = format!(
+        "{}complete -W 'alpha beta' devlock-test-tool\n{script}",
+        bash_completion_prelude()
+    );
+    let Some(out) = bash_with_completions(&script, &[("DEVLOCK_DIR", dir), ("PATH", &path)]) else {
         return;
     };
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -709,10 +750,47 @@ complete_line 'devlock gpu -- '
     );
     // Bash splits gpu:0 at the colon and replaces only what follows it.
     assert_eq!(reply("devlock gpu:"), ["0", "1"]);
-    // Options, their values and the command are clap's to complete.
-    assert!(!reply("devlock -w ").contains(&"gpu"));
+    // A duration completes nothing, not even file names.
+    assert!(reply("devlock -w ").is_empty(), "{stdout}");
+    assert!(reply("devlock --report-every ").is_empty(), "{stdout}");
+    // Options are clap's to complete.
     assert_eq!(reply("devlock --no"), ["--no-wait"]);
+    // After --: commands, then the command's own arguments.
     assert!(!reply("devlock gpu -- ").contains(&"gpu"));
+    assert_eq!(
+        reply("devlock gpu -- devlock-test-t"),
+        ["devlock-test-tool"]
+    );
+    if have_bash_completion() {
+        assert_eq!(reply("devlock -n gpu:0 -- devlock-test-tool a"), ["alpha"]);
+    }
+}
+
+const BASH_COMPLETION: &str = "/usr/share/bash-completion/bash_completion";
+
+/// Whether bash-completion, whose command-offset completion devlock's
+/// uses after `--`, is installed (required under
+/// DEVLOCK_TEST_REQUIRE_TOOLS=1).
+fn have_bash_completion() -> bool {
+    let found = Path::new(BASH_COMPLETION).exists();
+    if !found {
+        let required = std::env::var_os("DEVLOCK_TEST_REQUIRE_TOOLS").is_some_and(|v| v == "1");
+        assert!(
+            !required,
+            "bash-completion is not installed ({BASH_COMPLETION})"
+        );
+        eprintln!("skipped: bash-completion is not installed; only the fallback is tested");
+    }
+    found
+}
+
+/// Sources bash-completion first when it is installed.
+fn bash_completion_prelude() -> String {
+    if have_bash_completion() {
+        format!("source {BASH_COMPLETION}\n")
+    } else {
+        String::new()
+    }
 }
 
 #[test]
@@ -742,13 +820,25 @@ fn zsh_and_fish_accept_their_completions() {
          complete -C'devlock '\necho ==\n\
          complete -C'devlock status g'\necho ==\n\
          complete -C'devlock -w '\necho ==\n\
-         complete -C'devlock gpu:0 -- '\n"
+         complete -C'devlock gpu:0 -- '\necho ==\n\
+         complete -C'devlock gpu:0 -- devlock-test-t'\necho ==\n\
+         complete -c devlock-test-tool -f -a 'alpha beta'\n\
+         complete -C'devlock -n gpu:0 -- devlock-test-tool '\n"
     );
     let dir = locks.path().to_str().unwrap();
+    let tools = tempfile::tempdir().unwrap();
+    let tool = tools.path().join("devlock-test-tool");
+    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap()
+    );
     let Some(out) = run_if_installed(
         "fish",
         &["--no-config", "-c", &script],
-        &[("DEVLOCK_DIR", dir), ("HOME", dir)],
+        &[("DEVLOCK_DIR", dir), ("HOME", dir), ("PATH", &path)],
     ) else {
         return;
     };
@@ -767,6 +857,54 @@ fn zsh_and_fish_accept_their_completions() {
         "{stdout}"
     );
     assert_eq!(parts[1], ["gpu:0"], "{stdout}");
-    assert!(!parts[2].contains(&"gpu:0"), "{stdout}");
+    // A duration completes nothing, not even file names.
+    assert!(parts[2].is_empty(), "{stdout}");
+    // After --: commands, then the command's own arguments.
     assert!(!parts[3].contains(&"gpu:0"), "{stdout}");
+    assert!(parts[3].contains(&"devlock-test-tool"), "{stdout}");
+    assert_eq!(parts[4], ["devlock-test-tool"], "{stdout}");
+    assert_eq!(parts[5], ["alpha", "beta"], "{stdout}");
+}
+
+#[test]
+fn zsh_completes_the_command_after_the_double_dash() {
+    // zsh's completion system runs inside its line editor; the test runs
+    // the real zsh on devlock's function with the completion builtins it
+    // calls replaced by ones that print what they were given.
+    let (_zdir, zsh_file) = fresh_copy("completions/_devlock");
+    let locks = tempfile::tempdir().unwrap();
+    std::fs::write(locks.path().join("gpu:0.lock"), "").unwrap();
+    let script = format!(
+        r#"
+compdef() {{ : }}
+_normal() {{ print -r -- "normal CURRENT=$CURRENT words=${{(j:,:)words}}" }}
+compadd() {{ print -r -- "compadd ${{(j:,:)@}}" }}
+_arguments() {{ print -r -- "clap" }}
+source {file}
+try() {{ words=("$@"); CURRENT=$#; _devlock_with_resources; print -- "=="; }}
+try devlock gpu -- ech
+try devlock -n gpu:0 -- make -j
+try devlock g
+try devlock -w ''
+"#,
+        file = zsh_file.display()
+    );
+    let dir = locks.path().to_str().unwrap();
+    let Some(out) = run_if_installed("zsh", &["-f", "-c", &script], &[("DEVLOCK_DIR", dir)]) else {
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parts: Vec<&str> = stdout.split("==\n").map(str::trim).collect();
+    assert_eq!(parts[0], "normal CURRENT=1 words=ech", "{stdout}");
+    assert_eq!(parts[1], "normal CURRENT=2 words=make,-j", "{stdout}");
+    assert!(
+        parts[2].contains("compadd -X,resource,--,gpu:0"),
+        "{stdout}"
+    );
+    assert_eq!(parts[3], "clap", "{stdout}");
 }

@@ -442,3 +442,46 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
     release(&s, "h");
     wait_child(&mut holder);
 }
+
+#[test]
+fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
+    let s = Scratch::new();
+    for typo in ["gup", "gpu0", "gpu-0"] {
+        assert!(s.run(&[typo, "--", "true"]).status.success());
+    }
+    let only_idle = stdout(&s.run(&["status"]));
+    assert_eq!(
+        only_idle,
+        "(no lock is held or waited for; 3 idle locks not shown: devlock status --all lists them)\n"
+    );
+    let mut holder = hold_until_released(&s, &["--step", "trainer", "gpu"], "h");
+    let table = stdout(&s.run(&["status"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(lines[0].starts_with("RESOURCE"), "{table}");
+    assert!(
+        lines[1].starts_with("gpu ") && lines[1].contains("trainer"),
+        "{table}"
+    );
+    assert_eq!(
+        lines[2],
+        "(3 idle locks not shown: devlock status --all lists them)"
+    );
+    let all = stdout(&s.run(&["status", "--all"]));
+    for name in ["gup", "gpu0", "gpu-0", "gpu "] {
+        assert!(all.contains(name), "--all lacks {name}: {all}");
+    }
+    assert!(!all.contains("idle"), "{all}");
+    // Asked for by name: shown, held or not.
+    let named = stdout(&s.run(&["status", "gup"]));
+    assert!(
+        named
+            .lines()
+            .any(|l| l.starts_with("gup ") && l.contains("free")),
+        "{named}"
+    );
+    // JSON keeps listing everything.
+    assert_eq!(s.status_json(&[])["resources"].as_array().unwrap().len(), 4);
+    release(&s, "h");
+    wait_child(&mut holder);
+}

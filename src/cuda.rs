@@ -1,0 +1,368 @@
+//! The caller's `CUDA_VISIBLE_DEVICES`: which GPUs a job may ask for, and
+//! what its command is told about the ones it got.
+//!
+//! A wrapper or a site policy that restricts a job to some GPUs does so
+//! with `CUDA_VISIBLE_DEVICES`; devlock must not hand the job another GPU
+//! behind its back. The caller's entries are GPU indices, read as
+//! `nvidia-smi` numbers them (PCI bus order, which is what devlock exports
+//! with `CUDA_DEVICE_ORDER=PCI_BUS_ID`), or `GPU-...` UUIDs (or unique
+//! prefixes of them), which the probe maps to indices. As CUDA does, the
+//! list ends at the first entry that is neither.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::exit::{ExitCode, coded};
+use crate::probe::{DeviceReport, NvidiaSmi, Probe};
+use crate::resource::Resource;
+use crate::text::sanitize;
+
+/// The GPUs the caller lets the job use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Visible {
+    /// The variable as the caller set it, for messages.
+    pub shown: String,
+    /// Device indices, as nvidia-smi numbers them, in numeric order.
+    pub indices: Vec<u32>,
+}
+
+/// One entry of the list, as CUDA reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Index(u32),
+    Uuid(String),
+    Mig(String),
+}
+
+/// The entries up to the first one CUDA would stop at.
+fn entries(text: &str) -> Vec<Entry> {
+    let mut found = Vec::new();
+    for entry in text.split(',').map(str::trim) {
+        if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
+            match entry.parse() {
+                Ok(index) => found.push(Entry::Index(index)),
+                Err(_) => break,
+            }
+        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
+            found.push(Entry::Uuid(entry.to_owned()));
+        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("MIG-") {
+            found.push(Entry::Mig(entry.to_owned()));
+        } else {
+            break;
+        }
+    }
+    found
+}
+
+impl Visible {
+    /// The caller's set, or `None` when `CUDA_VISIBLE_DEVICES` is unset.
+    /// UUIDs are looked up with the probe (within `probe_timeout`), which
+    /// runs only when there are UUIDs to map.
+    pub fn from_env(probe_timeout: Duration) -> Result<Option<Visible>> {
+        let Some(value) = std::env::var_os("CUDA_VISIBLE_DEVICES") else {
+            return Ok(None);
+        };
+        let shown = value.to_string_lossy().into_owned();
+        let list = entries(&shown);
+        let needs_probe = list.iter().any(|e| matches!(e, Entry::Uuid(_)));
+        let report = if needs_probe {
+            NvidiaSmi::from_env().probe(probe_timeout)
+        } else {
+            DeviceReport::Devices(Vec::new())
+        };
+        Visible::resolve(shown, &list, &report).map(Some)
+    }
+
+    fn resolve(shown: String, list: &[Entry], report: &DeviceReport) -> Result<Visible> {
+        let named = |what: &str| format!("CUDA_VISIBLE_DEVICES={} names {what}", sanitize(&shown));
+        let mut indices = Vec::new();
+        for entry in list {
+            let index = match entry {
+                Entry::Index(index) => *index,
+                Entry::Mig(mig) => {
+                    return Err(coded(
+                        ExitCode::Usage,
+                        format!(
+                            "{}, a MIG device, which devlock cannot map to a GPU index; \
+                             give the GPUs' indices or GPU-UUIDs instead",
+                            named(&sanitize(mig))
+                        ),
+                    ));
+                }
+                Entry::Uuid(uuid) => {
+                    let devices = match report {
+                        DeviceReport::Devices(devices) => devices,
+                        DeviceReport::NoInfo => {
+                            return Err(coded(
+                                ExitCode::NotIdle,
+                                format!(
+                                    "{}, and without nvidia-smi devlock cannot tell which \
+                                     GPU that is (set DEVLOCK_NVIDIA_SMI, or give indices)",
+                                    named(&sanitize(uuid))
+                                ),
+                            ));
+                        }
+                        DeviceReport::Unknown { reason } => {
+                            return Err(coded(
+                                ExitCode::NotIdle,
+                                format!(
+                                    "{}, and nvidia-smi could not say which GPU that is: {}",
+                                    named(&sanitize(uuid)),
+                                    sanitize(reason)
+                                ),
+                            ));
+                        }
+                    };
+                    let lower = uuid.to_ascii_lowercase();
+                    let matching: Vec<u32> = devices
+                        .iter()
+                        .filter(|d| d.uuid.to_ascii_lowercase().starts_with(&lower))
+                        .map(|d| d.index)
+                        .collect();
+                    match matching[..] {
+                        [index] => index,
+                        [] => {
+                            return Err(coded(
+                                ExitCode::Usage,
+                                format!(
+                                    "{}, which nvidia-smi does not list",
+                                    named(&sanitize(uuid))
+                                ),
+                            ));
+                        }
+                        _ => {
+                            return Err(coded(
+                                ExitCode::Usage,
+                                format!(
+                                    "{}, which is the start of several GPUs' UUIDs",
+                                    named(&sanitize(uuid))
+                                ),
+                            ));
+                        }
+                    }
+                }
+            };
+            if !indices.contains(&index) {
+                indices.push(index);
+            }
+        }
+        indices.sort_unstable();
+        Ok(Visible { shown, indices })
+    }
+
+    /// `CUDA_VISIBLE_DEVICES=2,3 (GPUs 2 and 3)`, or without the part in
+    /// parentheses when the variable already says just that.
+    fn describe(&self) -> String {
+        let shown = sanitize(&self.shown);
+        let plain = self
+            .indices
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let gpus = match self.indices.len() {
+            0 => "no GPU".to_owned(),
+            1 => format!("GPU {}", self.indices[0]),
+            _ => format!("GPUs {plain}"),
+        };
+        if shown == plain && !self.indices.is_empty() {
+            format!("CUDA_VISIBLE_DEVICES={shown}")
+        } else {
+            format!("CUDA_VISIBLE_DEVICES={shown} ({gpus})")
+        }
+    }
+
+    fn allows(&self, resource: &Resource) -> bool {
+        numbered_gpu(resource).is_none_or(|index| self.indices.contains(&index))
+    }
+
+    /// Fails with a usage error naming both when a resource is a GPU
+    /// outside the set.
+    pub fn check(&self, resources: &[Resource]) -> Result<()> {
+        let Some(outside) = resources.iter().find(|r| !self.allows(r)) else {
+            return Ok(());
+        };
+        Err(coded(
+            ExitCode::Usage,
+            format!(
+                "{outside} is outside {}; ask for {} or change CUDA_VISIBLE_DEVICES",
+                self.describe(),
+                self.inside_names()
+            ),
+        ))
+    }
+
+    /// The `--any` candidates inside the set (other resources are kept);
+    /// a usage error naming both when fewer than `count` are left.
+    pub fn filter_candidates(
+        &self,
+        candidates: &[Resource],
+        count: usize,
+    ) -> Result<Vec<Resource>> {
+        let kept: Vec<Resource> = candidates
+            .iter()
+            .filter(|r| self.allows(r))
+            .cloned()
+            .collect();
+        if kept.len() >= count {
+            return Ok(kept);
+        }
+        let names = |rs: &[Resource]| {
+            rs.iter()
+                .map(Resource::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let what = if kept.is_empty() {
+            format!(
+                "none of {} is inside {}",
+                names(candidates),
+                self.describe()
+            )
+        } else {
+            format!(
+                "only {} of {} {} inside {}, and --count asks for {count}",
+                names(&kept),
+                names(candidates),
+                if kept.len() == 1 { "is" } else { "are" },
+                self.describe()
+            )
+        };
+        Err(coded(
+            ExitCode::Usage,
+            format!(
+                "--any: {what}; ask for {} or change CUDA_VISIBLE_DEVICES",
+                self.inside_names()
+            ),
+        ))
+    }
+
+    fn inside_names(&self) -> String {
+        if self.indices.is_empty() {
+            return "no GPU".to_owned();
+        }
+        self.indices
+            .iter()
+            .map(|i| format!("gpu:{i}"))
+            .collect::<Vec<_>>()
+            .join(" or ")
+    }
+}
+
+/// N of a resource `gpu:N`.
+fn numbered_gpu(resource: &Resource) -> Option<u32> {
+    resource.as_str().strip_prefix("gpu:")?.parse().ok()
+}
+
+/// Whether the caller's set matters for these resources: some are `gpu:N`.
+pub fn concerns(resources: &[Resource]) -> bool {
+    resources.iter().any(|r| numbered_gpu(r).is_some())
+}
+
+/// What the command is told about the GPUs it holds: their indices in
+/// numeric order (rank 0 on the lowest), numbered as nvidia-smi does, so
+/// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Nothing when it holds none by
+/// number (or holds a non-numbered member of `gpu`), so the caller's own
+/// setting passes through.
+pub fn child_env(held: &[&str]) -> Vec<(&'static str, String)> {
+    let gpus: Vec<&str> = held.iter().filter_map(|n| n.strip_prefix("gpu:")).collect();
+    let mut indices: Vec<u32> = Vec::new();
+    for gpu in &gpus {
+        match gpu.parse() {
+            Ok(index) => indices.push(index),
+            Err(_) => return Vec::new(),
+        }
+    }
+    if indices.is_empty() {
+        return Vec::new();
+    }
+    indices.sort_unstable();
+    indices.dedup();
+    let list = indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    // Without CUDA_DEVICE_ORDER CUDA numbers devices fastest-first, and the
+    // numbers would not match nvidia-smi's.
+    vec![
+        ("CUDA_VISIBLE_DEVICES", list),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_owned()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::Device;
+
+    fn device(index: u32, uuid: &str) -> Device {
+        Device {
+            index,
+            uuid: uuid.to_owned(),
+            name: "x".to_owned(),
+            memory_used_mib: None,
+            memory_total_mib: None,
+            utilization_pct: None,
+            processes: Vec::new(),
+        }
+    }
+
+    fn resolve(text: &str, report: &DeviceReport) -> Result<Visible> {
+        Visible::resolve(text.to_owned(), &entries(text), report)
+    }
+
+    fn r(name: &str) -> Resource {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn indices_and_uuids_map_to_indices_in_numeric_order() {
+        let report = DeviceReport::Devices(vec![device(0, "GPU-aaaa-1"), device(1, "GPU-bbbb-2")]);
+        assert_eq!(resolve("3, 2", &report).unwrap().indices, [2, 3]);
+        assert_eq!(resolve("GPU-bbbb,0", &report).unwrap().indices, [0, 1]);
+        assert_eq!(resolve("gpu-AAAA-1", &report).unwrap().indices, [0]);
+        // CUDA stops at the first entry that is neither.
+        assert_eq!(resolve("1,-1,0", &report).unwrap().indices, [1]);
+        assert_eq!(resolve("", &report).unwrap().indices, Vec::<u32>::new());
+        assert!(resolve("GPU-cccc", &report).is_err());
+        assert!(resolve("GPU-", &report).unwrap().indices.is_empty());
+        let ambiguous = DeviceReport::Devices(vec![device(0, "GPU-ab1"), device(1, "GPU-ab2")]);
+        assert!(resolve("GPU-ab", &ambiguous).is_err());
+        assert!(resolve("MIG-1234", &report).is_err());
+        assert!(resolve("GPU-aaaa", &DeviceReport::NoInfo).is_err());
+    }
+
+    #[test]
+    fn gpus_outside_the_set_are_refused_or_skipped() {
+        let visible = resolve("2,3", &DeviceReport::NoInfo).unwrap();
+        assert!(visible.check(&[r("gpu:3"), r("gpu"), r("dataset")]).is_ok());
+        let err = visible.check(&[r("gpu:0")]).unwrap_err();
+        assert_eq!(
+            format!("{err}"),
+            "gpu:0 is outside CUDA_VISIBLE_DEVICES=2,3; ask for gpu:2 or gpu:3 or change \
+             CUDA_VISIBLE_DEVICES"
+        );
+        let all = [r("gpu:0"), r("gpu:1"), r("gpu:2"), r("gpu:3")];
+        assert_eq!(
+            visible.filter_candidates(&all, 1).unwrap(),
+            [r("gpu:2"), r("gpu:3")]
+        );
+        assert!(visible.filter_candidates(&all[..2], 1).is_err());
+        assert!(visible.filter_candidates(&all, 3).is_err());
+    }
+
+    #[test]
+    fn several_devices_are_exported_in_numeric_order() {
+        assert_eq!(
+            child_env(&["gpu:10", "gpu:2"]),
+            [
+                ("CUDA_VISIBLE_DEVICES", "2,10".to_owned()),
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_owned())
+            ]
+        );
+        assert!(child_env(&["gpu", "dataset"]).is_empty());
+        assert!(child_env(&["gpu:x"]).is_empty());
+    }
+}

@@ -1,0 +1,170 @@
+//! The waiting display on a real terminal (a pty of a set width) and in a
+//! log: it fits, leaves no rows behind, draws in place only where the line
+//! is devlock's, and every line that stays names the waiter's own step.
+
+use std::io::BufReader;
+use std::process::{Command, Stdio};
+
+use crate::harness::*;
+
+/// The waiting lines drawn in place before `end`: what follows each
+/// `\r\x1b[K`.
+fn redraws(out: &str, end: &str) -> Vec<String> {
+    let before = &out[..out.find(end).unwrap_or(out.len())];
+    before
+        .split("\r\x1b[K")
+        .skip(1)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
+    let s = Scratch::new();
+    let step = "a-step-name-far-longer-than-sixty-columns-of-terminal-width";
+    let mut holder = hold_until_released(&s, &["--step", step, "r"], "h");
+    let pty = Pty::new(60);
+    let mut devlock =
+        pty.spawn(
+            s.devlock()
+                .args(["--step", "mine", "r", "--", "echo", "COMMAND-OUTPUT"]),
+        );
+    pty.wait_for("1st in line");
+    // Narrower: the kernel tells the foreground group with SIGWINCH.
+    let mark = pty.output().len();
+    pty.resize(45);
+    pty.wait_until("a line redrawn to 45 columns", |out| {
+        out[mark..]
+            .split("\r\x1b[K")
+            .skip(1)
+            .any(|line| !line.is_empty() && devlock::text::columns(line) < 45)
+    });
+    release(&s, "h");
+    let out = pty.wait_for("COMMAND-OUTPUT");
+    assert!(wait_child(&mut devlock).success());
+    wait_child(&mut holder);
+    let lines = redraws(&out, "COMMAND-OUTPUT");
+    assert!(!lines.is_empty(), "{out:?}");
+    let waiting = &out[..out.find("COMMAND-OUTPUT").unwrap()];
+    assert!(
+        !waiting.contains('\n'),
+        "the wait left a row behind: {waiting:?}"
+    );
+    for line in &lines {
+        assert!(
+            devlock::text::columns(line) < 60,
+            "wider than the terminal: {line:?}"
+        );
+    }
+    assert!(
+        lines[0].starts_with("devlock: r · waiting ") && lines[0].contains('…'),
+        "{:?}",
+        lines[0]
+    );
+    assert!(
+        !out.contains("(mine)"),
+        "a live line needs no step: {out:?}"
+    );
+    let last = lines.iter().rev().find(|l| !l.is_empty()).unwrap();
+    assert!(devlock::text::columns(last) < 45, "{last:?}");
+    assert!(
+        out.contains("\r\x1b[KCOMMAND-OUTPUT"),
+        "line cleared before the command: {out:?}"
+    );
+}
+
+#[test]
+fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end() {
+    // make -j, xargs -P, a script: one process group on the terminal, so
+    // no devlock of it owns the line.
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
+    let pty = Pty::new(200);
+    let script = format!(
+        "{BIN} --step train-a r -- echo RAN-A & {BIN} --step train-b r -- echo RAN-B; wait"
+    );
+    let mut sh = pty.spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .env("DEVLOCK_DIR", s.dir()),
+    );
+    pty.wait_until("both waiting", |out| {
+        out.contains("(train-a)\r\n") && out.contains("(train-b)\r\n")
+    });
+    release(&s, "h");
+    let out = pty.wait_until("both done", |out| {
+        out.contains("RAN-A") && out.contains("RAN-B")
+    });
+    assert!(wait_child(&mut sh).success());
+    wait_child(&mut holder);
+    assert!(!out.contains("\x1b[K"), "drawn in place: {out:?}");
+    for step in ["train-a", "train-b"] {
+        let waiting = out
+            .lines()
+            .filter(|l| l.contains("· waiting") && l.ends_with(&format!("({step})")))
+            .count();
+        let got = out
+            .lines()
+            .filter(|l| l.starts_with("devlock: got r after ") && l.ends_with(&format!("({step})")))
+            .count();
+        assert_eq!((waiting, got), (1, 1), "{step}: {out:?}");
+    }
+}
+
+#[test]
+fn a_waiter_in_the_background_never_draws_over_the_prompt() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
+    let pty = Pty::new(80);
+    // With job control, `&` puts the job in a background process group.
+    let script = format!("set -m; {BIN} --step bg r -- echo RAN-BG & wait");
+    let mut sh = pty.spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .env("DEVLOCK_DIR", s.dir()),
+    );
+    pty.wait_for("(bg)\r\n");
+    release(&s, "h");
+    let out = pty.wait_for("RAN-BG");
+    assert!(wait_child(&mut sh).success());
+    wait_child(&mut holder);
+    assert!(!out.contains("\x1b[K"), "drawn in place: {out:?}");
+    assert!(out.contains("devlock: got r after "), "{out:?}");
+}
+
+#[test]
+fn every_line_in_a_log_names_the_waiters_step() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
+    let mut w = s
+        .devlock()
+        .args([
+            "--step",
+            "train-b",
+            "--report-every",
+            "50ms",
+            "r",
+            "--",
+            "true",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(w.stderr.take().unwrap());
+    let mut seen = wait_for_line(&mut err, "waiting");
+    seen += &wait_for_line(&mut err, "waiting");
+    release(&s, "h");
+    seen += &wait_for_line(&mut err, "got r after");
+    assert!(wait_child(&mut w).success());
+    wait_child(&mut holder);
+    for line in seen.lines() {
+        assert!(line.ends_with(" (train-b)"), "{line:?} in {seen}");
+    }
+    assert!(
+        seen.lines()
+            .last()
+            .unwrap()
+            .starts_with("devlock: got r after "),
+        "{seen}"
+    );
+}

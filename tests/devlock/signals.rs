@@ -1,0 +1,446 @@
+//! Each stop signal reaches the command exactly once, counted inside the
+//! command, for each way people send one: to devlock's pid, to its
+//! process group, typed at a terminal (a real pty, alone and under a tool
+//! that shares the group), and through timeout(1); and a program that
+//! reads the terminal keeps working in the foreground, Ctrl-Z included.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::harness::*;
+
+/// The command under test: this test binary running [`signal_counter`],
+/// which writes a line to `got` in its handler for every SIGINT and
+/// SIGTERM the kernel delivers to it. (A shell's trap or a Python handler
+/// runs once for two signals that arrive close together, so neither can
+/// count.) It says who it and its parent are, and runs until `release`.
+struct Counter {
+    got: PathBuf,
+    pids: PathBuf,
+    release: PathBuf,
+    /// The command line that runs it, after `--`.
+    command: Vec<String>,
+}
+
+impl Counter {
+    fn new(s: &Scratch, tag: &str) -> Counter {
+        let got = s.work(&format!("got-{tag}"));
+        let pids = s.work(&format!("pids-{tag}"));
+        let release = s.work(&format!("release-{tag}"));
+        let exe = std::env::current_exe().unwrap();
+        let command = vec![
+            "env".to_owned(),
+            format!("DEVLOCK_TEST_COUNTER={}", got.display()),
+            format!("DEVLOCK_TEST_COUNTER_PIDS={}", pids.display()),
+            format!("DEVLOCK_TEST_COUNTER_RELEASE={}", release.display()),
+            exe.display().to_string(),
+            "signals::signal_counter".to_owned(),
+            "--exact".to_owned(),
+            "--ignored".to_owned(),
+            "--quiet".to_owned(),
+            "--test-threads=1".to_owned(),
+        ];
+        Counter {
+            got,
+            pids,
+            release,
+            command,
+        }
+    }
+
+    /// `devlock ARGS -- COUNTER`'s arguments after `devlock`.
+    fn args(&self, args: &[&str]) -> Vec<String> {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.push("--".to_owned());
+        all.extend(self.command.iter().cloned());
+        all
+    }
+
+    /// The command's pid and its parent's (devlock's), once it runs.
+    fn pids(&self) -> (u32, u32) {
+        wait_for_file(&self.pids);
+        let text = std::fs::read_to_string(&self.pids).unwrap();
+        let mut words = text.split_whitespace().map(|w| w.parse().unwrap());
+        (words.next().unwrap(), words.next().unwrap())
+    }
+
+    /// Waits until the command heard something, devlock has dealt with
+    /// every copy it got (none pending, asleep waiting for the next), and
+    /// the command has taken delivery of whatever devlock passed on; then
+    /// lets it end and returns what it heard.
+    fn settle(&self, command: u32, devlock: u32, sig: i32) -> Vec<String> {
+        until("the command to hear the signal", || {
+            self.heard().next().is_some()
+        });
+        self.settle_quietly(command, devlock, sig);
+        self.heard().collect()
+    }
+
+    /// [`Counter::settle`] without waiting for the command to hear anything.
+    fn settle_quietly(&self, command: u32, devlock: u32, sig: i32) {
+        until("devlock to deal with its copies", || {
+            let gone = !Path::new(&format!("/proc/{devlock}")).exists();
+            gone || (!pending(devlock, sig) && waiting_for_signals(devlock))
+        });
+        until("the command to take delivery", || !pending(command, sig));
+        std::fs::write(&self.release, "").unwrap();
+        wait_gone(command);
+    }
+
+    fn heard(&self) -> impl Iterator<Item = String> {
+        std::fs::read_to_string(&self.got)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+}
+
+/// Polls `ok` until it holds; only a hang fails.
+fn until(what: &str, ok: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < HANG, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Whether `sig` is pending for `pid` (for the process or its main thread).
+fn pending(pid: u32, sig: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let bit = 1u64 << (sig - 1);
+    status.lines().any(|line| {
+        let Some((name, mask)) = line.split_once(':') else {
+            return false;
+        };
+        matches!(name, "SigPnd" | "ShdPnd")
+            && u64::from_str_radix(mask.trim(), 16).is_ok_and(|m| m & bit != 0)
+    })
+}
+
+/// Whether devlock's main thread sleeps waiting for signals: in
+/// rt_sigtimedwait(2), as its wait channel or its system call says.
+fn waiting_for_signals(pid: u32) -> bool {
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    wchan.contains("sigtimedwait")
+        || syscall
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<libc::c_long>().ok())
+            == Some(libc::SYS_rt_sigtimedwait)
+}
+
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: plain kill(2) of a process or group this test started.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {pid} {sig}");
+}
+
+fn spawn_quiet(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn once(heard: &[String], what: &str, path: &str) {
+    assert_eq!(heard, [what], "{path}: the command heard {heard:?}");
+}
+
+#[test]
+fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
+    for (sig, name) in [(libc::SIGINT, "INT"), (libc::SIGTERM, "TERM")] {
+        let s = Scratch::new();
+        let counter = Counter::new(&s, "pid");
+        let mut devlock = spawn_quiet(s.devlock().args(counter.args(&["r"])));
+        let (command, parent) = counter.pids();
+        assert_eq!(parent, devlock.id());
+        kill(devlock.id() as i32, sig);
+        once(&counter.settle(command, parent, sig), name, "kill PID");
+        assert!(wait_child(&mut devlock).success());
+    }
+}
+
+/// A second copy sent a moment after the first merges with it unseen when
+/// it comes before the first is delivered: the paths where devlock could
+/// add one are tried a few times.
+const ROUNDS: usize = 8;
+
+#[test]
+fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once() {
+    // As a shell runs a job, CI runners and Slurm stop one: the whole
+    // process group devlock was started in.
+    for round in 0..ROUNDS {
+        let s = Scratch::new();
+        let counter = Counter::new(&s, "group");
+        let mut devlock = spawn_quiet(s.devlock().args(counter.args(&["r"])).process_group(0));
+        let (command, parent) = counter.pids();
+        kill(-(devlock.id() as i32), libc::SIGINT);
+        let heard = counter.settle(command, parent, libc::SIGINT);
+        once(&heard, "INT", &format!("kill -- -PGID, round {round}"));
+        assert!(wait_child(&mut devlock).success());
+    }
+}
+
+#[test]
+fn timeout_reaches_the_command_once() {
+    // timeout(1) signals its child and then its whole process group. It
+    // does so when its time is up, or when it is itself told to stop,
+    // which lets the test pick the moment instead of guessing a duration.
+    if !have_tool("timeout") {
+        return;
+    }
+    for round in 0..ROUNDS {
+        let s = Scratch::new();
+        let counter = Counter::new(&s, "timeout");
+        let mut timeout = spawn_quiet(
+            Command::new("timeout")
+                .args(["-s", "INT", "1h", BIN])
+                .args(counter.args(&["r"]))
+                .env("DEVLOCK_DIR", s.dir()),
+        );
+        let (command, devlock) = counter.pids();
+        kill(timeout.id() as i32, libc::SIGINT);
+        let heard = counter.settle(command, devlock, libc::SIGINT);
+        once(&heard, "INT", &format!("timeout, round {round}"));
+        wait_child(&mut timeout);
+    }
+}
+
+#[test]
+fn ctrl_c_at_a_terminal_reaches_the_command_once() {
+    // devlock as the terminal's job, and devlock under a shell that shares
+    // its process group (as make and scripts do).
+    let s = Scratch::new();
+    for (tag, shared) in [("alone", false), ("shared", true)] {
+        let counter = Counter::new(&s, tag);
+        let pty = Pty::new(80);
+        let mut leader = if shared {
+            let mut line = vec![BIN.to_owned()];
+            line.extend(counter.args(&["r"]));
+            pty.spawn(
+                Command::new("sh")
+                    .args(["-c", &format!("{}; true", sh_line(&line))])
+                    .env("DEVLOCK_DIR", s.dir()),
+            )
+        } else {
+            pty.spawn(s.devlock().args(counter.args(&["r"])))
+        };
+        let (command, devlock) = counter.pids();
+        pty.type_in(b"\x03");
+        once(&counter.settle(command, devlock, libc::SIGINT), "INT", tag);
+        wait_child(&mut leader);
+    }
+}
+
+#[test]
+fn ctrl_c_under_make_j_reaches_each_command_once() {
+    if !have_tool("make") {
+        return;
+    }
+    let s = Scratch::new();
+    let a = Counter::new(&s, "a");
+    let b = Counter::new(&s, "b");
+    let recipe = |c: &Counter, r: &str| {
+        let mut line = vec![BIN.to_owned(), r.to_owned(), "--".to_owned()];
+        line.extend(c.command.iter().cloned());
+        format!("\t{}\n", sh_line(&line).replace('$', "$$"))
+    };
+    let makefile = s.work("Makefile");
+    std::fs::write(
+        &makefile,
+        format!(
+            "all: a b\na:\n{}b:\n{}",
+            recipe(&a, "gpu:0"),
+            recipe(&b, "gpu:1")
+        ),
+    )
+    .unwrap();
+    let pty = Pty::new(80);
+    let mut make = pty.spawn(
+        Command::new("make")
+            .args(["-s", "-j2", "-f"])
+            .arg(&makefile)
+            .env("DEVLOCK_DIR", s.dir()),
+    );
+    let (command_a, devlock_a) = a.pids();
+    let (command_b, devlock_b) = b.pids();
+    pty.type_in(b"\x03");
+    // Both hear it before either may end: make stops the other recipe when
+    // one fails.
+    until("both commands to hear it", || {
+        a.heard().next().is_some() && b.heard().next().is_some()
+    });
+    let heard_a = a.settle(command_a, devlock_a, libc::SIGINT);
+    let heard_b = b.settle(command_b, devlock_b, libc::SIGINT);
+    once(&heard_a, "INT", "make -j, recipe a");
+    once(&heard_b, "INT", "make -j, recipe b");
+    wait_child(&mut make);
+}
+
+/// A shell line that runs `args` (quoted for sh).
+fn sh_line(args: &[String]) -> String {
+    args.iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn a_command_reading_the_terminal_works_in_the_foreground() {
+    let s = Scratch::new();
+    let pty = Pty::new(80);
+    let mut devlock = pty.spawn(s.devlock().args([
+        "r",
+        "--",
+        "sh",
+        "-c",
+        "printf 'name? '; read name; echo \"hello, $name\"",
+    ]));
+    pty.wait_for("name? ");
+    pty.type_in(b"devlock\n");
+    pty.wait_for("hello, devlock");
+    assert!(wait_child(&mut devlock).success());
+}
+
+#[test]
+fn ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again() {
+    if !have_tool("bash") {
+        return;
+    }
+    let s = Scratch::new();
+    let pty = Pty::new(120);
+    let mut shell = pty.spawn(
+        Command::new("bash")
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "PROMPT> ")
+            .env("DEVLOCK_DIR", s.dir())
+            .env_remove("PROMPT_COMMAND"),
+    );
+    pty.wait_for("PROMPT> ");
+    let line = sh_line(&[
+        BIN.to_owned(),
+        "r".to_owned(),
+        "--".to_owned(),
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "echo first-prompt; read a; echo \"a=$a\"; echo second-prompt; read b; echo \"b=$b\""
+            .to_owned(),
+    ]);
+    pty.type_in(format!("{line}\n").as_bytes());
+    pty.wait_for("first-prompt");
+    pty.type_in(b"one\n");
+    pty.wait_for("a=one");
+    pty.wait_for("second-prompt");
+    let mark = pty.output().len();
+    pty.type_in(b"\x1a");
+    // The shell sees the job stopped and prompts again.
+    pty.wait_until("the job stopped", |out| {
+        out[mark..].contains("Stopped") && out[mark..].contains("PROMPT> ")
+    });
+    assert!(
+        !flock_is_free(&s.lock_path("r")),
+        "a stopped job keeps its lock"
+    );
+    let mark = pty.output().len();
+    pty.type_in(b"fg\n");
+    pty.type_in(b"two\n");
+    pty.wait_until("the job to read on, then the prompt", |out| {
+        let after = &out[mark..];
+        after
+            .find("b=two")
+            .is_some_and(|at| after[at..].contains("PROMPT> "))
+    });
+    pty.type_in(b"exit\n");
+    wait_child(&mut shell);
+    assert!(flock_is_free(&s.lock_path("r")));
+}
+
+#[test]
+fn a_signal_the_command_sends_devlock_is_not_passed_back() {
+    let s = Scratch::new();
+    let mut counter = Counter::new(&s, "self");
+    counter
+        .command
+        .insert(1, "DEVLOCK_TEST_COUNTER_KILL_PARENT=1".to_owned());
+    let mut devlock = spawn_quiet(s.devlock().args(counter.args(&["r"])));
+    let (command, parent) = counter.pids();
+    counter.settle_quietly(command, parent, libc::SIGINT);
+    assert_eq!(counter.heard().count(), 0, "passed back to the command");
+    assert!(wait_child(&mut devlock).success());
+}
+
+/// The file the counter's handler writes to.
+static COUNTER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn count(sig: libc::c_int) {
+    let line: &[u8] = if sig == libc::SIGINT {
+        b"INT\n"
+    } else {
+        b"TERM\n"
+    };
+    // SAFETY: write(2) is async-signal-safe; the descriptor stays open.
+    unsafe {
+        libc::write(
+            COUNTER_FD.load(std::sync::atomic::Ordering::Relaxed),
+            line.as_ptr().cast(),
+            line.len(),
+        )
+    };
+}
+
+/// Not a test: the command of the tests above (see [`Counter`]); it does
+/// nothing unless they run it.
+#[test]
+#[ignore = "the command the signal tests run"]
+fn signal_counter() {
+    let Some(got) = std::env::var_os("DEVLOCK_TEST_COUNTER") else {
+        return;
+    };
+    let var = |name: &str| PathBuf::from(std::env::var_os(name).unwrap());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(got)
+        .unwrap();
+    COUNTER_FD.store(
+        std::os::fd::IntoRawFd::into_raw_fd(file),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a handler that only writes; SA_RESTART keeps the loop's
+        // calls going.
+        unsafe {
+            let mut action = std::mem::zeroed::<libc::sigaction>();
+            action.sa_sigaction = count as *const () as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+    let pids = var("DEVLOCK_TEST_COUNTER_PIDS");
+    let tmp = pids.with_extension("tmp");
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() };
+    std::fs::write(&tmp, format!("{} {parent}", std::process::id())).unwrap();
+    std::fs::rename(&tmp, &pids).unwrap();
+    if std::env::var_os("DEVLOCK_TEST_COUNTER_KILL_PARENT").is_some() {
+        // SAFETY: a signal to our parent, devlock.
+        unsafe { libc::kill(parent, libc::SIGINT) };
+    }
+    // On the CPU rather than asleep, so that a signal is delivered the
+    // moment it is sent and a second copy cannot merge with the first
+    // unseen; it looks for `release` now and then.
+    let release = var("DEVLOCK_TEST_COUNTER_RELEASE");
+    let mut spins = 0u64;
+    loop {
+        std::hint::spin_loop();
+        spins += 1;
+        if spins.is_multiple_of(200_000) && release.exists() {
+            break;
+        }
+    }
+}
