@@ -168,3 +168,127 @@ fn every_line_in_a_log_names_the_waiters_step() {
         "{seen}"
     );
 }
+
+/// Stops `waiter` (in a process group of its own, which a job-control shell
+/// would continue) with SIGTSTP, as Ctrl-Z would, and waits until it has
+/// left the line and stopped.
+fn ctrl_z(s: &Scratch, waiter: &std::process::Child) {
+    // SAFETY: a signal to the process group this test made for the waiter.
+    assert_eq!(
+        unsafe { libc::kill(-(waiter.id() as i32), libc::SIGTSTP) },
+        0
+    );
+    poll_until(
+        "the waiter to stop",
+        || devlock::procfs::is_stopped(waiter.id()),
+        |stopped| *stopped,
+    );
+    let view = s.resource_status("r");
+    assert_eq!(registered_waiters(&view), 0, "it left the line: {view}");
+}
+
+#[test]
+fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines() {
+    use std::os::unix::process::CommandExt;
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
+    // In a log: the line names the waiter's step.
+    let mut w = s
+        .devlock()
+        .args(["--step", "mine", "r", "--", "true"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(w.stderr.take().unwrap());
+    wait_for_line(&mut err, "· waiting");
+    ctrl_z(&s, &w);
+    signal(w.id(), libc::SIGCONT);
+    let said = wait_for_line(&mut err, "continued");
+    assert!(
+        said.lines()
+            .any(|l| l == "devlock: continued; back in line for r, at the end (mine)"),
+        "{said:?}"
+    );
+    s.wait_for_status("r", "the waiter back in line", |v| {
+        registered_waiters(v) == 1
+    });
+    // With -q: nothing, and still back in line.
+    let q = s
+        .devlock()
+        .args(["-q", "--step", "quiet", "r", "--", "true"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    s.wait_for_status("r", "the quiet waiter", |v| registered_waiters(v) == 2);
+    // SAFETY: as in ctrl_z.
+    assert_eq!(unsafe { libc::kill(-(q.id() as i32), libc::SIGTSTP) }, 0);
+    poll_until(
+        "the quiet waiter to stop",
+        || devlock::procfs::is_stopped(q.id()),
+        |stopped| *stopped,
+    );
+    s.wait_for_status("r", "the quiet waiter out of line", |v| {
+        registered_waiters(v) == 1
+    });
+    signal(q.id(), libc::SIGCONT);
+    s.wait_for_status("r", "the quiet waiter back in line", |v| {
+        registered_waiters(v) == 2
+    });
+    release(&s, "h");
+    wait_child(&mut holder);
+    assert!(wait_child(&mut w).success());
+    let out = q.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "-q says nothing");
+}
+
+#[test]
+fn back_in_line_fits_a_narrow_terminal() {
+    if !have_tool("bash") {
+        return;
+    }
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
+    let pty = Pty::new(40);
+    let mut shell = pty.spawn(
+        Command::new("bash")
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "PROMPT> ")
+            .env("DEVLOCK_DIR", s.dir())
+            .env_remove("PROMPT_COMMAND"),
+    );
+    pty.wait_for("PROMPT> ");
+    pty.type_in(format!("{BIN} --step mine r -- sh -c 'echo ran-$((6*7))'\n").as_bytes());
+    pty.wait_for("1st in line");
+    let mark = pty.output().len();
+    pty.type_in(b"\x1a");
+    pty.wait_until("the job stopped", |out| {
+        out[mark..].contains("Stopped") && out[mark..].contains("PROMPT> ")
+    });
+    let mark = pty.output().len();
+    pty.type_in(b"fg\n");
+    pty.wait_until("back in line", |out| {
+        out[mark..].contains("devlock: continued")
+    });
+    release(&s, "h");
+    // Not the typed line's echo: the command's own output.
+    let out = pty.wait_for("ran-42");
+    let after = &out[mark..];
+    let at = after.find("devlock: continued").unwrap();
+    let line = after[at..].split(['\r', '\n']).next().unwrap();
+    assert!(
+        devlock::text::columns(line) < 40 && line.starts_with("devlock: continued; back in line"),
+        "{line:?}"
+    );
+    assert!(
+        !line.contains("(mine)"),
+        "its own line needs no step: {line:?}"
+    );
+    wait_child(&mut holder);
+    pty.type_in(b"exit\n");
+    wait_child(&mut shell);
+}

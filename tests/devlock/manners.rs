@@ -351,3 +351,70 @@ fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_gro
     std::fs::write(&release_file, "").unwrap();
     wait_gone(command);
 }
+
+#[test]
+fn a_group_row_borrows_only_a_label_its_member_backs() {
+    let s = Scratch::new();
+    let ready = s.work("ready");
+    let release_file = s.work("release");
+    let pidfile = s.work("pid");
+    let mut holder = s.hold(
+        &["--step", "train", "gpu:0"],
+        &format!(
+            "echo $$ > {pid}; echo > {ready}; while [ ! -e {release} ]; do sleep 0.01; done",
+            pid = pidfile.display(),
+            ready = ready.display(),
+            release = release_file.display()
+        ),
+        &ready,
+    );
+    let command = pid_in(&pidfile);
+    s.wait_for_status("gpu:0", "the holder's record", |v| {
+        v["holders"][0]["pids"]
+            .as_array()
+            .is_some_and(|p| p.len() == 2)
+    });
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // The group's own label, the shared hold's registration that the
+    // command inherited, is gone too: someone removed the file.
+    let mut removed = 0;
+    for entry in std::fs::read_dir(s.dir()).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".gpu@") && name.ends_with(".hold") {
+            std::fs::remove_file(entry.path()).unwrap();
+            removed += 1;
+        }
+    }
+    assert_eq!(removed, 1, "the group's hold registration");
+    let group = s.resource_status("gpu");
+    let h = &group["holders"][0];
+    assert_eq!(
+        (h["step"].as_str(), h["source"].as_str(), h["via"].as_str()),
+        (Some("train"), Some("inherited"), Some("gpu:0")),
+        "the member's label: {group}"
+    );
+    assert_eq!(h["pid"], command, "{group}");
+    // A member label that its own file does not back (the record's command
+    // with another start time) is not borrowed either.
+    let member = s.lock_path("gpu:0");
+    let mut record = devlock::record::read_from(&std::fs::File::open(&member).unwrap())
+        .valid()
+        .expect("the member's record");
+    record.child_start = record.child_start.map(|t| t + 1);
+    record
+        .write_to(
+            &std::fs::OpenOptions::new()
+                .write(true)
+                .open(&member)
+                .unwrap(),
+        )
+        .unwrap();
+    let view = s.resource_status("gpu:0");
+    assert!(view["holders"][0]["step"].is_null(), "{view}");
+    let group = s.resource_status("gpu");
+    assert!(group["holders"][0]["step"].is_null(), "{group}");
+    assert_eq!(group["holders"][0]["source"], "inherited", "{group}");
+    std::fs::write(&release_file, "").unwrap();
+    wait_gone(command);
+}

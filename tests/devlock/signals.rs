@@ -359,6 +359,144 @@ fn ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again() {
     assert!(flock_is_free(&s.lock_path("r")));
 }
 
+/// The pid of the process whose command line starts with `argv0` and
+/// holds `word`.
+fn pid_running(argv0: &str, word: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            (args.first() == Some(&argv0.as_bytes()) && args.contains(&word.as_bytes()))
+                .then_some(pid)
+        })
+}
+
+/// Whether `pid`'s main thread is in write(2) on `fd`.
+fn writing_to(pid: u32, fd: u32) -> bool {
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    let mut words = syscall.split_whitespace();
+    words.next().and_then(|n| n.parse::<libc::c_long>().ok()) == Some(libc::SYS_write)
+        && words.next() == Some(&format!("{fd:#x}"))
+}
+
+#[test]
+fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
+    // devlock holds job stops back from the moment it starts until the
+    // command runs (a stopped devlock must not keep a place in line). A
+    // Ctrl-Z held back at the very end, once the lock is taken, is the
+    // job's: the command, which now has the terminal, stops with devlock,
+    // and fg gives it the terminal again. The moment is made to last: the
+    // one line devlock says before it starts the command (a directory
+    // another user made) goes into a pipe that is full.
+    if !can_play_users("a Ctrl-Z just before the start", &["bash", "mkdir"]) {
+        return;
+    }
+    let s = Scratch::new();
+    let dir = s.work("squat");
+    let d = dir.to_str().unwrap().to_owned();
+    assert!(
+        as_user(USER_A, "mkdir")
+            .args(["-m", "1777", &d])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let fifo = s.work("stderr");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let reader = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap()
+    };
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut fill = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let block = [b'.'; 4096];
+        while fill.write(&block).is_ok() {}
+    }
+    let pty = Pty::new(120);
+    let mut shell = pty.spawn(
+        Command::new("bash")
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "PROMPT> ")
+            .env_remove("PROMPT_COMMAND"),
+    );
+    pty.wait_for("PROMPT> ");
+    let line = sh_line(&[
+        BIN.to_owned(),
+        "--dir".to_owned(),
+        d.clone(),
+        "r".to_owned(),
+        "--".to_owned(),
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "read a; echo \"a=$a\"".to_owned(),
+    ]);
+    pty.type_in(format!("{line} 2>{}\n", fifo.display()).as_bytes());
+    let devlock = std::cell::Cell::new(0);
+    until("devlock to hold the lock and write its warning", || {
+        devlock.set(pid_running(BIN, &d).unwrap_or(0));
+        devlock.get() != 0 && writing_to(devlock.get(), 2)
+    });
+    let devlock = devlock.get();
+    assert!(!flock_is_free(&dir.join("r.lock")), "it holds the lock");
+    let mark = pty.output().len();
+    pty.type_in(b"\x1a");
+    until("the Ctrl-Z to be held back", || {
+        pending(devlock, libc::SIGTSTP)
+    });
+    // Let the warning through: the command starts, and the job stops.
+    let drain = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut reader = reader;
+        let mut said = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => said.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        String::from_utf8_lossy(&said).into_owned()
+    });
+    pty.wait_until("the job stopped", |out| {
+        out[mark..].contains("Stopped") && out[mark..].contains("PROMPT> ")
+    });
+    assert!(
+        !flock_is_free(&dir.join("r.lock")),
+        "a stopped job keeps its lock"
+    );
+    let mark = pty.output().len();
+    pty.type_in(b"fg\n");
+    pty.type_in(b"one\n");
+    pty.wait_until("the command to read the terminal, then the prompt", |out| {
+        let after = &out[mark..];
+        after
+            .find("a=one")
+            .is_some_and(|at| after[at..].contains("PROMPT> "))
+    });
+    pty.type_in(b"exit\n");
+    wait_child(&mut shell);
+    let said = drain.join().unwrap();
+    assert!(said.contains("devlock: warning: "), "{said:?}");
+    assert!(flock_is_free(&dir.join("r.lock")));
+}
+
 #[test]
 fn a_signal_the_command_sends_devlock_is_not_passed_back() {
     let s = Scratch::new();

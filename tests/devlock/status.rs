@@ -485,3 +485,26 @@ fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     release(&s, "h");
     wait_child(&mut holder);
 }
+
+#[test]
+fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle() {
+    let s = Scratch::new();
+    assert!(s.run(&["idle", "--", "true"]).status.success());
+    // A FIFO where a lock file should be: status cannot say it is free.
+    nix::unistd::mkfifo(
+        &s.lock_path("odd"),
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .unwrap();
+    let table = stdout(&s.run(&["status"]));
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("odd ") && l.contains("unknown")),
+        "{table}"
+    );
+    assert!(
+        table.contains("(1 idle lock not shown: devlock status --all lists them)"),
+        "{table}"
+    );
+}
