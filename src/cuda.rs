@@ -174,7 +174,9 @@ impl Visible {
     }
 
     fn allows(&self, resource: &Resource) -> bool {
-        numbered_gpu(resource).is_none_or(|index| self.indices.contains(&index))
+        resource
+            .gpu_index()
+            .is_none_or(|index| self.indices.contains(&index))
     }
 
     /// Fails with a usage error naming both when a resource is a GPU
@@ -250,30 +252,18 @@ impl Visible {
     }
 }
 
-/// N of a resource `gpu:N`.
-fn numbered_gpu(resource: &Resource) -> Option<u32> {
-    resource.as_str().strip_prefix("gpu:")?.parse().ok()
-}
-
 /// Whether the caller's set matters for these resources: some are `gpu:N`.
 pub fn concerns(resources: &[Resource]) -> bool {
-    resources.iter().any(|r| numbered_gpu(r).is_some())
+    resources.iter().any(|r| r.gpu_index().is_some())
 }
 
 /// What the command is told about the GPUs it holds: their indices in
 /// numeric order (rank 0 on the lowest), numbered as nvidia-smi does, so
-/// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Nothing when it holds none by
-/// number (or holds a non-numbered member of `gpu`), so the caller's own
-/// setting passes through.
-pub fn child_env(held: &[&str]) -> Vec<(&'static str, String)> {
-    let gpus: Vec<&str> = held.iter().filter_map(|n| n.strip_prefix("gpu:")).collect();
-    let mut indices: Vec<u32> = Vec::new();
-    for gpu in &gpus {
-        match gpu.parse() {
-            Ok(index) => indices.push(index),
-            Err(_) => return Vec::new(),
-        }
-    }
+/// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Nothing when it holds no `gpu:N`
+/// (the whole `gpu` group, say), so the caller's own setting passes
+/// through.
+pub fn child_env<'a>(held: impl IntoIterator<Item = &'a Resource>) -> Vec<(&'static str, String)> {
+    let mut indices: Vec<u32> = held.into_iter().filter_map(Resource::gpu_index).collect();
     if indices.is_empty() {
         return Vec::new();
     }
@@ -355,14 +345,17 @@ mod tests {
 
     #[test]
     fn several_devices_are_exported_in_numeric_order() {
+        let r = |s: &str| s.parse::<Resource>().unwrap();
         assert_eq!(
-            child_env(&["gpu:10", "gpu:2"]),
+            child_env(&[r("gpu:10"), r("gpu:2")]),
             [
                 ("CUDA_VISIBLE_DEVICES", "2,10".to_owned()),
                 ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_owned())
             ]
         );
-        assert!(child_env(&["gpu", "dataset"]).is_empty());
-        assert!(child_env(&["gpu:x"]).is_empty());
+        assert!(child_env(&[r("gpu"), r("dataset")]).is_empty());
+        // A member of gpu that is not an index is no resource at all (one
+        // name per device), so none can leave the variable unset unseen.
+        assert!("gpu:x".parse::<Resource>().is_err());
     }
 }

@@ -16,12 +16,10 @@ pub const GPU_GROUP: &str = "gpu";
 /// The device indices a resource stands for: `gpu:N` is device N, `gpu` is
 /// every device; other names are not devices.
 pub fn gpu_indices(resource: &Resource, all: &[u32]) -> Option<Vec<u32>> {
-    let name = resource.as_str();
-    if name == GPU_GROUP {
+    if resource.as_str() == GPU_GROUP {
         return Some(all.to_vec());
     }
-    let index = name.strip_prefix("gpu:")?.parse().ok()?;
-    Some(vec![index])
+    Some(vec![resource.gpu_index()?])
 }
 
 /// A lock that gates devices: its resource and who holds it.

@@ -84,6 +84,12 @@ impl Resource {
         Resource::parse(OsStr::new(group)).ok()
     }
 
+    /// N of a GPU member `gpu:N`: one number per device, as parsing
+    /// admits only its canonical name.
+    pub fn gpu_index(&self) -> Option<u32> {
+        self.0.strip_prefix("gpu:")?.parse().ok()
+    }
+
     /// The resource a lock file's path belongs to.
     pub fn from_lock_path(path: &std::path::Path) -> Option<Resource> {
         Resource::from_file_name(path.file_name()?.to_str()?)
@@ -189,6 +195,10 @@ mod tests {
             assert!(err.contains(want), "{name}: {err}");
         }
         assert_eq!(Resource::from_file_name("gpu:00.lock"), None);
+        let r = |s: &str| Resource::parse(OsStr::new(s)).unwrap();
+        assert_eq!(r("gpu:65535").gpu_index(), Some(65535));
+        assert_eq!(r("gpu").gpu_index(), None);
+        assert_eq!(r("tpu:3").gpu_index(), None);
     }
 
     #[test]

@@ -504,7 +504,7 @@ pub(crate) fn pass_through(command: &[OsString], env: &supervise::Env) -> ExitCo
 /// members an `--any` chose, not the groups taken on their behalf), the
 /// matching CUDA devices, and its semaphore slot.
 fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::Env {
-    let mut names = Vec::new();
+    let mut got = Vec::new();
     let mut slot = None;
     for (resource, took) in taken {
         if let Taken::Held(held) = took {
@@ -513,8 +513,9 @@ fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::
             }
             slot = slot.or(held.slot.as_ref().map(|(s, _)| *s));
         }
-        names.push(resource.as_str());
+        got.push(resource);
     }
+    let names: Vec<&str> = got.iter().map(|r| r.as_str()).collect();
     // Absolute, so that a nested devlock that changed directory meets the
     // same gate, and byte for byte as given (not every path is UTF-8).
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
@@ -525,7 +526,7 @@ fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::
     if let Some(slot) = slot {
         env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
     }
-    for (name, value) in crate::cuda::child_env(&names) {
+    for (name, value) in crate::cuda::child_env(got) {
         env.push((name.into(), value.into()));
     }
     env
