@@ -196,11 +196,11 @@ impl PathWatch<'_> {
                     continue;
                 }
                 self.warned = true;
-                eprintln!(
+                crate::tty::say_while_command_runs(&format!(
                     "devlock: warning: {} no longer names the file this job holds (someone renamed or \
-                     removed it); another devlock may now take {name} beside this one",
+                     removed it); another devlock may now take {name} beside this one\n",
                     file.path().display()
-                );
+                ));
                 if let Ok(reg) = crate::waiters::Registration::create(
                     self.dir,
                     name,

@@ -131,3 +131,22 @@ impl Terminal {
         }
     }
 }
+
+/// Writes `text` to stderr in one call even when devlock's group is not
+/// the terminal's foreground group (the command's group has the terminal
+/// while it runs): with `stty tostop` such a write would stop devlock by
+/// SIGTTOU, and with it the job as the shell sees it, so SIGTTOU is held
+/// off this thread meanwhile (the kernel then lets the write through).
+pub fn say_while_command_runs(text: &str) {
+    use std::io::Write;
+    // SAFETY: plain signal-mask calls on sets we initialise.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        let mut old = std::mem::zeroed::<libc::sigset_t>();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        let _ = std::io::stderr().write_all(text.as_bytes());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}

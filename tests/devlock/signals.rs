@@ -498,6 +498,56 @@ fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
 }
 
 #[test]
+fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job() {
+    // With `stty tostop`, a process outside the terminal's foreground group
+    // that writes to it is stopped. While the command runs it has the
+    // terminal and devlock does not, yet devlock may have to say that its
+    // lock file was renamed away.
+    if !have_tool("bash") {
+        return;
+    }
+    let s = Scratch::new();
+    let pty = Pty::new(200);
+    let mut shell = pty.spawn(
+        Command::new("bash")
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "PROMPT> ")
+            .env("DEVLOCK_DIR", s.dir())
+            .env_remove("PROMPT_COMMAND"),
+    );
+    pty.wait_for("PROMPT> ");
+    pty.type_in(b"stty tostop\n");
+    let line = sh_line(&[
+        BIN.to_owned(),
+        "r".to_owned(),
+        "--".to_owned(),
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "echo reading-$((6*7)); read a; echo \"a=$a\"".to_owned(),
+    ]);
+    pty.type_in(format!("{line}\n").as_bytes());
+    // Not the typed line's echo: the command's own output.
+    pty.wait_for("reading-42");
+    std::fs::rename(s.lock_path("r"), s.dir().join("moved-away")).unwrap();
+    pty.wait_for("no longer names the file this job holds");
+    let mark = pty.output().len();
+    pty.type_in(b"one\n");
+    pty.wait_until("the command to read on, then the prompt", |out| {
+        let after = &out[mark..];
+        after
+            .find("a=one")
+            .is_some_and(|at| after[at..].contains("PROMPT> "))
+    });
+    assert!(
+        !pty.output().contains("Stopped"),
+        "the job stopped: {}",
+        pty.output()
+    );
+    pty.type_in(b"exit\n");
+    wait_child(&mut shell);
+}
+
+#[test]
 fn a_signal_the_command_sends_devlock_is_not_passed_back() {
     let s = Scratch::new();
     let mut counter = Counter::new(&s, "self");
