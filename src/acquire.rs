@@ -159,8 +159,13 @@ struct Entry {
 
 impl Entry {
     fn join(dir: &ScratchDir, request: &Request) -> Result<Entry> {
+        let lock = LockFile::open(dir, &request.name.file_name())?;
+        Entry::join_with(dir, request, lock)
+    }
+
+    /// Joins the line with a lock file already open (the fast path's).
+    fn join_with(dir: &ScratchDir, request: &Request, lock: LockFile) -> Result<Entry> {
         let name = request.name.file_name();
-        let lock = LockFile::open(dir, &name)?;
         let ticket = Ticket::take(
             dir,
             &name,
@@ -275,29 +280,45 @@ fn hold(
     held(request, lock, slot, ticket, label)
 }
 
+/// What the uncontended take came to.
+enum Fast {
+    Held(LockFile),
+    /// Busy, or someone in line: the lock file, when it was opened, for
+    /// the slow path to use.
+    No(Option<LockFile>),
+}
+
 /// The uncontended take: nobody in line and the lock free, without joining
 /// the line at all.
-fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Option<LockFile>> {
+fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Fast> {
     let name = request.name.file_name();
     if request.slots > 0 || !crate::queue::line_is_empty(dir, &name)? {
-        return Ok(None);
+        return Ok(Fast::No(None));
     }
     let mut lock = LockFile::open(dir, &name)?;
-    Ok(lock
-        .try_lock_at_path(dir, request.exclusive)?
-        .then_some(lock))
+    Ok(match lock.try_lock_at_path(dir, request.exclusive)? {
+        true => Fast::Held(lock),
+        false => Fast::No(Some(lock)),
+    })
 }
 
 /// Takes one request: at once when free, else waiting in line.
 pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
-    if let Some(lock) = take_if_nobody_waits(ctx.dir, request)? {
-        let held = hold(ctx, request.clone(), lock, None, None);
-        return Ok((Taken::Held(held), Waited::default()));
-    }
+    let opened = match take_if_nobody_waits(ctx.dir, request)? {
+        Fast::Held(lock) => {
+            let held = hold(ctx, request.clone(), lock, None, None);
+            return Ok((Taken::Held(held), Waited::default()));
+        }
+        Fast::No(opened) => opened,
+    };
+    let open_lock = |opened: Option<LockFile>| match opened {
+        Some(lock) => Ok(lock),
+        None => LockFile::open(ctx.dir, &request.name.file_name()),
+    };
     if ctx.no_wait && request.slots == 0 {
         // Without joining the line: a failing -n must never hold a place
         // in it, not even while it words its message.
-        let lock = LockFile::open(ctx.dir, &request.name.file_name())?;
+        let lock = open_lock(opened)?;
         if let Agreement::Slots(agreed @ 1..) =
             crate::queue::agreement(ctx.dir, &request.name.file_name())?
         {
@@ -316,7 +337,7 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         }
         return Err(busy(ctx.dir, request, &lock, ctx.plan));
     }
-    let mut entry = Entry::join(ctx.dir, request)?;
+    let mut entry = Entry::join_with(ctx.dir, request, open_lock(opened)?)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
         return Ok((Taken::Held(entry.into_held(ctx, slot)), Waited::default()));
     }
@@ -337,9 +358,12 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         .flatten()
         .into_iter()
         .collect();
-    let ((entry, slot), waited) = blocking(ctx, label, watches, vec![registration], |stop| {
-        entry.block(ctx.dir, stop)
-    })?;
+    // A semaphore's slots are raced on threads of their own.
+    let lazy = request.slots == 0;
+    let ((entry, slot), waited) =
+        blocking(ctx, label, watches, vec![registration], lazy, |stop| {
+            entry.block(ctx.dir, stop)
+        })?;
     Ok((Taken::Held(entry.into_held(ctx, slot)), waited))
 }
 
@@ -592,7 +616,7 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
     } else {
         Vec::new()
     };
-    let ((index, unit), waited) = blocking(ctx, label, watches, registrations, |stop| {
+    let ((index, unit), waited) = blocking(ctx, label, watches, registrations, false, |stop| {
         first_of(joined, stop, |unit, stop| unit.block(ctx.dir, stop))
     })?;
     Ok((index, unit.into_taken(ctx), waited))
@@ -697,6 +721,7 @@ fn blocking<T>(
     label: String,
     watches: Vec<wait::Watch>,
     registrations: Vec<Option<Registration>>,
+    lazy: bool,
     block: impl FnOnce(&Stop) -> Result<T>,
 ) -> Result<(T, Waited)> {
     match ctx.plan {
@@ -704,7 +729,12 @@ fn blocking<T>(
             // What another user could break is said before a long wait, not
             // only once the wait is over.
             crate::trust::flush(plan.quiet);
-            wait::wait_for(label, watches, registrations, plan, || block(&ctx.stop))
+            // Waited for on this thread, in lock calls a signal interrupts:
+            // the display may start late.
+            let lazy = lazy.then_some(&ctx.stop);
+            wait::wait_for(label, watches, registrations, plan, lazy, || {
+                block(&ctx.stop)
+            })
         }
         None => {
             let result = block(&ctx.stop);
@@ -799,9 +829,13 @@ fn inherited_modes(lock: &LockFile) -> Vec<bool> {
         let Some(name) = fd.file_name().to_str().map(str::to_owned) else {
             continue;
         };
+        // The cheap test first: most of our descriptors are close-on-exec.
+        if !inheritable(&name) {
+            continue;
+        }
         let same = std::fs::metadata(fd.path())
             .is_ok_and(|m| procfs::FileId::from_metadata(m.dev(), m.ino()) == lock.id());
-        if !same || !inheritable(&name) {
+        if !same {
             continue;
         }
         modes.extend(

@@ -271,18 +271,44 @@ pub fn restore(mask: &libc::sigset_t) {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
 }
 
+/// Something the waiting thread itself does when its lock call is
+/// interrupted (the waiting display's late start).
+type Hook = Box<dyn FnMut() + Send>;
+
 /// A request to stop, shared between a waiting thread and whoever decides.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Stop {
     requested: Arc<AtomicBool>,
     finished: Arc<AtomicBool>,
+    on_interrupt: Arc<std::sync::Mutex<Option<Hook>>>,
+}
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stop")
+            .field("requested", &self.requested)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Stop {
     /// Whether the waiting thread should keep waiting after an EINTR: not
-    /// when asked to stop, nor when a job stop came.
+    /// when asked to stop, nor when a job stop came. Runs the hook set with
+    /// [`Stop::on_interrupt`] first (on the waiting thread).
     pub fn keep_waiting(&self) -> bool {
+        if let Ok(mut hook) = self.on_interrupt.try_lock()
+            && let Some(hook) = hook.as_mut()
+        {
+            hook();
+        }
         !self.requested.load(Ordering::Acquire) && suspended().is_none()
+    }
+
+    /// Sets (or with `None` clears) what the waiting thread does each time
+    /// it looks whether to keep waiting.
+    pub fn on_interrupt(&self, hook: Option<Hook>) {
+        *self.on_interrupt.lock().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
     /// Called by the waiting thread when it no longer sleeps in a lock call.
@@ -300,5 +326,72 @@ impl Stop {
             unsafe { libc::pthread_kill(thread, signal()) };
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+/// A timer that interrupts the calling thread's lock call with the
+/// interrupt signal at a given moment, and again every `every` after it
+/// (the first may land just before the thread enters its call), until it
+/// is dropped or [`Alarm::disarm`]ed.
+#[derive(Debug)]
+pub struct Alarm {
+    timer: libc::timer_t,
+}
+
+impl Alarm {
+    /// Arms the alarm for this thread; `None` when the kernel refuses a
+    /// timer (then the caller does what it would have done on time at once).
+    pub fn at(when: std::time::Instant, every: Duration) -> Option<Alarm> {
+        install();
+        let first = when.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: sigevent is plain data; the kernel fills the timer id, and
+        // the thread id is this thread's, which outlives the alarm (it is
+        // dropped on the thread that made it).
+        let timer = unsafe {
+            let mut event = std::mem::zeroed::<libc::sigevent>();
+            event.sigev_notify = libc::SIGEV_THREAD_ID;
+            event.sigev_signo = signal();
+            event.sigev_notify_thread_id = libc::gettid();
+            let mut timer: libc::timer_t = std::ptr::null_mut();
+            if libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) != 0 {
+                return None;
+            }
+            timer
+        };
+        let alarm = Alarm { timer };
+        let spec = libc::itimerspec {
+            it_interval: timespec(every),
+            // Zero would disarm it: at least a nanosecond.
+            it_value: timespec(first.max(Duration::from_nanos(1))),
+        };
+        // SAFETY: our own timer, and a spec that lives through the call.
+        if unsafe { libc::timer_settime(alarm.timer, 0, &spec, std::ptr::null_mut()) } != 0 {
+            return None;
+        }
+        Some(alarm)
+    }
+
+    /// Stops the alarm (it may still have one signal in flight, which
+    /// interrupts nothing that is not retried).
+    pub fn disarm(&self) {
+        // SAFETY: a zero itimerspec disarms our own timer.
+        unsafe {
+            let off = std::mem::zeroed::<libc::itimerspec>();
+            libc::timer_settime(self.timer, 0, &off, std::ptr::null_mut());
+        }
+    }
+}
+
+impl Drop for Alarm {
+    fn drop(&mut self) {
+        // SAFETY: our own timer, deleted once.
+        unsafe { libc::timer_delete(self.timer) };
+    }
+}
+
+fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
     }
 }

@@ -13,13 +13,14 @@
 
 use std::io::Write;
 use std::os::unix::thread::JoinHandleExt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use crate::exit::ExitCode;
+use crate::interrupt::Stop;
 use crate::lockfile::LockFile;
 use crate::resource::Resource;
 use crate::scratch::ScratchDir;
@@ -35,6 +36,12 @@ const GAVE_UP: u8 = 2;
 /// The wait ended without the locks (a job stop, an error): the helper
 /// clears its display and ends.
 const LEFT: u8 = 3;
+
+/// How long a wait lasts before it is shown: a shorter one (the usual
+/// hand-off under contention, a few milliseconds) costs nothing beyond the
+/// kernel's sleep, and prints nothing. A deadline that comes first shows
+/// the wait at the deadline, just before the timeout says so.
+pub const SHOW_AFTER: Duration = Duration::from_millis(200);
 
 /// Width assumed for a terminal that does not say.
 const DEFAULT_COLUMNS: usize = 80;
@@ -117,6 +124,7 @@ pub fn wait_for<T>(
     watches: Vec<Watch>,
     registrations: Vec<Option<Registration>>,
     plan: &WaitPlan,
+    lazy: Option<&Stop>,
     block: impl FnOnce() -> Result<T>,
 ) -> Result<(T, Waited)> {
     if plan.quiet && plan.deadline.is_none() {
@@ -135,21 +143,76 @@ pub fn wait_for<T>(
     }
     let state = Arc::new(AtomicU8::new(WAITING));
     let started = Instant::now();
-    let display = Display::for_plan(plan);
-    let shown = Shown { label, watches };
-    let helper = {
-        let state = state.clone();
-        let plan = plan.clone();
-        std::thread::Builder::new()
-            .name("devlock-wait".into())
-            .stack_size(256 * 1024)
-            .spawn(move || helper(shown, registrations, state, started, plan, display))?
+    // What the helper takes once it starts; the display is asked for then
+    // too (on a terminal that costs a look at the process group).
+    let parts = Arc::new(Mutex::new(Some((Shown { label, watches }, registrations))));
+    let helper: Arc<Mutex<Option<Helper>>> = Arc::default();
+    let start = {
+        let (state, plan, parts, helper) =
+            (state.clone(), plan.clone(), parts.clone(), helper.clone());
+        move || {
+            let Some((shown, registrations)) = parts.lock().ok().and_then(|mut p| p.take()) else {
+                return;
+            };
+            let display = Display::for_plan(&plan);
+            let live = display == Display::Live && !plan.quiet;
+            let (state, plan) = (state.clone(), plan.clone());
+            let spawned = std::thread::Builder::new()
+                .name("devlock-wait".into())
+                .stack_size(256 * 1024)
+                .spawn(move || helper_thread(shown, registrations, state, started, plan, display));
+            if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
+                *slot = Some(Helper { handle, live });
+            }
+        }
+    };
+    // A wait that ends before it is worth showing never starts the helper:
+    // an alarm interrupts the lock call when it is due, and the waiting
+    // thread starts it then. Stopping signals meanwhile stay pending for the
+    // helper (or, once the locks are taken, for the check before the start).
+    let alarm = match lazy {
+        Some(stop) => {
+            let due = plan
+                .deadline
+                .map_or(started + SHOW_AFTER, |d| d.min(started + SHOW_AFTER));
+            match crate::interrupt::Alarm::at(due, Duration::from_millis(20)) {
+                Some(alarm) => {
+                    let mut start = Some(start);
+                    stop.on_interrupt(Some(Box::new(move || {
+                        if Instant::now() >= due
+                            && let Some(start) = start.take()
+                        {
+                            start();
+                        }
+                    })));
+                    Some((alarm, stop))
+                }
+                None => {
+                    start();
+                    None
+                }
+            }
+        }
+        None => {
+            start();
+            None
+        }
     };
     let held = {
         // Job stops reach this thread only (the helper keeps them held), and
         // interrupt its lock call.
         let _stops = crate::interrupt::CatchJobStops::new();
         block()
+    };
+    if let Some((alarm, stop)) = alarm {
+        alarm.disarm();
+        stop.on_interrupt(None);
+    }
+    let helper = helper.lock().ok().and_then(|mut h| h.take());
+    let Some(Helper { handle, live }) = helper else {
+        // Never shown: the registrations go now.
+        drop(parts);
+        return Ok((held?, Waited::default()));
     };
     let held = match held {
         Ok(held) => held,
@@ -165,8 +228,8 @@ pub fn wait_for<T>(
             }
             // SAFETY: as below; the helper then sees LEFT and ends, taking
             // its display and the registrations with it.
-            unsafe { libc::pthread_kill(helper.as_pthread_t(), supervise::wake_signal()) };
-            let _ = helper.join();
+            unsafe { libc::pthread_kill(handle.as_pthread_t(), supervise::wake_signal()) };
+            let _ = handle.join();
             return Err(e);
         }
     };
@@ -182,14 +245,20 @@ pub fn wait_for<T>(
     }
     // SAFETY: the helper is alive until joined, and has the wake signal
     // blocked (every thread has), so it only ends its sigtimedwait.
-    unsafe { libc::pthread_kill(helper.as_pthread_t(), supervise::wake_signal()) };
+    unsafe { libc::pthread_kill(handle.as_pthread_t(), supervise::wake_signal()) };
     Ok((
         held,
         Waited {
-            helper: Some(helper),
-            live: display == Display::Live && !plan.quiet,
+            helper: Some(handle),
+            live,
         },
     ))
+}
+
+/// The helper thread, once started.
+struct Helper {
+    handle: std::thread::JoinHandle<Option<Received>>,
+    live: bool,
 }
 
 /// A wait that is over but whose helper thread may still be finishing.
@@ -359,7 +428,7 @@ impl Shown {
     }
 }
 
-fn helper(
+fn helper_thread(
     shown: Shown,
     registration: Vec<Option<Registration>>,
     state: Arc<AtomicU8>,
@@ -374,9 +443,13 @@ fn helper(
         Display::Static => Duration::from_secs(86_400),
     };
     let step = (display != Display::Live).then_some(plan.step.as_str());
-    let mut next_report = started;
+    // Nothing is looked at or said before the wait is worth showing.
+    let show_at = started + SHOW_AFTER;
+    let mut next_report = plan.deadline.map_or(show_at, |d| d.min(show_at));
     // A live line is on the screen, on the row the cursor is on.
     let mut drawn = false;
+    // Something was said about this wait, so its end is said too.
+    let mut said = false;
     // The live line was lost (devlock went to the background): its end is
     // said as on a shared terminal.
     let mut lost = false;
@@ -392,6 +465,7 @@ fn helper(
                     let width = tty::columns(2).unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
                     say(&format!("\r\x1b[K{}", fit(&parts, width.max(1))));
                     drawn = true;
+                    said = true;
                     lost = false;
                 }
                 Display::Live => {
@@ -405,10 +479,12 @@ fn helper(
                 Display::Static => {
                     let width = tty::columns(2).unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
                     say(&format!("{}\n", fit(&parts, width.max(1))));
+                    said = true;
                 }
                 Display::Log => {
                     let line: String = parts.iter().map(|(p, _)| *p).collect();
                     say(&format!("{line}\n"));
+                    said = true;
                 }
             }
             next_report = now
@@ -445,7 +521,7 @@ fn helper(
         let signal = supervise::wait_stop_or_wake(until.saturating_duration_since(Instant::now()));
         if signal.is_some_and(|s| s.signo == libc::SIGWINCH) {
             // The terminal changed size: redraw now, to the new width.
-            if display == Display::Live && state.load(Ordering::Acquire) == WAITING {
+            if display == Display::Live && said && state.load(Ordering::Acquire) == WAITING {
                 next_report = Instant::now();
             }
             continue;
@@ -457,7 +533,7 @@ fn helper(
         }
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear(&mut drawn);
-            if !plan.quiet && (display != Display::Live || lost) {
+            if !plan.quiet && said && (display != Display::Live || lost) {
                 let whose = format!(" ({})", sanitize(&plan.step));
                 say(&format!(
                     "devlock: got {} after {}{whose}\n",
