@@ -57,7 +57,7 @@ pub struct Cli {
         global = true,
         value_name = "DIR",
         env = "DEVLOCK_DIR",
-        default_value = crate::scratch::DEFAULT_DIR,
+        default_value = crate::DEFAULT_DIR,
         // Not PathBufValueParser, which refuses an empty value before we can
         // tell an empty DEVLOCK_DIR (unset) from an empty --dir (a mistake).
         value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from),
@@ -389,7 +389,7 @@ impl Cli {
                      /run/lock/devlock)",
                 ));
             }
-            cli.dir = PathBuf::from(crate::scratch::DEFAULT_DIR);
+            cli.dir = PathBuf::from(crate::DEFAULT_DIR);
         }
         if from_env("etcd") && cli.etcd.iter().all(String::is_empty) {
             cli.etcd.clear();
@@ -557,7 +557,7 @@ mod tests {
             std::env::set_var("DEVLOCK_ETCD_USER", "");
         }
         let cli = Cli::parse_from_args(["devlock", "r", "--", "true"]).unwrap();
-        assert_eq!(cli.dir, Path::new(crate::scratch::DEFAULT_DIR));
+        assert_eq!(cli.dir, Path::new(crate::DEFAULT_DIR));
         assert!(cli.etcd.is_empty());
         assert_eq!(cli.etcd_user, None);
         assert!(Cli::parse_from_args(["devlock", "--dir", "", "r", "--", "true"]).is_err());

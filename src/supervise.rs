@@ -190,6 +190,7 @@ impl Placement {
         matches!(self, Placement::OwnGroup { .. })
     }
 
+    #[cfg(feature = "etcd")]
     /// For a start by other means than [`spawn`]: whether the command gets
     /// a group of its own, and the terminal it is to take before it execs.
     pub fn spawn_settings(&self) -> (bool, Option<RawFd>) {
@@ -225,6 +226,7 @@ pub struct Child {
 }
 
 impl Child {
+    #[cfg(feature = "etcd")]
     /// A child started some other way (in a group of its own when
     /// `placement` says so), for [`supervise`] to wait for.
     pub fn adopt(pid: u32, placement: Placement) -> Child {
@@ -601,14 +603,7 @@ pub fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> anyhow::
 }
 
 /// Waits for the command to end and returns the exit code devlock should end
-/// with. A stopping signal reaches the command once (see
-/// [`supervise_reaping`]); later signals are absorbed, so the lock stays
-/// held until the command has really finished cleaning up.
-pub fn supervise(child: Child, pending: Option<Received>) -> ExitCode {
-    supervise_reaping(child, pending, false).0
-}
-
-/// [`supervise`], calling `tick` about once a second while the command runs
+/// with, calling `tick` about once a second while the command runs
 /// (the holder's check that its lock files are still where they were).
 pub fn supervise_watching(
     child: Child,
@@ -618,7 +613,8 @@ pub fn supervise_watching(
     supervise_loop(child, pending, false, Some(tick)).0
 }
 
-/// [`supervise`], also reaping other children as they end when `reap_all`
+#[cfg(feature = "etcd")]
+/// [`supervise_watching`] without a tick, also reaping other children as they end when `reap_all`
 /// (devlock as a subreaper collects what the command left behind), and
 /// saying which stopping signal, if any, came meanwhile.
 ///

@@ -13,12 +13,6 @@ use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
-/// Whether `fd` is a terminal.
-pub fn is_terminal(fd: RawFd) -> bool {
-    // SAFETY: isatty only looks at the descriptor.
-    unsafe { libc::isatty(fd) == 1 }
-}
-
 /// Whether devlock's process group is the foreground group of the terminal
 /// on `fd` (false when `fd` is not our controlling terminal).
 pub fn in_foreground(fd: RawFd) -> bool {

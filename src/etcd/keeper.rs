@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
-use crate::procfs;
+use crate::sys::procfs;
 use crate::text::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the

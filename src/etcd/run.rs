@@ -23,7 +23,7 @@ const DEFAULT_TTL: Duration = Duration::from_secs(10);
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 
 pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
-    let resources = crate::run::validate(args)?;
+    let resources = crate::cmd::run::validate(args)?;
     let (ttl, kill_after) = check_margins(args)?;
     supervise::check_command(&args.command[0])?;
     let step = args.step_name();
@@ -42,7 +42,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         step: step.clone(),
         command: args.command_line(),
     };
-    let requests = crate::run::requests_in_order(&resources, !args.shared, 0);
+    let requests = crate::request::in_order(&resources, !args.shared, 0);
     let mut session = Session::start(settings, requests)?;
     let env: supervise::Env = vec![
         (
@@ -59,7 +59,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let (acquired, stopped) = session.wait_for_locks()?;
     if let Acquired::AllInherited = acquired {
         session.finish();
-        return Ok(crate::run::pass_through(&args.command, &env));
+        return Ok(crate::cmd::run::pass_through(&args.command, &env));
     }
     if let Some(sig) = stopped.or_else(supervise::pending_stop) {
         session.release();

@@ -12,11 +12,11 @@ use tokio::sync::mpsc;
 
 use super::keeper::{self, LeaseState, boot_now};
 use super::{Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
-use crate::acquire::Request;
 use crate::exit::{ExitCode, coded, exit_code_of};
-use crate::procfs;
-use crate::record::{Record, now_ms};
+use crate::flock::record::{Record, now_ms};
+use crate::request::Request;
 use crate::supervise::{self, Received};
+use crate::sys::procfs;
 use crate::text::{human_duration, sanitize, short_duration};
 
 /// How long releasing may take before devlock leaves the lease to expire.

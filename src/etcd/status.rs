@@ -9,11 +9,12 @@ use serde::Serialize;
 
 use super::{Config, PREFIX, Place, blockers, hostname, line_of};
 use crate::cli::StatusArgs;
+use crate::cmd::status::print_report;
 use crate::exit::ExitCode;
-use crate::procfs;
-use crate::record::now_ms;
+use crate::flock::record::now_ms;
 use crate::resource::Resource;
-use crate::status_cmd::{align, duration_cell, paint_lock_cell, print_report};
+use crate::status::table::{align, duration_cell, paint_lock_cell};
+use crate::sys::procfs;
 use crate::text::sanitize;
 
 #[derive(Debug, Serialize)]

@@ -687,7 +687,7 @@ fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
     assert!(out.status.success());
     let content = std::fs::read(&copy).unwrap();
     assert!(
-        devlock::record::parse(&content).is_some(),
+        devlock::testing::record::parse(&content).is_some(),
         "the lock file holds something other than its record: {:?}",
         String::from_utf8_lossy(&content)
     );

@@ -271,7 +271,7 @@ fn require_idle_refuses_a_gpu_with_work_outside_the_gate() {
         .unwrap();
     assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
     let err = stderr(&out);
-    let user = devlock::procfs::user_name(nix::unistd::getuid().as_raw());
+    let user = devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw());
     assert_eq!(
         err.trim(),
         format!(

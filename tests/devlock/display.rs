@@ -37,7 +37,7 @@ fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
         out[mark..]
             .split("\r\x1b[K")
             .skip(1)
-            .any(|line| !line.is_empty() && devlock::text::columns(line) < 45)
+            .any(|line| !line.is_empty() && devlock::testing::text::columns(line) < 45)
     });
     release(&s, "h");
     let out = pty.wait_for("COMMAND-OUTPUT");
@@ -52,7 +52,7 @@ fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
     );
     for line in &lines {
         assert!(
-            devlock::text::columns(line) < 60,
+            devlock::testing::text::columns(line) < 60,
             "wider than the terminal: {line:?}"
         );
     }
@@ -66,7 +66,7 @@ fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
         "a live line needs no step: {out:?}"
     );
     let last = lines.iter().rev().find(|l| !l.is_empty()).unwrap();
-    assert!(devlock::text::columns(last) < 45, "{last:?}");
+    assert!(devlock::testing::text::columns(last) < 45, "{last:?}");
     assert!(
         out.contains("\r\x1b[KCOMMAND-OUTPUT"),
         "line cleared before the command: {out:?}"
@@ -180,7 +180,7 @@ fn ctrl_z(s: &Scratch, waiter: &std::process::Child) {
     );
     poll_until(
         "the waiter to stop",
-        || devlock::procfs::is_stopped(waiter.id()),
+        || devlock::testing::procfs::is_stopped(waiter.id()),
         |stopped| *stopped,
     );
     let view = s.resource_status("r");
@@ -228,7 +228,7 @@ fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines() {
     assert_eq!(unsafe { libc::kill(-(q.id() as i32), libc::SIGTSTP) }, 0);
     poll_until(
         "the quiet waiter to stop",
-        || devlock::procfs::is_stopped(q.id()),
+        || devlock::testing::procfs::is_stopped(q.id()),
         |stopped| *stopped,
     );
     s.wait_for_status("r", "the quiet waiter out of line", |v| {
@@ -281,7 +281,8 @@ fn back_in_line_fits_a_narrow_terminal() {
     let at = after.find("devlock: continued").unwrap();
     let line = after[at..].split(['\r', '\n']).next().unwrap();
     assert!(
-        devlock::text::columns(line) < 40 && line.starts_with("devlock: continued; back in line"),
+        devlock::testing::text::columns(line) < 40
+            && line.starts_with("devlock: continued; back in line"),
         "{line:?}"
     );
     assert!(

@@ -127,7 +127,7 @@ fn an_empty_devlock_variable_counts_as_unset() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json["dir"], devlock::scratch::DEFAULT_DIR);
+    assert_eq!(json["dir"], devlock::DEFAULT_DIR);
 }
 
 #[test]
@@ -322,7 +322,7 @@ fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_gro
     });
     holder.kill().unwrap();
     holder.wait().unwrap();
-    let user = devlock::procfs::user_name(nix::unistd::getuid().as_raw());
+    let user = devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw());
     let busy = s.run(&["-n", "gpu:0", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75));
     assert!(
@@ -398,7 +398,7 @@ fn a_group_row_borrows_only_a_label_its_member_backs() {
     // A member label that its own file does not back (the record's command
     // with another start time) is not borrowed either.
     let member = s.lock_path("gpu:0");
-    let mut record = devlock::record::read_from(&std::fs::File::open(&member).unwrap())
+    let mut record = devlock::testing::record::read_from(&std::fs::File::open(&member).unwrap())
         .valid()
         .expect("the member's record");
     record.child_start = record.child_start.map(|t| t + 1);

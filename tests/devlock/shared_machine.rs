@@ -14,7 +14,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use devlock::record::Record;
+use devlock::testing::record::Record;
 
 use crate::harness::*;
 
@@ -828,7 +828,7 @@ fn strangers_locks_on_the_queue_are_named_and_waits_stay_bounded() {
 fn forged_record(pid: u32, edit: impl FnOnce(&mut Record)) -> Vec<u8> {
     let mut r = Record::for_this_process("forged");
     r.pid = pid;
-    r.pid_start = devlock::procfs::start_time(pid).unwrap();
+    r.pid_start = devlock::testing::procfs::start_time(pid).unwrap();
     edit(&mut r);
     r.to_bytes()
 }
@@ -882,7 +882,7 @@ fn forged_and_replayed_records_and_registrations_are_not_believed() {
         &forged_record(devlock_pid, |r| {
             r.step = "evil\u{202e}gol".into();
             r.child = Some(notebook.id());
-            r.child_start = devlock::procfs::start_time(notebook.id());
+            r.child_start = devlock::testing::procfs::start_time(notebook.id());
             r.via = Some("\x1b]0;pwned\x07gpu\u{2067}".into());
         }),
     );
@@ -1074,7 +1074,7 @@ impl Shell {
 }
 
 fn is_stopped(pid: u32) -> bool {
-    devlock::procfs::is_stopped(pid)
+    devlock::testing::procfs::is_stopped(pid)
 }
 
 /// One round: a holder, a waiter in a job-control shell that Ctrl-Z stops,

@@ -4,7 +4,7 @@
 use std::io::{BufReader, Read};
 use std::process::{Child, Command, Stdio};
 
-use devlock::record::Record;
+use devlock::testing::record::Record;
 
 use crate::harness::*;
 
@@ -75,7 +75,7 @@ fn status_names_the_holder_in_both_forms() {
 }
 
 fn whoami() -> String {
-    devlock::procfs::user_name(nix::unistd::getuid().as_raw())
+    devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw())
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn escapes_and_garbage_in_records_never_reach_the_terminal() {
     let mut holder = flock_holder(&s, "evil", "e");
     let mut record = Record::for_this_process("\x1b[2J\x1b]0;pwned\x07step\u{202e}txt");
     record.pid = holder.id();
-    record.pid_start = devlock::procfs::start_time(holder.id()).unwrap();
+    record.pid_start = devlock::testing::procfs::start_time(holder.id()).unwrap();
     record.via = Some("\x1b[31mvia\u{2066}".into());
     plant_record(&s, "evil", &record);
     let view = s.resource_status("evil");

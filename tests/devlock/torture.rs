@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
-use devlock::record::{self, ReadRecord, Record};
+use devlock::testing::record::{self, ReadRecord, Record};
 
 use crate::harness::*;
 

@@ -28,9 +28,9 @@ use std::os::fd::AsRawFd;
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
-use crate::lockfile::LockFile;
-use crate::procfs::{FileId, LockTable, RangeLock};
-use crate::scratch::ScratchDir;
+use crate::flock::dir::ScratchDir;
+use crate::flock::file::LockFile;
+use crate::sys::procfs::{FileId, LockTable, RangeLock};
 
 /// Where the agreement bytes start: `AGREE_BASE + N` for `--slots N`.
 const AGREE_BASE: i64 = 4096;
@@ -51,6 +51,7 @@ pub struct Ticket {
     file: File,
     pub number: u64,
     /// Slot count everyone in line or holding uses (ours, if nobody else's).
+    #[cfg(test)]
     pub agreed_slots: u64,
 }
 
@@ -105,6 +106,7 @@ impl Ticket {
         Ok(Ticket {
             file,
             number,
+            #[cfg(test)]
             agreed_slots: slots,
         })
     }
@@ -315,7 +317,7 @@ fn line_blocked(
 pub fn owner_words(lock: &RangeLock) -> String {
     let owners: Vec<u32> = match lock.pid {
         Some(pid) => vec![pid],
-        None => crate::procfs::range_lock_owners(lock.file)
+        None => crate::sys::procfs::range_lock_owners(lock.file)
             .into_iter()
             .filter(|(_, l)| l.start == lock.start && l.end == lock.end)
             .map(|(pid, _)| pid)
@@ -327,8 +329,8 @@ pub fn owner_words(lock: &RangeLock) -> String {
     owners
         .iter()
         .map(|&pid| {
-            let user = crate::procfs::uid_of(pid)
-                .map_or("user unknown".to_owned(), crate::procfs::user_name);
+            let user = crate::sys::procfs::uid_of(pid)
+                .map_or("user unknown".to_owned(), crate::sys::procfs::user_name);
             format!("pid {pid}, {}", crate::text::sanitize(&user))
         })
         .collect::<Vec<_>>()
@@ -363,10 +365,10 @@ pub fn agreement(dir: &ScratchDir, lock_name: &str) -> Result<Agreement> {
 
 /// The queue file opened for queries, `None` when there is none yet.
 fn open_queue(dir: &ScratchDir, lock_name: &str) -> Result<Option<File>> {
-    match crate::waiters::open_read_only(dir, &queue_name(lock_name)) {
+    match crate::flock::registration::open_read_only(dir, &queue_name(lock_name)) {
         Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(crate::lockfile::unusable(
+        Err(e) => Err(crate::flock::file::unusable(
             &dir.path().join(queue_name(lock_name)),
             e,
         )),
@@ -378,7 +380,7 @@ fn open_queue(dir: &ScratchDir, lock_name: &str) -> Result<Option<File>> {
 /// query, so the range is split around each one found: two queries per
 /// request ahead, and no file of anyone else's to open.
 pub fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result<usize> {
-    let file = crate::waiters::open_read_only(dir, &queue_name(lock_name))?;
+    let file = crate::flock::registration::open_read_only(dir, &queue_name(lock_name))?;
     let mut count = 0;
     let mut ranges = vec![(SLOT_BASE + 1, SLOT_BASE + number as i64 - 1)];
     while let Some((lo, hi)) = ranges.pop() {

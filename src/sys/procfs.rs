@@ -13,11 +13,14 @@ use std::path::Path;
 pub struct FileId {
     /// Major and minor number of the filesystem's device.
     pub major: u32,
+    /// (see `major`)
     pub minor: u32,
+    /// The inode number.
     pub ino: u64,
 }
 
 impl FileId {
+    /// The id of a file with these `st_dev` and `st_ino`.
     pub fn from_metadata(st_dev: u64, st_ino: u64) -> FileId {
         FileId {
             major: libc::major(st_dev),
@@ -30,9 +33,11 @@ impl FileId {
 /// One line of `/proc/locks` (or a `lock:` line of `/proc/PID/fdinfo/FD`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelLock {
+    /// The locked file.
     pub file: FileId,
     /// The pid the kernel recorded when the lock was taken (or the waiter's pid).
     pub pid: u32,
+    /// `WRITE` (exclusive) or `READ` (shared).
     pub exclusive: bool,
     /// A `->` line: a process blocked waiting for this lock.
     pub blocked: bool,
@@ -186,6 +191,7 @@ impl LockTable {
         Ok(table)
     }
 
+    /// A table of these flock entries (no byte-range locks).
     pub fn from_locks(locks: Vec<KernelLock>) -> LockTable {
         let mut by_file: HashMap<FileId, Vec<KernelLock>> = HashMap::new();
         for lock in locks {
@@ -207,6 +213,7 @@ impl LockTable {
         self.entries(file).filter(|l| l.blocked)
     }
 
+    /// Whether anyone holds a flock on the file.
     pub fn is_locked(&self, file: FileId) -> bool {
         self.holders(file).next().is_some()
     }
@@ -299,6 +306,7 @@ fn stat_field(stat: &str, n: usize) -> Option<&str> {
 }
 
 /// Whether `pid` is the very process that had `start` as its start time.
+#[cfg(any(test, feature = "etcd"))]
 pub fn is_same_process(pid: u32, start: Option<u64>) -> bool {
     match (start_time(pid), start) {
         (Some(now), Some(then)) => now == then,

@@ -12,11 +12,11 @@ use anyhow::{Context, Result};
 
 use crate::cli::SetupArgs;
 use crate::exit::{ExitCode, coded};
-use crate::lockfile::kind_of;
-use crate::probe::{DeviceReport, NvidiaSmi, Probe};
-use crate::procfs::{self, FileId, LockTable};
+use crate::flock::dir::ScratchDir;
+use crate::flock::file::kind_of;
+use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
+use crate::sys::procfs::{self, FileId, LockTable};
 use crate::text::sanitize;
 
 /// How many times a step that someone races is tried again.
@@ -36,10 +36,10 @@ impl Plan {
     /// The files of one resource: lock, queue, and slots when asked.
     fn files(&self, r: &Resource) -> Vec<String> {
         let lock = r.file_name();
-        let queue = crate::queue::queue_name(&lock);
+        let queue = crate::flock::queue::queue_name(&lock);
         let mut files = vec![lock, queue];
         for s in 1..=u64::from(self.slots) {
-            files.push(crate::acquire::slot_file(r, s));
+            files.push(crate::flock::take::slot_file(r, s));
         }
         files
     }
@@ -85,7 +85,10 @@ pub fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<Exit
                 "devlock setup must run as root: it makes {} and its lock files root's, so that \
                  no user can rename or remove them (try: {})",
                 dir.display(),
-                crate::trust::fix_command(Some(dir), plan.resources.iter().map(Resource::as_str))
+                crate::flock::trust::fix_command(
+                    Some(dir),
+                    plan.resources.iter().map(Resource::as_str)
+                )
             ),
         ));
     }
@@ -96,7 +99,7 @@ pub fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<Exit
             declare(&scratch, &name, &plan, &mut report)?;
         }
     }
-    for issue in crate::trust::dir_issues(&scratch) {
+    for issue in crate::flock::trust::dir_issues(&scratch) {
         println!("devlock setup: warning: {}", issue.reason);
     }
     let owner = match &plan.group {
@@ -186,7 +189,7 @@ fn c_string(text: &str) -> Result<CString> {
 /// the path) when someone else owns it, and whatever else stands at the
 /// path (a symbolic link, a file) removed first.
 fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
-    let c_path = crate::scratch::c_path(path)?;
+    let c_path = crate::flock::dir::c_path(path)?;
     let mut created = false;
     for _ in 0..TRIES {
         match nix::sys::stat::lstat(path) {
@@ -521,7 +524,7 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
     };
     let group = plan.group.as_deref().unwrap_or("root");
     let mut invocation = "devlock setup --print-tmpfiles".to_owned();
-    if dir != Path::new(crate::scratch::DEFAULT_DIR) {
+    if dir != Path::new(crate::flock::dir::DEFAULT_DIR) {
         invocation.push_str(&format!(" --dir {dir_text}"));
     }
     if let Some(g) = &plan.group {

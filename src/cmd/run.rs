@@ -9,17 +9,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::acquire::{self, Context, Pending, Request, Taken};
 use crate::cli::RunArgs;
-use crate::devices;
 use crate::exit::{ExitCode, coded};
+use crate::flock::dir::ScratchDir;
+use crate::flock::take::{self as acquire, Context, Pending, Request, Taken};
+use crate::flock::trust;
+use crate::gpu::gate as devices;
 use crate::interrupt::{self, Stop};
-use crate::procfs;
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
 use crate::supervise;
-use crate::trust;
-use crate::wait::WaitPlan;
+use crate::sys::procfs;
+use crate::wait_display::WaitPlan;
 
 pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let resources = validate(args)?;
@@ -104,7 +104,7 @@ pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<E
         };
         trust::flush(args.quiet);
         interrupt::stop_as(sig);
-        crate::wait::say_back_in_line(&plan, &names_of(&resources));
+        crate::wait_display::say_back_in_line(&plan, &names_of(&resources));
     };
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
@@ -179,9 +179,9 @@ fn names_of(resources: &[Resource]) -> String {
 struct PathWatch<'a> {
     dir: &'a ScratchDir,
     held: &'a [acquire::Held],
-    record: &'a crate::record::Record,
+    record: &'a crate::flock::record::Record,
     warned: bool,
-    lost: Vec<crate::waiters::Registration>,
+    lost: Vec<crate::flock::registration::Registration>,
 }
 
 impl PathWatch<'_> {
@@ -201,11 +201,11 @@ impl PathWatch<'_> {
                      removed it); another devlock may now take {name} beside this one\n",
                     file.path().display()
                 ));
-                if let Ok(reg) = crate::waiters::Registration::create(
+                if let Ok(reg) = crate::flock::registration::Registration::create(
                     self.dir,
                     name,
                     self.record,
-                    crate::waiters::Kind::Lost,
+                    crate::flock::registration::Kind::Lost,
                 ) {
                     self.lost.push(reg);
                 }
@@ -222,10 +222,10 @@ fn within_visible_devices(
     resources: Vec<Resource>,
     probe_timeout: Duration,
 ) -> Result<Vec<Resource>> {
-    if !crate::cuda::concerns(&resources) {
+    if !crate::gpu::cuda::concerns(&resources) {
         return Ok(resources);
     }
-    let Some(visible) = crate::cuda::Visible::from_env(probe_timeout)? else {
+    let Some(visible) = crate::gpu::cuda::Visible::from_env(probe_timeout)? else {
         return Ok(resources);
     };
     if args.any {
@@ -261,7 +261,10 @@ fn take_all(
             .collect();
         (Vec::new(), candidates)
     } else {
-        (requests_in_order(resources, exclusive, slots), Vec::new())
+        (
+            crate::request::in_order(resources, exclusive, slots),
+            Vec::new(),
+        )
     };
     let mut taken = Vec::new();
     for request in &fixed {
@@ -282,55 +285,6 @@ fn take_all(
         }
     }
     Ok(taken)
-}
-
-/// The locks `resources` stand for, in the one global order (sorted names):
-/// each resource, and for a member `G:M` its group `G` shared on its behalf.
-/// The etcd backend takes the same list.
-pub(crate) fn requests_in_order(
-    resources: &[Resource],
-    exclusive: bool,
-    slots: u64,
-) -> Vec<Request> {
-    let mut requests = Vec::new();
-    for resource in resources {
-        if let Some(group) = resource.group() {
-            add(
-                &mut requests,
-                Request {
-                    name: group,
-                    exclusive: false,
-                    via: Some(resource.clone()),
-                    slots: 0,
-                },
-            );
-        }
-        add(
-            &mut requests,
-            Request {
-                name: resource.clone(),
-                exclusive,
-                via: None,
-                slots,
-            },
-        );
-    }
-    requests.sort_by(|a, b| a.name.cmp(&b.name));
-    requests
-}
-
-/// Adds a request, merging it with one for the same lock (exclusive wins).
-fn add(requests: &mut Vec<Request>, request: Request) {
-    match requests.iter_mut().find(|r| r.name == request.name) {
-        Some(existing) => {
-            existing.exclusive |= request.exclusive;
-            if request.via.is_none() {
-                existing.via = None;
-                existing.slots = request.slots;
-            }
-        }
-        None => requests.push(request),
-    }
 }
 
 pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
@@ -412,7 +366,7 @@ fn idle_candidates(
     args: &RunArgs,
     probe_timeout: Duration,
 ) -> Result<Vec<Resource>> {
-    let report = crate::status::gather(dir_path, &[], Some(probe_timeout))?;
+    let report = crate::status::model::gather(dir_path, &[], Some(probe_timeout))?;
     let info = report.device_info.unwrap_or(devices::DeviceInfo::None);
     let mut idle = Vec::new();
     let mut reasons = Vec::new();
@@ -526,29 +480,8 @@ fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::
     if let Some(slot) = slot {
         env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
     }
-    for (name, value) in crate::cuda::child_env(got) {
+    for (name, value) in crate::gpu::cuda::child_env(got) {
         env.push((name.into(), value.into()));
     }
     env
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn members_bring_their_group_in_order() {
-        let names = |v: &[&str]| {
-            let rs: Vec<Resource> = v
-                .iter()
-                .map(|n| Resource::parse(n.as_ref()).unwrap())
-                .collect();
-            requests_in_order(&rs, true, 0)
-                .into_iter()
-                .map(|r| format!("{}{}", r.name.as_str(), if r.exclusive { "!" } else { "" }))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);
-        assert_eq!(names(&["gpu:1", "gpu"]), ["gpu!", "gpu:1!"]);
-    }
 }

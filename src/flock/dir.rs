@@ -83,7 +83,7 @@ impl ScratchDir {
                     format!(
                         "cannot open scratch directory {}: {}",
                         path.display(),
-                        crate::procfs::os_text(&err)
+                        crate::sys::procfs::os_text(&err)
                     ),
                 )),
             };
@@ -179,7 +179,7 @@ fn create(path: &Path) -> Result<bool> {
             format!(
                 "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
                 path.display(),
-                crate::procfs::os_text(&e)
+                crate::sys::procfs::os_text(&e)
             ),
         )),
     }

@@ -10,15 +10,15 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::devices::{self, DeviceInfo, DeviceView};
-use crate::lockfile::LockFile;
-use crate::procfs::{self, FileId, LockTable, RangeLock};
-use crate::record::{self, ReadRecord, Record};
+use crate::flock::dir::ScratchDir;
+use crate::flock::file::LockFile;
+use crate::flock::record::{self, ReadRecord, Record};
+use crate::flock::registration::{self as waiters, Kind, Waiter};
+use crate::flock::trust::{self, Trust};
+use crate::gpu::gate::{self as devices, DeviceInfo, DeviceView};
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
+use crate::sys::procfs::{self, FileId, LockTable, RangeLock};
 use crate::text::clean;
-use crate::trust::{self, Trust};
-use crate::waiters::{self, Kind, Waiter};
 
 /// One process holding a lock, as far as it can be told.
 #[derive(Debug, Clone, Serialize)]
@@ -391,7 +391,7 @@ fn view_of(
 fn queue_id(dir: &ScratchDir, lock_name: &str) -> Option<FileId> {
     let st = nix::sys::stat::fstatat(
         dir.fd(),
-        crate::queue::queue_name(lock_name).as_str(),
+        crate::flock::queue::queue_name(lock_name).as_str(),
         nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .ok()?;
@@ -434,13 +434,13 @@ fn build_view(
         }
     }
     let line = queue
-        .map(|q| crate::queue::line_view(table, q))
+        .map(|q| crate::flock::queue::line_view(table, q))
         .unwrap_or_default();
     view.slots = line.agreed_slots.filter(|n| *n > 0);
     if let Some(q) = queue {
         let path = dir
             .path()
-            .join(crate::queue::queue_name(&resource.file_name()));
+            .join(crate::flock::queue::queue_name(&resource.file_name()));
         view.foreign_locks = line
             .foreign
             .iter()

@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::exit::ExitCode;
+use crate::flock::dir::ScratchDir;
+use crate::flock::file::LockFile;
+use crate::flock::registration::Registration;
 use crate::interrupt::Stop;
-use crate::lockfile::LockFile;
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
-use crate::status::{self, ResourceView, WaiterView};
+use crate::status::model::{self as status, ResourceView, WaiterView};
 use crate::supervise::{self, Received};
 use crate::text::{fit, ordinal, sanitize, short_duration};
 use crate::tty;
-use crate::waiters::Registration;
 
 const WAITING: u8 = 0;
 const ACQUIRED: u8 = 1;
@@ -309,7 +309,7 @@ impl Watch {
     fn seen(&self) -> Seen {
         let place = self.ticket.and_then(|ticket| {
             let name = self.resource.file_name();
-            crate::queue::count_ahead(&self.dir, &name, ticket)
+            crate::flock::queue::count_ahead(&self.dir, &name, ticket)
                 .ok()
                 .map(|n| n + 1)
         });
@@ -575,7 +575,7 @@ fn clear(drawn: &mut bool) {
 }
 
 fn is_ancestor(pid: u32) -> bool {
-    crate::procfs::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
+    crate::sys::procfs::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
 }
 
 /// `ns-train (pid 4242, alice)`, `train (pid 4242, alice, inherited: its

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::probe::{Device, DeviceReport, NvidiaSmi, Probe, format_mib};
-use crate::procfs::{self, FileId};
+use crate::gpu::nvidia_smi::{Device, DeviceReport, NvidiaSmi, Probe, format_mib};
 use crate::resource::Resource;
+use crate::sys::procfs::{self, FileId};
 
 /// The group name whose members map to NVIDIA device indices.
 pub const GPU_GROUP: &str = "gpu";

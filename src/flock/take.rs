@@ -10,28 +10,18 @@ use std::sync::mpsc;
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
+use crate::flock::dir::ScratchDir;
+use crate::flock::file::{LockFile, TryLock};
+use crate::flock::queue::{Agreement, Ticket};
+use crate::flock::record::Record;
+use crate::flock::registration::{Kind, Registration};
 use crate::interrupt::Stop;
-use crate::lockfile::{LockFile, TryLock};
-use crate::procfs::{self, LockTable};
-use crate::queue::{Agreement, Ticket};
-use crate::record::Record;
+pub(crate) use crate::request::Request;
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
-use crate::status;
+use crate::status::model as status;
 use crate::supervise::Received;
-use crate::wait::{self, WaitPlan, Waited};
-use crate::waiters::{Kind, Registration};
-
-/// One lock to take.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    pub name: Resource,
-    pub exclusive: bool,
-    /// For a group taken shared on behalf of a member: the member.
-    pub via: Option<Resource>,
-    /// Semaphore size (`--slots`), 0 for a plain lock.
-    pub slots: u64,
-}
+use crate::sys::procfs::{self, LockTable};
+use crate::wait_display::{self as wait, WaitPlan, Waited};
 
 /// A lock we hold.
 #[derive(Debug)]
@@ -87,7 +77,7 @@ impl Held {
                 .get_or_init(|| match self.lock.may_hold_record() {
                     Ok(()) => true,
                     Err(why) => {
-                        crate::trust::note_line(why);
+                        crate::flock::trust::note_line(why);
                         false
                     }
                 });
@@ -292,7 +282,7 @@ enum Fast {
 /// the line at all.
 fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Fast> {
     let name = request.name.file_name();
-    if request.slots > 0 || !crate::queue::line_is_empty(dir, &name)? {
+    if request.slots > 0 || !crate::flock::queue::line_is_empty(dir, &name)? {
         return Ok(Fast::No(None));
     }
     let mut lock = LockFile::open(dir, &name)?;
@@ -320,7 +310,7 @@ pub fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
         // in it, not even while it words its message.
         let lock = open_lock(opened)?;
         if let Agreement::Slots(agreed @ 1..) =
-            crate::queue::agreement(ctx.dir, &request.name.file_name())?
+            crate::flock::queue::agreement(ctx.dir, &request.name.file_name())?
         {
             return Err(coded(
                 ExitCode::Usage,
@@ -728,7 +718,7 @@ fn blocking<T>(
         Some(plan) => {
             // What another user could break is said before a long wait, not
             // only once the wait is over.
-            crate::trust::flush(plan.quiet);
+            crate::flock::trust::flush(plan.quiet);
             // Waited for on this thread, in lock calls a signal interrupts:
             // the display may start late.
             let lazy = lazy.then_some(&ctx.stop);
@@ -758,7 +748,7 @@ fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Option<wait::Wat
 fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<Registration> {
     let mut record = ctx.record();
     record.ticket = Some(ticket);
-    record.since_ms = crate::record::now_ms();
+    record.since_ms = crate::flock::record::now_ms();
     record.via = request.via.as_ref().map(Resource::to_string);
     Registration::create(ctx.dir, &request.name, &record, Kind::Wait).ok()
 }

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::acquire::{self, Context, Held, Request, Taken};
 use crate::exit::{ExitCode, coded};
+use crate::flock::dir::ScratchDir;
+use crate::flock::take::{self as acquire, Context, Held, Request, Taken};
 use crate::interrupt::Stop;
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
 
 /// How long [`Lock::acquire`] may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub enum Wait {
 /// Where and how to take a lock.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The scratch directory ([`crate::scratch::DEFAULT_DIR`] by default).
+    /// The scratch directory ([`crate::flock::dir::DEFAULT_DIR`] by default).
     pub dir: PathBuf,
     /// Whether and how long to wait when someone else holds the lock.
     pub wait: Wait,
@@ -39,7 +39,7 @@ impl Default for Options {
             // Empty counts as unset, as on the command line.
             dir: std::env::var_os("DEVLOCK_DIR")
                 .filter(|d| !d.is_empty())
-                .map_or_else(|| crate::scratch::DEFAULT_DIR.into(), PathBuf::from),
+                .map_or_else(|| crate::flock::dir::DEFAULT_DIR.into(), PathBuf::from),
             wait: Wait::Block,
             step: std::env::args()
                 .next()

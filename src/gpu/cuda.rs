@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
-use crate::probe::{DeviceReport, NvidiaSmi, Probe};
+use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
 use crate::resource::Resource;
 use crate::text::sanitize;
 
@@ -285,7 +285,7 @@ pub fn child_env<'a>(held: impl IntoIterator<Item = &'a Resource>) -> Vec<(&'sta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::Device;
+    use crate::gpu::nvidia_smi::Device;
 
     fn device(index: u32, uuid: &str) -> Device {
         Device {

@@ -1,51 +1,12 @@
-//! `devlock status`: the report as an aligned table or one JSON document.
+//! The status report rendered for people: the locks table, the warnings
+//! under it, and the GPUs table (the JSON is the model itself, serialised).
 
-use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Result;
-
-use crate::cli::StatusArgs;
-use crate::devices::{DeviceInfo, DeviceView};
-use crate::exit::ExitCode;
-use crate::probe::format_mib;
-use crate::resource::Resource;
-use crate::status::{self, StatusReport};
+use crate::gpu::gate::{DeviceInfo, DeviceView};
+use crate::gpu::nvidia_smi::format_mib;
+use crate::status::model::StatusReport;
 use crate::text::{sanitize, short_duration};
-
-pub fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
-    let wanted = Resource::parse_all(&args.resources)?;
-    let mut report = status::gather(dir, &wanted, Some(probe_timeout))?;
-    // Lock files stay forever (deleting one would let two holders in), so
-    // after a few typos most are idle: the table shows what is in use, and
-    // what was asked for by name.
-    report.hide_idle = !args.all && wanted.is_empty();
-    print_report(&report, args.json, table)
-}
-
-/// Prints a status report, as one JSON document or as `table` renders it
-/// (coloured on a terminal, unless NO_COLOR). Shared with `status --etcd`.
-pub fn print_report<R: serde::Serialize>(
-    report: &R,
-    json: bool,
-    table: fn(&R, bool) -> String,
-) -> Result<ExitCode> {
-    let text = if json {
-        let mut json = serde_json::to_string_pretty(report)?;
-        json.push('\n');
-        json
-    } else {
-        let colour = std::io::stdout().is_terminal()
-            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        table(report, colour)
-    };
-    // A reader that stops early (`| head`) is not an error.
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(ExitCode::Success),
-    }
-}
 
 /// Renders the report: the locks, what another user could break, then the
 /// GPUs when the driver answered.
@@ -75,7 +36,7 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
     // Idle: free as far as status can tell, and nothing in its way. A lock
     // in an unknown state, or one that another user's lock or a renamed
     // file concerns, is never counted away.
-    let idle = |res: &&crate::status::ResourceView| {
+    let idle = |res: &&crate::status::model::ResourceView| {
         res.state == "free"
             && res.holders.is_empty()
             && res.waiters.is_empty()
@@ -225,7 +186,7 @@ fn warnings(report: &StatusReport) -> String {
         issues.extend(res.trust.issues.iter().map(|i| i.reason.as_str()));
     }
     if !issues.is_empty() {
-        let fix = crate::trust::fix_command(
+        let fix = crate::flock::trust::fix_command(
             Some(std::path::Path::new(&report.dir)),
             unsafe_names.into_iter(),
         );

@@ -22,7 +22,8 @@ use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 use serde::Serialize;
 
-/// How long the CLI lets a probe run before giving up on it.
+/// How long the CLI lets a probe run before giving up on it (`--probe-timeout`).
+#[cfg(test)]
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 const GPU_QUERY: [&str; 2] = [
@@ -391,12 +392,12 @@ pub fn format_mib(mib: u64) -> String {
 mod tests {
     use super::*;
 
-    const SEVERAL_GPUS: &str = include_str!("../tests/fixtures/nvidia-smi/several.gpus.csv");
-    const SEVERAL_APPS: &str = include_str!("../tests/fixtures/nvidia-smi/several.apps.csv");
-    const NA_GPUS: &str = include_str!("../tests/fixtures/nvidia-smi/na.gpus.csv");
-    const NA_APPS: &str = include_str!("../tests/fixtures/nvidia-smi/na.apps.csv");
-    const IDLE_GPUS: &str = include_str!("../tests/fixtures/nvidia-smi/idle.gpus.csv");
-    const IDLE_APPS: &str = include_str!("../tests/fixtures/nvidia-smi/idle.apps.csv");
+    const SEVERAL_GPUS: &str = include_str!("../../tests/fixtures/nvidia-smi/several.gpus.csv");
+    const SEVERAL_APPS: &str = include_str!("../../tests/fixtures/nvidia-smi/several.apps.csv");
+    const NA_GPUS: &str = include_str!("../../tests/fixtures/nvidia-smi/na.gpus.csv");
+    const NA_APPS: &str = include_str!("../../tests/fixtures/nvidia-smi/na.apps.csv");
+    const IDLE_GPUS: &str = include_str!("../../tests/fixtures/nvidia-smi/idle.gpus.csv");
+    const IDLE_APPS: &str = include_str!("../../tests/fixtures/nvidia-smi/idle.apps.csv");
 
     /// The `several` apps fixture has `@PIDn@` placeholders; fill them the way
     /// the fake script does by default (`424n`).

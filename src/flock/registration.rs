@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result};
 
-use crate::procfs::{FileId, LockTable};
-use crate::record::{self, Record};
+use crate::flock::dir::ScratchDir;
+use crate::flock::record::{self, Record};
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
+use crate::sys::procfs::{FileId, LockTable};
 
 /// What a registration stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,7 @@ pub fn parse_name(file_name: &str) -> Option<(Resource, Kind, u32)> {
 }
 
 /// The resource and kind a registration file name belongs to.
+#[cfg(test)]
 pub fn resource_of(file_name: &str) -> Option<(Resource, Kind)> {
     parse_name(file_name).map(|(r, k, _)| (r, k))
 }
@@ -84,7 +85,7 @@ impl Registration {
         for _ in 0..MAX_NAME_TRIES {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let name = file_name(resource, std::process::id(), n, kind);
-            let c_name = crate::scratch::c_path(name.as_ref())?;
+            let c_name = crate::flock::dir::c_path(name.as_ref())?;
             let flags = libc::O_RDWR
                 | libc::O_CREAT
                 | libc::O_EXCL
@@ -215,7 +216,7 @@ pub fn live_waiters(
         let inherited = own
             && !alive_in_kernel
             && record.child.is_some_and(|c| {
-                record.names_child(c) && crate::procfs::holds_flock(c, id) == Some(true)
+                record.names_child(c) && crate::sys::procfs::holds_flock(c, id) == Some(true)
             });
         if alive_in_kernel || inherited || (own && kind == Kind::Hold) {
             waiters.push(Waiter {
@@ -252,7 +253,7 @@ pub fn open_read_only(dir: &ScratchDir, name: &str) -> std::io::Result<File> {
 }
 
 /// [`open_read_only`], with the file's metadata. A file of the wrong type is
-/// refused with [`crate::lockfile::wrong_type_error`], before opening it when
+/// refused with [`crate::flock::file::wrong_type_error`], before opening it when
 /// it can be seen (opening a device can have effects of its own).
 pub fn open_checked(dir: &ScratchDir, name: &str) -> std::io::Result<(File, std::fs::Metadata)> {
     let c_name = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
@@ -260,7 +261,7 @@ pub fn open_checked(dir: &ScratchDir, name: &str) -> std::io::Result<(File, std:
         nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
         && st.st_mode & libc::S_IFMT != libc::S_IFREG
     {
-        return Err(crate::lockfile::wrong_type_error(st.st_mode));
+        return Err(crate::flock::file::wrong_type_error(st.st_mode));
     }
     let flags =
         libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
@@ -273,7 +274,7 @@ pub fn open_checked(dir: &ScratchDir, name: &str) -> std::io::Result<(File, std:
     let file = unsafe { File::from_raw_fd(fd) };
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
-        return Err(crate::lockfile::wrong_type_error(meta.mode()));
+        return Err(crate::flock::file::wrong_type_error(meta.mode()));
     }
     Ok((file, meta))
 }

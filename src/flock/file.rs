@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
-use crate::procfs::FileId;
-use crate::scratch::ScratchDir;
+use crate::flock::dir::ScratchDir;
+use crate::sys::procfs::FileId;
 
 /// Mode every lock file gets, whatever the creator's umask: any user who can
 /// reach the directory must be able to open it and join the gate.
@@ -48,7 +48,7 @@ impl LockFile {
     /// [`LockFile::may_hold_record`]).
     pub fn open(dir: &ScratchDir, name: &str) -> Result<LockFile> {
         let path = dir.path().join(name);
-        let c_name = crate::scratch::c_path(name.as_ref())?;
+        let c_name = crate::flock::dir::c_path(name.as_ref())?;
         loop {
             refuse_odd_file_before_opening(dir, &c_name, &path)?;
             // Open without O_CREAT first: fs.protected_regular refuses
@@ -90,7 +90,7 @@ impl LockFile {
             let meta = file.metadata().map_err(|e| open_error(&path, e))?;
             check_plain_file(std::os::unix::fs::MetadataExt::mode(&meta), &path)?;
             let id = FileId::from_metadata(meta_dev(&meta), meta_ino(&meta));
-            crate::trust::note_file(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
+            crate::flock::trust::note_file(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
             return Ok(LockFile {
                 file,
                 path,
@@ -128,10 +128,6 @@ impl LockFile {
         })
     }
 
-    pub fn owner(&self) -> u32 {
-        self.owner
-    }
-
     /// Whether a record may go into this file, and if not, why (one line
     /// for a warning). Only a file that is empty or already holds a devlock
     /// record is written: anything else is somebody's data (`--dir .` with
@@ -153,9 +149,10 @@ impl LockFile {
                 self.nlink
             ));
         }
-        let mut start = vec![0u8; crate::record::MAX_RECORD_BYTES + 1];
+        let mut start = vec![0u8; crate::flock::record::MAX_RECORD_BYTES + 1];
         let len = self.file.read_at(&mut start, 0).unwrap_or(usize::MAX);
-        if len <= crate::record::MAX_RECORD_BYTES && crate::record::is_ours_to_write(&start[..len])
+        if len <= crate::flock::record::MAX_RECORD_BYTES
+            && crate::flock::record::is_ours_to_write(&start[..len])
         {
             return Ok(());
         }
@@ -338,7 +335,7 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
         _ => format!(
             "cannot open lock file {}: {}",
             path.display(),
-            crate::procfs::os_text(&err)
+            crate::sys::procfs::os_text(&err)
         ),
     };
     coded(ExitCode::IoError, message)
@@ -353,7 +350,7 @@ pub fn unusable(path: &std::path::Path, err: io::Error) -> anyhow::Error {
     open_error(path, err)
 }
 
-/// The error [`crate::waiters::open_read_only`] gives for a file of the
+/// The error [`crate::flock::registration::open_read_only`] gives for a file of the
 /// wrong type, carrying its mode.
 pub fn wrong_type_error(mode: u32) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, WrongType(mode))

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::procfs;
+use crate::sys::procfs;
 
 /// Largest record a reader accepts; anything longer is not ours.
 pub const MAX_RECORD_BYTES: usize = 16 * 1024;
@@ -36,6 +36,7 @@ const MAX_SLOT: u64 = u16::MAX as u64;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Record {
+    /// The holder's (or waiter's) label: `--step`, or the command's name.
     pub step: String,
     /// The devlock process (the pid `/proc/locks` names).
     pub pid: u32,
@@ -44,10 +45,12 @@ pub struct Record {
     /// The command devlock runs, once started, and its start time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<u32>,
+    /// The command's start time, in clock ticks since boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_start: Option<u64>,
     /// Milliseconds since the Unix epoch when the lock was taken (or the wait began).
     pub since_ms: u64,
+    /// The boot it was written in (`/proc/sys/kernel/random/boot_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
     /// Place in the resource's line (for a waiter, or a holder that came
@@ -79,6 +82,7 @@ impl Record {
         }
     }
 
+    /// When the lock was taken (or the wait began).
     pub fn since(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(self.since_ms)
     }
@@ -165,13 +169,16 @@ fn boot_id() -> Option<String> {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadRecord {
+    /// The file is empty.
     Empty,
+    /// A whole, sane record.
     Valid(Record),
     /// Still garbage after a few tries: torn beyond repair, absurd, or not ours.
     Unreadable,
 }
 
 impl ReadRecord {
+    /// The record, if it was one.
     pub fn valid(self) -> Option<Record> {
         match self {
             ReadRecord::Valid(record) => Some(record),

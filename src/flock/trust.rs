@@ -11,9 +11,9 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::procfs;
+use crate::flock::dir::ScratchDir;
 use crate::resource::Resource;
-use crate::scratch::ScratchDir;
+use crate::sys::procfs;
 use crate::text::sanitize;
 
 /// One thing that lets another user break exclusion (or the line's order).
@@ -224,7 +224,7 @@ pub fn of_resource(
     let mut issues = Vec::new();
     let mut root_owned = dir_managed;
     let lock = resource.file_name();
-    let queue = crate::queue::queue_name(&lock);
+    let queue = crate::flock::queue::queue_name(&lock);
     let slot_prefix = format!(".{resource}.slot");
     let slots = names.iter().filter(|n| {
         n.strip_prefix(slot_prefix.as_str())
@@ -249,7 +249,7 @@ pub fn of_resource(
                         reason: format!(
                             "{} is a {} owned by {}, not a regular file: devlock refuses it (exit 74)",
                             path.display(),
-                            crate::lockfile::kind_of(st.st_mode),
+                            crate::flock::file::kind_of(st.st_mode),
                             user(st.st_uid)
                         ),
                     });
@@ -379,7 +379,7 @@ pub fn flush(quiet: bool) {
 /// `sudo devlock setup [--dir D] R...`
 pub fn fix_command<'a>(dir: Option<&Path>, resources: impl Iterator<Item = &'a str>) -> String {
     let mut command = "sudo devlock setup".to_owned();
-    if let Some(dir) = dir.filter(|d| *d != Path::new(crate::scratch::DEFAULT_DIR)) {
+    if let Some(dir) = dir.filter(|d| *d != Path::new(crate::flock::dir::DEFAULT_DIR)) {
         command.push_str(&format!(" --dir {}", dir.display()));
     }
     for r in resources {
@@ -407,7 +407,7 @@ mod tests {
     fn the_fix_names_a_directory_only_when_not_the_default() {
         assert_eq!(
             fix_command(
-                Some(Path::new(crate::scratch::DEFAULT_DIR)),
+                Some(Path::new(crate::flock::dir::DEFAULT_DIR)),
                 ["gpu"].into_iter()
             ),
             "sudo devlock setup gpu"

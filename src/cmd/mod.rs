@@ -1,0 +1,48 @@
+//! Each subcommand's entry point: `devlock R -- CMD` ([`run`]), `devlock
+//! status` ([`status`]) and `devlock setup` ([`setup`]), for either backend.
+
+pub(crate) mod run;
+pub(crate) mod setup;
+pub(crate) mod status;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+use crate::exit::ExitCode;
+
+/// Runs a parsed command line and returns the exit code to end with.
+pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
+    if let Some(Command::Status(args)) = &cli.subcommand {
+        args.refuse_command()?;
+    }
+    if !cli.etcd.is_empty() {
+        return etcd(cli);
+    }
+    match cli.subcommand {
+        Some(Command::Status(args)) => status::run(&args, &cli.dir, cli.probe_timeout),
+        Some(Command::Setup(args)) => setup::run(&args, &cli.dir, cli.probe_timeout),
+        None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
+    }
+}
+
+#[cfg(feature = "etcd")]
+fn etcd(cli: Cli) -> Result<ExitCode> {
+    let config = crate::etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref())?;
+    match cli.subcommand {
+        Some(Command::Status(args)) => crate::etcd::status::run(&args, config),
+        Some(Command::Setup(_)) => Err(crate::exit::coded(
+            ExitCode::Usage,
+            "devlock setup prepares the scratch directory; it has nothing to do with --etcd",
+        )),
+        None => crate::etcd::run::run(&cli.run, config),
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd(_cli: Cli) -> Result<ExitCode> {
+    Err(crate::exit::coded(
+        ExitCode::Usage,
+        "this devlock was built without etcd support (--etcd, DEVLOCK_ETCD); \
+         build it with `cargo install devlock --features etcd`",
+    ))
+}

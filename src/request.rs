@@ -1,0 +1,82 @@
+//! The ordered list of locks a command line asks for, which both backends
+//! take: each resource, a member's group taken shared on its behalf, merged
+//! and sorted into the one global lock order.
+
+use crate::resource::Resource;
+
+/// One lock to take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub(crate) name: Resource,
+    pub(crate) exclusive: bool,
+    /// For a group taken shared on behalf of a member: the member.
+    pub(crate) via: Option<Resource>,
+    /// Semaphore size (`--slots`), 0 for a plain lock.
+    pub(crate) slots: u64,
+}
+
+/// The locks `resources` stand for, in the one global order (sorted names):
+/// each resource, and for a member `G:M` its group `G` shared on its behalf.
+/// The etcd backend takes the same list.
+pub(crate) fn in_order(resources: &[Resource], exclusive: bool, slots: u64) -> Vec<Request> {
+    let mut requests = Vec::new();
+    for resource in resources {
+        if let Some(group) = resource.group() {
+            add(
+                &mut requests,
+                Request {
+                    name: group,
+                    exclusive: false,
+                    via: Some(resource.clone()),
+                    slots: 0,
+                },
+            );
+        }
+        add(
+            &mut requests,
+            Request {
+                name: resource.clone(),
+                exclusive,
+                via: None,
+                slots,
+            },
+        );
+    }
+    requests.sort_by(|a, b| a.name.cmp(&b.name));
+    requests
+}
+
+/// Adds a request, merging it with one for the same lock (exclusive wins).
+fn add(requests: &mut Vec<Request>, request: Request) {
+    match requests.iter_mut().find(|r| r.name == request.name) {
+        Some(existing) => {
+            existing.exclusive |= request.exclusive;
+            if request.via.is_none() {
+                existing.via = None;
+                existing.slots = request.slots;
+            }
+        }
+        None => requests.push(request),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_bring_their_group_in_order() {
+        let names = |v: &[&str]| {
+            let rs: Vec<Resource> = v
+                .iter()
+                .map(|n| Resource::parse(n.as_ref()).unwrap())
+                .collect();
+            in_order(&rs, true, 0)
+                .into_iter()
+                .map(|r| format!("{}{}", r.name.as_str(), if r.exclusive { "!" } else { "" }))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);
+        assert_eq!(names(&["gpu:1", "gpu"]), ["gpu!", "gpu:1!"]);
+    }
+}
