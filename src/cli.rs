@@ -439,11 +439,6 @@ pub fn usage_line(rendered: &str) -> String {
     format!("{line} (see devlock --help)")
 }
 
-/// `NAME:PASSWORD` split at the first colon.
-pub fn split_user(text: &str) -> Option<(&str, &str)> {
-    text.split_once(':').filter(|(name, _)| !name.is_empty())
-}
-
 /// A memory size in MiB: `256`, `256MiB`, `1GiB`, `1.5G`.
 fn parse_mib(text: &str) -> Result<u64, String> {
     let lower = text.trim().to_ascii_lowercase();

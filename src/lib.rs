@@ -16,6 +16,7 @@ mod etcd;
 mod flock;
 mod gpu;
 mod interrupt;
+mod messages;
 mod request;
 mod status;
 mod supervise;

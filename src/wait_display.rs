@@ -24,6 +24,7 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
 use crate::flock::registration::Registration;
 use crate::interrupt::Stop;
+use crate::messages::{self, holders_words, in_the_way, waiters_words};
 use crate::resource::Resource;
 use crate::status::model::{self as status, ResourceView, WaiterView};
 use crate::supervise::{self, Received};
@@ -497,14 +498,11 @@ fn helper_thread(
         {
             clear(&mut drawn);
             if !plan.quiet {
-                let waited = humantime::format_duration(plan.timeout.unwrap_or_default());
-                let whose = step
-                    .map(|s| format!(" ({})", sanitize(s)))
-                    .unwrap_or_default();
-                say(&format!(
-                    "devlock: timed out after {waited} waiting for {}{}{whose}\n",
-                    shown.label,
-                    shown.in_the_way()
+                say(&messages::timed_out(
+                    plan.timeout.unwrap_or_default(),
+                    &shown.label,
+                    &shown.in_the_way(),
+                    step,
                 ));
             }
             drop(registration);
@@ -534,12 +532,7 @@ fn helper_thread(
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear(&mut drawn);
             if !plan.quiet && said && (display != Display::Live || lost) {
-                let whose = format!(" ({})", sanitize(&plan.step));
-                say(&format!(
-                    "devlock: got {} after {}{whose}\n",
-                    shown.label,
-                    short_duration(started.elapsed())
-                ));
+                say(&messages::got(&shown.label, started.elapsed(), &plan.step));
             }
             return stop;
         }
@@ -576,183 +569,4 @@ fn clear(drawn: &mut bool) {
 
 fn is_ancestor(pid: u32) -> bool {
     crate::sys::procfs::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
-}
-
-/// `ns-train (pid 4242, alice)`, `train (pid 4242, alice, inherited: its
-/// devlock is gone) via gpu:0`.
-fn holder_label(h: &status::Holder) -> String {
-    let pid = h
-        .pid
-        .map_or("pid unknown".to_owned(), |p| format!("pid {p}"));
-    let mut user = h
-        .user
-        .as_deref()
-        .map(|u| format!(", {}", sanitize(u)))
-        .unwrap_or_default();
-    if h.stopped {
-        user.push_str(", stopped");
-    }
-    let inherited = if h.source == "inherited" {
-        ", inherited: its devlock is gone"
-    } else {
-        ""
-    };
-    let label = match (&h.step, &h.command) {
-        (Some(step), _) => format!("{} ({pid}{user}{inherited})", sanitize(step)),
-        (None, Some(cmd)) if h.source == "no-record" => {
-            format!("{pid} ({}{user}, no record)", sanitize(&cmd.join(" ")))
-        }
-        _ => format!("an unknown holder ({pid}{user})"),
-    };
-    match &h.via {
-        Some(via) => format!("{label} via {}", sanitize(via)),
-        None => label,
-    }
-}
-
-fn held_for(h: &status::Holder) -> Option<String> {
-    h.held_for_ms
-        .map(|ms| short_duration(Duration::from_millis(ms)))
-}
-
-/// `ns-train (pid 4242, alice), held 5m03s`
-pub fn holder_words(h: &status::Holder) -> String {
-    let held = held_for(h)
-        .map(|d| format!(", held {d}"))
-        .unwrap_or_default();
-    format!("{}{held}", holder_label(h))
-}
-
-/// The first holder's words, and how many more share the lock.
-fn holders_words(view: &ResourceView) -> String {
-    let Some(first) = view.holders.first() else {
-        return String::new();
-    };
-    match view.holders.len() {
-        1 => holder_words(first),
-        n => format!("{} and {} more", holder_words(first), n - 1),
-    }
-}
-
-/// `pid 77, bob`, or what stands for a process this user cannot see.
-fn who(pid: Option<u32>, user: Option<&str>) -> String {
-    match (pid, user) {
-        (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
-        (Some(pid), None) => format!("pid {pid}"),
-        _ => "a process this user cannot see".to_owned(),
-    }
-}
-
-/// `eval (pid 77, bob)`, `pid 77 (bob, no record)` for a process blocked
-/// on the lock without a registration (util-linux flock), or `a place held
-/// by pid 77, mallory, not a registered devlock` for a place in line that
-/// no devlock registered; `, stopped` when it is.
-fn waiter_label(w: &WaiterView) -> String {
-    let stopped = if w.stopped { ", stopped" } else { "" };
-    if w.source == "unregistered" {
-        return format!(
-            "a place held by {}{stopped}, not a registered devlock",
-            who(w.pid, w.user.as_deref())
-        );
-    }
-    let pid = w
-        .pid
-        .map_or("pid unknown".to_owned(), |p| format!("pid {p}"));
-    let user = w
-        .user
-        .as_deref()
-        .map(|u| format!(", {}", sanitize(u)))
-        .unwrap_or_default();
-    match &w.step {
-        Some(step) => format!("{} ({pid}{user}{stopped})", sanitize(step)),
-        None => format!(
-            "{pid} ({}{stopped}, no record)",
-            user.trim_start_matches(", ")
-        ),
-    }
-}
-
-/// The first waiter ahead, and how many more.
-fn waiters_words(first: &WaiterView, ahead: &[WaiterView]) -> String {
-    match ahead.len() {
-        0 | 1 => waiter_label(first),
-        n => format!("{} and {} more", waiter_label(first), n - 1),
-    }
-}
-
-/// What stands in the way of one lock, in parts: the holders (`held by
-/// ns-train (pid 4242, alice) for 5m03s`), the devlocks and flock callers
-/// `ahead` in line (`eval (pid 77, bob) waits in line first`), and what is
-/// not devlock's: places in line among `ahead` that nobody registered, and
-/// locks on the queue file that hold the line up.
-fn obstacles(view: &ResourceView, ahead: &[WaiterView]) -> (Option<String>, Vec<String>) {
-    let held = view.holders.first().map(|h| {
-        let held = held_for(h).map(|d| format!(" for {d}")).unwrap_or_default();
-        let note = h.note.map(|n| format!(" ({n})")).unwrap_or_default();
-        let more = match view.holders.len() {
-            1 => String::new(),
-            n => format!(" and by {} more", n - 1),
-        };
-        format!("held by {}{held}{note}{more}", holder_label(h))
-    });
-    let mut line = Vec::new();
-    let known: Vec<WaiterView> = ahead
-        .iter()
-        .filter(|w| w.source != "unregistered")
-        .cloned()
-        .collect();
-    if let Some(first) = known.first() {
-        let waits = if known.len() > 1 { "wait" } else { "waits" };
-        line.push(format!(
-            "{} {waits} in line first",
-            waiters_words(first, &known)
-        ));
-    }
-    for w in ahead.iter().filter(|w| w.source == "unregistered") {
-        let stopped = if w.stopped { ", stopped" } else { "" };
-        line.push(format!(
-            "a place in line held by {}{stopped}, not a registered devlock",
-            who(w.pid, w.user.as_deref())
-        ));
-    }
-    for l in view.foreign_locks.iter().filter(|l| l.effect != "none") {
-        line.push(format!(
-            "a lock that is not devlock's on bytes {} of {} ({}) {}",
-            l.range,
-            sanitize(&l.path),
-            who(l.pid, l.user.as_deref()),
-            l.effect
-        ));
-    }
-    (held, line)
-}
-
-/// `: held by ns-train (pid 4242, alice) for 5m03s`, `; eval (pid 77, bob)
-/// waits in line first` when someone is ahead in line, what else holds the
-/// line up (a place or a lock that is not devlock's), or nothing when the
-/// way is clear.
-pub fn in_the_way(view: &ResourceView, ahead: &[WaiterView]) -> String {
-    let (held, line) = obstacles(view, ahead);
-    let parts: Vec<String> = held.into_iter().chain(line).collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", parts.join("; "))
-    }
-}
-
-/// For `-n`, where everyone in line is ahead: [`in_the_way`], or when
-/// nobody holds the lock but the line is not empty, `: 2 already waiting in
-/// line (...)` with who they are.
-pub fn busy_phrase(view: &ResourceView) -> String {
-    if !view.holders.is_empty() || view.waiters.is_empty() {
-        return in_the_way(view, &view.waiters);
-    }
-    let (_, line) = obstacles(view, &view.waiters);
-    let who = if line.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", line.join("; "))
-    };
-    format!(": {} already waiting in line{who}", view.waiters.len())
 }

@@ -7,8 +7,9 @@ use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
-use crate::flock::take::{self as acquire, Context, Held, Request, Taken};
+use crate::flock::take::{self as acquire, Context, Held, Taken};
 use crate::interrupt::Stop;
+use crate::request::Request;
 use crate::resource::Resource;
 
 /// How long [`Lock::acquire`] may wait.

@@ -12,10 +12,11 @@ use anyhow::Result;
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
-use crate::flock::take::{self as acquire, Context, Pending, Request, Taken};
+use crate::flock::take::{self as acquire, Context, Pending, Taken};
 use crate::flock::trust;
 use crate::gpu::gate as devices;
 use crate::interrupt::{self, Stop};
+use crate::request::Request;
 use crate::resource::Resource;
 use crate::supervise;
 use crate::sys::procfs;
@@ -273,7 +274,8 @@ fn take_all(
         taken.push((request.name.clone(), took));
     }
     if args.any {
-        let chosen = acquire::take_any(ctx, &candidates, usize::from(args.count()), pending)?;
+        let chosen =
+            crate::flock::any::take_any(ctx, &candidates, usize::from(args.count()), pending)?;
         for took in chosen {
             let name = match &took {
                 Taken::Held(held) => held.request.name.clone(),
@@ -410,7 +412,7 @@ fn require_idle(
         .iter()
         .map(|(resource, took)| {
             let lock = match took {
-                Taken::Held(held) => &held.lock,
+                Taken::Held(held) => held.lock(),
                 Taken::Inherited(lock) => lock,
             };
             devices::Gate {
@@ -465,7 +467,7 @@ fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::
             if held.request.via.is_some() {
                 continue;
             }
-            slot = slot.or(held.slot.as_ref().map(|(s, _)| *s));
+            slot = slot.or(held.slot().map(|s| s.number));
         }
         got.push(resource);
     }

@@ -39,7 +39,7 @@ impl Plan {
         let queue = crate::flock::queue::queue_name(&lock);
         let mut files = vec![lock, queue];
         for s in 1..=u64::from(self.slots) {
-            files.push(crate::flock::take::slot_file(r, s));
+            files.push(crate::flock::slots::slot_file(r, s));
         }
         files
     }

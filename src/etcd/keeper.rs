@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
-use crate::sys::procfs;
+use crate::sys::procfs::{live_descendants, signal_descendants};
 use crate::text::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the
@@ -325,71 +325,9 @@ fn signal_work(pidfd: Option<i32>, signal: libc::c_int) {
     signal_descendants(signal);
 }
 
-/// Sends `signal` to every process under devlock.
-pub fn signal_descendants(signal: libc::c_int) {
-    signal_descendants_outside(signal, None);
-}
-
-/// Sends `signal` to every process under devlock but those in process
-/// group `skip` (which a terminal's signal has reached already).
-pub fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>) {
-    for pid in descendants(std::process::id()) {
-        // SAFETY: getpgid on any pid; -1 if it is gone.
-        if skip.is_some_and(|group| unsafe { libc::getpgid(pid as libc::pid_t) } == group) {
-            continue;
-        }
-        // SAFETY: plain kill of a process under us (ours until reaped); one
-        // gone meanwhile gets ESRCH.
-        unsafe { libc::kill(pid as libc::pid_t, signal) };
-    }
-}
-
-/// The processes under `root` that have not ended (zombies left out).
-pub fn live_descendants(root: u32) -> Vec<u32> {
-    tree_under(root)
-        .into_iter()
-        .filter(|(_, stat)| stat.state != 'Z')
-        .map(|(pid, _)| pid)
-        .collect()
-}
-
-/// Every process under `root`.
-pub fn descendants(root: u32) -> Vec<u32> {
-    tree_under(root).into_iter().map(|(pid, _)| pid).collect()
-}
-
-/// Every process under `root` with its stat, from one read of each process
-/// in /proc.
-fn tree_under(root: u32) -> Vec<(u32, procfs::Stat)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let all: Vec<(u32, procfs::Stat)> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((pid, procfs::stat(pid)?)))
-        .collect();
-    let mut found: Vec<(u32, procfs::Stat)> = Vec::new();
-    let mut parents = vec![root];
-    while let Some(parent) = parents.pop() {
-        for &(pid, stat) in all.iter().filter(|(_, stat)| stat.ppid == parent) {
-            found.push((pid, stat));
-            parents.push(pid);
-        }
-    }
-    found
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn this_process_is_under_its_parent() {
-        let parent = procfs::parent_pid(std::process::id()).unwrap();
-        assert!(descendants(parent).contains(&std::process::id()));
-        assert!(!descendants(std::process::id()).contains(&parent));
-    }
 
     #[test]
     fn boot_time_moves_forward() {

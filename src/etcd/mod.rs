@@ -21,9 +21,13 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::cli::split_user;
 use crate::exit::{ExitCode, coded};
 use crate::resource::Resource;
+
+/// `NAME:PASSWORD` split at the first colon.
+fn split_user(text: &str) -> Option<(&str, &str)> {
+    text.split_once(':').filter(|(name, _)| !name.is_empty())
+}
 
 /// Every devlock key starts with this.
 pub const PREFIX: &str = "/devlock/";

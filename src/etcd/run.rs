@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::Config;
-use super::keeper::{self, GUARD};
+use super::keeper::GUARD;
 use super::session::{Acquired, Session, Settings};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
@@ -119,11 +119,11 @@ fn wait_for_what_it_left(
     let mut signalled: Option<Instant> = None;
     let forward = |sig: Received, signalled: &mut Option<Instant>| {
         if signalled.is_some() {
-            keeper::signal_descendants(libc::SIGKILL);
+            crate::sys::procfs::signal_descendants(libc::SIGKILL);
             return;
         }
         let skip = (!sig.from_process).then_some(own_group);
-        keeper::signal_descendants_outside(sig.signo, skip);
+        crate::sys::procfs::signal_descendants_outside(sig.signo, skip);
         *signalled = Some(Instant::now());
     };
     let mut first = first;
@@ -140,7 +140,7 @@ fn wait_for_what_it_left(
             forward(sig, &mut signalled);
         }
         if !said && !lease_lost() {
-            let left = keeper::live_descendants(std::process::id());
+            let left = crate::sys::procfs::live_descendants(std::process::id());
             eprintln!(
                 "devlock: the command has exited; holding the lock until what it started has too (pid {})",
                 left.iter()
@@ -152,7 +152,7 @@ fn wait_for_what_it_left(
         }
         let timeout = signalled.map(|t| kill_after.saturating_sub(t.elapsed()));
         if timeout.is_some_and(|t| t.is_zero()) {
-            keeper::signal_descendants(libc::SIGKILL);
+            crate::sys::procfs::signal_descendants(libc::SIGKILL);
         }
         match supervise::wait_signal(timeout.filter(|t| !t.is_zero())) {
             Some(sig) if sig.signo != libc::SIGCHLD => forward(sig, &mut signalled),

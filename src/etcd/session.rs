@@ -17,7 +17,9 @@ use crate::flock::record::{Record, now_ms};
 use crate::request::Request;
 use crate::supervise::{self, Received};
 use crate::sys::procfs;
-use crate::text::{human_duration, sanitize, short_duration};
+use crate::text::human_duration;
+
+use crate::messages::etcd as messages;
 
 /// How long releasing may take before devlock leaves the lease to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -408,11 +410,10 @@ async fn take_in_order(
         let waited = wait_turn(settings, client, request, &key, joined, deadline, say).await?;
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
-            say(format!(
-                "devlock: got {} after {} ({})",
+            say(messages::got(
                 request.name.as_str(),
-                human_duration(started.elapsed()),
-                crate::text::sanitize(&settings.step)
+                started.elapsed(),
+                &settings.step,
             ));
         }
         entries.push((key, entry, joined_at));
@@ -477,7 +478,7 @@ async fn wait_turn(
         if settings.no_wait {
             return Err(crate::exit::busy(
                 settings.conflict_code,
-                format!("{name} is busy: held by {who}"),
+                messages::busy(name, &who),
             ));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -486,14 +487,13 @@ async fn wait_turn(
         let report_due = last_report.is_none_or(|t| t.elapsed() >= settings.report_every);
         if report_due {
             if !settings.quiet {
-                let ahead = in_the_way.len();
-                let waited = match last_report {
-                    None => String::new(),
-                    Some(_) => format!(" (waiting {})", short_duration(started.elapsed())),
-                };
-                say(format!(
-                    "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited} ({})",
-                    crate::text::sanitize(&settings.step)
+                let waited = last_report.map(|_| started.elapsed());
+                say(messages::waiting(
+                    name,
+                    &who,
+                    in_the_way.len(),
+                    waited,
+                    &settings.step,
                 ));
             }
             last_report = Some(Instant::now());
@@ -607,16 +607,15 @@ fn describe_holders(line: &[Place]) -> String {
         .map(|place| match &place.entry {
             Some(e) => {
                 let held = now.saturating_sub(e.granted_ms.unwrap_or(e.since_ms));
-                format!(
-                    "{} (pid {} on {}, {}) for {}",
-                    sanitize(&e.step),
+                messages::holder(
+                    &e.step,
                     e.pid,
-                    sanitize(&e.host),
-                    sanitize(&e.user),
-                    short_duration(Duration::from_millis(held))
+                    &e.host,
+                    &e.user,
+                    Duration::from_millis(held),
                 )
             }
-            None => format!("a key devlock did not write ({})", sanitize(&place.key)),
+            None => messages::foreign_key(&place.key),
         })
         .collect();
     shown.join(", ")

@@ -145,10 +145,13 @@
 //! names, checked after locking; the line only orders the takers, and
 //! everything in it dies with its owner.
 
+pub(crate) mod any;
 pub(crate) mod dir;
 pub(crate) mod file;
+pub(crate) mod nesting;
 pub(crate) mod queue;
 pub(crate) mod record;
 pub(crate) mod registration;
+pub(crate) mod slots;
 pub(crate) mod take;
 pub(crate) mod trust;

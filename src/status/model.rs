@@ -20,6 +20,73 @@ use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId, LockTable, RangeLock};
 use crate::text::clean;
 
+/// A lock's state, as status says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Nobody holds it, as far as status can tell.
+    Free,
+    /// Held exclusively.
+    Held,
+    /// Held shared (by one or more).
+    Shared,
+    /// Status cannot tell: the lock file cannot be opened and the kernel's
+    /// table cannot show its holders, or the path is not a regular file.
+    Unknown,
+}
+
+/// How a holder was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HolderSource {
+    /// The kernel's holder, labelled by a record that names it.
+    Record,
+    /// The kernel's holder, without a record that names it (plain flock).
+    NoRecord,
+    /// The process that took it is gone or no longer holds it; these hold
+    /// it through an inherited descriptor.
+    Inherited,
+    /// Held, but no process this user can see owns it.
+    Unknown,
+}
+
+/// How a waiter was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WaiterSource {
+    /// A devlock in line, by its registration.
+    Registration,
+    /// Blocked in flock(2) without a registration (util-linux flock).
+    Flock,
+    /// A place in line that no registration explains.
+    Unregistered,
+}
+
+/// What a lock that devlock did not take on a queue file does to devlock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Effect {
+    /// It covers every ticket from some place on: nobody can join the line.
+    #[serde(rename = "blocks the line")]
+    BlocksTheLine,
+    /// It covers the slot agreement bytes.
+    #[serde(rename = "blocks the slot agreement")]
+    BlocksTheSlotAgreement,
+    /// Nothing.
+    #[serde(rename = "none")]
+    None,
+}
+
+impl Effect {
+    /// The words the warnings use.
+    pub fn words(self) -> &'static str {
+        match self {
+            Effect::BlocksTheLine => "blocks the line",
+            Effect::BlocksTheSlotAgreement => "blocks the slot agreement",
+            Effect::None => "none",
+        }
+    }
+}
+
 /// One process holding a lock, as far as it can be told.
 #[derive(Debug, Clone, Serialize)]
 pub struct Holder {
@@ -60,7 +127,7 @@ pub struct Holder {
     /// that took it is gone or no longer holds it; these processes hold it
     /// through an inherited descriptor), `unknown` (held, but no visible
     /// process owns it).
-    pub source: &'static str,
+    pub source: HolderSource,
     /// Why an `unknown` holder cannot be seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<&'static str>,
@@ -92,7 +159,7 @@ pub struct WaiterView {
     /// `registration` (a devlock in line), `flock` (blocked in flock(2)
     /// without a registration: plain flock), `unregistered` (a place in
     /// line that no registration explains).
-    pub source: &'static str,
+    pub source: WaiterSource,
 }
 
 /// A record whose process is gone or does not hold the lock.
@@ -115,7 +182,7 @@ pub struct ForeignLock {
     pub user: Option<String>,
     /// What it does to devlock: `blocks the line`, `blocks the slot
     /// agreement`, or `none`.
-    pub effect: &'static str,
+    pub effect: Effect,
 }
 
 /// A holder whose lock file was renamed or removed while it held it: it
@@ -133,7 +200,7 @@ pub struct ResourceView {
     pub name: String,
     /// `free`, `held`, `shared`, or `unknown` (the lock file cannot be
     /// opened and the kernel's table cannot show its holders).
-    pub state: &'static str,
+    pub state: State,
     /// The semaphore size everyone in line agreed on (`--slots`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots: Option<u64>,
@@ -180,7 +247,9 @@ const UNREGISTERED_TRIES: usize = 4;
 const UNREGISTERED_PAUSE: Duration = Duration::from_millis(5);
 
 fn has_unregistered(view: &ResourceView) -> bool {
-    view.waiters.iter().any(|w| w.source == "unregistered")
+    view.waiters
+        .iter()
+        .any(|w| w.source == WaiterSource::Unregistered)
 }
 
 /// Reads the state of `wanted` resources (all in the directory when empty),
@@ -322,7 +391,7 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
 fn free_view(resource: &Resource) -> ResourceView {
     ResourceView {
         name: resource.to_string(),
-        state: "free",
+        state: State::Free,
         holders: Vec::new(),
         waiters: Vec::new(),
         record: None,
@@ -361,7 +430,7 @@ fn view_of(
         // Nobody can use it through devlock (exit 74), and what it does for
         // others is not ours to say: not "free".
         let mut view = free_view(resource);
-        view.state = "unknown";
+        view.state = State::Unknown;
         return view;
     }
     let id = FileId::from_metadata(st.st_dev, st.st_ino);
@@ -466,7 +535,7 @@ fn build_view(
                 .holders
                 .push(invisible_holder("outside this PID namespace")),
             Some(false) => {}
-            None => view.state = "unknown",
+            None => view.state = State::Unknown,
         }
     }
     let holder_tickets: Vec<u64> = record
@@ -485,16 +554,16 @@ fn build_view(
     );
     if !view.holders.is_empty() {
         view.state = if view.holders.iter().all(|h| h.exclusive) {
-            "held"
+            State::Held
         } else {
-            "shared"
+            State::Shared
         };
     }
     if let Some(record) = record
-        && !view
-            .holders
-            .iter()
-            .any(|h| h.source == "record" || (h.source == "inherited" && h.step.is_some()))
+        && !view.holders.iter().any(|h| {
+            h.source == HolderSource::Record
+                || (h.source == HolderSource::Inherited && h.step.is_some())
+        })
     {
         view.stale_record = Some(StaleRecord {
             step: clean(&record.step),
@@ -526,24 +595,11 @@ fn probe_from_inside(file: &std::fs::File) -> bool {
     !taken
 }
 
+/// A holder nobody can see: held, but no visible process owns it.
 fn invisible_holder(note: &'static str) -> Holder {
-    Holder {
-        step: None,
-        pid: None,
-        pids: Vec::new(),
-        user: None,
-        since: None,
-        held_for_ms: None,
-        command: None,
-        name: None,
-        exclusive: true,
-        via: None,
-        slot: None,
-        stopped: false,
-        devices: Vec::new(),
-        source: "unknown",
-        note: Some(note),
-    }
+    let mut holder = bare(Vec::new(), None, HolderSource::Unknown, true);
+    holder.note = Some(note);
+    holder
 }
 
 fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> ForeignLock {
@@ -557,13 +613,13 @@ fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> For
     });
     let covers = |lo: u64, hi: u64| lock.start <= hi && lock.end.is_none_or(|e| e >= lo);
     let effect = if !lock.exclusive && !lock.ofd {
-        "none"
+        Effect::None
     } else if covers(4096, 4096 + 65535) {
-        "blocks the slot agreement"
+        Effect::BlocksTheSlotAgreement
     } else if lock.exclusive && covers(1 << 20, u64::MAX) {
-        "blocks the line"
+        Effect::BlocksTheLine
     } else {
-        "none"
+        Effect::None
     };
     ForeignLock {
         path: path.display().to_string(),
@@ -622,8 +678,8 @@ pub fn holders_of(
                 });
                 pids.extend(child);
                 return match r {
-                    Some(r) => labelled(r, pids, child, "record", lock.exclusive, now),
-                    None => bare(pids, None, "no-record", lock.exclusive),
+                    Some(r) => labelled(r, pids, child, HolderSource::Record, lock.exclusive, now),
+                    None => bare(pids, None, HolderSource::NoRecord, lock.exclusive),
                 };
             }
             // The taker is gone, or its pid now belongs to another process.
@@ -648,15 +704,19 @@ pub fn holders_of(
             let child = recorded
                 .and_then(|r| r.child.filter(|c| pids.contains(c) && r.names_child(*c)));
             match (recorded, child) {
-                (Some(r), Some(c)) => labelled(r, pids, Some(c), "inherited", lock.exclusive, now),
-                _ => bare(pids, None, "inherited", lock.exclusive),
+                (Some(r), Some(c)) => labelled(r, pids, Some(c), HolderSource::Inherited, lock.exclusive, now),
+                _ => bare(pids, None, HolderSource::Inherited, lock.exclusive),
             }
         })
         .collect()
 }
 
 /// A holder as the kernel shows it, without a label.
-fn bare(pids: Vec<u32>, command_of: Option<u32>, source: &'static str, exclusive: bool) -> Holder {
+/// A holder as the kernel shows it, without a label: the one constructor
+/// (labels, devices and notes are added to what it makes). Who it is comes
+/// from `/proc` now: the user of the first pid, its command line (or that
+/// of `command_of`) and name, and whether any of them is stopped.
+fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive: bool) -> Holder {
     let first = pids.first().copied();
     Holder {
         step: None,
@@ -684,7 +744,7 @@ fn labelled(
     r: &Record,
     pids: Vec<u32>,
     child: Option<u32>,
-    source: &'static str,
+    source: HolderSource,
     exclusive: bool,
     now: SystemTime,
 ) -> Holder {
@@ -718,7 +778,7 @@ fn waiter_views(
             position: 0,
             ticket: w.record.ticket,
             stopped: procfs::is_stopped(w.record.pid),
-            source: "registration",
+            source: WaiterSource::Registration,
         })
         .collect();
     // Places in line nobody registered: a devlock between its ticket and its
@@ -753,7 +813,7 @@ fn waiter_views(
                 position: 0,
                 ticket: Some(t),
                 stopped: pid.is_some_and(procfs::is_stopped),
-                source: "unregistered",
+                source: WaiterSource::Unregistered,
             });
         }
     }
@@ -771,7 +831,7 @@ fn waiter_views(
                 position: 0,
                 ticket: None,
                 stopped: procfs::is_stopped(pid),
-                source: "flock",
+                source: WaiterSource::Flock,
             });
         }
     }
@@ -824,7 +884,8 @@ fn label_from_members(
     now: SystemTime,
     sharers: &mut Sharers,
 ) {
-    let unlabelled = |h: &Holder| h.source == "inherited" && h.step.is_none() && !h.pids.is_empty();
+    let unlabelled =
+        |h: &Holder| h.source == HolderSource::Inherited && h.step.is_none() && !h.pids.is_empty();
     if !view.holders.iter().any(unlabelled) {
         return;
     }
@@ -842,7 +903,10 @@ fn label_from_members(
             member_view
                 .holders
                 .into_iter()
-                .filter(|h| h.step.is_some() && matches!(h.source, "record" | "inherited"))
+                .filter(|h| {
+                    h.step.is_some()
+                        && matches!(h.source, HolderSource::Record | HolderSource::Inherited)
+                })
                 .map(|h| (member.clone(), h)),
         );
     }
@@ -879,7 +943,8 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
         Vec::new()
     };
     let mut view = view_now(lock, dir, resource, &table, registered);
-    view.waiters.retain(|w| !held && w.source == "unregistered");
+    view.waiters
+        .retain(|w| !held && w.source == WaiterSource::Unregistered);
     label_from_members(
         dir,
         resource,

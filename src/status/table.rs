@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::gpu::gate::{DeviceInfo, DeviceView};
 use crate::gpu::nvidia_smi::format_mib;
-use crate::status::model::StatusReport;
+use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
 use crate::text::{sanitize, short_duration};
 
 /// Renders the report: the locks, what another user could break, then the
@@ -36,12 +36,12 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
     // Idle: free as far as status can tell, and nothing in its way. A lock
     // in an unknown state, or one that another user's lock or a renamed
     // file concerns, is never counted away.
-    let idle = |res: &&crate::status::model::ResourceView| {
-        res.state == "free"
+    let idle = |res: &&ResourceView| {
+        res.state == State::Free
             && res.holders.is_empty()
             && res.waiters.is_empty()
             && res.conflicts.is_empty()
-            && res.foreign_locks.iter().all(|l| l.effect == "none")
+            && res.foreign_locks.iter().all(|l| l.effect == Effect::None)
     };
     let hidden = if report.hide_idle {
         report.resources.iter().filter(idle).count()
@@ -53,9 +53,11 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
         .iter()
         .filter(|res| !(report.hide_idle && idle(res)))
     {
-        let mut state = match (res.state, res.holders.len()) {
-            ("shared", n) => format!("shared by {n}"),
-            (state, _) => state.to_owned(),
+        let mut state = match res.state {
+            State::Free => "free".to_owned(),
+            State::Held => "held".to_owned(),
+            State::Shared => format!("shared by {}", res.holders.len()),
+            State::Unknown => "unknown".to_owned(),
         };
         if let Some(slots) = res.slots {
             state.push_str(&format!(" ({slots} slots)"));
@@ -71,10 +73,10 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
         for (i, h) in res.holders.iter().enumerate() {
             let name = h.name.as_deref().map_or(String::new(), sanitize);
             let mut step = match (&h.step, h.source) {
-                (Some(step), "inherited") => format!("{} (inherited)", sanitize(step)),
+                (Some(step), HolderSource::Inherited) => format!("{} (inherited)", sanitize(step)),
                 (Some(step), _) => sanitize(step),
-                (None, "no-record") => format!("({name}, no record)"),
-                (None, "inherited") => format!("({name}, inherited)"),
+                (None, HolderSource::NoRecord) => format!("({name}, no record)"),
+                (None, HolderSource::Inherited) => format!("({name}, inherited)"),
                 (None, _) => match h.note {
                     Some(note) => format!("(unknown: {note})"),
                     None => "(unknown)".to_owned(),
@@ -134,7 +136,9 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             let stopped = if w.stopped { " (stopped)" } else { "" };
             let step = match (w.step.as_deref(), w.source) {
                 (Some(step), _) => sanitize(step),
-                (None, "unregistered") => "(a place in line, no registration)".to_owned(),
+                (None, WaiterSource::Unregistered) => {
+                    "(a place in line, no registration)".to_owned()
+                }
                 (None, _) => "(no record)".to_owned(),
             };
             rows.push(vec![
@@ -202,10 +206,9 @@ fn warnings(report: &StatusReport) -> String {
                 (Some(pid), None) => format!("pid {pid}"),
                 _ => "owner not visible to this user".to_owned(),
             };
-            let effect = if l.effect == "none" {
-                "no effect on devlock"
-            } else {
-                l.effect
+            let effect = match l.effect {
+                Effect::None => "no effect on devlock",
+                other => other.words(),
             };
             out.push_str(&format!(
                 "warning: {}: a {} lock that is not devlock's on bytes {} of {} ({who}): {effect}\n",

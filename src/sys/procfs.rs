@@ -515,6 +515,66 @@ pub fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
     found
 }
 
+/// Sends `signal` to every process under devlock.
+#[cfg(feature = "etcd")]
+pub fn signal_descendants(signal: libc::c_int) {
+    signal_descendants_outside(signal, None);
+}
+
+/// Sends `signal` to every process under devlock but those in process
+/// group `skip` (which a terminal's signal has reached already).
+#[cfg(feature = "etcd")]
+pub fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>) {
+    for pid in descendants(std::process::id()) {
+        // SAFETY: getpgid on any pid; -1 if it is gone.
+        if skip.is_some_and(|group| unsafe { libc::getpgid(pid as libc::pid_t) } == group) {
+            continue;
+        }
+        // SAFETY: plain kill of a process under us (ours until reaped); one
+        // gone meanwhile gets ESRCH.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+    }
+}
+
+/// The processes under `root` that have not ended (zombies left out).
+#[cfg(feature = "etcd")]
+pub fn live_descendants(root: u32) -> Vec<u32> {
+    tree_under(root)
+        .into_iter()
+        .filter(|(_, stat)| stat.state != 'Z')
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Every process under `root`.
+#[cfg(any(test, feature = "etcd"))]
+pub fn descendants(root: u32) -> Vec<u32> {
+    tree_under(root).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// Every process under `root` with its stat, from one read of each process
+/// in /proc.
+#[cfg(any(test, feature = "etcd"))]
+fn tree_under(root: u32) -> Vec<(u32, Stat)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let all: Vec<(u32, Stat)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, stat(pid)?)))
+        .collect();
+    let mut found: Vec<(u32, Stat)> = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for &(pid, stat) in all.iter().filter(|(_, stat)| stat.ppid == parent) {
+            found.push((pid, stat));
+            parents.push(pid);
+        }
+    }
+    found
+}
+
 /// Reads a small `/proc` file in one bounded read.
 fn read_small(path: impl AsRef<Path>) -> Option<String> {
     let mut file = fs::File::open(path).ok()?;
@@ -592,6 +652,13 @@ mod tests {
         let stat = "42 (a) b (c)) S 7 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 987654 0";
         assert_eq!(stat_field(stat, 4), Some("7"));
         assert_eq!(stat_field(stat, 22), Some("987654"));
+    }
+
+    #[test]
+    fn this_process_is_under_its_parent() {
+        let parent = parent_pid(std::process::id()).unwrap();
+        assert!(descendants(parent).contains(&std::process::id()));
+        assert!(!descendants(std::process::id()).contains(&parent));
     }
 
     #[test]

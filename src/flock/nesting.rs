@@ -1,0 +1,93 @@
+//! Inherited-lock pass-through: a take inside a job that already holds the
+//! lock (through a descriptor it passed down) runs under that hold instead
+//! of waiting for itself.
+
+use std::os::fd::RawFd;
+use std::os::unix::fs::MetadataExt;
+
+use anyhow::Result;
+
+use crate::flock::file::LockFile;
+use crate::request::Request;
+use crate::sys::procfs;
+
+/// Whether we run inside a job that holds the lock already (then the take
+/// passes through); an error when that job holds it only shared and this
+/// asks for it exclusively, which would wait for itself forever.
+pub(crate) fn inside_holder(lock: &LockFile, request: &Request) -> Result<bool> {
+    match inherited(lock, request.exclusive) {
+        Inherited::Yes => Ok(true),
+        Inherited::No => Ok(false),
+        Inherited::OnlyShared(pid) => Err(crate::messages::held_only_shared(&request.name, pid)),
+    }
+}
+
+/// Whether the work we run inside already holds a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inherited {
+    No,
+    /// Held in a mode that covers the request: run under it.
+    Yes,
+    /// Held, but only shared while the request is exclusive: waiting would
+    /// wait for ourselves.
+    OnlyShared(u32),
+}
+
+/// Whether the job we run inside already holds the lock, asked of the
+/// kernel rather than of an environment variable a script may have copied:
+/// a descriptor we inherited (not close-on-exec, so not one of ours) on the
+/// same file whose `/proc/self/fdinfo` shows a granted lock. An ancestor
+/// that holds the lock without having passed the descriptor down does not
+/// count: it may hold it for other work (a thread of a service), and then
+/// passing through would let two holders in. The waiting line says so.
+pub(crate) fn inherited(lock: &LockFile, exclusive: bool) -> Inherited {
+    let mut found = Inherited::No;
+    for held_exclusive in inherited_modes(lock) {
+        if held_exclusive || !exclusive {
+            return Inherited::Yes;
+        }
+        found = Inherited::OnlyShared(std::process::id());
+    }
+    found
+}
+
+/// The modes (true for exclusive) in which descriptors we inherited hold the
+/// lock.
+fn inherited_modes(lock: &LockFile) -> Vec<bool> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let mut modes = Vec::new();
+    for fd in fds.flatten() {
+        let Some(name) = fd.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        // The cheap test first: most of our descriptors are close-on-exec.
+        if !inheritable(&name) {
+            continue;
+        }
+        let same = std::fs::metadata(fd.path())
+            .is_ok_and(|m| procfs::FileId::from_metadata(m.dev(), m.ino()) == lock.id());
+        if !same {
+            continue;
+        }
+        modes.extend(
+            procfs::locks_of_fd("self", &name)
+                .iter()
+                .filter(|l| l.file == lock.id() && !l.blocked)
+                .map(|l| l.exclusive),
+        );
+    }
+    modes
+}
+
+/// Whether one of our descriptors survives exec (so it came from our parent:
+/// devlock's own lock files are close-on-exec until it starts the command).
+fn inheritable(fd: &str) -> bool {
+    let Ok(fd) = fd.parse::<RawFd>() else {
+        return false;
+    };
+    // SAFETY: F_GETFD on a descriptor number; a closed one just fails.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    flags >= 0 && flags & libc::FD_CLOEXEC == 0
+}

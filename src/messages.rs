@@ -1,0 +1,354 @@
+//! Every sentence devlock says to people about locks, in one place, for
+//! both backends: who holds a lock and who waits (`ns-train (pid 4242,
+//! alice), held 5m03s`), what stands in the way of a request, and the busy,
+//! timeout and waiting lines built from them. Built from the status model's
+//! views (or, for etcd, from plain values); nothing here looks at a file.
+
+use std::time::Duration;
+
+use crate::exit::ExitCode;
+use crate::request::Request;
+use crate::status::model::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
+use crate::text::{sanitize, short_duration};
+
+/// What lines call a request: its resource, or for a group taken shared on
+/// a member's behalf, the member and its group (what the user asked for,
+/// and what stands in the way).
+pub(crate) fn label_of(request: &Request) -> String {
+    match &request.via {
+        Some(member) => format!("{member} (its group {})", request.name),
+        None => request.name.to_string(),
+    }
+}
+
+/// `gpu:0 is busy: held by train (pid 4242, alice) for 5m03s`, naming
+/// whoever is in the way in `view`: the holders, and those already in line
+/// (who would go first), such as a request for the whole group queued
+/// ahead. Ends with `code` (the conflict exit code), unless `--quiet`.
+pub(crate) fn busy(request: &Request, view: &ResourceView, code: ExitCode) -> anyhow::Error {
+    let who = busy_phrase(view);
+    let what = match &request.via {
+        Some(member) => format!("{member} is busy, through its group {}", request.name),
+        None => format!("{} is busy", request.name),
+    };
+    crate::exit::busy(code, format!("{what}{who}"))
+}
+
+/// `all of gpu:0, gpu:1 are busy: gpu:0 held by ...; gpu:1 held by ...`,
+/// from each candidate's label and view.
+pub(crate) fn all_busy(
+    names: &[String],
+    each: &[(String, ResourceView)],
+    code: ExitCode,
+) -> anyhow::Error {
+    let why: Vec<String> = each
+        .iter()
+        .map(|(label, view)| {
+            let why = in_the_way(view, &view.waiters);
+            format!("{label} {}", why.trim_start_matches(": "))
+                .trim_end()
+                .to_owned()
+        })
+        .collect();
+    crate::exit::busy(
+        code,
+        format!("all of {} are busy: {}", names.join(", "), why.join("; ")),
+    )
+}
+
+/// A job that holds a lock only shared, asked for it exclusively.
+pub(crate) fn held_only_shared(resource: &crate::resource::Resource, pid: u32) -> anyhow::Error {
+    crate::exit::coded(
+        ExitCode::Busy,
+        format!(
+            "{resource} is held only shared by the job this runs in (pid {pid}); taking it \
+             exclusively inside that job would wait for itself"
+        ),
+    )
+}
+
+/// `gpu is in use with --slots 2, but this asks for it as a plain lock; ...`
+pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
+    let how = |n: u64| match n {
+        0 => "as a plain lock".to_owned(),
+        n => format!("with --slots {n}"),
+    };
+    crate::exit::coded(
+        ExitCode::Usage,
+        format!(
+            "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
+            how(theirs),
+            how(ours)
+        ),
+    )
+}
+
+/// `devlock: timed out after 10m waiting for gpu: held by ...` (with the
+/// waiter's step where the line stays).
+pub(crate) fn timed_out(
+    waited: Duration,
+    label: &str,
+    in_the_way: &str,
+    step: Option<&str>,
+) -> String {
+    let waited = humantime::format_duration(waited);
+    let whose = step
+        .map(|s| format!(" ({})", sanitize(s)))
+        .unwrap_or_default();
+    format!("devlock: timed out after {waited} waiting for {label}{in_the_way}{whose}\n")
+}
+
+/// `devlock: got gpu after 4s (train-b)`
+pub(crate) fn got(label: &str, waited: Duration, step: &str) -> String {
+    format!(
+        "devlock: got {label} after {} ({})\n",
+        short_duration(waited),
+        sanitize(step)
+    )
+}
+
+/// `ns-train (pid 4242, alice)`, `train (pid 4242, alice, inherited: its
+/// devlock is gone) via gpu:0`.
+pub(crate) fn holder_label(h: &Holder) -> String {
+    let pid = h
+        .pid
+        .map_or("pid unknown".to_owned(), |p| format!("pid {p}"));
+    let mut user = h
+        .user
+        .as_deref()
+        .map(|u| format!(", {}", sanitize(u)))
+        .unwrap_or_default();
+    if h.stopped {
+        user.push_str(", stopped");
+    }
+    let inherited = if h.source == HolderSource::Inherited {
+        ", inherited: its devlock is gone"
+    } else {
+        ""
+    };
+    let label = match (&h.step, &h.command) {
+        (Some(step), _) => format!("{} ({pid}{user}{inherited})", sanitize(step)),
+        (None, Some(cmd)) if h.source == HolderSource::NoRecord => {
+            format!("{pid} ({}{user}, no record)", sanitize(&cmd.join(" ")))
+        }
+        _ => format!("an unknown holder ({pid}{user})"),
+    };
+    match &h.via {
+        Some(via) => format!("{label} via {}", sanitize(via)),
+        None => label,
+    }
+}
+
+pub(crate) fn held_for(h: &Holder) -> Option<String> {
+    h.held_for_ms
+        .map(|ms| short_duration(Duration::from_millis(ms)))
+}
+
+/// `ns-train (pid 4242, alice), held 5m03s`
+pub(crate) fn holder_words(h: &Holder) -> String {
+    let held = held_for(h)
+        .map(|d| format!(", held {d}"))
+        .unwrap_or_default();
+    format!("{}{held}", holder_label(h))
+}
+
+/// The first holder's words, and how many more share the lock.
+pub(crate) fn holders_words(view: &ResourceView) -> String {
+    let Some(first) = view.holders.first() else {
+        return String::new();
+    };
+    match view.holders.len() {
+        1 => holder_words(first),
+        n => format!("{} and {} more", holder_words(first), n - 1),
+    }
+}
+
+/// `pid 77, bob`, or what stands for a process this user cannot see.
+pub(crate) fn who(pid: Option<u32>, user: Option<&str>) -> String {
+    match (pid, user) {
+        (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
+        (Some(pid), None) => format!("pid {pid}"),
+        _ => "a process this user cannot see".to_owned(),
+    }
+}
+
+/// `eval (pid 77, bob)`, `pid 77 (bob, no record)` for a process blocked
+/// on the lock without a registration (util-linux flock), or `a place held
+/// by pid 77, mallory, not a registered devlock` for a place in line that
+/// no devlock registered; `, stopped` when it is.
+pub(crate) fn waiter_label(w: &WaiterView) -> String {
+    let stopped = if w.stopped { ", stopped" } else { "" };
+    if w.source == WaiterSource::Unregistered {
+        return format!(
+            "a place held by {}{stopped}, not a registered devlock",
+            who(w.pid, w.user.as_deref())
+        );
+    }
+    let pid = w
+        .pid
+        .map_or("pid unknown".to_owned(), |p| format!("pid {p}"));
+    let user = w
+        .user
+        .as_deref()
+        .map(|u| format!(", {}", sanitize(u)))
+        .unwrap_or_default();
+    match &w.step {
+        Some(step) => format!("{} ({pid}{user}{stopped})", sanitize(step)),
+        None => format!(
+            "{pid} ({}{stopped}, no record)",
+            user.trim_start_matches(", ")
+        ),
+    }
+}
+
+/// The first waiter ahead, and how many more.
+pub(crate) fn waiters_words(first: &WaiterView, ahead: &[WaiterView]) -> String {
+    match ahead.len() {
+        0 | 1 => waiter_label(first),
+        n => format!("{} and {} more", waiter_label(first), n - 1),
+    }
+}
+
+/// What stands in the way of one lock, in parts: the holders (`held by
+/// ns-train (pid 4242, alice) for 5m03s`), the devlocks and flock callers
+/// `ahead` in line (`eval (pid 77, bob) waits in line first`), and what is
+/// not devlock's: places in line among `ahead` that nobody registered, and
+/// locks on the queue file that hold the line up.
+pub(crate) fn obstacles(
+    view: &ResourceView,
+    ahead: &[WaiterView],
+) -> (Option<String>, Vec<String>) {
+    let held = view.holders.first().map(|h| {
+        let held = held_for(h).map(|d| format!(" for {d}")).unwrap_or_default();
+        let note = h.note.map(|n| format!(" ({n})")).unwrap_or_default();
+        let more = match view.holders.len() {
+            1 => String::new(),
+            n => format!(" and by {} more", n - 1),
+        };
+        format!("held by {}{held}{note}{more}", holder_label(h))
+    });
+    let mut line = Vec::new();
+    let known: Vec<WaiterView> = ahead
+        .iter()
+        .filter(|w| w.source != WaiterSource::Unregistered)
+        .cloned()
+        .collect();
+    if let Some(first) = known.first() {
+        let waits = if known.len() > 1 { "wait" } else { "waits" };
+        line.push(format!(
+            "{} {waits} in line first",
+            waiters_words(first, &known)
+        ));
+    }
+    for w in ahead
+        .iter()
+        .filter(|w| w.source == WaiterSource::Unregistered)
+    {
+        let stopped = if w.stopped { ", stopped" } else { "" };
+        line.push(format!(
+            "a place in line held by {}{stopped}, not a registered devlock",
+            who(w.pid, w.user.as_deref())
+        ));
+    }
+    for l in view
+        .foreign_locks
+        .iter()
+        .filter(|l| l.effect != Effect::None)
+    {
+        line.push(format!(
+            "a lock that is not devlock's on bytes {} of {} ({}) {}",
+            l.range,
+            sanitize(&l.path),
+            who(l.pid, l.user.as_deref()),
+            l.effect.words()
+        ));
+    }
+    (held, line)
+}
+
+/// `: held by ns-train (pid 4242, alice) for 5m03s`, `; eval (pid 77, bob)
+/// waits in line first` when someone is ahead in line, what else holds the
+/// line up (a place or a lock that is not devlock's), or nothing when the
+/// way is clear.
+pub(crate) fn in_the_way(view: &ResourceView, ahead: &[WaiterView]) -> String {
+    let (held, line) = obstacles(view, ahead);
+    let parts: Vec<String> = held.into_iter().chain(line).collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
+    }
+}
+
+/// For `-n`, where everyone in line is ahead: [`in_the_way`], or when
+/// nobody holds the lock but the line is not empty, `: 2 already waiting in
+/// line (...)` with who they are.
+pub(crate) fn busy_phrase(view: &ResourceView) -> String {
+    if !view.holders.is_empty() || view.waiters.is_empty() {
+        return in_the_way(view, &view.waiters);
+    }
+    let (_, line) = obstacles(view, &view.waiters);
+    let who = if line.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", line.join("; "))
+    };
+    format!(": {} already waiting in line{who}", view.waiters.len())
+}
+
+/// The etcd backend's sentences (`--etcd`): the same kinds of lines, about
+/// keys in etcd rather than files.
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd {
+    use std::time::Duration;
+
+    use crate::text::{human_duration, sanitize, short_duration};
+
+    /// `train (pid 12 on host-a, alice) for 3s`
+    pub(crate) fn holder(step: &str, pid: u32, host: &str, user: &str, held: Duration) -> String {
+        format!(
+            "{} (pid {pid} on {}, {}) for {}",
+            sanitize(step),
+            sanitize(host),
+            sanitize(user),
+            short_duration(held)
+        )
+    }
+
+    /// A key in a resource's line that devlock did not write.
+    pub(crate) fn foreign_key(key: &str) -> String {
+        format!("a key devlock did not write ({})", sanitize(key))
+    }
+
+    /// `gpu is busy: held by ...`
+    pub(crate) fn busy(name: &str, who: &str) -> String {
+        format!("{name} is busy: held by {who}")
+    }
+
+    /// `devlock: waiting for gpu: held by ...; 2 ahead in line (waiting
+    /// 1m00s) (train)`; `waited` after the first line.
+    pub(crate) fn waiting(
+        name: &str,
+        who: &str,
+        ahead: usize,
+        waited: Option<Duration>,
+        step: &str,
+    ) -> String {
+        let waited = waited
+            .map(|w| format!(" (waiting {})", short_duration(w)))
+            .unwrap_or_default();
+        format!(
+            "devlock: waiting for {name}: held by {who}; {ahead} ahead in line{waited} ({})",
+            sanitize(step)
+        )
+    }
+
+    /// `devlock: got gpu after 1.5s (train)`
+    pub(crate) fn got(name: &str, waited: Duration, step: &str) -> String {
+        format!(
+            "devlock: got {name} after {} ({})",
+            human_duration(waited),
+            sanitize(step)
+        )
+    }
+}
