@@ -15,6 +15,7 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::take::{self as acquire, Context, Pending, Taken};
 use crate::flock::trust;
 use crate::gpu::gate as devices;
+use crate::gpu::nvidia_smi::DeviceReport;
 use crate::interrupt::{self, Stop};
 use crate::request::Request;
 use crate::resource::Resource;
@@ -369,7 +370,7 @@ fn idle_candidates(
     probe_timeout: Duration,
 ) -> Result<Vec<Resource>> {
     let report = crate::status::model::gather(dir_path, &[], Some(probe_timeout))?;
-    let info = report.device_info.unwrap_or(devices::DeviceInfo::None);
+    let info = report.device_info.unwrap_or(DeviceReport::NoInfo);
     let mut idle = Vec::new();
     let mut reasons = Vec::new();
     for candidate in &candidates {

@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use serde::Serialize;
-
-use crate::gpu::nvidia_smi::{Device, DeviceReport, NvidiaSmi, Probe, format_mib};
+use crate::gpu::nvidia_smi::{Device, DeviceReport, Gating, NvidiaSmi, Probe, format_mib};
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId};
 
@@ -31,104 +29,35 @@ pub struct Gate {
     pub holder_pids: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ProcessView {
-    pub pid: u32,
-    pub name: String,
-    pub user: Option<String>,
-    pub used_mib: Option<u64>,
-    /// It, or an ancestor, holds the lock of a resource mapped to this device.
-    pub gated: bool,
-    /// The resource whose holder it belongs to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gate: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceView {
-    pub index: u32,
-    pub uuid: String,
-    pub name: String,
-    pub memory_used_mib: Option<u64>,
-    pub memory_total_mib: Option<u64>,
-    pub utilization_pct: Option<u32>,
-    pub processes: Vec<ProcessView>,
-}
-
-/// The devices as the probe saw them, or why we cannot tell.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "status", rename_all = "lowercase")]
-pub enum DeviceInfo {
-    /// No nvidia-smi on this machine.
-    None,
-    /// nvidia-smi failed or hung: the devices' state is unknown, never "free".
-    Unknown {
-        reason: String,
-    },
-    Ok {
-        devices: Vec<DeviceView>,
-    },
-}
-
-impl DeviceInfo {
-    pub fn devices(&self) -> &[DeviceView] {
-        match self {
-            DeviceInfo::Ok { devices } => devices,
-            _ => &[],
-        }
-    }
-}
-
 /// Asks the driver, within `timeout`, and sorts each process in or out of
 /// the gates.
-pub fn probe(timeout: Duration, gates: &[Gate]) -> DeviceInfo {
+pub fn probe(timeout: Duration, gates: &[Gate]) -> DeviceReport {
     match NvidiaSmi::from_env().probe(timeout) {
-        DeviceReport::NoInfo => DeviceInfo::None,
-        DeviceReport::Unknown { reason } => DeviceInfo::Unknown { reason },
-        DeviceReport::Devices(devices) => DeviceInfo::Ok {
-            devices: views(devices, gates),
-        },
+        DeviceReport::Devices(devices) => DeviceReport::Devices(judged(devices, gates)),
+        other => other,
     }
 }
 
-fn views(devices: Vec<Device>, gates: &[Gate]) -> Vec<DeviceView> {
+fn judged(mut devices: Vec<Device>, gates: &[Gate]) -> Vec<Device> {
     let all: Vec<u32> = devices.iter().map(|d| d.index).collect();
-    devices
-        .into_iter()
-        .map(|d| {
-            let mapped: Vec<&Gate> = gates
+    for d in &mut devices {
+        let mapped: Vec<&Gate> = gates
+            .iter()
+            .filter(|g| gpu_indices(&g.resource, &all).is_some_and(|ix| ix.contains(&d.index)))
+            .collect();
+        for p in &mut d.processes {
+            let gate = mapped
                 .iter()
-                .filter(|g| gpu_indices(&g.resource, &all).is_some_and(|ix| ix.contains(&d.index)))
-                .collect();
-            let processes = d
-                .processes
-                .into_iter()
-                .map(|p| {
-                    let gate = mapped
-                        .iter()
-                        .find(|g| inside(p.pid, g))
-                        .map(|g| g.resource.to_string());
-                    ProcessView {
-                        pid: p.pid,
-                        user: procfs::uid_of(p.pid).map(procfs::user_name),
-                        name: p.name,
-                        used_mib: p.used_mib,
-                        gated: gate.is_some(),
-                        gate,
-                    }
-                })
-                .collect();
-            DeviceView {
-                index: d.index,
-                uuid: d.uuid,
-                name: d.name,
-                memory_used_mib: d.memory_used_mib,
-                memory_total_mib: d.memory_total_mib,
-                utilization_pct: d.utilization_pct,
-                processes,
-            }
-        })
-        .collect()
+                .find(|g| inside(p.pid, g))
+                .map(|g| g.resource.to_string());
+            p.gating = Some(Gating {
+                user: procfs::uid_of(p.pid).map(procfs::user_name),
+                gated: gate.is_some(),
+                gate,
+            });
+        }
+    }
+    devices
 }
 
 /// Whether `pid` works inside `gate`: it holds the lock through a descriptor
@@ -147,22 +76,22 @@ fn inside(pid: u32, gate: &Gate) -> bool {
 
 /// Why a device cannot be called idle, in one line for `--require-idle`.
 pub fn not_idle_reason(
-    info: &DeviceInfo,
+    info: &DeviceReport,
     resource: &Resource,
     threshold_mib: u64,
 ) -> Option<String> {
     let devices = match info {
-        DeviceInfo::None => {
+        DeviceReport::NoInfo => {
             return Some(format!(
                 "cannot check that {resource} is idle: no nvidia-smi found (set DEVLOCK_NVIDIA_SMI or run without --require-idle)"
             ));
         }
-        DeviceInfo::Unknown { reason } => {
+        DeviceReport::Unknown { reason } => {
             return Some(format!(
                 "cannot check that {resource} is idle: {reason}; not starting"
             ));
         }
-        DeviceInfo::Ok { devices } => devices,
+        DeviceReport::Devices(devices) => devices,
     };
     let all: Vec<u32> = devices.iter().map(|d| d.index).collect();
     let indices = gpu_indices(resource, &all)?;
@@ -172,12 +101,12 @@ pub fn not_idle_reason(
                 "{resource} names GPU {index}, which nvidia-smi does not list; not starting"
             ));
         };
-        for p in device.processes.iter().filter(|p| !p.gated) {
+        for p in device.processes.iter().filter(|p| !p.gated()) {
             let who = format!(
                 "pid {} ({}, {})",
                 p.pid,
                 crate::text::sanitize(&p.name),
-                p.user.as_deref().unwrap_or("user unknown")
+                p.user().unwrap_or("user unknown")
             );
             match p.used_mib {
                 Some(mib) if mib <= threshold_mib => continue,

@@ -39,7 +39,9 @@ const APPS_QUERY: [&str; 2] = [
 /// its reaping to a background thread (a wedged driver can hold it in the kernel).
 const KILL_GRACE: Duration = Duration::from_millis(500);
 
-/// One GPU as reported by the vendor tool.
+/// One GPU as reported by the vendor tool (and, once [`crate::gpu::gate`]
+/// has looked, which of its processes work inside a lock's gate): the one
+/// device type, from the probe to status's JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Device {
     /// The vendor's device index (what `CUDA_VISIBLE_DEVICES` counts).
@@ -59,7 +61,7 @@ pub struct Device {
 }
 
 /// A compute process seen on a device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceProcess {
     /// Process id (in the tool's pid namespace).
     pub pid: u32,
@@ -67,6 +69,61 @@ pub struct DeviceProcess {
     pub name: String,
     /// Device memory used by this process, MiB; `None` when unknown.
     pub used_mib: Option<u64>,
+    /// Whether it works inside a gate, once [`crate::gpu::gate`] has looked.
+    pub gating: Option<Gating>,
+}
+
+/// Where a process on a GPU stands with the locks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gating {
+    /// Its user, from the kernel.
+    pub user: Option<String>,
+    /// It, or an ancestor, holds the lock of a resource mapped to its device.
+    pub gated: bool,
+    /// The resource whose holder it belongs to.
+    pub gate: Option<String>,
+}
+
+impl DeviceProcess {
+    /// Whether it works inside a gate (false until looked at).
+    pub fn gated(&self) -> bool {
+        self.gating.as_ref().is_some_and(|g| g.gated)
+    }
+
+    /// Its user, once looked up.
+    pub fn user(&self) -> Option<&str> {
+        self.gating.as_ref().and_then(|g| g.user.as_deref())
+    }
+
+    /// The resource whose holder it belongs to.
+    pub fn gate(&self) -> Option<&str> {
+        self.gating.as_ref().and_then(|g| g.gate.as_deref())
+    }
+}
+
+/// As the probe saw it, `{pid, name, used_mib}`; once gated, `{pid, name,
+/// user, used_mib, gated, gate}` (status's JSON; `gate` only when inside).
+impl Serialize for DeviceProcess {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let Some(g) = &self.gating else {
+            let mut s = serializer.serialize_struct("DeviceProcess", 3)?;
+            s.serialize_field("pid", &self.pid)?;
+            s.serialize_field("name", &self.name)?;
+            s.serialize_field("used_mib", &self.used_mib)?;
+            return s.end();
+        };
+        let mut s = serializer.serialize_struct("DeviceProcess", 6)?;
+        s.serialize_field("pid", &self.pid)?;
+        s.serialize_field("name", &self.name)?;
+        s.serialize_field("user", &g.user)?;
+        s.serialize_field("used_mib", &self.used_mib)?;
+        s.serialize_field("gated", &g.gated)?;
+        if let Some(gate) = &g.gate {
+            s.serialize_field("gate", gate)?;
+        }
+        s.end()
+    }
 }
 
 /// Outcome of a probe.
@@ -86,6 +143,16 @@ pub enum DeviceReport {
     },
     /// The devices and their processes.
     Devices(Vec<Device>),
+}
+
+impl DeviceReport {
+    /// The devices, when the probe listed them.
+    pub fn devices(&self) -> &[Device] {
+        match self {
+            DeviceReport::Devices(devices) => devices,
+            _ => &[],
+        }
+    }
 }
 
 // serde cannot internally tag a newtype variant holding a sequence, so the
@@ -357,6 +424,7 @@ pub fn parse_apps(text: &str) -> anyhow::Result<Vec<(String, DeviceProcess)>> {
             pid,
             name: name.to_owned(),
             used_mib: number(used),
+            gating: None,
         };
         apps.push((uuid.to_owned(), process));
     }
@@ -431,6 +499,7 @@ mod tests {
             pid: 4241,
             name: "python3".into(),
             used_mib: Some(38912),
+            gating: None,
         };
         assert_eq!(apps[0].1, expected);
         assert_eq!(apps[2].1.name, "python3 -c import a,b");
@@ -527,6 +596,7 @@ mod tests {
             pid: 1,
             name: "p".into(),
             used_mib: None,
+            gating: None,
         });
         assert_eq!(
             json(DeviceReport::Devices(gpus)),

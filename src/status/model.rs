@@ -15,7 +15,8 @@ use crate::flock::file::LockFile;
 use crate::flock::record::{self, ReadRecord, Record};
 use crate::flock::registration::{self as waiters, Kind, Waiter};
 use crate::flock::trust::{self, Trust};
-use crate::gpu::gate::{self as devices, DeviceInfo, DeviceView};
+use crate::gpu::gate as devices;
+use crate::gpu::nvidia_smi::{Device, DeviceReport};
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId, LockTable, RangeLock};
 use crate::text::clean;
@@ -231,9 +232,9 @@ pub struct StatusReport {
     pub resources: Vec<ResourceView>,
     /// What the driver says (absent when devices were not asked about).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_info: Option<DeviceInfo>,
+    pub device_info: Option<DeviceReport>,
     /// The devices, flat, for scripts (empty when unknown or absent).
-    pub devices: Vec<DeviceView>,
+    pub devices: Vec<Device>,
     /// The table leaves out idle locks (neither held nor waited for), and
     /// counts them in one line; JSON always lists everything.
     #[serde(skip)]
@@ -376,7 +377,7 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
                     used_mib: d
                         .processes
                         .iter()
-                        .filter(|p| p.gate.as_deref() == Some(view.name.as_str()))
+                        .filter(|p| p.gate() == Some(view.name.as_str()))
                         .map(|p| p.used_mib)
                         .sum(),
                     utilization_pct: d.utilization_pct,

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::gpu::gate::{DeviceInfo, DeviceView};
 use crate::gpu::nvidia_smi::format_mib;
+use crate::gpu::nvidia_smi::{Device, DeviceReport};
 use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
 use crate::text::{sanitize, short_duration};
 
@@ -14,10 +14,10 @@ pub fn table(report: &StatusReport, colour: bool) -> String {
     let mut out = locks_table(report, colour);
     out.push_str(&warnings(report));
     match &report.device_info {
-        Some(DeviceInfo::Unknown { reason }) => {
+        Some(DeviceReport::Unknown { reason }) => {
             out.push_str(&format!("\nGPUs: unknown ({})\n", sanitize(reason)));
         }
-        Some(DeviceInfo::Ok { devices }) => out.push_str(&devices_table(devices, colour)),
+        Some(DeviceReport::Devices(devices)) => out.push_str(&devices_table(devices, colour)),
         _ => {}
     }
     out
@@ -233,7 +233,7 @@ fn warnings(report: &StatusReport) -> String {
     out
 }
 
-fn devices_table(devices: &[DeviceView], colour: bool) -> String {
+fn devices_table(devices: &[Device], colour: bool) -> String {
     let header = [
         "GPU", "NAME", "MEMORY", "UTIL", "PID", "PROCESS", "USER", "USED", "GATE",
     ];
@@ -265,16 +265,17 @@ fn devices_table(devices: &[DeviceView], colour: bool) -> String {
                 row = vec![String::new(); 4];
             }
             let used = p.used_mib.map_or("?".to_owned(), format_mib);
-            let user = p.user.as_deref().map_or("?".to_owned(), sanitize);
+            let user = p.user().map_or("?".to_owned(), sanitize);
             row.extend([
                 p.pid.to_string(),
                 sanitize(&p.name),
                 user.clone(),
                 used.clone(),
-                p.gate.clone().unwrap_or_else(|| "NOT GATED".to_owned()),
+                p.gate()
+                    .map_or_else(|| "NOT GATED".to_owned(), str::to_owned),
             ]);
             rows.push(row.clone());
-            if !p.gated {
+            if !p.gated() {
                 warnings.push_str(&format!(
                     "warning: pid {} ({}, {user}) uses {used} on GPU {} without holding its lock\n",
                     p.pid,
