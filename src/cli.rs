@@ -365,6 +365,8 @@ impl StatusArgs {
     }
 }
 
+pub use crate::sys::args::from_main as args_from_main;
+
 impl Cli {
     /// Parses `args` (the first is the program's name). A `DEVLOCK_*`
     /// variable set to the empty string counts as unset, as `${VAR:-...}`
@@ -545,29 +547,21 @@ mod tests {
 
     #[test]
     fn an_empty_environment_variable_counts_as_unset() {
-        // SAFETY: the unit tests of this module alone touch these variables.
-        unsafe {
-            std::env::set_var("DEVLOCK_DIR", "");
-            std::env::set_var("DEVLOCK_ETCD", "");
-            std::env::set_var("DEVLOCK_ETCD_USER", "");
-        }
+        use crate::sys::env::{remove_var, set_var};
+        set_var("DEVLOCK_DIR", "");
+        set_var("DEVLOCK_ETCD", "");
+        set_var("DEVLOCK_ETCD_USER", "");
         let cli = Cli::parse_from_args(["devlock", "r", "--", "true"]).unwrap();
         assert_eq!(cli.dir, Path::new(crate::DEFAULT_DIR));
         assert!(cli.etcd.is_empty());
         assert_eq!(cli.etcd_user, None);
         assert!(Cli::parse_from_args(["devlock", "--dir", "", "r", "--", "true"]).is_err());
-        // SAFETY: as above.
-        unsafe {
-            std::env::set_var("DEVLOCK_DIR", "/tmp/x");
-        }
+        set_var("DEVLOCK_DIR", "/tmp/x");
         let cli = Cli::parse_from_args(["devlock", "r", "--", "true"]).unwrap();
         assert_eq!(cli.dir, Path::new("/tmp/x"));
-        // SAFETY: as above.
-        unsafe {
-            std::env::remove_var("DEVLOCK_DIR");
-            std::env::remove_var("DEVLOCK_ETCD");
-            std::env::remove_var("DEVLOCK_ETCD_USER");
-        }
+        remove_var("DEVLOCK_DIR");
+        remove_var("DEVLOCK_ETCD");
+        remove_var("DEVLOCK_ETCD_USER");
     }
 
     #[test]

@@ -2,18 +2,24 @@
 //!
 //! devlock starts once per job, so it skips std's runtime set-up (which
 //! reads /proc/self/maps to find the main thread's stack, and installs a
-//! stack-overflow handler): `main` is the C entry point. SIGPIPE therefore
-//! keeps its default action, so `devlock status | head` ends quietly.
+//! stack-overflow handler): `main` is the C entry point, and the command
+//! line comes from the `argc`/`argv` it is given, not from std. SIGPIPE
+//! therefore keeps its default action, so `devlock status | head` ends
+//! quietly. This file and `src/sys/` are the only places with `unsafe`.
 #![no_main]
+// The C entry point is the one place outside src/sys/ with `unsafe`.
+#![allow(unsafe_code)]
 
 use devlock::exit::{ExitCode, exit_code_of};
 
+// The one `main` symbol of the program, with the C signature the C
+// runtime calls it with.
 #[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    let cli = match devlock::cli::Cli::parse_from_args(std::env::args_os()) {
+extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
+    // SAFETY: the C runtime passes argc pointers to NUL-terminated strings
+    // that live for the whole program.
+    let args = unsafe { devlock::cli::args_from_main(argc, argv) };
+    let cli = match devlock::cli::Cli::parse_from_args(args) {
         Ok(cli) => cli,
         Err(err) => return report_usage(err),
     };

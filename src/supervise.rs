@@ -3,49 +3,33 @@
 
 use std::ffi::CString;
 use std::ffi::OsString;
+use std::os::fd::BorrowedFd;
+#[cfg(feature = "etcd")]
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
 
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
+use crate::sys::process::{self, ChildState};
+use crate::sys::signal::{self, SigSet};
 use crate::tty;
 
 /// Variables set for the command, over devlock's own environment.
-pub type Env = Vec<(OsString, OsString)>;
+pub(crate) type Env = Vec<(OsString, OsString)>;
 
 /// The signals that ask a job to stop, which devlock passes on to its command.
-pub const STOP_SIGNALS: [libc::c_int; 4] =
+pub(crate) const STOP_SIGNALS: [libc::c_int; 4] =
     [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// A signal as sigwaitinfo reported it.
-#[derive(Debug, Clone, Copy)]
-pub struct Received {
-    pub signo: libc::c_int,
-    /// Sent by a process with kill(2) (as opposed to raised by the kernel,
-    /// which is how a terminal's Ctrl-C arrives).
-    pub from_process: bool,
-    /// The sending process, when one sent it.
-    pub sender: Option<libc::pid_t>,
-}
+pub(crate) use crate::sys::signal::Received;
 
 /// The signal that tells the waiting display its wait is over: a real-time
 /// one, sent to that thread alone, so it never eats the SIGCHLD of the
 /// command (which would then never be reaped).
-pub fn wake_signal() -> libc::c_int {
+pub(crate) fn wake_signal() -> libc::c_int {
     libc::SIGRTMIN() + 2
-}
-
-fn set_of(signals: &[libc::c_int]) -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data and sigemptyset initialises it.
-    unsafe {
-        let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&mut set);
-        for &sig in signals {
-            libc::sigaddset(&mut set, sig);
-        }
-        set
-    }
 }
 
 /// Blocks the signals devlock handles itself (the stop signals, SIGCHLD,
@@ -53,43 +37,30 @@ fn set_of(signals: &[libc::c_int]) -> libc::sigset_t {
 /// every thread it starts, so they queue up for sigwaitinfo instead of
 /// killing devlock while its command still runs. Call before starting any
 /// thread.
-pub fn block_handled_signals() {
+pub(crate) fn block_handled_signals() {
     let mut all = STOP_SIGNALS.to_vec();
     all.extend([libc::SIGCHLD, libc::SIGWINCH, wake_signal()]);
-    let set = set_of(&all);
-    // SAFETY: valid set pointer.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    signal::block(&SigSet::of(&all));
 }
 
 /// Puts right what devlock may inherit from a careless parent: an ignored
 /// SIGCHLD (children would be reaped behind its back and it would wait
 /// forever) and closed standard descriptors (a lock file opened into fd 2
 /// would become the command's stderr).
-pub fn sane_start() {
-    // SAFETY: plain syscalls on the calling process.
-    unsafe {
-        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-        for fd in 0..3 {
-            if libc::fcntl(fd, libc::F_GETFD) == -1 {
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                if null >= 0 && null != fd {
-                    libc::dup2(null, fd);
-                    libc::close(null);
-                }
-            }
-        }
-    }
+pub(crate) fn sane_start() {
+    signal::set_default(libc::SIGCHLD);
+    crate::sys::fs::open_std_descriptors();
 }
 
 /// A stopping signal that arrived before the command started (a Ctrl-C
 /// during --require-idle's probe, say), taken off the queue without waiting.
-pub fn pending_stop() -> Option<Received> {
-    wait_in(&set_of(&STOP_SIGNALS), Some(std::time::Duration::ZERO))
+pub(crate) fn pending_stop() -> Option<Received> {
+    signal::wait(&SigSet::of(&STOP_SIGNALS), Some(Duration::ZERO))
 }
 
 /// The error that ends devlock when a stopping signal came before the
 /// command started: nothing runs, the locks go with the process.
-pub fn stopped_before_start(sig: Received) -> anyhow::Error {
+pub(crate) fn stopped_before_start(sig: Received) -> anyhow::Error {
     coded(
         ExitCode::Signal(sig.signo),
         format!("stopped by signal {} before the command started", sig.signo),
@@ -97,60 +68,35 @@ pub fn stopped_before_start(sig: Received) -> anyhow::Error {
 }
 
 /// Lets the stopping signals end devlock by their default action again.
-pub fn unblock_stop_signals() {
-    let set = set_of(&STOP_SIGNALS);
-    // SAFETY: valid set pointer.
-    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+pub(crate) fn unblock_stop_signals() {
+    signal::unblock(&SigSet::of(&STOP_SIGNALS));
 }
 
 /// Takes any wake signal still pending off the queue: unblocked before an
 /// exec, it would end the process (a real-time signal's default action).
-pub fn discard_wakes() {
-    while wait_in(&set_of(&[wake_signal()]), Some(std::time::Duration::ZERO)).is_some() {}
+pub(crate) fn discard_wakes() {
+    while signal::wait(&SigSet::of(&[wake_signal()]), Some(Duration::ZERO)).is_some() {}
 }
 
 /// For the waiting display: a stopping signal, the wake signal or SIGWINCH
 /// (the terminal changed size), up to `timeout`.
-pub fn wait_stop_or_wake(timeout: std::time::Duration) -> Option<Received> {
+pub(crate) fn wait_stop_or_wake(timeout: Duration) -> Option<Received> {
     let mut signals = STOP_SIGNALS.to_vec();
     signals.extend([wake_signal(), libc::SIGWINCH]);
-    wait_in(&set_of(&signals), Some(timeout))
+    signal::wait(&SigSet::of(&signals), Some(timeout))
 }
 
 /// For the supervisor: a stopping signal or SIGCHLD.
-pub fn wait_signal(timeout: Option<std::time::Duration>) -> Option<Received> {
+pub(crate) fn wait_signal(timeout: Option<Duration>) -> Option<Received> {
     let mut signals = STOP_SIGNALS.to_vec();
     signals.push(libc::SIGCHLD);
-    wait_in(&set_of(&signals), timeout)
-}
-
-fn wait_in(set: &libc::sigset_t, timeout: Option<std::time::Duration>) -> Option<Received> {
-    // SAFETY: siginfo_t is plain data filled by the kernel.
-    let mut info = unsafe { std::mem::zeroed::<libc::siginfo_t>() };
-    let signo = match timeout {
-        None => unsafe { libc::sigwaitinfo(set, &mut info) },
-        Some(t) => {
-            let ts = libc::timespec {
-                tv_sec: t.as_secs() as libc::time_t,
-                tv_nsec: t.subsec_nanos() as libc::c_long,
-            };
-            // SAFETY: valid pointers.
-            unsafe { libc::sigtimedwait(set, &mut info, &ts) }
-        }
-    };
-    let from_process = info.si_code <= 0;
-    (signo > 0).then(|| Received {
-        signo,
-        from_process,
-        // SAFETY: a signal sent by a process carries its pid.
-        sender: from_process.then(|| unsafe { info.si_pid() }),
-    })
+    signal::wait(&SigSet::of(&signals), timeout)
 }
 
 /// Where the command runs, which decides which signals reach it without
 /// devlock: see the module's [`Placement::choose`].
 #[derive(Debug)]
-pub enum Placement {
+pub(crate) enum Placement {
     /// In a process group of its own, so that whatever is sent to devlock
     /// or to devlock's group reaches the command only through devlock,
     /// once. When devlock's job had the terminal to itself, the command's
@@ -174,7 +120,7 @@ impl Placement {
     /// taking the terminal from that group would leave the others (make,
     /// its other jobs) without Ctrl-C, and leaving the command outside it
     /// would stop it on its first read of the terminal.
-    pub fn choose() -> Placement {
+    pub(crate) fn choose() -> Placement {
         let terminal = tty::Terminal::open();
         let foreground = terminal.as_ref().is_some_and(tty::Terminal::is_ours);
         if foreground && !tty::alone_in_group() {
@@ -193,7 +139,7 @@ impl Placement {
     #[cfg(feature = "etcd")]
     /// For a start by other means than [`spawn`]: whether the command gets
     /// a group of its own, and the terminal it is to take before it execs.
-    pub fn spawn_settings(&self) -> (bool, Option<RawFd>) {
+    pub(crate) fn spawn_settings(&self) -> (bool, Option<RawFd>) {
         (
             self.own_group(),
             self.hand_over().map(tty::Terminal::raw_fd),
@@ -220,7 +166,7 @@ impl Placement {
 
 /// A running command.
 #[derive(Debug)]
-pub struct Child {
+pub(crate) struct Child {
     pid: libc::pid_t,
     placement: Placement,
 }
@@ -229,14 +175,14 @@ impl Child {
     #[cfg(feature = "etcd")]
     /// A child started some other way (in a group of its own when
     /// `placement` says so), for [`supervise`] to wait for.
-    pub fn adopt(pid: u32, placement: Placement) -> Child {
+    pub(crate) fn adopt(pid: u32, placement: Placement) -> Child {
         Child {
             pid: pid as libc::pid_t,
             placement,
         }
     }
 
-    pub fn id(&self) -> u32 {
+    pub(crate) fn id(&self) -> u32 {
         self.pid as u32
     }
 
@@ -244,18 +190,12 @@ impl Child {
     /// has ended, or the signal that stopped it (in a group of its own,
     /// where its stops are devlock's to pass on).
     fn poll(&self) -> std::io::Result<Option<Ended>> {
-        let mut status = 0;
-        let flags = if self.placement.own_group() {
-            libc::WNOHANG | libc::WUNTRACED
-        } else {
-            libc::WNOHANG
-        };
-        // SAFETY: waitpid on our own, not yet reaped, child.
-        match unsafe { libc::waitpid(self.pid, &mut status, flags) } {
-            0 => Ok(None),
-            -1 => Err(std::io::Error::last_os_error()),
-            _ if libc::WIFSTOPPED(status) => Ok(Some(Ended::Stopped(libc::WSTOPSIG(status)))),
-            _ => Ok(code_of(status).map(Ended::Exited)),
+        let own_group = self.placement.own_group();
+        match process::poll_child(Some(self.pid), own_group)? {
+            None | Some((_, ChildState::Running)) => Ok(None),
+            Some((_, ChildState::Stopped(sig))) => Ok(Some(Ended::Stopped(sig))),
+            Some((_, ChildState::Exited(code))) => Ok(Some(Ended::Exited(ExitCode::Command(code)))),
+            Some((_, ChildState::Signaled(sig))) => Ok(Some(Ended::Exited(ExitCode::Signal(sig)))),
         }
     }
 
@@ -263,20 +203,15 @@ impl Child {
     /// was among them.
     fn reap_others(&self) -> std::io::Result<Option<ExitCode>> {
         loop {
-            let mut status = 0;
-            // SAFETY: waitpid on any child of ours.
-            match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
-                0 => return Ok(None),
-                -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) => {
-                    return Ok(None);
+            match process::poll_child(None, false)? {
+                None | Some((_, ChildState::Running)) => return Ok(None),
+                Some((pid, ChildState::Exited(code))) if pid == self.pid => {
+                    return Ok(Some(ExitCode::Command(code)));
                 }
-                -1 => return Err(std::io::Error::last_os_error()),
-                pid if pid == self.pid => {
-                    if let Some(code) = code_of(status) {
-                        return Ok(Some(code));
-                    }
+                Some((pid, ChildState::Signaled(sig))) if pid == self.pid => {
+                    return Ok(Some(ExitCode::Signal(sig)));
                 }
-                _ => {}
+                Some(_) => {}
             }
         }
     }
@@ -284,12 +219,10 @@ impl Child {
     /// Passes a stopping signal on: to the command's whole group when it
     /// has one (what a job's group would have got), else to the command.
     fn forward(&self, signo: libc::c_int) {
-        // SAFETY: kill of our own child, or of the group it leads (its pid
-        // names the group as long as it is unreaped).
-        unsafe {
-            if !self.placement.own_group() || libc::kill(-self.pid, signo) != 0 {
-                libc::kill(self.pid, signo);
-            }
+        // The group our unreaped child leads (its pid names the group as
+        // long as it is unreaped), or the child itself.
+        if !self.placement.own_group() || !process::kill(-self.pid, signo) {
+            process::kill(self.pid, signo);
         }
     }
 
@@ -300,9 +233,8 @@ impl Child {
         let Some(sender) = sig.sender else {
             return false;
         };
-        // SAFETY: getpgid only reads.
         sender == self.pid
-            || (self.placement.own_group() && unsafe { libc::getpgid(sender) } == self.pid)
+            || (self.placement.own_group() && process::group_of(sender) == Some(self.pid))
     }
 
     /// The command stopped, in a group of its own. A terminal's job-control
@@ -324,21 +256,18 @@ impl Child {
             libc::SIGTSTP if commands => self.stop_as_a_job(signo, terminal),
             _ => return,
         }
-        // SAFETY: continues the group our unreaped child leads.
-        unsafe { libc::kill(-self.pid, libc::SIGCONT) };
+        process::kill(-self.pid, libc::SIGCONT);
     }
 
     fn stop_as_a_job(&self, signo: libc::c_int, terminal: &tty::Terminal) {
-        // SAFETY: getpgrp cannot fail.
-        let own = unsafe { libc::getpgrp() };
+        let own = process::own_group();
         if terminal.foreground() == Some(self.pid) {
             terminal.give_to(own);
         }
         // Stops devlock here until SIGCONT; the kernel discards it when
         // nobody could continue the group (an orphaned group), and then
         // devlock goes straight on.
-        // SAFETY: a signal to our own process group.
-        unsafe { libc::kill(0, signo) };
+        process::kill(0, signo);
         if terminal.is_ours() {
             terminal.give_to(self.pid);
         }
@@ -352,19 +281,15 @@ impl Child {
     /// over again). Otherwise devlock stops as the signal would have stopped
     /// it, and a command in devlock's own group gets its copy too. Call
     /// with job stops at their default action.
-    pub fn pass_on_job_stop(&self, signo: libc::c_int) {
-        // SAFETY: kill of the group our unreaped child leads, of the child
-        // itself, or of devlock.
-        unsafe {
-            if self.placement.hand_over().is_some() {
-                if libc::kill(-self.pid, signo) == 0 {
-                    return;
-                }
-            } else if !self.placement.own_group() {
-                libc::kill(self.pid, signo);
+    pub(crate) fn pass_on_job_stop(&self, signo: libc::c_int) {
+        if self.placement.hand_over().is_some() {
+            if process::kill(-self.pid, signo) {
+                return;
             }
-            libc::raise(signo);
+        } else if !self.placement.own_group() {
+            process::kill(self.pid, signo);
         }
+        signal::raise(signo);
     }
 
     /// Takes the terminal back from the command's group once it has ended,
@@ -373,26 +298,26 @@ impl Child {
         if let Some(terminal) = self.placement.terminal()
             && terminal.foreground() == Some(self.pid)
         {
-            // SAFETY: getpgrp cannot fail.
-            terminal.give_to(unsafe { libc::getpgrp() });
+            terminal.give_to(process::own_group());
         }
     }
+}
+
+/// A waitpid(2) that failed: said (the command's fate is unknown, and so
+/// whether it still holds the lock), and a general failure.
+fn cannot_wait(child: &Child, err: &std::io::Error) -> ExitCode {
+    eprintln!(
+        "devlock: cannot wait for the command (pid {}): {}; it may still be running and hold the lock",
+        child.pid,
+        crate::sys::procfs::os_text(err)
+    );
+    ExitCode::GeneralError
 }
 
 /// What became of the command.
 enum Ended {
     Exited(ExitCode),
     Stopped(libc::c_int),
-}
-
-fn code_of(status: libc::c_int) -> Option<ExitCode> {
-    if libc::WIFEXITED(status) {
-        Some(ExitCode::Command(libc::WEXITSTATUS(status)))
-    } else if libc::WIFSIGNALED(status) {
-        Some(ExitCode::Signal(libc::WTERMSIG(status)))
-    } else {
-        None
-    }
 }
 
 /// Starts `command` with the lock descriptors `keep` inherited across exec,
@@ -407,21 +332,15 @@ fn code_of(status: libc::c_int) -> Option<ExitCode> {
 /// execs (glibc 2.35's tcsetpgrp file action), so it never reads the
 /// terminal from the background; without that, devlock hands it over just
 /// after, and a read that came first is continued.
-pub fn spawn(
+pub(crate) fn spawn(
     command: &[OsString],
-    keep: &[RawFd],
+    keep: &[BorrowedFd<'_>],
     env: &Env,
     placement: Placement,
 ) -> Result<Child> {
     for &fd in keep {
-        // SAFETY: fcntl on a descriptor we own.
-        let ok = unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            flags >= 0 && libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) == 0
-        };
-        if !ok {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        crate::sys::fs::set_inheritable(fd)
+            .map_err(|e| anyhow::anyhow!("letting the command inherit the lock: {e}"))?;
     }
     let program = &command[0];
     let c_strings = |items: Vec<Vec<u8>>| -> Result<Vec<CString>> {
@@ -443,60 +362,21 @@ pub fn spawn(
             .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
             .collect(),
     )?;
-    let mut argv_ptrs: Vec<*mut libc::c_char> = argv.iter().map(|a| a.as_ptr() as *mut _).collect();
-    argv_ptrs.push(std::ptr::null_mut());
-    let mut envp_ptrs: Vec<*mut libc::c_char> = envp.iter().map(|e| e.as_ptr() as *mut _).collect();
-    envp_ptrs.push(std::ptr::null_mut());
-
-    let own_group = placement.own_group();
-    let terminal = placement.hand_over().map(tty::Terminal::raw_fd);
-    let start = |terminal: Option<RawFd>| -> (libc::c_int, libc::pid_t) {
-        let mut pid: libc::pid_t = 0;
-        // SAFETY: attrs and file actions are initialised before use and
-        // destroyed after; every pointer passed stays alive for the call.
-        let err = unsafe {
-            let mut attrs = std::mem::zeroed::<libc::posix_spawnattr_t>();
-            libc::posix_spawnattr_init(&mut attrs);
-            let empty = set_of(&[]);
-            libc::posix_spawnattr_setsigmask(&mut attrs, &empty);
-            let mut flags = libc::POSIX_SPAWN_SETSIGMASK;
-            if own_group {
-                flags |= libc::POSIX_SPAWN_SETPGROUP;
-                libc::posix_spawnattr_setpgroup(&mut attrs, 0);
-            }
-            libc::posix_spawnattr_setflags(&mut attrs, flags as libc::c_short);
-            let mut actions = std::mem::zeroed::<libc::posix_spawn_file_actions_t>();
-            libc::posix_spawn_file_actions_init(&mut actions);
-            let with_actions = terminal.is_some_and(|fd| add_tcsetpgrp(&mut actions, fd));
-            let err = libc::posix_spawnp(
-                &mut pid,
-                argv[0].as_ptr(),
-                if with_actions {
-                    &actions
-                } else {
-                    std::ptr::null()
-                },
-                &attrs,
-                argv_ptrs.as_ptr(),
-                envp_ptrs.as_ptr(),
-            );
-            libc::posix_spawn_file_actions_destroy(&mut actions);
-            libc::posix_spawnattr_destroy(&mut attrs);
-            err
-        };
-        (err, pid)
+    let mut how = process::Spawn {
+        program: &argv[0],
+        argv: &argv,
+        envp: &envp,
+        own_group: placement.own_group(),
+        terminal: placement.hand_over().map(tty::Terminal::raw_fd),
     };
-    let (mut err, mut pid) = start(terminal);
-    if err != 0 && terminal.is_some() {
+    let mut started = process::spawn(&how);
+    if started.is_err() && how.terminal.is_some() {
         // The terminal refused (it went away, say): start it without.
-        (err, pid) = start(None);
+        how.terminal = None;
+        started = process::spawn(&how);
     }
-    if err != 0 {
-        return Err(cannot_start(
-            program,
-            &std::io::Error::from_raw_os_error(err),
-        ));
-    }
+    let pid =
+        started.map_err(|err| cannot_start(program, &std::io::Error::from_raw_os_error(err)))?;
     if let Some(terminal) = placement.hand_over()
         && terminal.foreground() != Some(pid)
     {
@@ -505,34 +385,12 @@ pub fn spawn(
     Ok(Child { pid, placement })
 }
 
-/// Adds glibc's tcsetpgrp file action (2.35 and later), looked up when
-/// needed so that devlock still runs on an older glibc.
-fn add_tcsetpgrp(actions: &mut libc::posix_spawn_file_actions_t, fd: RawFd) -> bool {
-    type AddTcsetpgrp =
-        unsafe extern "C" fn(*mut libc::posix_spawn_file_actions_t, libc::c_int) -> libc::c_int;
-    static FOUND: std::sync::OnceLock<Option<AddTcsetpgrp>> = std::sync::OnceLock::new();
-    let found = FOUND.get_or_init(|| {
-        // SAFETY: dlsym with a NUL-terminated name; a non-null result is
-        // that function, whose type glibc documents.
-        unsafe {
-            let symbol = libc::dlsym(
-                libc::RTLD_DEFAULT,
-                c"posix_spawn_file_actions_addtcsetpgrp_np".as_ptr(),
-            );
-            (!symbol.is_null())
-                .then(|| std::mem::transmute::<*mut libc::c_void, AddTcsetpgrp>(symbol))
-        }
-    });
-    // SAFETY: initialised file actions and a descriptor we keep open.
-    found.is_some_and(|add| unsafe { add(actions, fd) } == 0)
-}
-
 /// Looks `program` up as posix_spawnp(3) will when it starts it (on `PATH`,
 /// or the path itself when it has a slash) and checks that it can be
 /// executed, so that a typo fails at once with 127, or 126, instead of
 /// after its turn in line. The start itself still decides: this is a
 /// check, not the lookup.
-pub fn check_command(program: &std::ffi::OsStr) -> Result<()> {
+pub(crate) fn check_command(program: &std::ffi::OsStr) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let bytes = program.as_bytes();
     let candidates: Vec<std::path::PathBuf> = if bytes.contains(&b'/') {
@@ -559,17 +417,9 @@ pub fn check_command(program: &std::ffi::OsStr) -> Result<()> {
         let Ok(c_path) = CString::new(candidate.as_os_str().as_bytes()) else {
             continue;
         };
-        // SAFETY: a NUL-terminated path; faccessat only reads it.
         let executable = meta.is_file()
             && meta.permissions().mode() & 0o111 != 0
-            && unsafe {
-                libc::faccessat(
-                    libc::AT_FDCWD,
-                    c_path.as_ptr(),
-                    libc::X_OK,
-                    libc::AT_EACCESS,
-                )
-            } == 0;
+            && crate::sys::fs::executable(&c_path);
         if executable {
             return Ok(());
         }
@@ -585,7 +435,7 @@ pub fn check_command(program: &std::ffi::OsStr) -> Result<()> {
 
 /// Why `program` could not be started, with the shell's exit code: 127 when
 /// it is not found, 126 when it cannot be executed.
-pub fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> anyhow::Error {
+pub(crate) fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> anyhow::Error {
     let shown = program.to_string_lossy();
     match err.kind() {
         std::io::ErrorKind::NotFound => {
@@ -605,7 +455,7 @@ pub fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> anyhow::
 /// Waits for the command to end and returns the exit code devlock should end
 /// with, calling `tick` about once a second while the command runs
 /// (the holder's check that its lock files are still where they were).
-pub fn supervise_watching(
+pub(crate) fn supervise_watching(
     child: Child,
     pending: Option<Received>,
     tick: &mut dyn FnMut(),
@@ -627,7 +477,7 @@ pub fn supervise_watching(
 /// the terminal sent: devlock passes on only what a process sent (and the
 /// hang-up a terminal sends its session leader alone). Signals sent by
 /// the command itself are never passed back to it.
-pub fn supervise_reaping(
+pub(crate) fn supervise_reaping(
     child: Child,
     pending: Option<Received>,
     reap_all: bool,
@@ -644,8 +494,7 @@ fn supervise_loop(
     // The first stopping signal reaches the command once; later ones are
     // absorbed, so a second Ctrl-C or kill does not cut its clean-up short.
     let mut first = None;
-    // SAFETY: getsid and getpid cannot fail for the calling process.
-    let session_leader = unsafe { libc::getsid(0) == libc::getpid() };
+    let session_leader = process::is_session_leader();
     let mut on_signal = |sig: Received, child: &Child| {
         if matches!(sig.signo, libc::SIGCHLD | libc::SIGWINCH)
             || first.is_some()
@@ -670,16 +519,16 @@ fn supervise_loop(
                 continue;
             }
             Ok(None) => {}
-            Err(_) => break ExitCode::GeneralError,
+            Err(e) => break cannot_wait(&child, &e),
         }
         if reap_all {
             match child.reap_others() {
                 Ok(Some(code)) => break code,
                 Ok(None) => {}
-                Err(_) => break ExitCode::GeneralError,
+                Err(e) => break cannot_wait(&child, &e),
             }
         }
-        let every = tick.is_some().then_some(std::time::Duration::from_secs(1));
+        let every = tick.is_some().then_some(Duration::from_secs(1));
         match wait_signal(every) {
             Some(sig) => on_signal(sig, &child),
             None => {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// A duration as people read it at a glance: `12s`, `1m12s`, `5m03s`,
 /// `2h05m`, `3d04h`. Rounded down to what the unit shows.
-pub fn short_duration(d: Duration) -> String {
+pub(crate) fn short_duration(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{s}s"),
@@ -16,7 +16,7 @@ pub fn short_duration(d: Duration) -> String {
 }
 
 /// A duration given in a message: `5s`, `250ms`, `1.5s`.
-pub fn human_duration(d: Duration) -> String {
+pub(crate) fn human_duration(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
     } else if d < Duration::from_secs(1) {
@@ -27,7 +27,7 @@ pub fn human_duration(d: Duration) -> String {
 }
 
 /// `1st`, `2nd`, `3rd`, `4th`, `11th`, `21st`.
-pub fn ordinal(n: usize) -> String {
+pub(crate) fn ordinal(n: usize) -> String {
     let suffix = match (n % 10, n % 100) {
         (_, 11..=13) => "th",
         (1, _) => "st",
@@ -69,7 +69,7 @@ const FORMAT_CHARS: &[(u32, u32)] = &[
 
 /// Whether `c` could steer a terminal: a control character (Cc: C0, DEL,
 /// C1, where escape sequences start) or a format or separator character.
-pub fn is_unsafe_char(c: char) -> bool {
+pub(crate) fn is_unsafe_char(c: char) -> bool {
     let n = c as u32;
     c.is_control()
         || FORMAT_CHARS
@@ -88,14 +88,14 @@ pub fn is_unsafe_char(c: char) -> bool {
 /// Text from a file or another process with every control, format and
 /// separator character replaced by `?`, unclipped: what the JSON output and
 /// every other view carries.
-pub fn clean(text: &str) -> String {
+pub(crate) fn clean(text: &str) -> String {
     text.chars()
         .map(|c| if is_unsafe_char(c) { '?' } else { c })
         .collect()
 }
 
 /// [`clean`], and clipped to a table cell or a message.
-pub fn sanitize(text: &str) -> String {
+pub(crate) fn sanitize(text: &str) -> String {
     const MAX_CHARS: usize = 80;
     let mut out = clean(&text.chars().take(MAX_CHARS).collect::<String>());
     if text.chars().nth(MAX_CHARS).is_some() {
@@ -113,7 +113,7 @@ pub fn columns(text: &str) -> usize {
 }
 
 /// `text` cut to at most `width` [`columns`], ending in `…` when cut.
-pub fn clip_to(text: &str, width: usize) -> String {
+pub(crate) fn clip_to(text: &str, width: usize) -> String {
     if columns(text) <= width {
         return text.to_owned();
     }
@@ -137,7 +137,7 @@ pub fn clip_to(text: &str, width: usize) -> String {
 /// One line of at most `width` columns from `parts`: when too wide, the
 /// parts marked shrinkable give way first (clipped, or left out when
 /// little of them would be left), in order; then the line itself is cut.
-pub fn fit(parts: &[(&str, bool)], width: usize) -> String {
+pub(crate) fn fit(parts: &[(&str, bool)], width: usize) -> String {
     let mut parts: Vec<(String, bool)> = parts.iter().map(|(p, s)| (p.to_string(), *s)).collect();
     let total = |parts: &[(String, bool)]| parts.iter().map(|(p, _)| columns(p)).sum::<usize>();
     for i in 0..parts.len() {

@@ -12,7 +12,6 @@
 //! that stays names the waiter's own step.
 
 use std::io::Write;
-use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +27,7 @@ use crate::messages::{self, holders_words, in_the_way, waiters_words};
 use crate::resource::Resource;
 use crate::status::model::{self as status, ResourceView, WaiterView};
 use crate::supervise::{self, Received};
+use crate::sys::signal::Thread;
 use crate::text::{fit, ordinal, sanitize, short_duration};
 use crate::tty;
 
@@ -42,14 +42,14 @@ const LEFT: u8 = 3;
 /// hand-off under contention, a few milliseconds) costs nothing beyond the
 /// kernel's sleep, and prints nothing. A deadline that comes first shows
 /// the wait at the deadline, just before the timeout says so.
-pub const SHOW_AFTER: Duration = Duration::from_millis(200);
+pub(crate) const SHOW_AFTER: Duration = Duration::from_millis(200);
 
 /// Width assumed for a terminal that does not say.
 const DEFAULT_COLUMNS: usize = 80;
 
 /// How to wait and what to show meanwhile.
 #[derive(Debug, Clone)]
-pub struct WaitPlan {
+pub(crate) struct WaitPlan {
     pub deadline: Option<Instant>,
     pub timeout: Option<Duration>,
     pub quiet: bool,
@@ -78,7 +78,7 @@ impl Display {
     fn for_plan(plan: &WaitPlan) -> Display {
         if !plan.on_terminal {
             Display::Log
-        } else if tty::in_foreground(2) && tty::alone_in_group() {
+        } else if tty::in_foreground() && tty::alone_in_group() {
             Display::Live
         } else {
             Display::Static
@@ -90,7 +90,7 @@ impl Display {
 /// `devlock: continued; back in line for gpu:0, at the end`, by the rules
 /// of the waiting lines (nothing with `-q`; fitted to a terminal; naming the
 /// waiter's step where the line stays, on a shared terminal or in a log).
-pub fn say_back_in_line(plan: &WaitPlan, resources: &str) {
+pub(crate) fn say_back_in_line(plan: &WaitPlan, resources: &str) {
     if plan.quiet {
         return;
     }
@@ -106,7 +106,7 @@ pub fn say_back_in_line(plan: &WaitPlan, resources: &str) {
     let line = match display {
         Display::Log => parts.iter().map(|(p, _)| *p).collect(),
         Display::Live | Display::Static => {
-            let width = tty::columns(2).unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
+            let width = tty::columns().unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
             fit(&parts, width.max(1))
         }
     };
@@ -120,7 +120,7 @@ pub fn say_back_in_line(plan: &WaitPlan, resources: &str) {
 /// so nothing is left running, and the kernel drops every lock and place in
 /// line. Settle the returned [`Waited`] to learn of a stopping signal that
 /// arrived at the very moment the locks were taken.
-pub fn wait_for<T>(
+pub(crate) fn wait_for<T>(
     label: String,
     watches: Vec<Watch>,
     registrations: Vec<Option<Registration>>,
@@ -227,9 +227,9 @@ pub fn wait_for<T>(
                     std::thread::park();
                 }
             }
-            // SAFETY: as below; the helper then sees LEFT and ends, taking
-            // its display and the registrations with it.
-            unsafe { libc::pthread_kill(handle.as_pthread_t(), supervise::wake_signal()) };
+            // The helper then sees LEFT and ends, taking its display and
+            // the registrations with it.
+            Thread::of(&handle).signal(supervise::wake_signal());
             let _ = handle.join();
             return Err(e);
         }
@@ -244,9 +244,9 @@ pub fn wait_for<T>(
             std::thread::park();
         }
     }
-    // SAFETY: the helper is alive until joined, and has the wake signal
-    // blocked (every thread has), so it only ends its sigtimedwait.
-    unsafe { libc::pthread_kill(handle.as_pthread_t(), supervise::wake_signal()) };
+    // The helper has the wake signal blocked (every thread has), so this
+    // only ends its sigtimedwait.
+    Thread::of(&handle).signal(supervise::wake_signal());
     Ok((
         held,
         Waited {
@@ -264,7 +264,7 @@ struct Helper {
 
 /// A wait that is over but whose helper thread may still be finishing.
 #[derive(Debug, Default)]
-pub struct Waited {
+pub(crate) struct Waited {
     helper: Option<std::thread::JoinHandle<Option<Received>>>,
     live: bool,
 }
@@ -272,13 +272,13 @@ pub struct Waited {
 impl Waited {
     /// Whether the helper still has to clear a live line off the terminal
     /// (which must happen before the command writes to it).
-    pub fn must_settle_before_spawn(&self) -> bool {
+    pub(crate) fn must_settle_before_spawn(&self) -> bool {
         self.helper.is_some() && self.live
     }
 
     /// Joins the helper; returns a stopping signal it caught at the moment
     /// the locks were taken, for the command to hear.
-    pub fn settle(self) -> Option<Received> {
+    pub(crate) fn settle(self) -> Option<Received> {
         self.helper.and_then(|h| h.join().unwrap_or(None))
     }
 }
@@ -286,7 +286,7 @@ impl Waited {
 /// What the waiting display looks at: its own handles on one lock waited
 /// for (and its line), so a redraw costs a few reads, not a directory walk.
 #[derive(Debug)]
-pub struct Watch {
+pub(crate) struct Watch {
     pub dir: ScratchDir,
     pub resource: Resource,
     pub lock: LockFile,
@@ -460,10 +460,10 @@ fn helper_thread(
             let parts = shown.parts(now - started, step);
             let parts: Vec<(&str, bool)> = parts.iter().map(|(p, s)| (p.as_str(), *s)).collect();
             match display {
-                Display::Live if tty::in_foreground(2) => {
+                Display::Live if tty::in_foreground() => {
                     // One column short of the edge: a line that ends in the
                     // last column leaves some terminals waiting to wrap.
-                    let width = tty::columns(2).unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
+                    let width = tty::columns().unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
                     say(&format!("\r\x1b[K{}", fit(&parts, width.max(1))));
                     drawn = true;
                     said = true;
@@ -478,7 +478,7 @@ fn helper_thread(
                     drawn = false;
                 }
                 Display::Static => {
-                    let width = tty::columns(2).unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
+                    let width = tty::columns().unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
                     say(&format!("{}\n", fit(&parts, width.max(1))));
                     said = true;
                 }

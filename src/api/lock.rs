@@ -55,6 +55,7 @@ impl Default for Options {
 }
 
 /// Machine-wide locks, the same ones the `devlock` command takes.
+#[derive(Debug)]
 pub struct Lock;
 
 /// A held lock; dropping it releases the lock (unless it was already held by
@@ -140,8 +141,7 @@ impl Lock {
 /// Runs `wait` on this thread and interrupts it when `limit` has passed.
 fn with_deadline<T>(ctx: &Context, limit: Duration, wait: impl FnOnce() -> T) -> T {
     crate::interrupt::install();
-    // SAFETY: pthread_self is always safe.
-    let me = unsafe { libc::pthread_self() };
+    let me = crate::sys::signal::Thread::current();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let stop = ctx.stop.clone();
     let timer = std::thread::spawn(move || {

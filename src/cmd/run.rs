@@ -23,7 +23,7 @@ use crate::supervise;
 use crate::sys::procfs;
 use crate::wait_display::WaitPlan;
 
-pub fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
+pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let resources = validate(args)?;
     if args.ttl.is_some() || args.kill_after.is_some() {
         return Err(coded(
@@ -443,11 +443,8 @@ fn require_idle(
 /// Replaces devlock with the command: the inherited lock already covers it.
 pub(crate) fn pass_through(command: &[OsString], env: &supervise::Env) -> ExitCode {
     supervise::discard_wakes();
-    // SAFETY: an empty set unblocks what block_handled_signals blocked.
-    unsafe {
-        let empty = std::mem::zeroed::<libc::sigset_t>();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-    }
+    // An empty mask unblocks what block_handled_signals blocked.
+    crate::sys::signal::set_mask(&crate::sys::signal::SigSet::empty());
     let err = std::process::Command::new(&command[0])
         .args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))

@@ -4,7 +4,9 @@
 //! what is not as it should be.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use nix::fcntl::OFlag;
 use std::path::Path;
 use std::time::Duration;
 
@@ -45,7 +47,7 @@ impl Plan {
     }
 }
 
-pub fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
+pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let mut resources = Resource::parse_all(&args.resources)?;
     crate::cli::refuse_subcommand_names(&resources)?;
     if args.gpus {
@@ -77,8 +79,7 @@ pub fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Result<Exit
         print!("{}", tmpfiles(dir, &plan, args)?);
         return Ok(ExitCode::Success);
     }
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if crate::sys::process::effective_uid() != 0 {
         return Err(coded(
             ExitCode::NoPermission,
             format!(
@@ -221,15 +222,11 @@ fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir>
             Ok(_) => {}
             Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
         }
-        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        // SAFETY: c_path is NUL-terminated.
-        let fd = unsafe { libc::open(c_path.as_ptr(), flags) };
-        if fd < 0 {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let Ok(fd) = crate::sys::fs::open(&c_path, flags) else {
             // Replaced between the look and the open: look again.
             continue;
-        }
-        // SAFETY: a descriptor we just opened.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        };
         let st = nix::sys::stat::fstat(&fd)?;
         let changed = make_ours(&fd, &st, plan.gid, plan.dir_mode)?;
         if created {
@@ -276,12 +273,7 @@ fn make_ours(fd: &OwnedFd, st: &libc::stat, gid: u32, mode: u32) -> Result<Optio
     let acls = [c"system.posix_acl_access", c"system.posix_acl_default"];
     let mut had_acl = false;
     for name in acls {
-        // SAFETY: a valid descriptor and attribute name; asking for the size
-        // only (a missing attribute fails with ENODATA).
-        let present =
-            unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), std::ptr::null_mut(), 0) } > 0;
-        // SAFETY: as above.
-        if present && unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) } == 0 {
+        if crate::sys::fs::remove_xattr(fd, name) {
             had_acl = true;
         }
     }
@@ -290,13 +282,10 @@ fn make_ours(fd: &OwnedFd, st: &libc::stat, gid: u32, mode: u32) -> Result<Optio
     if right_owner && right_mode && !had_acl {
         return Ok(None);
     }
-    // SAFETY: plain calls on our descriptor; chown first (it may clear
-    // mode bits), then the mode.
-    unsafe {
-        if libc::fchown(fd.as_raw_fd(), 0, gid) != 0 || libc::fchmod(fd.as_raw_fd(), mode) != 0 {
-            return Err(std::io::Error::last_os_error()).context("changing owner and mode");
-        }
-    }
+    // chown first (it may clear mode bits), then the mode.
+    crate::sys::fs::fchown(fd, 0, gid)
+        .and_then(|()| crate::sys::fs::fchmod(fd, mode))
+        .context("changing owner and mode")?;
     let mut what = Vec::new();
     if !right_owner {
         what.push(format!(
@@ -334,7 +323,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             {
                 Err(nix::errno::Errno::ENOENT) => {
                     let temp = new_file(dir, name, plan)?;
-                    match rename(dir, &temp, name, libc::RENAME_NOREPLACE) {
+                    match rename(dir, &temp, name, false) {
                         Ok(()) => {
                             report.changed(
                                 &path,
@@ -353,14 +342,10 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             };
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
             let c_name = c_string(name)?;
-            let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-            // SAFETY: valid directory descriptor and NUL-terminated name.
-            let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), c_name.as_ptr(), flags) };
-            if fd < 0 {
+            let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+            let Ok(fd) = crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) else {
                 continue;
-            }
-            // SAFETY: a descriptor we just opened.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            };
             let st = nix::sys::stat::fstat(&fd)?;
             if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                 continue;
@@ -398,7 +383,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             return Ok(());
         }
         let temp = new_file(dir, name, plan)?;
-        if rename(dir, &temp, name, libc::RENAME_EXCHANGE).is_err() {
+        if rename(dir, &temp, name, true).is_err() {
             let _ = unlink(dir, &temp);
             continue;
         }
@@ -410,7 +395,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
         );
         if !out.is_ok_and(|o| o.st_dev == st.st_dev && o.st_ino == st.st_ino) {
-            let _ = rename(dir, &temp, name, libc::RENAME_EXCHANGE);
+            let _ = rename(dir, &temp, name, true);
             continue;
         }
         let gone = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -461,23 +446,20 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
         let temp = format!(".{name}.setup-{}-{n}", std::process::id());
         let c_temp = c_string(&temp)?;
         let flags =
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        // SAFETY: valid directory descriptor and NUL-terminated name.
-        let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), c_temp.as_ptr(), flags, 0o600) };
-        if fd < 0 {
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let Ok(fd) = crate::sys::fs::openat(dir.fd(), &c_temp, flags, 0o600) else {
             continue;
-        }
-        // SAFETY: a descriptor we just opened, closed when dropped.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain calls on our descriptor.
-        unsafe {
-            if libc::fchown(fd.as_raw_fd(), 0, plan.gid) != 0
-                || libc::fchmod(fd.as_raw_fd(), plan.file_mode) != 0
-            {
-                let err = std::io::Error::last_os_error();
-                let _ = unlink(dir, &temp);
-                return Err(err).context("setting owner and mode of a new lock file");
-            }
+        };
+        let owned = crate::sys::fs::fchown(&fd, 0, plan.gid)
+            .and_then(|()| crate::sys::fs::fchmod(&fd, plan.file_mode));
+        if let Err(err) = owned {
+            let _ = unlink(dir, &temp);
+            return Err(err).with_context(|| {
+                format!(
+                    "setting owner and mode of {}",
+                    dir.path().join(&temp).display()
+                )
+            });
         }
         return Ok(temp);
     }
@@ -487,18 +469,9 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
     ))
 }
 
-fn rename(dir: &ScratchDir, from: &str, to: &str, flags: libc::c_uint) -> std::io::Result<()> {
-    let (from, to) = (
-        CString::new(from).map_err(std::io::Error::other)?,
-        CString::new(to).map_err(std::io::Error::other)?,
-    );
-    let fd = dir.fd().as_raw_fd();
-    // SAFETY: valid descriptors and NUL-terminated names.
-    if unsafe { libc::renameat2(fd, from.as_ptr(), fd, to.as_ptr(), flags) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+/// `renameat2` in the directory: `exchange` swaps, else it never replaces.
+fn rename(dir: &ScratchDir, from: &str, to: &str, exchange: bool) -> std::io::Result<()> {
+    crate::sys::fs::rename_in(dir.fd(), from, to, exchange)
 }
 
 fn unlink(dir: &ScratchDir, name: &str) -> nix::Result<()> {

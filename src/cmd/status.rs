@@ -12,7 +12,7 @@ use crate::exit::ExitCode;
 use crate::resource::Resource;
 use crate::status::{model, table};
 
-pub fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
+pub(crate) fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let wanted = Resource::parse_all(&args.resources)?;
     let mut report = model::gather(dir, &wanted, Some(probe_timeout))?;
     // Lock files stay forever (deleting one would let two holders in), so
@@ -24,7 +24,7 @@ pub fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<Exi
 
 /// Prints a status report, as one JSON document or as `table` renders it
 /// (coloured on a terminal, unless NO_COLOR). Shared with `status --etcd`.
-pub fn print_report<R: serde::Serialize>(
+pub(crate) fn print_report<R: serde::Serialize>(
     report: &R,
     json: bool,
     table: fn(&R, bool) -> String,

@@ -9,31 +9,27 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
+use crate::sys::process::PidFd;
 use crate::sys::procfs::{live_descendants, signal_descendants};
 use crate::text::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the
 /// lease expire: this thread waking late on a busy machine, the kill
 /// reaching every process, clocks ticking at slightly different rates.
-pub const GUARD: Duration = Duration::from_secs(1);
+pub(super) const GUARD: Duration = Duration::from_secs(1);
 
 /// The longest the renewals sleep between looks at the boot clock.
 const MAX_NAP: Duration = Duration::from_millis(250);
 
 /// Time on CLOCK_BOOTTIME, which keeps counting while the machine sleeps (a
 /// suspended machine's lease runs out on the server all the same).
-pub fn boot_now() -> Duration {
-    // SAFETY: clock_gettime fills the timespec.
-    let ts = unsafe {
-        let mut ts = std::mem::zeroed::<libc::timespec>();
-        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
-        ts
-    };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+pub(super) fn boot_now() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map_or(Duration::ZERO, Duration::from)
 }
 
 /// What the renewals, the waiting code and the main thread share.
-pub struct LeaseState {
+pub(super) struct LeaseState {
     ttl: Duration,
     kill_after: Duration,
     /// Boot time until which etcd cannot have let the lease expire.
@@ -57,16 +53,16 @@ struct Lost {
 }
 
 /// The running command, as the kill needs it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Started {
     /// Names exactly our command even once it is reaped; None where the
-    /// kernel has no pidfd_open.
-    pidfd: Option<i32>,
+    /// kernel has no pidfd_open. Closed with the last reference.
+    pidfd: Option<Arc<PidFd>>,
 }
 
 impl LeaseState {
     /// A lease of `ttl` whose grant request was sent at boot time `sent`.
-    pub fn new(ttl: Duration, kill_after: Duration, sent: Duration) -> Arc<LeaseState> {
+    pub(super) fn new(ttl: Duration, kill_after: Duration, sent: Duration) -> Arc<LeaseState> {
         Arc::new(LeaseState {
             ttl,
             kill_after,
@@ -79,16 +75,16 @@ impl LeaseState {
         })
     }
 
-    pub fn is_lost(&self) -> bool {
+    pub(super) fn is_lost(&self) -> bool {
         self.lost.lock().unwrap().is_some()
     }
 
-    pub fn lost_reason(&self) -> Option<String> {
+    pub(super) fn lost_reason(&self) -> Option<String> {
         self.lost.lock().unwrap().as_ref().map(|l| l.why.clone())
     }
 
     /// Resolves once the lease is lost, with the reason.
-    pub async fn wait_lost(&self) -> String {
+    pub(super) async fn wait_lost(&self) -> String {
         loop {
             let notified = self.lost_notify.notified();
             if let Some(why) = self.lost_reason() {
@@ -100,14 +96,14 @@ impl LeaseState {
 
     /// Stops the renewals: the lease is being given back (and our keys'
     /// removal is ours).
-    pub fn release(&self) {
+    pub(super) fn release(&self) {
         self.releasing.store(true, Ordering::SeqCst);
         // One waiter (the renewals); the permit waits if it is not asleep.
         self.released.notify_one();
     }
 
     /// Whether asking etcd to revoke the lease is worth a try.
-    pub fn etcd_answers(&self) -> bool {
+    pub(super) fn etcd_answers(&self) -> bool {
         self.lost
             .lock()
             .unwrap()
@@ -116,7 +112,8 @@ impl LeaseState {
     }
 
     /// The command runs: from now on a lost lease stops it.
-    pub fn command_started(self: &Arc<Self>, pidfd: Option<i32>) {
+    pub(super) fn command_started(self: &Arc<Self>, pidfd: Option<PidFd>) {
+        let pidfd = pidfd.map(Arc::new);
         *self.command.lock().unwrap() = Some(Started { pidfd });
         if self.is_lost() {
             tokio::spawn(stop_work(self.clone()));
@@ -138,7 +135,7 @@ impl LeaseState {
 /// was sent: etcd restarted the TTL no earlier than that. When no renewal is
 /// confirmed in time to stop the work before the lease could expire, marks
 /// the lease lost and stops the work.
-pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
+pub(super) async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
     let renew_every = state.ttl / 3;
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
     let mut next_renew = boot_now() + renew_every;
@@ -218,7 +215,7 @@ pub async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
 /// Watches a key this devlock holds: removed by anyone but devlock (a lease
 /// revoked or a key deleted by hand), the lock is free for the next in line
 /// at once, so the work is killed at once.
-pub async fn watch_own_key(
+pub(super) async fn watch_own_key(
     mut client: Client,
     key: String,
     joined_at: i64,
@@ -278,11 +275,11 @@ enum Watched {
 /// all of them, both before etcd could let the lease expire. devlock is a
 /// child subreaper, so what the command started stays under it.
 async fn stop_work(state: Arc<LeaseState>) {
-    let Some(Started { pidfd }) = *state.command.lock().unwrap() else {
+    let Some(Started { pidfd }) = state.command.lock().unwrap().clone() else {
         return;
     };
     let kill_at = state.confirmed_until.lock().unwrap().saturating_sub(GUARD);
-    signal_work(pidfd, libc::SIGTERM);
+    signal_work(pidfd.as_deref(), libc::SIGTERM);
     // Said after the signal, on a thread of its own: a stderr nobody reads
     // must not hold up the kill.
     let message = format!(
@@ -299,7 +296,7 @@ async fn stop_work(state: Arc<LeaseState>) {
     // in the kernel does not cost a core.
     let mut nap = Duration::from_millis(1);
     for _ in 0..1000 {
-        signal_work(pidfd, libc::SIGKILL);
+        signal_work(pidfd.as_deref(), libc::SIGKILL);
         if live_descendants(std::process::id()).is_empty() {
             break;
         }
@@ -308,19 +305,10 @@ async fn stop_work(state: Arc<LeaseState>) {
     }
 }
 
-fn signal_work(pidfd: Option<i32>, signal: libc::c_int) {
-    // SAFETY: pidfd_send_signal on a pidfd we own names exactly our command,
-    // even once reaped.
+fn signal_work(pidfd: Option<&PidFd>, signal: libc::c_int) {
+    // The pidfd names exactly our command, even once reaped.
     if let Some(fd) = pidfd {
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd,
-                signal,
-                std::ptr::null::<()>(),
-                0,
-            )
-        };
+        fd.signal(signal);
     }
     signal_descendants(signal);
 }

@@ -8,9 +8,9 @@
 //! dies its lease runs out and etcd deletes every key it had.
 
 mod keeper;
-pub mod run;
+pub(crate) mod run;
 mod session;
-pub mod status;
+pub(crate) mod status;
 
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ fn split_user(text: &str) -> Option<(&str, &str)> {
 }
 
 /// Every devlock key starts with this.
-pub const PREFIX: &str = "/devlock/";
+pub(crate) const PREFIX: &str = "/devlock/";
 
 /// How long one request to etcd may take before devlock treats etcd as
 /// unreachable (at start, and for status).
@@ -38,14 +38,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where etcd is and who to be there.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub(crate) struct Config {
     pub endpoints: Vec<String>,
     user: Option<(String, String)>,
 }
 
 impl Config {
     /// Checks the URLs (http://HOST:PORT or HOST:PORT) and the user.
-    pub fn new(endpoints: &[String], user: Option<&str>) -> Result<Config> {
+    pub(crate) fn new(endpoints: &[String], user: Option<&str>) -> Result<Config> {
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| e.trim())
@@ -67,12 +67,12 @@ impl Config {
     }
 
     /// The endpoints as one would type them back.
-    pub fn shown(&self) -> String {
+    pub(crate) fn shown(&self) -> String {
         self.endpoints.join(",")
     }
 
     /// Connects; the first request (not this) finds out whether etcd answers.
-    pub async fn connect(&self) -> Result<Client> {
+    pub(crate) async fn connect(&self) -> Result<Client> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
@@ -93,7 +93,7 @@ impl Config {
     }
 
     /// Turns a client error into one line with the exit code it deserves.
-    pub fn failure(&self, doing: &str, err: etcd_client::Error) -> anyhow::Error {
+    pub(crate) fn failure(&self, doing: &str, err: etcd_client::Error) -> anyhow::Error {
         use etcd_client::Error as E;
         let at = self.shown();
         match &err {
@@ -146,7 +146,7 @@ impl Config {
     }
 
     /// One request, bounded in time, its failure turned into one line.
-    pub async fn ask<T>(
+    pub(crate) async fn ask<T>(
         &self,
         doing: &str,
         request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -159,7 +159,7 @@ impl Config {
     }
 
     /// The error for a request that got no answer in time.
-    pub fn no_answer(&self, doing: &str) -> anyhow::Error {
+    pub(crate) fn no_answer(&self, doing: &str) -> anyhow::Error {
         coded(
             ExitCode::EtcdUnreachable,
             format!(
@@ -207,7 +207,7 @@ fn check_url(url: &str) -> Result<String> {
 /// What a key's value says about the request: a label, as in the file
 /// backend; whether the request holds comes from the keys' order in etcd.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub step: String,
     /// The devlock process, on `host`.
     pub pid: u32,
@@ -232,7 +232,7 @@ pub struct Entry {
 
 /// One key under a resource's prefix, in line order.
 #[derive(Debug, Clone)]
-pub struct Place {
+pub(crate) struct Place {
     pub key: String,
     pub create_revision: i64,
     pub lease: i64,
@@ -251,21 +251,21 @@ impl Place {
         }
     }
 
-    pub fn exclusive(&self) -> bool {
+    pub(crate) fn exclusive(&self) -> bool {
         self.entry.as_ref().is_none_or(|e| e.exclusive)
     }
 }
 
-pub fn resource_prefix(resource: &Resource) -> String {
+pub(crate) fn resource_prefix(resource: &Resource) -> String {
     format!("{PREFIX}{}/", resource.as_str())
 }
 
-pub fn key_of(resource: &Resource, lease: i64) -> String {
+pub(crate) fn key_of(resource: &Resource, lease: i64) -> String {
     format!("{}{lease:016x}", resource_prefix(resource))
 }
 
 /// Every key of one resource, oldest first, and the revision read at.
-pub async fn line_of(
+pub(crate) async fn line_of(
     client: &mut Client,
     resource: &Resource,
 ) -> Result<(Vec<Place>, i64), etcd_client::Error> {
@@ -276,7 +276,7 @@ pub async fn line_of(
 }
 
 /// Puts `key` (joining the line) and reads the line back, in one round trip.
-pub async fn join_line(
+pub(crate) async fn join_line(
     client: &mut Client,
     resource: &Resource,
     key: &str,
@@ -311,7 +311,7 @@ fn line_from(response: &GetResponse) -> (Vec<Place>, i64) {
 
 /// The places that stand in the way of `index` in `line`: every earlier one
 /// for an exclusive request, the earlier exclusive ones for a shared one.
-pub fn blockers(line: &[Place], index: usize) -> Vec<&Place> {
+pub(crate) fn blockers(line: &[Place], index: usize) -> Vec<&Place> {
     let exclusive = line[index].exclusive();
     line[..index]
         .iter()
@@ -320,7 +320,7 @@ pub fn blockers(line: &[Place], index: usize) -> Vec<&Place> {
 }
 
 /// The places that hold the lock now: nothing stands in their way.
-pub fn holders(line: &[Place]) -> Vec<&Place> {
+pub(crate) fn holders(line: &[Place]) -> Vec<&Place> {
     (0..line.len())
         .filter(|&i| blockers(line, i).is_empty())
         .map(|i| &line[i])
@@ -331,18 +331,12 @@ pub fn holders(line: &[Place]) -> Vec<&Place> {
 /// closes a socket under a write must give EPIPE, not kill devlock (which
 /// has no std runtime to ignore it). Blocked, not ignored, so the command
 /// does not inherit an ignored SIGPIPE.
-pub fn block_sigpipe() {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset.
-    unsafe {
-        let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGPIPE);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+pub(crate) fn block_sigpipe() {
+    crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[libc::SIGPIPE]));
 }
 
 /// This machine's name, as other machines will see it in status.
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "?".to_owned())

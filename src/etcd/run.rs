@@ -22,7 +22,7 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 
-pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
+pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let resources = crate::cmd::run::validate(args)?;
     let (ttl, kill_after) = check_margins(args)?;
     supervise::check_command(&args.command[0])?;
@@ -74,8 +74,7 @@ pub fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     }
     // What the command starts stays under devlock, even when its parent
     // exits first: the lock covers it, and a lost lease stops it.
-    // SAFETY: prctl on this process.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    crate::sys::process::become_subreaper();
     let child = match spawn_tied(&args.command, &env) {
         Ok(child) => child,
         Err(e) => {
@@ -114,8 +113,7 @@ fn wait_for_what_it_left(
     quiet: bool,
     lease_lost: &dyn Fn() -> bool,
 ) {
-    // SAFETY: getpgrp cannot fail.
-    let own_group = unsafe { libc::getpgrp() };
+    let own_group = crate::sys::process::own_group();
     let mut signalled: Option<Instant> = None;
     let forward = |sig: Received, signalled: &mut Option<Instant>| {
         if signalled.is_some() {
@@ -129,12 +127,19 @@ fn wait_for_what_it_left(
     let mut first = first;
     let mut said = quiet;
     loop {
-        let mut status = 0;
-        // SAFETY: reaps any child of ours (devlock is their subreaper).
-        match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
-            -1 => return,
-            0 => {}
-            _ => continue,
+        // Reaps any child of ours (devlock is their subreaper).
+        match crate::sys::process::poll_child(None, false) {
+            // Nothing left under devlock.
+            Ok(None) => return,
+            Ok(Some((_, crate::sys::process::ChildState::Running))) => {}
+            Ok(Some(_)) => continue,
+            Err(e) => {
+                eprintln!(
+                    "devlock: cannot wait for what the command left behind: {}",
+                    crate::sys::procfs::os_text(&e)
+                );
+                return;
+            }
         }
         if let Some(sig) = first.take() {
             forward(sig, &mut signalled);
@@ -195,7 +200,6 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
 /// devlock, and the command must not outlive the lock that covers it. The
 /// kernel sends it SIGKILL when devlock's main thread ends, however it ends.
 fn spawn_tied(command: &[OsString], env: &supervise::Env) -> Result<supervise::Child> {
-    let parent = std::process::id();
     let placement = supervise::Placement::choose();
     let (own_group, terminal) = placement.spawn_settings();
     let mut cmd = std::process::Command::new(&command[0]);
@@ -204,28 +208,7 @@ fn spawn_tied(command: &[OsString], env: &supervise::Env) -> Result<supervise::C
     if own_group {
         cmd.process_group(0);
     }
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() as u32 != parent {
-                libc::raise(libc::SIGKILL);
-            }
-            let mut empty = std::mem::zeroed::<libc::sigset_t>();
-            libc::sigemptyset(&mut empty);
-            if let Some(fd) = terminal {
-                // Its own group (set just before) takes the terminal before
-                // it can read it; from the background that needs SIGTTOU
-                // blocked, as it is until the mask is emptied below.
-                let mut ttou = empty;
-                libc::sigaddset(&mut ttou, libc::SIGTTOU);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, std::ptr::null_mut());
-                libc::tcsetpgrp(fd, libc::getpid());
-            }
-            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            Ok(())
-        });
-    }
+    crate::sys::process::tie_to_parent(&mut cmd, terminal);
     match cmd.spawn() {
         Ok(child) => Ok(supervise::Child::adopt(child.id(), placement)),
         Err(e) => Err(supervise::cannot_start(&command[0], &e)),

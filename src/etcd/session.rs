@@ -16,7 +16,9 @@ use crate::exit::{ExitCode, coded, exit_code_of};
 use crate::flock::record::{Record, now_ms};
 use crate::request::Request;
 use crate::supervise::{self, Received};
+use crate::sys::process::PidFd;
 use crate::sys::procfs;
+use crate::sys::signal::Thread;
 use crate::text::human_duration;
 
 use crate::messages::etcd as messages;
@@ -29,7 +31,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// Everything the session needs to know, fixed at start.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(super) struct Settings {
     pub config: Config,
     pub ttl: Duration,
     pub kill_after: Duration,
@@ -44,12 +46,12 @@ pub struct Settings {
 
 enum ToSession {
     Stop(Received),
-    Started { pid: u32, pidfd: Option<i32> },
+    Started { pid: u32, pidfd: Option<PidFd> },
     Release,
 }
 
 /// How the wait ended.
-pub enum Acquired {
+pub(super) enum Acquired {
     /// Every lock is already held by an ancestor: nothing was taken.
     AllInherited,
     /// Taken (some perhaps passed through).
@@ -67,7 +69,7 @@ enum FromSession {
 }
 
 /// The handle the main thread keeps.
-pub struct Session {
+pub(super) struct Session {
     to: mpsc::UnboundedSender<ToSession>,
     from: std::sync::mpsc::Receiver<FromSession>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -76,22 +78,21 @@ pub struct Session {
 
 /// Wakes the main thread when the session thread ends, however it ends (a
 /// panic included), so it never sleeps on a session that is gone.
-struct WakeOnExit(libc::pthread_t);
+struct WakeOnExit(Thread);
 
 impl Drop for WakeOnExit {
     fn drop(&mut self) {
-        // SAFETY: the main thread outlives this one (it joins it).
-        unsafe { libc::pthread_kill(self.0, supervise::wake_signal()) };
+        // The main thread outlives this one (it joins it).
+        self.0.signal(supervise::wake_signal());
     }
 }
 
 impl Session {
     /// Starts the session thread. Call after blocking the handled signals.
-    pub fn start(settings: Settings, requests: Vec<Request>) -> Result<Session> {
+    pub(super) fn start(settings: Settings, requests: Vec<Request>) -> Result<Session> {
         let (to, rx) = mpsc::unbounded_channel();
         let (tx, from) = std::sync::mpsc::channel();
-        // SAFETY: pthread_self cannot fail.
-        let main_thread = unsafe { libc::pthread_self() };
+        let main_thread = Thread::current();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -101,8 +102,7 @@ impl Session {
                 let _wake = WakeOnExit(main_thread);
                 let report = move |message: FromSession| {
                     let _ = tx.send(message);
-                    // SAFETY: as above.
-                    unsafe { libc::pthread_kill(main_thread, supervise::wake_signal()) };
+                    main_thread.signal(supervise::wake_signal());
                 };
                 runtime.block_on(run_session(settings, requests, rx, report));
             })?;
@@ -117,7 +117,7 @@ impl Session {
     /// Waits for every lock. A stopping signal goes to the session, which
     /// leaves the line; one that comes as the last lock is granted is handed
     /// back, so the command is not started.
-    pub fn wait_for_locks(&mut self) -> Result<(Acquired, Option<Received>)> {
+    pub(super) fn wait_for_locks(&mut self) -> Result<(Acquired, Option<Received>)> {
         let mut stopped = None;
         loop {
             match self.from.try_recv() {
@@ -144,27 +144,26 @@ impl Session {
     }
 
     /// Waits for the session thread, which has nothing left to do.
-    pub fn finish(mut self) {
+    pub(super) fn finish(mut self) {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 
     /// Whether the lease is already lost (then the command must not start).
-    pub fn lease_lost(&self) -> bool {
+    pub(super) fn lease_lost(&self) -> bool {
         self.lease.as_ref().is_some_and(|l| l.is_lost())
     }
 
     /// Tells the session which process to stop if the lease is lost.
-    pub fn started(&self, pid: u32) {
-        // SAFETY: pidfd_open on our own unreaped child.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        let pidfd = (pidfd >= 0).then_some(pidfd as i32);
+    pub(super) fn started(&self, pid: u32) {
+        // Our own child, not yet reaped: the pidfd names it.
+        let pidfd = PidFd::open(pid);
         let _ = self.to.send(ToSession::Started { pid, pidfd });
     }
 
     /// Gives the locks back; says why the lease was lost, if it was.
-    pub fn release(mut self) -> Option<String> {
+    pub(super) fn release(mut self) -> Option<String> {
         let _ = self.to.send(ToSession::Release);
         let mut lost = None;
         while let Ok(message) = self.from.recv() {

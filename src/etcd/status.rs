@@ -64,7 +64,7 @@ struct PlaceView {
     alive: Option<bool>,
 }
 
-pub fn run(args: &StatusArgs, config: Config) -> Result<ExitCode> {
+pub(crate) fn run(args: &StatusArgs, config: Config) -> Result<ExitCode> {
     let wanted = Resource::parse_all(&args.resources)?;
     super::block_sigpipe();
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -15,6 +15,7 @@ use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;
 use crate::status::model as status;
+use crate::sys::signal::Thread;
 use crate::wait_display::Waited;
 
 /// Takes `count` of `candidates` (sorted), the first that are or become
@@ -217,7 +218,7 @@ pub(crate) fn first_of<I: Send, T: Send>(
     crate::interrupt::install();
     let (tx, rx) = mpsc::channel::<(usize, Result<T>)>();
     let stops: Vec<Stop> = items.iter().map(|_| Stop::default()).collect();
-    let threads: Mutex<Vec<Option<libc::pthread_t>>> = Mutex::new(vec![None; items.len()]);
+    let threads: Mutex<Vec<Option<Thread>>> = Mutex::new(vec![None; items.len()]);
     let started = std::sync::Barrier::new(items.len() + 1);
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
@@ -228,8 +229,7 @@ pub(crate) fn first_of<I: Send, T: Send>(
             handles.push(scope.spawn(move || {
                 crate::interrupt::unblock_here();
                 crate::interrupt::let_job_stops_in_here();
-                // SAFETY: pthread_self is always safe.
-                threads.lock().unwrap()[index] = Some(unsafe { libc::pthread_self() });
+                threads.lock().unwrap()[index] = Some(Thread::current());
                 started.wait();
                 let result = job(item, &stop);
                 stop.mark_finished();

@@ -1,7 +1,9 @@
 //! The machine-wide scratch directory that holds every lock file.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
+
+use nix::fcntl::OFlag;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,7 @@ use crate::exit::{ExitCode, coded};
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same
 /// path for every user and every TMPDIR, so every job on the machine meets the
 /// same gate.
-pub const DEFAULT_DIR: &str = "/run/lock/devlock";
+pub(crate) const DEFAULT_DIR: &str = "/run/lock/devlock";
 
 /// Mode of a directory devlock creates: world-writable and sticky like /tmp,
 /// so every user can add lock files and nobody can remove another's.
@@ -21,14 +23,14 @@ const CREATED_DIR_MODE: u32 = 0o1777;
 /// An open handle on the scratch directory; lock files are opened relative to
 /// it so that no path component after it is followed again.
 #[derive(Debug)]
-pub struct ScratchDir {
+pub(crate) struct ScratchDir {
     path: PathBuf,
     fd: OwnedFd,
 }
 
 impl ScratchDir {
     /// Opens the directory, creating it (sticky, world-writable) when missing.
-    pub fn open_or_create(path: &Path) -> Result<ScratchDir> {
+    pub(crate) fn open_or_create(path: &Path) -> Result<ScratchDir> {
         let mut created = false;
         loop {
             match ScratchDir::open(path)? {
@@ -50,46 +52,44 @@ impl ScratchDir {
     }
 
     /// Opens the directory if it exists; `Ok(None)` when it does not.
-    pub fn open(path: &Path) -> Result<Option<ScratchDir>> {
+    pub(crate) fn open(path: &Path) -> Result<Option<ScratchDir>> {
         let c_path = c_path(path)?;
-        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        // SAFETY: c_path is a valid NUL-terminated string.
-        let fd = unsafe { libc::open(c_path.as_ptr(), flags) };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            return match err.raw_os_error() {
-                Some(libc::ENOENT) => Ok(None),
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_symlink(path) => Err(coded(
-                    ExitCode::IoError,
-                    format!(
-                        "scratch directory {} is a symbolic link; refusing to follow it",
-                        path.display()
-                    ),
-                )),
-                Some(libc::ENOTDIR) => Err(coded(
-                    ExitCode::IoError,
-                    format!("scratch directory {} is not a directory", path.display()),
-                )),
-                Some(libc::EACCES) => Err(coded(
-                    ExitCode::IoError,
-                    format!(
-                        "cannot open scratch directory {}: Permission denied (it is kept for \
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = match crate::sys::fs::open(&c_path, flags) {
+            Ok(fd) => fd,
+            Err(err) => {
+                return match err.raw_os_error() {
+                    Some(libc::ENOENT) => Ok(None),
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_symlink(path) => Err(coded(
+                        ExitCode::IoError,
+                        format!(
+                            "scratch directory {} is a symbolic link; refusing to follow it",
+                            path.display()
+                        ),
+                    )),
+                    Some(libc::ENOTDIR) => Err(coded(
+                        ExitCode::IoError,
+                        format!("scratch directory {} is not a directory", path.display()),
+                    )),
+                    Some(libc::EACCES) => Err(coded(
+                        ExitCode::IoError,
+                        format!(
+                            "cannot open scratch directory {}: Permission denied (it is kept for \
                          a group this user is not in, or for its owner)",
-                        path.display()
-                    ),
-                )),
-                _ => Err(coded(
-                    ExitCode::IoError,
-                    format!(
-                        "cannot open scratch directory {}: {}",
-                        path.display(),
-                        crate::sys::procfs::os_text(&err)
-                    ),
-                )),
-            };
-        }
-        // SAFETY: fd was just returned by open and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                            path.display()
+                        ),
+                    )),
+                    _ => Err(coded(
+                        ExitCode::IoError,
+                        format!(
+                            "cannot open scratch directory {}: {}",
+                            path.display(),
+                            crate::sys::procfs::os_text(&err)
+                        ),
+                    )),
+                };
+            }
+        };
         let dir = ScratchDir {
             path: path.to_owned(),
             fd,
@@ -99,7 +99,7 @@ impl ScratchDir {
     }
 
     /// A second handle on the same directory.
-    pub fn try_clone(&self) -> Result<ScratchDir> {
+    pub(crate) fn try_clone(&self) -> Result<ScratchDir> {
         Ok(ScratchDir {
             path: self.path.clone(),
             fd: self
@@ -109,24 +109,20 @@ impl ScratchDir {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// flock(2) is emulated with byte-range locks on NFS, turns mandatory on
     /// CIFS and varies on FUSE: a gate there is not the gate it looks like.
     fn refuse_network_filesystem(&self) -> Result<()> {
-        let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
-        // SAFETY: fd is open and fs is a valid out pointer.
-        if unsafe { libc::fstatfs(self.fd.as_raw_fd(), fs.as_mut_ptr()) } != 0 {
+        let Ok(kind) = crate::sys::fs::filesystem_type(&self.fd) else {
             return Ok(());
-        }
-        // SAFETY: fstatfs succeeded and filled the struct.
-        let kind = unsafe { fs.assume_init() }.f_type as u64;
+        };
         let name = match kind {
             0x6969 => "NFS",
             0x517B => "SMB",
@@ -149,7 +145,7 @@ impl ScratchDir {
     }
 
     /// Names in the directory (for status).
-    pub fn entries(&self) -> Result<Vec<String>> {
+    pub(crate) fn entries(&self) -> Result<Vec<String>> {
         let dup = self
             .fd
             .try_clone()

@@ -2,24 +2,27 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::OwnedFd;
+
+use nix::fcntl::OFlag;
 use std::path::PathBuf;
 
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
+use crate::sys::fs::{Flock, flock};
 use crate::sys::procfs::FileId;
 
 /// Mode every lock file gets, whatever the creator's umask: any user who can
 /// reach the directory must be able to open it and join the gate.
-const LOCK_FILE_MODE: libc::mode_t = 0o666;
+const LOCK_FILE_MODE: u32 = 0o666;
 
 /// An open lock file. The flock belongs to this open file description, so it
 /// is held until the last descriptor to it closes: ours, or a child's that
 /// inherited it.
 #[derive(Debug)]
-pub struct LockFile {
+pub(crate) struct LockFile {
     file: File,
     path: PathBuf,
     id: FileId,
@@ -33,7 +36,7 @@ pub struct LockFile {
 
 /// Whether a lock was taken, or who is in the way.
 #[derive(Debug, PartialEq, Eq)]
-pub enum TryLock {
+pub(crate) enum TryLock {
     Taken,
     Busy,
 }
@@ -46,7 +49,7 @@ impl LockFile {
     /// so refusing it would hand every user a way to disable a resource
     /// (a record is then written only where that gives nobody anything, see
     /// [`LockFile::may_hold_record`]).
-    pub fn open(dir: &ScratchDir, name: &str) -> Result<LockFile> {
+    pub(crate) fn open(dir: &ScratchDir, name: &str) -> Result<LockFile> {
         let path = dir.path().join(name);
         let c_name = crate::flock::dir::c_path(name.as_ref())?;
         loop {
@@ -54,13 +57,13 @@ impl LockFile {
             // Open without O_CREAT first: fs.protected_regular refuses
             // O_CREAT on another user's file in a sticky directory, even when
             // the file exists and is ours to open.
-            let fd = match open_at(dir, &c_name, libc::O_RDWR) {
+            let fd = match open_at(dir, &c_name, OFlag::O_RDWR) {
                 Ok(fd) => Some((fd, true)),
                 Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
                     // A file someone made unwritable still serves as a gate;
                     // we just cannot leave a record in it.
                     Some((
-                        open_at(dir, &c_name, libc::O_RDONLY).map_err(|e| open_error(&path, e))?,
+                        open_at(dir, &c_name, OFlag::O_RDONLY).map_err(|e| open_error(&path, e))?,
                         false,
                     ))
                 }
@@ -69,15 +72,12 @@ impl LockFile {
             };
             let (fd, writable) = match fd {
                 Some(opened) => opened,
-                None => match open_at(dir, &c_name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+                None => match open_at(dir, &c_name, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL)
+                {
                     Ok(fd) => {
-                        // SAFETY: fd is a descriptor we just opened.
-                        if unsafe { libc::fchmod(fd, LOCK_FILE_MODE) } != 0 {
-                            let err = io::Error::last_os_error();
-                            // SAFETY: closing our own descriptor once.
-                            unsafe { libc::close(fd) };
-                            return Err(open_error(&path, err));
-                        }
+                        // Whatever the creator's umask (an error closes it).
+                        crate::sys::fs::fchmod(&fd, LOCK_FILE_MODE)
+                            .map_err(|e| open_error(&path, e))?;
                         (fd, true)
                     }
                     // Someone created it between our two opens: open theirs.
@@ -85,8 +85,7 @@ impl LockFile {
                     Err(e) => return Err(open_error(&path, e)),
                 },
             };
-            // SAFETY: fd is a freshly opened descriptor owned by nobody else.
-            let file = unsafe { File::from_raw_fd(fd) };
+            let file = File::from(fd);
             let meta = file.metadata().map_err(|e| open_error(&path, e))?;
             check_plain_file(std::os::unix::fs::MetadataExt::mode(&meta), &path)?;
             let id = FileId::from_metadata(meta_dev(&meta), meta_ino(&meta));
@@ -103,20 +102,20 @@ impl LockFile {
         }
     }
 
-    pub fn path(&self) -> &std::path::Path {
+    pub(crate) fn path(&self) -> &std::path::Path {
         &self.path
     }
 
-    pub fn id(&self) -> FileId {
+    pub(crate) fn id(&self) -> FileId {
         self.id
     }
 
-    pub fn file(&self) -> &File {
+    pub(crate) fn file(&self) -> &File {
         &self.file
     }
 
     /// A second handle on the same open file (and so the same lock).
-    pub fn try_clone(&self) -> io::Result<LockFile> {
+    pub(crate) fn try_clone(&self) -> io::Result<LockFile> {
         Ok(LockFile {
             file: self.file.try_clone()?,
             path: self.path.clone(),
@@ -134,7 +133,7 @@ impl LockFile {
     /// a `Cargo.lock`). A file linked elsewhere too is written only when
     /// everyone may write it anyway, so a link cannot make devlock write
     /// where its linker could not.
-    pub fn may_hold_record(&self) -> std::result::Result<(), String> {
+    pub(crate) fn may_hold_record(&self) -> std::result::Result<(), String> {
         use std::os::unix::fs::FileExt;
         if !self.writable {
             return Err(format!(
@@ -163,15 +162,15 @@ impl LockFile {
     }
 
     /// The open file, for uses other than flock (the queue's byte locks).
-    pub fn into_file(self) -> File {
+    pub(crate) fn into_file(self) -> File {
         self.file
     }
 
     /// Takes the lock if nobody holds it, without waiting.
-    pub fn try_lock(&self, exclusive: bool) -> io::Result<TryLock> {
-        match flock(&self.file, lock_op(exclusive) | libc::LOCK_NB) {
+    pub(crate) fn try_lock(&self, exclusive: bool) -> io::Result<TryLock> {
+        match flock(&self.file, lock_op(exclusive), true) {
             Ok(()) => Ok(TryLock::Taken),
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(TryLock::Busy),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(TryLock::Busy),
             Err(e) => Err(e),
         }
     }
@@ -179,13 +178,13 @@ impl LockFile {
     /// Sleeps in the kernel until the lock is ours (the kernel wakes us when
     /// the holder's last descriptor closes). An interrupting signal ends the
     /// wait with `Interrupted` when `keep_waiting` says so.
-    pub fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
         loop {
             if !keep_waiting() {
                 return Err(io::ErrorKind::Interrupted.into());
             }
-            match flock(&self.file, lock_op(exclusive)) {
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) && keep_waiting() => continue,
+            match flock(&self.file, lock_op(exclusive), false) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && keep_waiting() => continue,
                 other => return other,
             }
         }
@@ -193,7 +192,7 @@ impl LockFile {
 
     /// [`LockFile::try_lock`] on the file the path names now: a lock taken
     /// on a file someone replaced is let go, and the new file tried.
-    pub fn try_lock_at_path(&mut self, dir: &ScratchDir, exclusive: bool) -> Result<bool> {
+    pub(crate) fn try_lock_at_path(&mut self, dir: &ScratchDir, exclusive: bool) -> Result<bool> {
         loop {
             match self.try_lock(exclusive)? {
                 TryLock::Busy => return Ok(false),
@@ -204,7 +203,7 @@ impl LockFile {
     }
 
     /// [`LockFile::lock`] on the file the path names now, likewise.
-    pub fn lock_at_path(
+    pub(crate) fn lock_at_path(
         &mut self,
         dir: &ScratchDir,
         exclusive: bool,
@@ -227,7 +226,7 @@ impl LockFile {
     /// Whether the path still names the inode we hold. Nobody should unlink or
     /// replace a lock file, but if someone did, a holder of the old inode and
     /// one of the new would both believe they hold the lock.
-    pub fn still_at_path(&self, dir: &ScratchDir) -> bool {
+    pub(crate) fn still_at_path(&self, dir: &ScratchDir) -> bool {
         let name = self.path.file_name().expect("lock path has a name");
         match nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => FileId::from_metadata(st.st_dev, st.st_ino) == self.id,
@@ -236,34 +235,19 @@ impl LockFile {
     }
 }
 
-fn lock_op(exclusive: bool) -> libc::c_int {
+fn lock_op(exclusive: bool) -> Flock {
     if exclusive {
-        libc::LOCK_EX
+        Flock::Exclusive
     } else {
-        libc::LOCK_SH
-    }
-}
-
-fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
-    // SAFETY: the descriptor is open for the life of `file`.
-    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+        Flock::Shared
     }
 }
 
 /// Opens a name in the scratch directory without following a symlink, without
 /// blocking on a FIFO and without becoming anybody's controlling terminal.
-fn open_at(dir: &ScratchDir, name: &std::ffi::CStr, flags: libc::c_int) -> io::Result<libc::c_int> {
-    let flags = flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
-    // SAFETY: name is NUL-terminated and the directory descriptor is open.
-    let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), name.as_ptr(), flags, LOCK_FILE_MODE) };
-    if fd < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(fd)
-    }
+fn open_at(dir: &ScratchDir, name: &std::ffi::CStr, flags: OFlag) -> io::Result<OwnedFd> {
+    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    crate::sys::fs::openat(dir.fd(), name, flags, LOCK_FILE_MODE)
 }
 
 /// Opening a device node can have effects of its own (a tape rewinds), so look
@@ -279,8 +263,43 @@ fn refuse_odd_file_before_opening(
     }
 }
 
+/// Opens a file in the scratch directory for reading: no symlinks followed, no
+/// blocking on a FIFO, and only regular files accepted.
+pub(crate) fn open_read_only(dir: &ScratchDir, name: &str) -> std::io::Result<File> {
+    open_checked(dir, name).map(|(file, _)| file)
+}
+
+/// [`open_read_only`], with the file's metadata. A file of the wrong type is
+/// refused with [`wrong_type_error`], before opening it when
+/// it can be seen (opening a device can have effects of its own).
+pub(crate) fn open_checked(
+    dir: &ScratchDir,
+    name: &str,
+) -> std::io::Result<(File, std::fs::Metadata)> {
+    let c_name = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+    if let Ok(st) =
+        nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        && st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        return Err(wrong_type_error(st.st_mode));
+    }
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_CLOEXEC
+        | OFlag::O_NOCTTY;
+    let file = File::from(crate::sys::fs::openat(dir.fd(), &c_name, flags, 0)?);
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(wrong_type_error(std::os::unix::fs::MetadataExt::mode(
+            &meta,
+        )));
+    }
+    Ok((file, meta))
+}
+
 /// What a file of mode `mode` is, in words.
-pub fn kind_of(mode: u32) -> &'static str {
+pub(crate) fn kind_of(mode: u32) -> &'static str {
     match mode & libc::S_IFMT {
         libc::S_IFREG => "regular file",
         libc::S_IFDIR => "directory",
@@ -302,7 +321,7 @@ fn check_plain_file(mode: u32, path: &std::path::Path) -> Result<()> {
 
 /// The one-line error (exit 74) for a file of the wrong type at one of
 /// devlock's paths.
-pub fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
+pub(crate) fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
     coded(
         ExitCode::IoError,
         format!(
@@ -343,16 +362,16 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
 
 /// An error opening one of devlock's files (queue, registration) for
 /// reading, as the one-line exit-74 error naming the path.
-pub fn unusable(path: &std::path::Path, err: io::Error) -> anyhow::Error {
+pub(crate) fn unusable(path: &std::path::Path, err: io::Error) -> anyhow::Error {
     if let Some(mode) = wrong_type_mode(&err) {
         return wrong_type(path, mode);
     }
     open_error(path, err)
 }
 
-/// The error [`crate::flock::registration::open_read_only`] gives for a file of the
+/// The error [`crate::flock::file::open_read_only`] gives for a file of the
 /// wrong type, carrying its mode.
-pub fn wrong_type_error(mode: u32) -> io::Error {
+pub(crate) fn wrong_type_error(mode: u32) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, WrongType(mode))
 }
 

@@ -87,7 +87,5 @@ fn inheritable(fd: &str) -> bool {
     let Ok(fd) = fd.parse::<RawFd>() else {
         return false;
     };
-    // SAFETY: F_GETFD on a descriptor number; a closed one just fails.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    flags >= 0 && flags & libc::FD_CLOEXEC == 0
+    crate::sys::fs::close_on_exec(fd) == Some(false)
 }

@@ -23,7 +23,6 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 
 use anyhow::Result;
 
@@ -40,14 +39,14 @@ const AGREE_END: i64 = AGREE_BASE + (1 << 16);
 const SLOT_BASE: i64 = 1 << 20;
 /// Highest ticket handed out. Tickets restart at 1 whenever the line is
 /// empty, so only a lock that is not devlock's can push them this far.
-pub const MAX_TICKET: u64 = 1 << 32;
+pub(crate) const MAX_TICKET: u64 = 1 << 32;
 /// How many taken bytes a request steps over before it gives up: far more
 /// than requests that could arrive at the same instant.
 const MAX_STEPS: usize = 1000;
 
 /// A place in line. Dropping it leaves the line and the agreement.
 #[derive(Debug)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     file: File,
     pub number: u64,
     /// Slot count everyone in line or holding uses (ours, if nobody else's).
@@ -56,14 +55,14 @@ pub struct Ticket {
 }
 
 /// The queue file's name for a lock file's name.
-pub fn queue_name(lock_name: &str) -> String {
+pub(crate) fn queue_name(lock_name: &str) -> String {
     let base = lock_name.strip_suffix(".lock").unwrap_or(lock_name);
     format!(".{base}.queue")
 }
 
 /// What a request found about the size others use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Agreement {
+pub(crate) enum Agreement {
     /// Nobody in line or holding through the line says.
     None,
     /// Someone in line or holding uses the resource with this many slots (0:
@@ -76,7 +75,7 @@ impl Ticket {
     /// for a plain lock). Fails when someone in line or holding uses another
     /// size, or, for a semaphore, when `lock_held` says the lock is held by
     /// someone who did not come through the line (a plain holder).
-    pub fn take(
+    pub(crate) fn take(
         dir: &ScratchDir,
         lock_name: &str,
         slots: u64,
@@ -112,13 +111,13 @@ impl Ticket {
     }
 
     /// Whether an earlier ticket is still in line (or holding).
-    pub fn has_anyone_ahead(&self) -> io::Result<bool> {
+    pub(crate) fn has_anyone_ahead(&self) -> io::Result<bool> {
         anyone_ahead(&self.file, self.number)
     }
 
     /// Sleeps until every earlier ticket has left the line. Returns early
     /// with `Interrupted` when a signal arrives and `keep_waiting` says stop.
-    pub fn wait_turn(&self, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn wait_turn(&self, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
         if self.number <= 1 {
             return Ok(());
         }
@@ -139,7 +138,7 @@ impl Ticket {
     /// Lets the next request go while this one keeps what it took (a shared
     /// holder admits the readers behind it; a writer behind still waits for
     /// the lock itself). The agreement stays.
-    pub fn step_aside(&self) -> io::Result<()> {
+    pub(crate) fn step_aside(&self) -> io::Result<()> {
         set_lock(
             &self.file,
             libc::F_UNLCK,
@@ -250,12 +249,10 @@ fn anyone_ahead(file: &File, number: u64) -> io::Result<bool> {
         return Ok(false);
     }
     // A read probe: only write locks (places in line) count.
-    let mut probe = flock_struct(libc::F_RDLCK, SLOT_BASE + 1, number as i64 - 1);
-    // SAFETY: valid descriptor and struct.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(probe.l_type != libc::F_UNLCK as libc::c_short)
+    Ok(
+        crate::sys::fs::ofd_conflict(file, libc::F_RDLCK, SLOT_BASE + 1, number as i64 - 1)?
+            .is_some(),
+    )
 }
 
 fn mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
@@ -314,7 +311,7 @@ fn line_blocked(
 }
 
 /// `pid 4242, alice`, or why it cannot be said.
-pub fn owner_words(lock: &RangeLock) -> String {
+pub(crate) fn owner_words(lock: &RangeLock) -> String {
     let owners: Vec<u32> = match lock.pid {
         Some(pid) => vec![pid],
         None => crate::sys::procfs::range_lock_owners(lock.file)
@@ -343,7 +340,7 @@ pub fn owner_words(lock: &RangeLock) -> String {
 /// just after this check takes a ticket, finds nobody ahead, and waits for
 /// the lock itself; one that was in line before it still holds its byte,
 /// which this check sees. A queue file of the wrong type is an error.
-pub fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> Result<bool> {
+pub(crate) fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> Result<bool> {
     let Some(file) = open_queue(dir, lock_name)? else {
         return Ok(true);
     };
@@ -353,7 +350,7 @@ pub fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> Result<bool> {
 
 /// The size someone in line or holding through the line uses, read without
 /// joining the line (status, and `-n`).
-pub fn agreement(dir: &ScratchDir, lock_name: &str) -> Result<Agreement> {
+pub(crate) fn agreement(dir: &ScratchDir, lock_name: &str) -> Result<Agreement> {
     let Some(file) = open_queue(dir, lock_name)? else {
         return Ok(Agreement::None);
     };
@@ -365,7 +362,7 @@ pub fn agreement(dir: &ScratchDir, lock_name: &str) -> Result<Agreement> {
 
 /// The queue file opened for queries, `None` when there is none yet.
 fn open_queue(dir: &ScratchDir, lock_name: &str) -> Result<Option<File>> {
-    match crate::flock::registration::open_read_only(dir, &queue_name(lock_name)) {
+    match crate::flock::file::open_read_only(dir, &queue_name(lock_name)) {
         Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(crate::flock::file::unusable(
@@ -379,22 +376,18 @@ fn open_queue(dir: &ScratchDir, lock_name: &str) -> Result<Option<File>> {
 /// waiting line's "2nd in line". The kernel reports one conflicting lock per
 /// query, so the range is split around each one found: two queries per
 /// request ahead, and no file of anyone else's to open.
-pub fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result<usize> {
-    let file = crate::flock::registration::open_read_only(dir, &queue_name(lock_name))?;
+pub(crate) fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result<usize> {
+    let file = crate::flock::file::open_read_only(dir, &queue_name(lock_name))?;
     let mut count = 0;
     let mut ranges = vec![(SLOT_BASE + 1, SLOT_BASE + number as i64 - 1)];
     while let Some((lo, hi)) = ranges.pop() {
         if lo > hi || count >= 10_000 {
             continue;
         }
-        let mut probe = flock_struct(libc::F_RDLCK, lo, hi - lo + 1);
-        // SAFETY: valid descriptor and struct.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if probe.l_type == libc::F_UNLCK as libc::c_short {
+        let Some(probe) = crate::sys::fs::ofd_conflict(&file, libc::F_RDLCK, lo, hi - lo + 1)?
+        else {
             continue;
-        }
+        };
         count += 1;
         ranges.push((lo, probe.l_start - 1));
         if probe.l_len > 0 {
@@ -408,14 +401,14 @@ pub fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io::Result
 /// the places in line (single write-locked ticket bytes, by number), the
 /// agreement, and every lock that is not devlock's.
 #[derive(Debug, Default)]
-pub struct LineView {
+pub(crate) struct LineView {
     pub tickets: Vec<u64>,
     pub agreed_slots: Option<u64>,
     pub foreign: Vec<RangeLock>,
 }
 
 /// Reads a queue file's line from the kernel's table, by its file id.
-pub fn line_view(table: &LockTable, queue: FileId) -> LineView {
+pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
     let mut view = LineView::default();
     for lock in table.ranges(queue) {
         if lock.blocked {
@@ -443,41 +436,14 @@ pub fn line_view(table: &LockTable, queue: FileId) -> LineView {
     view
 }
 
-fn flock_struct(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
-    // SAFETY: plain data; every field the kernel reads is set below.
-    let mut fl = unsafe { std::mem::zeroed::<libc::flock>() };
-    fl.l_type = kind as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start;
-    fl.l_len = len;
-    fl
-}
-
 /// The first lock (of another open file description) that would conflict
 /// with a write lock on `[start, start + len)` (`len` 0: to the end).
 fn get_lock(file: &File, start: i64, len: i64) -> io::Result<Option<libc::flock>> {
-    let mut probe = flock_struct(libc::F_WRLCK, start, len);
-    // SAFETY: valid descriptor and struct.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((probe.l_type != libc::F_UNLCK as libc::c_short).then_some(probe))
+    crate::sys::fs::ofd_conflict(file, libc::F_WRLCK, start, len)
 }
 
 fn set_lock(file: &File, kind: libc::c_int, start: i64, len: i64, wait: bool) -> io::Result<()> {
-    let fl = flock_struct(kind, start, len);
-    let cmd = if wait {
-        libc::F_OFD_SETLKW
-    } else {
-        libc::F_OFD_SETLK
-    };
-    // SAFETY: valid descriptor and struct; pid must be 0 for OFD locks, which
-    // zeroed() gave us.
-    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &fl) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::sys::fs::ofd_lock(file, kind, start, len, wait)
 }
 
 #[cfg(test)]

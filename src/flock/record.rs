@@ -145,7 +145,7 @@ impl Record {
 /// record: nothing, or something devlock wrote (a record of any version,
 /// whole or torn). Anything else is somebody's data (a `Cargo.lock` in
 /// `--dir .`).
-pub fn is_ours_to_write(start: &[u8]) -> bool {
+pub(crate) fn is_ours_to_write(start: &[u8]) -> bool {
     start.is_empty()
         || start.starts_with(MAGIC_V2)
         || MAGIC_V2.starts_with(start)
@@ -263,7 +263,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -4,20 +4,22 @@
 //! the kernel itself says which registrations are alive, and whose.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result};
 
 use crate::flock::dir::ScratchDir;
+use crate::flock::file::open_checked;
 use crate::flock::record::{self, Record};
 use crate::resource::Resource;
+use crate::sys::fs::{Flock, flock};
 use crate::sys::procfs::{FileId, LockTable};
+use nix::fcntl::OFlag;
 
 /// What a registration stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Wait,
     /// A shared hold: many holders, so no single record in the lock file.
     Hold,
@@ -47,7 +49,7 @@ fn file_name(resource: &Resource, pid: u32, n: u32, kind: Kind) -> String {
 }
 
 /// The resource, kind and pid a registration file name belongs to.
-pub fn parse_name(file_name: &str) -> Option<(Resource, Kind, u32)> {
+pub(crate) fn parse_name(file_name: &str) -> Option<(Resource, Kind, u32)> {
     let inner = file_name.strip_prefix('.')?;
     let (inner, kind) = [Kind::Wait, Kind::Hold, Kind::Lost]
         .into_iter()
@@ -60,13 +62,13 @@ pub fn parse_name(file_name: &str) -> Option<(Resource, Kind, u32)> {
 
 /// The resource and kind a registration file name belongs to.
 #[cfg(test)]
-pub fn resource_of(file_name: &str) -> Option<(Resource, Kind)> {
+pub(crate) fn resource_of(file_name: &str) -> Option<(Resource, Kind)> {
     parse_name(file_name).map(|(r, k, _)| (r, k))
 }
 
 /// A live registration; dropping it removes the file.
 #[derive(Debug)]
-pub struct Registration {
+pub(crate) struct Registration {
     dir: ScratchDir,
     name: String,
     file: File,
@@ -74,7 +76,7 @@ pub struct Registration {
 
 impl Registration {
     /// Registers this process as waiting for (or sharing) `resource`.
-    pub fn create(
+    pub(crate) fn create(
         dir: &ScratchDir,
         resource: &Resource,
         record: &Record,
@@ -86,33 +88,28 @@ impl Registration {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let name = file_name(resource, std::process::id(), n, kind);
             let c_name = crate::flock::dir::c_path(name.as_ref())?;
-            let flags = libc::O_RDWR
-                | libc::O_CREAT
-                | libc::O_EXCL
-                | libc::O_NOFOLLOW
-                | libc::O_NONBLOCK
-                | libc::O_CLOEXEC;
-            // SAFETY: valid directory descriptor and NUL-terminated name.
-            let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), c_name.as_ptr(), flags, 0o644) };
-            if fd < 0 {
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::EEXIST) {
-                    // Left by a dead process that had our pid, or planted:
-                    // never opened, so whatever it is does no harm.
-                    continue;
+            let flags = OFlag::O_RDWR
+                | OFlag::O_CREAT
+                | OFlag::O_EXCL
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_CLOEXEC;
+            let file = match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0o644) {
+                Ok(fd) => File::from(fd),
+                // Left by a dead process that had our pid, or planted:
+                // never opened, so whatever it is does no harm.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("creating registration {}", dir.path().join(&name).display())
+                    });
                 }
-                return Err(err).with_context(|| {
-                    format!("registering as a waiter in {}", dir.path().display())
-                });
-            }
-            // SAFETY: fd is ours alone.
-            let file = unsafe { File::from_raw_fd(fd) };
-            // SAFETY: open descriptor.
-            let _ = unsafe { libc::fchmod(fd, 0o644) };
+            };
+            // Whatever the umask: readable by status for every user.
+            let _ = crate::sys::fs::fchmod(&file, 0o644);
             // A status reader that sweeps dead registrations may take the
             // lock on a file this young and unlink it; then start again.
-            // SAFETY: open descriptor.
-            if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if flock(&file, Flock::Exclusive, true).is_err() {
                 continue;
             }
             let meta = file.metadata()?;
@@ -136,14 +133,14 @@ impl Registration {
     }
 
     /// Replaces the label (once the command runs, its pid joins the record).
-    pub fn rewrite(&self, record: &Record) -> std::io::Result<()> {
+    pub(crate) fn rewrite(&self, record: &Record) -> std::io::Result<()> {
         record.write_to(&self.file)
     }
 
     /// The descriptor that holds the registration's lock: a shared holder's
     /// command inherits it, so the label stays alive as long as the hold.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        self.file.as_raw_fd()
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.file)
     }
 }
 
@@ -162,7 +159,7 @@ impl Drop for Registration {
 
 /// A registration that the kernel confirms is alive and its own.
 #[derive(Debug, Clone)]
-pub struct Waiter {
+pub(crate) struct Waiter {
     pub resource: Resource,
     pub kind: Kind,
     pub record: Record,
@@ -177,7 +174,7 @@ pub struct Waiter {
 /// process holding its flock (per the kernel) is the very process it names,
 /// pid and start time, so a planted or copied file names nobody.
 /// Registrations of dead processes are removed where we may remove them.
-pub fn live_waiters(
+pub(crate) fn live_waiters(
     dir: &ScratchDir,
     names: &[String],
     table: &LockTable,
@@ -240,43 +237,9 @@ pub fn live_waiters(
 /// Removes a registration whose owner died. Taking its lock first proves the
 /// owner is gone (a live owner holds it for as long as it waits).
 fn sweep_dead(dir: &ScratchDir, name: &str, file: &File) {
-    // SAFETY: open descriptor.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+    if flock(file, Flock::Exclusive, true).is_ok() {
         let _ = nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
-}
-
-/// Opens a file in the scratch directory for reading: no symlinks followed, no
-/// blocking on a FIFO, and only regular files accepted.
-pub fn open_read_only(dir: &ScratchDir, name: &str) -> std::io::Result<File> {
-    open_checked(dir, name).map(|(file, _)| file)
-}
-
-/// [`open_read_only`], with the file's metadata. A file of the wrong type is
-/// refused with [`crate::flock::file::wrong_type_error`], before opening it when
-/// it can be seen (opening a device can have effects of its own).
-pub fn open_checked(dir: &ScratchDir, name: &str) -> std::io::Result<(File, std::fs::Metadata)> {
-    let c_name = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    if let Ok(st) =
-        nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-        && st.st_mode & libc::S_IFMT != libc::S_IFREG
-    {
-        return Err(crate::flock::file::wrong_type_error(st.st_mode));
-    }
-    let flags =
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
-    // SAFETY: valid directory descriptor and NUL-terminated name.
-    let fd = unsafe { libc::openat(dir.fd().as_raw_fd(), c_name.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is ours alone.
-    let file = unsafe { File::from_raw_fd(fd) };
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
-        return Err(crate::flock::file::wrong_type_error(meta.mode()));
-    }
-    Ok((file, meta))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! check that the path still names the locked file. Shared by the command
 //! line (with a waiting display) and the library (quietly).
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use anyhow::Result;
 
@@ -86,10 +86,10 @@ impl Held {
 
     /// Descriptors the command must inherit to keep holding (and a shared
     /// holder's registration, so its label lives as long as the hold).
-    pub(crate) fn inheritable_fds(&self) -> Vec<RawFd> {
+    pub(crate) fn inheritable_fds(&self) -> Vec<BorrowedFd<'_>> {
         let keep = self.keep();
-        let mut fds = vec![keep.lock.file().as_raw_fd()];
-        fds.extend(keep.slot.as_ref().map(|s| s.lock.file().as_raw_fd()));
+        let mut fds = vec![keep.lock.file().as_fd()];
+        fds.extend(keep.slot.as_ref().map(|s| s.lock.file().as_fd()));
         fds.extend(keep.label_file.as_ref().map(Registration::fd));
         fds
     }

@@ -18,7 +18,7 @@ use crate::text::sanitize;
 
 /// One thing that lets another user break exclusion (or the line's order).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Issue {
+pub(crate) struct Issue {
     pub path: String,
     /// The user who could do it: the owner (null when it is "anyone").
     pub owner: Option<String>,
@@ -28,7 +28,7 @@ pub struct Issue {
 
 /// How far a resource (or the directory) can be trusted by this user.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Trust {
+pub(crate) struct Trust {
     /// No other user but root could rename, remove or replace anything here.
     pub safe: bool,
     /// Owned by root throughout (made by `devlock setup`, or by root's
@@ -49,13 +49,12 @@ impl Trust {
 
 /// The user whose exclusion is at stake: ours.
 fn me() -> u32 {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() }
+    crate::sys::process::effective_uid()
 }
 
 /// Whether a file owned by `owner` can be renamed or removed by a user who
 /// is neither root nor us.
-pub fn foreign(owner: u32) -> bool {
+pub(crate) fn foreign(owner: u32) -> bool {
     owner != 0 && owner != me()
 }
 
@@ -101,7 +100,7 @@ fn resource_of(name: &str) -> Option<Resource> {
 /// The issues with the directory at `path`, open as `dir`: its owner and
 /// mode, and those of every directory above it (whoever can replace one of
 /// them can put another directory in its place).
-pub fn dir_issues(dir: &ScratchDir) -> Vec<Issue> {
+pub(crate) fn dir_issues(dir: &ScratchDir) -> Vec<Issue> {
     let mut issues = Vec::new();
     let path = dir.path();
     if let Ok(st) = nix::sys::stat::fstat(dir.fd()) {
@@ -208,14 +207,14 @@ fn check_chain(path: &Path, issues: &mut Vec<Issue>, through_link: &mut bool) {
 }
 
 /// The trust of the directory, for status.
-pub fn of_dir(dir: &ScratchDir) -> Trust {
+pub(crate) fn of_dir(dir: &ScratchDir) -> Trust {
     let managed = nix::sys::stat::fstat(dir.fd()).is_ok_and(|st| st.st_uid == 0);
     Trust::from_issues(dir_issues(dir), managed)
 }
 
 /// The trust of one resource's files (lock, queue, slots) that exist, for
 /// status; `dir_managed` from [`of_dir`].
-pub fn of_resource(
+pub(crate) fn of_resource(
     dir: &ScratchDir,
     names: &[String],
     resource: &Resource,
@@ -290,12 +289,12 @@ fn notes() -> std::sync::MutexGuard<'static, Notes> {
 
 /// Makes this process collect what it meets for [`flush`] (the command
 /// line does; the library stays silent).
-pub fn enable() {
+pub(crate) fn enable() {
     notes().enabled = true;
 }
 
 /// Notes the directory's issues (found when it was opened).
-pub fn note_dir(dir: &ScratchDir) {
+pub(crate) fn note_dir(dir: &ScratchDir) {
     {
         let mut n = notes();
         if !n.enabled {
@@ -314,7 +313,7 @@ pub fn note_dir(dir: &ScratchDir) {
 
 /// Notes a file of the scratch directory that was opened (its owner from
 /// the fstat its opener made anyway: free on the fast path).
-pub fn note_file(path: &Path, owner: u32, name: &str) {
+pub(crate) fn note_file(path: &Path, owner: u32, name: &str) {
     if !foreign(owner) {
         return;
     }
@@ -332,7 +331,7 @@ pub fn note_file(path: &Path, owner: u32, name: &str) {
 }
 
 /// Notes another one-line warning (a file held without a record, say).
-pub fn note_line(line: String) {
+pub(crate) fn note_line(line: String) {
     let mut notes = notes();
     if notes.enabled && !notes.lines.contains(&line) {
         notes.lines.push(line);
@@ -340,14 +339,14 @@ pub fn note_line(line: String) {
 }
 
 /// Names the resources this run uses, for the fix a directory issue needs.
-pub fn note_resources(resources: &[Resource]) {
+pub(crate) fn note_resources(resources: &[Resource]) {
     let mut notes = notes();
     notes.run_resources = resources.iter().map(Resource::to_string).collect();
 }
 
 /// Prints what was noted since the last flush, unless `quiet`: the trust
 /// issues as one line with the fix, then any other warning.
-pub fn flush(quiet: bool) {
+pub(crate) fn flush(quiet: bool) {
     let mut notes = notes();
     let issues = std::mem::take(&mut notes.issues);
     let lines = std::mem::take(&mut notes.lines);
@@ -377,7 +376,10 @@ pub fn flush(quiet: bool) {
 }
 
 /// `sudo devlock setup [--dir D] R...`
-pub fn fix_command<'a>(dir: Option<&Path>, resources: impl Iterator<Item = &'a str>) -> String {
+pub(crate) fn fix_command<'a>(
+    dir: Option<&Path>,
+    resources: impl Iterator<Item = &'a str>,
+) -> String {
     let mut command = "sudo devlock setup".to_owned();
     if let Some(dir) = dir.filter(|d| *d != Path::new(crate::flock::dir::DEFAULT_DIR)) {
         command.push_str(&format!(" --dir {}", dir.display()));

@@ -20,7 +20,7 @@ use crate::text::sanitize;
 
 /// The GPUs the caller lets the job use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Visible {
+pub(crate) struct Visible {
     /// The variable as the caller set it, for messages.
     pub shown: String,
     /// Device indices, as nvidia-smi numbers them, in numeric order.
@@ -59,7 +59,7 @@ impl Visible {
     /// The caller's set, or `None` when `CUDA_VISIBLE_DEVICES` is unset.
     /// UUIDs are looked up with the probe (within `probe_timeout`), which
     /// runs only when there are UUIDs to map.
-    pub fn from_env(probe_timeout: Duration) -> Result<Option<Visible>> {
+    pub(crate) fn from_env(probe_timeout: Duration) -> Result<Option<Visible>> {
         let Some(value) = std::env::var_os("CUDA_VISIBLE_DEVICES") else {
             return Ok(None);
         };
@@ -181,7 +181,7 @@ impl Visible {
 
     /// Fails with a usage error naming both when a resource is a GPU
     /// outside the set.
-    pub fn check(&self, resources: &[Resource]) -> Result<()> {
+    pub(crate) fn check(&self, resources: &[Resource]) -> Result<()> {
         let Some(outside) = resources.iter().find(|r| !self.allows(r)) else {
             return Ok(());
         };
@@ -197,7 +197,7 @@ impl Visible {
 
     /// The `--any` candidates inside the set (other resources are kept);
     /// a usage error naming both when fewer than `count` are left.
-    pub fn filter_candidates(
+    pub(crate) fn filter_candidates(
         &self,
         candidates: &[Resource],
         count: usize,
@@ -253,7 +253,7 @@ impl Visible {
 }
 
 /// Whether the caller's set matters for these resources: some are `gpu:N`.
-pub fn concerns(resources: &[Resource]) -> bool {
+pub(crate) fn concerns(resources: &[Resource]) -> bool {
     resources.iter().any(|r| r.gpu_index().is_some())
 }
 
@@ -262,7 +262,9 @@ pub fn concerns(resources: &[Resource]) -> bool {
 /// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Nothing when it holds no `gpu:N`
 /// (the whole `gpu` group, say), so the caller's own setting passes
 /// through.
-pub fn child_env<'a>(held: impl IntoIterator<Item = &'a Resource>) -> Vec<(&'static str, String)> {
+pub(crate) fn child_env<'a>(
+    held: impl IntoIterator<Item = &'a Resource>,
+) -> Vec<(&'static str, String)> {
     let mut indices: Vec<u32> = held.into_iter().filter_map(Resource::gpu_index).collect();
     if indices.is_empty() {
         return Vec::new();

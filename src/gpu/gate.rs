@@ -9,11 +9,11 @@ use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId};
 
 /// The group name whose members map to NVIDIA device indices.
-pub const GPU_GROUP: &str = "gpu";
+pub(crate) const GPU_GROUP: &str = "gpu";
 
 /// The device indices a resource stands for: `gpu:N` is device N, `gpu` is
 /// every device; other names are not devices.
-pub fn gpu_indices(resource: &Resource, all: &[u32]) -> Option<Vec<u32>> {
+pub(crate) fn gpu_indices(resource: &Resource, all: &[u32]) -> Option<Vec<u32>> {
     if resource.as_str() == GPU_GROUP {
         return Some(all.to_vec());
     }
@@ -22,7 +22,7 @@ pub fn gpu_indices(resource: &Resource, all: &[u32]) -> Option<Vec<u32>> {
 
 /// A lock that gates devices: its resource and who holds it.
 #[derive(Debug, Clone)]
-pub struct Gate {
+pub(crate) struct Gate {
     pub resource: Resource,
     pub lock: FileId,
     /// Processes the kernel (and matching records) name as holders.
@@ -31,7 +31,7 @@ pub struct Gate {
 
 /// Asks the driver, within `timeout`, and sorts each process in or out of
 /// the gates.
-pub fn probe(timeout: Duration, gates: &[Gate]) -> DeviceReport {
+pub(crate) fn probe(timeout: Duration, gates: &[Gate]) -> DeviceReport {
     match NvidiaSmi::from_env().probe(timeout) {
         DeviceReport::Devices(devices) => DeviceReport::Devices(judged(devices, gates)),
         other => other,
@@ -75,7 +75,7 @@ fn inside(pid: u32, gate: &Gate) -> bool {
 }
 
 /// Why a device cannot be called idle, in one line for `--require-idle`.
-pub fn not_idle_reason(
+pub(crate) fn not_idle_reason(
     info: &DeviceReport,
     resource: &Resource,
     threshold_mib: u64,

@@ -24,7 +24,7 @@ use serde::Serialize;
 
 /// How long the CLI lets a probe run before giving up on it (`--probe-timeout`).
 #[cfg(test)]
-pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 const GPU_QUERY: [&str; 2] = [
     "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu",
@@ -43,7 +43,7 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 /// has looked, which of its processes work inside a lock's gate): the one
 /// device type, from the probe to status's JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Device {
+pub(crate) struct Device {
     /// The vendor's device index (what `CUDA_VISIBLE_DEVICES` counts).
     pub index: u32,
     /// Stable device identifier, e.g. `GPU-5f3c1a2b-...`.
@@ -62,7 +62,7 @@ pub struct Device {
 
 /// A compute process seen on a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceProcess {
+pub(crate) struct DeviceProcess {
     /// Process id (in the tool's pid namespace).
     pub pid: u32,
     /// Process name as the tool reports it; may contain commas and spaces.
@@ -75,7 +75,7 @@ pub struct DeviceProcess {
 
 /// Where a process on a GPU stands with the locks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gating {
+pub(crate) struct Gating {
     /// Its user, from the kernel.
     pub user: Option<String>,
     /// It, or an ancestor, holds the lock of a resource mapped to its device.
@@ -86,17 +86,17 @@ pub struct Gating {
 
 impl DeviceProcess {
     /// Whether it works inside a gate (false until looked at).
-    pub fn gated(&self) -> bool {
+    pub(crate) fn gated(&self) -> bool {
         self.gating.as_ref().is_some_and(|g| g.gated)
     }
 
     /// Its user, once looked up.
-    pub fn user(&self) -> Option<&str> {
+    pub(crate) fn user(&self) -> Option<&str> {
         self.gating.as_ref().and_then(|g| g.user.as_deref())
     }
 
     /// The resource whose holder it belongs to.
-    pub fn gate(&self) -> Option<&str> {
+    pub(crate) fn gate(&self) -> Option<&str> {
         self.gating.as_ref().and_then(|g| g.gate.as_deref())
     }
 }
@@ -133,7 +133,7 @@ impl Serialize for DeviceProcess {
 /// `{"status":"ok","devices":[...]}`; unknown numeric fields are `null`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(into = "ReportJson")]
-pub enum DeviceReport {
+pub(crate) enum DeviceReport {
     /// No probing tool is installed; nothing to say, and nothing wrong.
     NoInfo,
     /// The tool exists but we could not learn the device state.
@@ -147,7 +147,7 @@ pub enum DeviceReport {
 
 impl DeviceReport {
     /// The devices, when the probe listed them.
-    pub fn devices(&self) -> &[Device] {
+    pub(crate) fn devices(&self) -> &[Device] {
         match self {
             DeviceReport::Devices(devices) => devices,
             _ => &[],
@@ -176,21 +176,21 @@ impl From<DeviceReport> for ReportJson {
 }
 
 /// The seam for other vendors (amd-smi, NVML) later.
-pub trait Probe {
+pub(crate) trait Probe {
     /// Reports the devices, taking at most about `timeout` (plus a short kill grace).
     fn probe(&self, timeout: Duration) -> DeviceReport;
 }
 
 /// Probes NVIDIA GPUs by running `nvidia-smi`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NvidiaSmi {
+pub(crate) struct NvidiaSmi {
     /// The program to run; `None` means not installed (probing yields [`DeviceReport::NoInfo`]).
     pub program: Option<PathBuf>,
 }
 
 impl NvidiaSmi {
     /// Uses `$DEVLOCK_NVIDIA_SMI` if set and non-empty, else `nvidia-smi` found on `$PATH`.
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         NvidiaSmi {
             program: lookup(
                 std::env::var_os("DEVLOCK_NVIDIA_SMI"),
@@ -204,7 +204,7 @@ impl NvidiaSmi {
 /// `DEVLOCK_NVIDIA_SMI` and `PATH`. An explicit override is taken as is (if it
 /// is missing, probing reports why); otherwise `None` when no executable
 /// `nvidia-smi` is on the path.
-pub fn lookup(env_override: Option<OsString>, path: Option<OsString>) -> Option<PathBuf> {
+pub(crate) fn lookup(env_override: Option<OsString>, path: Option<OsString>) -> Option<PathBuf> {
     if let Some(program) = env_override.filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(program));
     }
@@ -368,7 +368,7 @@ fn kill_and_reap(mut child: Child, pid: Pid, mut exited: bool, rx: &Receiver<Eve
 
 /// Parses `--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu`
 /// output (`csv,noheader,nounits`). Blank lines are ignored.
-pub fn parse_gpus(text: &str) -> anyhow::Result<Vec<Device>> {
+pub(crate) fn parse_gpus(text: &str) -> anyhow::Result<Vec<Device>> {
     let mut devices = Vec::new();
     for (n, line) in text
         .lines()
@@ -401,7 +401,7 @@ pub fn parse_gpus(text: &str) -> anyhow::Result<Vec<Device>> {
 /// Parses `--query-compute-apps=gpu_uuid,pid,used_memory,process_name` output
 /// (`csv,noheader,nounits`) into `(gpu uuid, process)` pairs. The name is the
 /// last field, so commas inside it are kept.
-pub fn parse_apps(text: &str) -> anyhow::Result<Vec<(String, DeviceProcess)>> {
+pub(crate) fn parse_apps(text: &str) -> anyhow::Result<Vec<(String, DeviceProcess)>> {
     let mut apps = Vec::new();
     for (n, line) in text
         .lines()
@@ -438,7 +438,7 @@ fn number<T: std::str::FromStr>(field: &str) -> Option<T> {
 
 /// Attaches each process to the device with its UUID; processes on a UUID
 /// not in `gpus` are dropped.
-pub fn join(mut gpus: Vec<Device>, apps: Vec<(String, DeviceProcess)>) -> Vec<Device> {
+pub(crate) fn join(mut gpus: Vec<Device>, apps: Vec<(String, DeviceProcess)>) -> Vec<Device> {
     for (uuid, process) in apps {
         if let Some(device) = gpus.iter_mut().find(|d| d.uuid == uuid) {
             device.processes.push(process);
@@ -448,7 +448,7 @@ pub fn join(mut gpus: Vec<Device>, apps: Vec<(String, DeviceProcess)>) -> Vec<De
 }
 
 /// Formats a MiB amount for humans: `"38.2 GiB"` from 1024 MiB up, else `"512 MiB"`.
-pub fn format_mib(mib: u64) -> String {
+pub(crate) fn format_mib(mib: u64) -> String {
     if mib >= 1024 {
         format!("{:.1} GiB", mib as f64 / 1024.0)
     } else {

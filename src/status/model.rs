@@ -24,7 +24,7 @@ use crate::text::clean;
 /// A lock's state, as status says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     /// Nobody holds it, as far as status can tell.
     Free,
     /// Held exclusively.
@@ -39,7 +39,7 @@ pub enum State {
 /// How a holder was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum HolderSource {
+pub(crate) enum HolderSource {
     /// The kernel's holder, labelled by a record that names it.
     Record,
     /// The kernel's holder, without a record that names it (plain flock).
@@ -54,7 +54,7 @@ pub enum HolderSource {
 /// How a waiter was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum WaiterSource {
+pub(crate) enum WaiterSource {
     /// A devlock in line, by its registration.
     Registration,
     /// Blocked in flock(2) without a registration (util-linux flock).
@@ -65,7 +65,7 @@ pub enum WaiterSource {
 
 /// What a lock that devlock did not take on a queue file does to devlock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Effect {
+pub(crate) enum Effect {
     /// It covers every ticket from some place on: nobody can join the line.
     #[serde(rename = "blocks the line")]
     BlocksTheLine,
@@ -79,7 +79,7 @@ pub enum Effect {
 
 impl Effect {
     /// The words the warnings use.
-    pub fn words(self) -> &'static str {
+    pub(crate) fn words(self) -> &'static str {
         match self {
             Effect::BlocksTheLine => "blocks the line",
             Effect::BlocksTheSlotAgreement => "blocks the slot agreement",
@@ -90,7 +90,7 @@ impl Effect {
 
 /// One process holding a lock, as far as it can be told.
 #[derive(Debug, Clone, Serialize)]
-pub struct Holder {
+pub(crate) struct Holder {
     /// The step the record names, when a record matches the kernel's holder.
     pub step: Option<String>,
     /// The process the kernel names (or that shares the lock through an
@@ -136,7 +136,7 @@ pub struct Holder {
 
 /// A holder's footprint on one GPU.
 #[derive(Debug, Clone, Serialize)]
-pub struct HolderDevice {
+pub(crate) struct HolderDevice {
     pub index: u32,
     pub used_mib: Option<u64>,
     pub utilization_pct: Option<u32>,
@@ -144,7 +144,7 @@ pub struct HolderDevice {
 
 /// A registered (or kernel-visible) waiter.
 #[derive(Debug, Clone, Serialize)]
-pub struct WaiterView {
+pub(crate) struct WaiterView {
     pub step: Option<String>,
     /// Null for a place in line whose owner this user cannot see.
     pub pid: Option<u32>,
@@ -165,7 +165,7 @@ pub struct WaiterView {
 
 /// A record whose process is gone or does not hold the lock.
 #[derive(Debug, Clone, Serialize)]
-pub struct StaleRecord {
+pub(crate) struct StaleRecord {
     pub step: String,
     pub pid: u32,
     pub since: String,
@@ -173,7 +173,7 @@ pub struct StaleRecord {
 
 /// A lock on one of the resource's files that devlock did not take.
 #[derive(Debug, Clone, Serialize)]
-pub struct ForeignLock {
+pub(crate) struct ForeignLock {
     pub path: String,
     /// Bytes, `1048577-EOF` style.
     pub range: String,
@@ -189,7 +189,7 @@ pub struct ForeignLock {
 /// A holder whose lock file was renamed or removed while it held it: it
 /// still holds the old file, so another holder may be in beside it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     pub pid: u32,
     pub user: Option<String>,
     pub step: String,
@@ -197,7 +197,7 @@ pub struct Conflict {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct ResourceView {
+pub(crate) struct ResourceView {
     pub name: String,
     /// `free`, `held`, `shared`, or `unknown` (the lock file cannot be
     /// opened and the kernel's table cannot show its holders).
@@ -225,7 +225,7 @@ pub struct ResourceView {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     pub dir: String,
     /// Whether another user could rename or replace the directory's files.
     pub trust: Trust,
@@ -255,7 +255,7 @@ fn has_unregistered(view: &ResourceView) -> bool {
 
 /// Reads the state of `wanted` resources (all in the directory when empty),
 /// and of the GPUs when `probe_timeout` is given.
-pub fn gather(
+pub(crate) fn gather(
     dir_path: &std::path::Path,
     wanted: &[Resource],
     probe_timeout: Option<Duration>,
@@ -435,7 +435,7 @@ fn view_of(
         return view;
     }
     let id = FileId::from_metadata(st.st_dev, st.st_ino);
-    let file = waiters::open_checked(dir, &lock_name)
+    let file = crate::flock::file::open_checked(dir, &lock_name)
         .ok()
         .filter(|(_, m)| m.ino() == st.st_ino && m.dev() == st.st_dev)
         .map(|(f, _)| f);
@@ -587,11 +587,10 @@ fn probe_from_inside(file: &std::fs::File) -> bool {
     let Ok(fd) = std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd())) else {
         return false;
     };
-    // SAFETY: a descriptor we own; LOCK_NB never sleeps.
-    let taken = unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    use crate::sys::fs::{Flock, flock};
+    let taken = flock(&fd, Flock::Shared, true).is_ok();
     if taken {
-        // SAFETY: as above.
-        unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) };
+        let _ = flock(&fd, Flock::Unlock, false);
     }
     !taken
 }
@@ -640,7 +639,7 @@ fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> For
 /// naming it (its pid was reused), or its descriptors (when this user may
 /// read them) show no such lock; then whoever shares the lock through a
 /// descriptor it passed down holds it, as far as this user can see.
-pub fn holders_of(
+pub(crate) fn holders_of(
     id: FileId,
     kernel_holders: &[procfs::KernelLock],
     record: Option<&Record>,
@@ -851,7 +850,7 @@ fn elapsed_ms(since: SystemTime, now: SystemTime) -> u64 {
 /// Processes sharing locks through inherited descriptors, found by one scan of
 /// `/proc/*/fdinfo` the first time anyone asks.
 #[derive(Debug, Default)]
-pub struct Sharers {
+pub(crate) struct Sharers {
     scanned: Option<HashMap<FileId, Vec<(u32, u32)>>>,
 }
 
@@ -927,7 +926,11 @@ fn label_from_members(
 /// Who holds a lock we have open, without its registered waiters (for the
 /// waiting line): the kernel's holders, labelled by the record, and by the shared
 /// holders' registrations only when the lock is shared.
-pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
+pub(crate) fn describe_holders(
+    lock: &LockFile,
+    dir: &ScratchDir,
+    resource: &Resource,
+) -> ResourceView {
     let table = LockTable::read().unwrap_or_default();
     let held = table.is_locked(lock.id());
     let shared = table.holders(lock.id()).any(|l| !l.exclusive);
@@ -959,7 +962,7 @@ pub fn describe_holders(lock: &LockFile, dir: &ScratchDir, resource: &Resource) 
 
 /// The state of one resource whose lock file we have open (for the busy
 /// message).
-pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
+pub(crate) fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
     let mut attempt = 0;
     loop {
         let table = LockTable::read().unwrap_or_default();

@@ -10,7 +10,7 @@ use crate::text::{sanitize, short_duration};
 
 /// Renders the report: the locks, what another user could break, then the
 /// GPUs when the driver answered.
-pub fn table(report: &StatusReport, colour: bool) -> String {
+pub(crate) fn table(report: &StatusReport, colour: bool) -> String {
     let mut out = locks_table(report, colour);
     out.push_str(&warnings(report));
     match &report.device_info {

@@ -5,4 +5,14 @@
 //! each `unsafe` block with the reason it is sound. Everything above works
 //! on owned descriptors and safe types.
 
+// The one layer allowed it (see Cargo.toml's [lints]).
+#![allow(unsafe_code)]
+
+pub(crate) mod args;
+#[cfg(test)]
+pub(crate) mod env;
+pub(crate) mod fs;
+pub(crate) mod process;
 pub(crate) mod procfs;
+pub(crate) mod signal;
+pub(crate) mod tty;

@@ -94,7 +94,7 @@ pub fn parse_locks(text: &str) -> Vec<KernelLock> {
 }
 
 /// The byte-range entries of `/proc/locks` (POSIX and OFD).
-pub fn parse_range_locks(text: &str) -> Vec<RangeLock> {
+pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
     text.lines()
         .filter_map(|l| match parse_entry(l)? {
             Entry::Range(lock) => Some(lock),
@@ -255,7 +255,7 @@ fn read_locks() -> std::io::Result<(Locks, usize)> {
 
 /// The fields of `/proc/PID/stat` devlock uses, from one read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
+pub(crate) struct Stat {
     /// `R`, `S`, `D`, `Z`, ... (field 3).
     pub state: char,
     /// Parent pid (field 4).
@@ -266,7 +266,7 @@ pub struct Stat {
     pub start: u64,
 }
 
-pub fn stat(pid: u32) -> Option<Stat> {
+pub(crate) fn stat(pid: u32) -> Option<Stat> {
     let text = read_small(format!("/proc/{pid}/stat"))?;
     Some(Stat {
         state: stat_field(&text, 3)?.chars().next()?,
@@ -281,13 +281,13 @@ pub fn start_time(pid: u32) -> Option<u64> {
 }
 
 /// Parent pid.
-pub fn parent_pid(pid: u32) -> Option<u32> {
+pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.ppid)
 }
 
 /// The ancestors of `pid`, nearest first, each with its stat, up to but not
 /// including init (at most 64: a loop in /proc cannot hang a caller).
-pub fn ancestors(pid: u32) -> impl Iterator<Item = (u32, Stat)> {
+pub(crate) fn ancestors(pid: u32) -> impl Iterator<Item = (u32, Stat)> {
     let mut next = parent_pid(pid);
     std::iter::from_fn(move || {
         let parent = next.filter(|&p| p > 1)?;
@@ -307,7 +307,7 @@ fn stat_field(stat: &str, n: usize) -> Option<&str> {
 
 /// Whether `pid` is the very process that had `start` as its start time.
 #[cfg(any(test, feature = "etcd"))]
-pub fn is_same_process(pid: u32, start: Option<u64>) -> bool {
+pub(crate) fn is_same_process(pid: u32, start: Option<u64>) -> bool {
     match (start_time(pid), start) {
         (Some(now), Some(then)) => now == then,
         (Some(_), None) => true,
@@ -316,14 +316,14 @@ pub fn is_same_process(pid: u32, start: Option<u64>) -> bool {
 }
 
 /// Real uid of a live process, from `/proc/PID/status` (readable for every user).
-pub fn uid_of(pid: u32) -> Option<u32> {
+pub(crate) fn uid_of(pid: u32) -> Option<u32> {
     let status = read_small(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Short command name of a live process (`/proc/PID/comm`).
-pub fn comm_of(pid: u32) -> Option<String> {
+pub(crate) fn comm_of(pid: u32) -> Option<String> {
     Some(
         read_small(format!("/proc/{pid}/comm"))?
             .trim_end()
@@ -335,7 +335,7 @@ pub fn comm_of(pid: u32) -> Option<String> {
 /// respected); `None` when it cannot be read or is empty (a zombie, a
 /// kernel thread). Each argument is cleaned of control and format
 /// characters.
-pub fn cmdline_of(pid: u32) -> Option<Vec<String>> {
+pub(crate) fn cmdline_of(pid: u32) -> Option<Vec<String>> {
     let mut file = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
     let mut buf = Vec::with_capacity(256);
     file.by_ref().take(8 * 1024).read_to_end(&mut buf).ok()?;
@@ -357,7 +357,7 @@ pub fn is_stopped(pid: u32) -> bool {
 /// more than one pid, unless `/proc` was mounted inside the namespace
 /// (`unshare --mount-proc`, a container); then the namespace is not the
 /// initial one, whose inode number the kernel fixes (`PROC_PID_INIT_INO`).
-pub fn in_child_pid_namespace() -> bool {
+pub(crate) fn in_child_pid_namespace() -> bool {
     const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
     static CHILD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *CHILD.get_or_init(|| {
@@ -374,7 +374,7 @@ pub fn in_child_pid_namespace() -> bool {
 }
 
 /// An OS error as words, without Rust's `(os error N)`.
-pub fn os_text(err: &std::io::Error) -> String {
+pub(crate) fn os_text(err: &std::io::Error) -> String {
     match err.raw_os_error() {
         Some(code) => nix::errno::Errno::from_raw(code).desc().to_owned(),
         None => err.to_string(),
@@ -384,7 +384,7 @@ pub fn os_text(err: &std::io::Error) -> String {
 /// Whether `pid` holds a granted flock on `file` through one of its
 /// descriptors, from its fdinfo; `None` when its descriptors cannot be read
 /// (another user's process, without privilege).
-pub fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
+pub(crate) fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
     let locks = fd_locks(&pid.to_string())?;
     Some(locks.iter().any(|(_, l)| l.file == file && !l.blocked))
 }
@@ -393,7 +393,7 @@ pub fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
 /// by scanning the fdinfo of every process this user may inspect (root:
 /// all). OFD locks show no pid in `/proc/locks`; this is the only way to
 /// name their owners. Expensive: used only to explain a lock nobody owns.
-pub fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
+pub(crate) fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
     let mut found = Vec::new();
     let Ok(proc_dir) = fs::read_dir("/proc") else {
         return found;
@@ -429,7 +429,7 @@ pub fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
 }
 
 /// The boot id, which tells records written before the last reboot apart.
-pub fn boot_id() -> Option<String> {
+pub(crate) fn boot_id() -> Option<String> {
     Some(
         read_small("/proc/sys/kernel/random/boot_id")?
             .trim()
@@ -459,7 +459,7 @@ pub fn user_name(uid: u32) -> String {
 /// these name every process that shares a lock through an inherited descriptor.
 /// Returns `None` when the process's descriptors cannot be read (another user's
 /// process, without privilege).
-pub fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
+pub(crate) fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
     let dir = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
     let mut found = Vec::new();
     for entry in dir.flatten() {
@@ -477,7 +477,7 @@ pub fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
 }
 
 /// The locks one descriptor holds, from the `lock:` lines of its fdinfo.
-pub fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
+pub(crate) fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
     let Some(info) = read_small(format!("/proc/{pid}/fdinfo/{fd}")) else {
         return Vec::new();
     };
@@ -492,7 +492,7 @@ pub fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
 /// scanning the descriptors of all processes this user may inspect.
 /// Expensive on a big machine: used only when `/proc/locks` names a pid that
 /// is gone, or is not the holder any more.
-pub fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
+pub(crate) fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
     let mut found: HashMap<FileId, Vec<(u32, u32)>> = HashMap::new();
     let Ok(proc_dir) = fs::read_dir("/proc") else {
         return found;
@@ -517,28 +517,27 @@ pub fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
 
 /// Sends `signal` to every process under devlock.
 #[cfg(feature = "etcd")]
-pub fn signal_descendants(signal: libc::c_int) {
+pub(crate) fn signal_descendants(signal: libc::c_int) {
     signal_descendants_outside(signal, None);
 }
 
 /// Sends `signal` to every process under devlock but those in process
 /// group `skip` (which a terminal's signal has reached already).
 #[cfg(feature = "etcd")]
-pub fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>) {
+pub(crate) fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>) {
     for pid in descendants(std::process::id()) {
-        // SAFETY: getpgid on any pid; -1 if it is gone.
-        if skip.is_some_and(|group| unsafe { libc::getpgid(pid as libc::pid_t) } == group) {
+        let pid = pid as libc::pid_t;
+        if skip.is_some() && crate::sys::process::group_of(pid) == skip {
             continue;
         }
-        // SAFETY: plain kill of a process under us (ours until reaped); one
-        // gone meanwhile gets ESRCH.
-        unsafe { libc::kill(pid as libc::pid_t, signal) };
+        // A process under us (ours until reaped); one gone meanwhile gets ESRCH.
+        crate::sys::process::kill(pid, signal);
     }
 }
 
 /// The processes under `root` that have not ended (zombies left out).
 #[cfg(feature = "etcd")]
-pub fn live_descendants(root: u32) -> Vec<u32> {
+pub(crate) fn live_descendants(root: u32) -> Vec<u32> {
     tree_under(root)
         .into_iter()
         .filter(|(_, stat)| stat.state != 'Z')
@@ -548,7 +547,7 @@ pub fn live_descendants(root: u32) -> Vec<u32> {
 
 /// Every process under `root`.
 #[cfg(any(test, feature = "etcd"))]
-pub fn descendants(root: u32) -> Vec<u32> {
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
     tree_under(root).into_iter().map(|(pid, _)| pid).collect()
 }
 

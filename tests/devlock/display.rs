@@ -174,10 +174,8 @@ fn every_line_in_a_log_names_the_waiters_step() {
 /// left the line and stopped.
 fn ctrl_z(s: &Scratch, waiter: &std::process::Child) {
     // SAFETY: a signal to the process group this test made for the waiter.
-    assert_eq!(
-        unsafe { libc::kill(-(waiter.id() as i32), libc::SIGTSTP) },
-        0
-    );
+    let sent = unsafe { libc::kill(-(waiter.id() as i32), libc::SIGTSTP) };
+    assert_eq!(sent, 0);
     poll_until(
         "the waiter to stop",
         || devlock::testing::procfs::is_stopped(waiter.id()),

@@ -426,10 +426,8 @@ impl Pty {
             ws_ypixel: 0,
         };
         // SAFETY: TIOCSWINSZ reads one winsize.
-        assert_eq!(
-            unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &size) },
-            0
-        );
+        let set = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        assert_eq!(set, 0);
     }
 
     /// Starts `cmd` on the terminal, in a session of its own.

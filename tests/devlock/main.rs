@@ -1,5 +1,11 @@
 //! devlock's integration tests: real processes, signals, files and flock.
 
+// The tests play the terminal, the attacker and the signal sender with raw
+// calls (openpty, kill, setsid); the crate's own `unsafe` is in src/sys/.
+#![allow(unsafe_code)]
+// A test binary: its modules' items are for each other.
+#![allow(unreachable_pub)]
+
 mod harness;
 
 mod core;

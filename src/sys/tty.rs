@@ -1,0 +1,87 @@
+//! Terminal calls: the foreground process group, the width, and handing
+//! the terminal to a group without being stopped for it.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+use nix::fcntl::OFlag;
+use nix::unistd::Pid;
+
+use crate::sys::signal::{self, SigSet};
+
+/// Standard error, for the calls below (it stays open for the life of the
+/// process: [`crate::sys::fs::open_std_descriptors`] sees to it).
+pub(crate) fn stderr() -> BorrowedFd<'static> {
+    // SAFETY: descriptor 2 is open for the life of the process (opened on
+    // /dev/null at start when a parent left it closed) and never closed.
+    unsafe { BorrowedFd::borrow_raw(2) }
+}
+
+/// The foreground process group of the terminal on `fd`.
+pub(crate) fn foreground_of(fd: impl AsFd) -> Option<libc::pid_t> {
+    nix::unistd::tcgetpgrp(fd)
+        .ok()
+        .map(Pid::as_raw)
+        .filter(|&g| g > 0)
+}
+
+/// The width of the terminal on `fd`, when it says (a pty nobody sized
+/// says 0).
+pub(crate) fn columns(fd: impl AsFd) -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the one we pass, on a
+    // descriptor the borrow keeps open.
+    let ok = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// devlock's controlling terminal, opened as `/dev/tty`.
+#[derive(Debug)]
+pub(crate) struct Terminal {
+    fd: OwnedFd,
+}
+
+impl Terminal {
+    /// The controlling terminal, if devlock has one.
+    pub(crate) fn open() -> Option<Terminal> {
+        let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        crate::sys::fs::open(c"/dev/tty", flags)
+            .ok()
+            .map(|fd| Terminal { fd })
+    }
+
+    /// The descriptor, for a child that takes the terminal before it execs.
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The terminal's foreground process group.
+    pub(crate) fn foreground(&self) -> Option<libc::pid_t> {
+        foreground_of(&self.fd)
+    }
+
+    /// Whether devlock's own group is the foreground group.
+    pub(crate) fn is_ours(&self) -> bool {
+        self.foreground() == Some(crate::sys::process::own_group())
+    }
+
+    /// Makes `group` the foreground group. A background process asking
+    /// this would be stopped by SIGTTOU, so that is blocked meanwhile.
+    pub(crate) fn give_to(&self, group: libc::pid_t) -> bool {
+        with_ttou_held(|| nix::unistd::tcsetpgrp(&self.fd, Pid::from_raw(group)).is_ok())
+    }
+}
+
+/// Runs `f` with SIGTTOU blocked on this thread: a write to the terminal
+/// (with `stty tostop`) or a tcsetpgrp from outside the foreground group
+/// then goes through instead of stopping devlock.
+pub(crate) fn with_ttou_held<T>(f: impl FnOnce() -> T) -> T {
+    let old = signal::block(&SigSet::of(&[libc::SIGTTOU]));
+    let result = f();
+    signal::set_mask(&old);
+    result
+}
