@@ -224,9 +224,17 @@ impl Stop {
         *self.on_interrupt.lock().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
-    /// Called by the waiting thread when it no longer sleeps in a lock call.
-    pub(crate) fn mark_finished(&self) {
-        self.finished.store(true, Ordering::Release);
+    /// A guard the waiting thread holds while it may sleep in a lock call:
+    /// dropping it, on return or on a panic, tells [`Stop::stop`] that the
+    /// thread is out, so a stop never waits for a job that is gone.
+    pub(crate) fn finished_on_drop(&self) -> Finished<'_> {
+        Finished(self)
+    }
+
+    /// Whether someone asked the wait to stop (a deadline, a winner among
+    /// racing candidates), as opposed to another interruption.
+    pub(crate) fn was_requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
     }
 
     /// Asks `thread` to stop and interrupts it until it has. The signal may
@@ -238,6 +246,16 @@ impl Stop {
             thread.signal(interrupt_signal());
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+/// Marks a [`Stop`]'s waiting thread finished when dropped.
+#[derive(Debug)]
+pub(crate) struct Finished<'a>(&'a Stop);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.finished.store(true, Ordering::Release);
     }
 }
 

@@ -83,6 +83,17 @@ impl Lock {
     /// says. A lock this process already holds (through another guard, or a
     /// descriptor inherited from a `devlock` parent) passes through.
     ///
+    /// # Signals
+    ///
+    /// The first call installs a handler for `SIGRTMIN+1` that does
+    /// nothing, without `SA_RESTART`, for the life of the process: with
+    /// [`Wait::Timeout`], a timer thread sends it to the waiting thread to
+    /// interrupt its lock call when the time is up (the way util-linux
+    /// flock's `-w` uses SIGALRM, but aimed at one thread). A program that
+    /// uses `SIGRTMIN+1` itself should not use this library's timeout. The
+    /// waiting thread has the signal unblocked while it waits; its mask is
+    /// restored afterwards. No other signal is touched.
+    ///
     /// ```
     /// let dir = tempfile::tempdir()?;
     /// let options = devlock::Options { dir: dir.path().into(), ..Default::default() };
@@ -119,11 +130,15 @@ impl Lock {
         };
         let taken = match taken {
             Ok((taken, _waited)) => taken,
-            Err(e) if is_interrupted(&e) => {
+            // Interrupted because the deadline stopped the wait: the timeout.
+            Err(e) if is_interrupted(&e) && ctx.stop.was_requested() => {
                 return Err(coded(
                     ExitCode::Busy,
                     format!("timed out waiting for {resource}"),
                 ));
+            }
+            Err(e) if is_interrupted(&e) => {
+                return Err(e.context(format!("the wait for {resource} was interrupted")));
             }
             Err(e) => return Err(e),
         };
@@ -150,8 +165,12 @@ fn with_deadline<T>(ctx: &Context, limit: Duration, wait: impl FnOnce() -> T) ->
         }
     });
     let mask = crate::interrupt::unblock_here();
-    let result = wait();
-    ctx.stop.mark_finished();
+    let result = {
+        // Marked finished however `wait` ends, a panic included: the timer
+        // thread interrupts the wait until it is.
+        let _finished = ctx.stop.finished_on_drop();
+        wait()
+    };
     crate::interrupt::restore(&mask);
     drop(done_tx);
     let _ = timer.join();

@@ -231,8 +231,12 @@ pub(crate) fn first_of<I: Send, T: Send>(
                 crate::interrupt::let_job_stops_in_here();
                 threads.lock().unwrap()[index] = Some(Thread::current());
                 started.wait();
-                let result = job(item, &stop);
-                stop.mark_finished();
+                let result = {
+                    // However the job ends, a panic included, so that the
+                    // decider's stop never waits for it forever.
+                    let _finished = stop.finished_on_drop();
+                    job(item, &stop)
+                };
                 let _ = tx.send((index, result));
             }));
         }

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use nix::fcntl::OFlag;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
@@ -167,18 +167,23 @@ impl LockFile {
     }
 
     /// Takes the lock if nobody holds it, without waiting.
-    pub(crate) fn try_lock(&self, exclusive: bool) -> io::Result<TryLock> {
+    pub(crate) fn try_lock(&self, exclusive: bool) -> Result<TryLock> {
         match flock(&self.file, lock_op(exclusive), true) {
             Ok(()) => Ok(TryLock::Taken),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(TryLock::Busy),
-            Err(e) => Err(e),
+            Err(e) => Err(e).with_context(|| format!("taking the lock on {}", self.path.display())),
         }
     }
 
     /// Sleeps in the kernel until the lock is ours (the kernel wakes us when
     /// the holder's last descriptor closes). An interrupting signal ends the
     /// wait with `Interrupted` when `keep_waiting` says so.
-    pub(crate) fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> Result<()> {
+        self.sleep_for_lock(exclusive, keep_waiting)
+            .with_context(|| format!("waiting for the lock on {}", self.path.display()))
+    }
+
+    fn sleep_for_lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
         loop {
             if !keep_waiting() {
                 return Err(io::ErrorKind::Interrupted.into());

@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::io;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
@@ -48,6 +48,8 @@ const MAX_STEPS: usize = 1000;
 #[derive(Debug)]
 pub(crate) struct Ticket {
     file: File,
+    /// The queue file, for messages.
+    path: std::path::PathBuf,
     pub number: u64,
     /// Slot count everyone in line or holding uses (ours, if nobody else's).
     #[cfg(test)]
@@ -104,6 +106,7 @@ impl Ticket {
             .map_err(|at| line_blocked(resource, &path, id, &file, SLOT_BASE + at as i64, None))?;
         Ok(Ticket {
             file,
+            path,
             number,
             #[cfg(test)]
             agreed_slots: slots,
@@ -111,13 +114,28 @@ impl Ticket {
     }
 
     /// Whether an earlier ticket is still in line (or holding).
-    pub(crate) fn has_anyone_ahead(&self) -> io::Result<bool> {
-        anyone_ahead(&self.file, self.number)
+    pub(crate) fn has_anyone_ahead(&self) -> Result<bool> {
+        anyone_ahead(&self.file, self.number).with_context(|| {
+            format!(
+                "looking for earlier places in line in {}",
+                self.path.display()
+            )
+        })
     }
 
     /// Sleeps until every earlier ticket has left the line. Returns early
     /// with `Interrupted` when a signal arrives and `keep_waiting` says stop.
-    pub(crate) fn wait_turn(&self, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn wait_turn(&self, keep_waiting: &dyn Fn() -> bool) -> Result<()> {
+        self.sleep_for_turn(keep_waiting).with_context(|| {
+            format!(
+                "waiting for place {} in line in {}",
+                self.number,
+                self.path.display()
+            )
+        })
+    }
+
+    fn sleep_for_turn(&self, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
         if self.number <= 1 {
             return Ok(());
         }
@@ -345,7 +363,13 @@ pub(crate) fn line_is_empty(dir: &ScratchDir, lock_name: &str) -> Result<bool> {
         return Ok(true);
     };
     // From the first agreement byte past "plain" to the end of the file.
-    Ok(get_lock(&file, AGREE_BASE + 1, 0)?.is_none())
+    let found = get_lock(&file, AGREE_BASE + 1, 0).with_context(|| {
+        format!(
+            "looking whether anyone is in line in {}",
+            dir.path().join(queue_name(lock_name)).display()
+        )
+    })?;
+    Ok(found.is_none())
 }
 
 /// The size someone in line or holding through the line uses, read without

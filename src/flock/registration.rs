@@ -112,7 +112,10 @@ impl Registration {
             if flock(&file, Flock::Exclusive, true).is_err() {
                 continue;
             }
-            let meta = file.metadata()?;
+            let path = dir.path().join(&name);
+            let meta = file
+                .metadata()
+                .with_context(|| format!("examining registration {}", path.display()))?;
             let still_there = nix::sys::stat::fstatat(
                 dir.fd(),
                 name.as_str(),
@@ -122,7 +125,9 @@ impl Registration {
             if !still_there {
                 continue;
             }
-            record.write_to(&file)?;
+            record
+                .write_to(&file)
+                .with_context(|| format!("writing registration {}", path.display()))?;
             return Ok(Registration { dir, name, file });
         }
         Err(anyhow::anyhow!(
