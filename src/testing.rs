@@ -12,7 +12,7 @@ pub mod record {
 /// Kernel readings from `/proc`.
 pub mod procfs {
     pub use crate::sys::procfs::{
-        FileId, KernelLock, LockTable, is_stopped, parse_locks, start_time, user_name,
+        FileId, KernelLock, LockTable, RangeLock, is_stopped, parse_locks, start_time, user_name,
     };
 }
 

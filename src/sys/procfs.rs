@@ -48,14 +48,18 @@ pub struct KernelLock {
 /// locks; anything else on them is somebody else's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangeLock {
+    /// The locked file.
     pub file: FileId,
     /// POSIX locks name their process; OFD locks belong to an open file
     /// description, and the kernel shows them with pid -1 (`None`).
     pub pid: Option<u32>,
+    /// An OFD lock (`OFDLCK`), not a POSIX one.
     pub ofd: bool,
+    /// A write lock.
     pub exclusive: bool,
     /// A `->` line: a request blocked waiting for this range.
     pub blocked: bool,
+    /// First byte.
     pub start: u64,
     /// Last byte, inclusive; `None` to the end of the file (`EOF`).
     pub end: Option<u64>,

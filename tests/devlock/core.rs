@@ -7,8 +7,7 @@ use std::process::{Command, Stdio};
 
 use crate::harness::*;
 
-#[test]
-fn many_processes_never_overlap_in_a_read_modify_write() {
+pub(crate) fn many_processes_never_overlap_in_a_read_modify_write() {
     let s = Scratch::new();
     let counter = s.work("counter");
     std::fs::write(&counter, "0").unwrap();
@@ -34,8 +33,7 @@ fn many_processes_never_overlap_in_a_read_modify_write() {
     assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "60");
 }
 
-#[test]
-fn flock_holder_blocks_devlock_and_is_named() {
+pub(crate) fn flock_holder_blocks_devlock_and_is_named() {
     let s = Scratch::new();
     std::fs::create_dir(s.dir()).unwrap();
     let ready = s.work("ready");
@@ -68,8 +66,7 @@ fn flock_holder_blocks_devlock_and_is_named() {
     assert!(s.run(&["-n", "r", "--", "true"]).status.success());
 }
 
-#[test]
-fn devlock_holder_blocks_flock() {
+pub(crate) fn devlock_holder_blocks_flock() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
@@ -88,8 +85,7 @@ fn devlock_holder_blocks_flock() {
     assert!(flock_is_free(&s.lock_path("r")));
 }
 
-#[test]
-fn exit_status_is_passed_on() {
+pub(crate) fn exit_status_is_passed_on() {
     let s = Scratch::new();
     let code = |args: &[&str]| s.run(args).status.code();
     assert_eq!(code(&["r", "--", "sh", "-c", "exit 0"]), Some(0));
@@ -112,8 +108,7 @@ fn exit_status_is_passed_on() {
     assert!(flock_is_free(&s.lock_path("r")));
 }
 
-#[test]
-fn command_learns_what_it_holds() {
+pub(crate) fn command_learns_what_it_holds() {
     let s = Scratch::new();
     let out = s.run(&[
         "gpu:1",
@@ -176,18 +171,15 @@ fn signal_reaches_command_once_and_lock_outlives_cleanup(sig: i32) {
     );
 }
 
-#[test]
-fn sigterm_reaches_the_command_once_and_the_next_waits_for_cleanup() {
+pub(crate) fn sigterm_reaches_the_command_once_and_the_next_waits_for_cleanup() {
     signal_reaches_command_once_and_lock_outlives_cleanup(libc::SIGTERM);
 }
 
-#[test]
-fn sigint_reaches_the_command_once_and_the_next_waits_for_cleanup() {
+pub(crate) fn sigint_reaches_the_command_once_and_the_next_waits_for_cleanup() {
     signal_reaches_command_once_and_lock_outlives_cleanup(libc::SIGINT);
 }
 
-#[test]
-fn sighup_and_sigquit_are_passed_on() {
+pub(crate) fn sighup_and_sigquit_are_passed_on() {
     for (sig, code) in [(libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
         let s = Scratch::new();
         let ready = s.work("ready");
@@ -201,8 +193,7 @@ fn sighup_and_sigquit_are_passed_on() {
     }
 }
 
-#[test]
-fn terminal_ctrl_c_is_not_delivered_twice() {
+pub(crate) fn terminal_ctrl_c_is_not_delivered_twice() {
     // Under `script` the command runs on a pty; writing ^C to it makes the
     // line discipline signal the whole foreground group (SI_KERNEL), as a
     // real terminal does. devlock must not forward another copy.
@@ -228,8 +219,7 @@ fn terminal_ctrl_c_is_not_delivered_twice() {
     assert_eq!(std::fs::read_to_string(s.work("got")).unwrap(), "sig\n");
 }
 
-#[test]
-fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
+pub(crate) fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
@@ -266,8 +256,7 @@ fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
     assert!(s.run(&["-n", "r", "--", "true"]).status.success());
 }
 
-#[test]
-fn nested_take_passes_through_instead_of_deadlocking() {
+pub(crate) fn nested_take_passes_through_instead_of_deadlocking() {
     let s = Scratch::new();
     let out = s
         .devlock()
@@ -298,8 +287,7 @@ fn nested_take_passes_through_instead_of_deadlocking() {
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
 }
 
-#[test]
-fn a_copied_environment_is_not_mistaken_for_holding() {
+pub(crate) fn a_copied_environment_is_not_mistaken_for_holding() {
     // Another job holds r; a process that merely copied a holder's
     // environment must still wait.
     let s = Scratch::new();
@@ -341,8 +329,7 @@ fn assert_refused(s: &Scratch, victim: &std::path::Path, what: &str) {
     );
 }
 
-#[test]
-fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written() {
+pub(crate) fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written() {
     let s = Scratch::new();
     std::fs::create_dir(s.dir()).unwrap();
     let victim = s.work("victim");
@@ -381,8 +368,7 @@ fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written() {
     assert_refused(&s, &victim, "fifo");
 }
 
-#[test]
-fn a_symlinked_scratch_directory_is_refused() {
+pub(crate) fn a_symlinked_scratch_directory_is_refused() {
     let s = Scratch::new();
     let real = s.work("real");
     std::fs::create_dir(&real).unwrap();
@@ -393,8 +379,7 @@ fn a_symlinked_scratch_directory_is_refused() {
     assert!(std::fs::read_dir(&real).unwrap().next().is_none());
 }
 
-#[test]
-fn lock_files_and_directory_are_usable_by_everyone_whatever_the_umask() {
+pub(crate) fn lock_files_and_directory_are_usable_by_everyone_whatever_the_umask() {
     let s = Scratch::new();
     let out = Command::new("sh")
         .args(["-c", &format!("umask 077; exec {BIN} r -- true")])
@@ -409,8 +394,7 @@ fn lock_files_and_directory_are_usable_by_everyone_whatever_the_umask() {
     );
 }
 
-#[test]
-fn bad_input_is_refused_before_any_file_is_touched() {
+pub(crate) fn bad_input_is_refused_before_any_file_is_touched() {
     let s = Scratch::new();
     let long = "x".repeat(65);
     let cases: Vec<(Vec<&str>, &str)> = vec![
@@ -460,8 +444,7 @@ fn bad_input_is_refused_before_any_file_is_touched() {
     assert!(!s.dir().exists());
 }
 
-#[test]
-fn an_unusable_directory_is_one_clear_line() {
+pub(crate) fn an_unusable_directory_is_one_clear_line() {
     let s = Scratch::new();
     let file = s.work("plain-file");
     std::fs::write(&file, "").unwrap();
@@ -488,8 +471,7 @@ fn an_unusable_directory_is_one_clear_line() {
     );
 }
 
-#[test]
-fn no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holder() {
+pub(crate) fn no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holder() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
@@ -531,8 +513,7 @@ fn no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holder() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn a_waiter_starts_once_the_holder_ends_and_says_so() {
+pub(crate) fn a_waiter_starts_once_the_holder_ends_and_says_so() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
@@ -566,8 +547,7 @@ fn a_waiter_starts_once_the_holder_ends_and_says_so() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn a_replaced_lock_file_is_noticed() {
+pub(crate) fn a_replaced_lock_file_is_noticed() {
     // Someone deletes the lock file while a holder holds it and a waiter has
     // the old inode open; a newcomer then creates a new file. The waiter
     // wakes on the dead inode, sees the path names another file, and takes
@@ -615,8 +595,7 @@ fn a_replaced_lock_file_is_noticed() {
     assert!(s.lock_path("r").exists(), "the lock file is there again");
 }
 
-#[test]
-fn a_nested_take_whose_parent_closed_the_lock_says_why_it_waits() {
+pub(crate) fn a_nested_take_whose_parent_closed_the_lock_says_why_it_waits() {
     // Python's subprocess and sudo close inherited descriptors; the nested
     // devlock then does not hold the lock and must not pretend to (the
     // ancestor may hold it for other work), but it says what is going on.
@@ -637,8 +616,7 @@ fn a_nested_take_whose_parent_closed_the_lock_says_why_it_waits() {
     );
 }
 
-#[test]
-fn an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself() {
+pub(crate) fn an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself() {
     let s = Scratch::new();
     let out = s.run(&["gpu:0", "--", BIN, "-n", "gpu", "--", "echo", "ran"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
@@ -657,8 +635,7 @@ fn an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself() 
     );
 }
 
-#[test]
-fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
+pub(crate) fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
     let s = Scratch::new();
     let mut child = Command::new("sh")
         .args(["-c", &format!("trap '' CHLD; exec {BIN} r -- true")])
@@ -698,8 +675,7 @@ fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
     );
 }
 
-#[test]
-fn signals_the_caller_ignored_stay_ignored_for_the_command() {
+pub(crate) fn signals_the_caller_ignored_stay_ignored_for_the_command() {
     let s = Scratch::new();
     let out = Command::new("sh")
         .args([
@@ -713,8 +689,7 @@ fn signals_the_caller_ignored_stay_ignored_for_the_command() {
 }
 
 #[cfg(not(feature = "etcd"))]
-#[test]
-fn etcd_without_the_feature_says_how_to_get_it() {
+pub(crate) fn etcd_without_the_feature_says_how_to_get_it() {
     let s = Scratch::new();
     let out = s
         .devlock()
@@ -726,8 +701,7 @@ fn etcd_without_the_feature_says_how_to_get_it() {
     assert!(stderr(&out).contains("--features etcd"), "{}", stderr(&out));
 }
 
-#[test]
-fn lease_flags_without_etcd_are_usage_errors() {
+pub(crate) fn lease_flags_without_etcd_are_usage_errors() {
     let s = Scratch::new();
     for flag in ["--ttl", "--kill-after"] {
         let out = s

@@ -52,8 +52,7 @@ impl Drop for Stranger {
     }
 }
 
-#[test]
-fn status_shows_each_gpu_and_who_is_inside_the_gate() {
+pub(crate) fn status_shows_each_gpu_and_who_is_inside_the_gate() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
@@ -137,8 +136,7 @@ fn status_shows_each_gpu_and_who_is_inside_the_gate() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn unknown_fields_stay_unknown() {
+pub(crate) fn unknown_fields_stay_unknown() {
     let s = Scratch::new();
     let json = json_of(
         &with_smi(&s, "na", &[])
@@ -164,8 +162,7 @@ fn unknown_fields_stay_unknown() {
     assert!(table.contains("? / "), "{table}");
 }
 
-#[test]
-fn idle_gpus_list_no_processes() {
+pub(crate) fn idle_gpus_list_no_processes() {
     let s = Scratch::new();
     let json = json_of(
         &with_smi(&s, "idle", &[])
@@ -182,8 +179,7 @@ fn idle_gpus_list_no_processes() {
     );
 }
 
-#[test]
-fn a_failing_probe_makes_devices_unknown_not_free() {
+pub(crate) fn a_failing_probe_makes_devices_unknown_not_free() {
     let s = Scratch::new();
     let json = json_of(
         &with_smi(&s, "fail", &[])
@@ -206,8 +202,7 @@ fn a_failing_probe_makes_devices_unknown_not_free() {
     );
 }
 
-#[test]
-fn a_hanging_probe_is_killed_at_the_timeout() {
+pub(crate) fn a_hanging_probe_is_killed_at_the_timeout() {
     let s = Scratch::new();
     let pidfile = s.work("smi-pids");
     let started = Instant::now();
@@ -234,8 +229,7 @@ fn a_hanging_probe_is_killed_at_the_timeout() {
     }
 }
 
-#[test]
-fn without_nvidia_smi_there_is_quietly_no_device_information() {
+pub(crate) fn without_nvidia_smi_there_is_quietly_no_device_information() {
     let s = Scratch::new();
     let empty = s.work("empty-path");
     std::fs::create_dir(&empty).unwrap();
@@ -259,8 +253,7 @@ fn without_nvidia_smi_there_is_quietly_no_device_information() {
     assert!(!stdout(&out).contains("GPU"), "{}", stdout(&out));
 }
 
-#[test]
-fn require_idle_refuses_a_gpu_with_work_outside_the_gate() {
+pub(crate) fn require_idle_refuses_a_gpu_with_work_outside_the_gate() {
     let s = Scratch::new();
     let stranger = Stranger::start();
     let ran = s.work("ran");
@@ -287,8 +280,7 @@ fn require_idle_refuses_a_gpu_with_work_outside_the_gate() {
     );
 }
 
-#[test]
-fn require_idle_passes_an_idle_gpu_and_small_users_under_the_threshold() {
+pub(crate) fn require_idle_passes_an_idle_gpu_and_small_users_under_the_threshold() {
     let s = Scratch::new();
     let stranger = Stranger::start();
     let pids = [
@@ -327,8 +319,7 @@ fn require_idle_passes_an_idle_gpu_and_small_users_under_the_threshold() {
     assert_eq!(whole.status.code(), Some(69), "the group maps to every GPU");
 }
 
-#[test]
-fn require_idle_fails_when_the_gpu_cannot_be_checked() {
+pub(crate) fn require_idle_fails_when_the_gpu_cannot_be_checked() {
     let s = Scratch::new();
     for (scenario, want) in [("fail", "status 9"), ("hang", "within 200ms")] {
         let out = with_smi(&s, scenario, &[])
@@ -372,8 +363,7 @@ fn require_idle_fails_when_the_gpu_cannot_be_checked() {
     assert_eq!(not_gpu.status.code(), Some(2));
 }
 
-#[test]
-fn work_inside_the_gate_does_not_count_against_idle() {
+pub(crate) fn work_inside_the_gate_does_not_count_against_idle() {
     // The outer job holds gpu:0 and has a process on it; a nested devlock
     // with --require-idle sees that process as its own.
     let s = Scratch::new();
@@ -391,8 +381,7 @@ fn work_inside_the_gate_does_not_count_against_idle() {
     assert!(ran.exists());
 }
 
-#[test]
-fn acquiring_without_require_idle_never_runs_the_probe() {
+pub(crate) fn acquiring_without_require_idle_never_runs_the_probe() {
     let s = Scratch::new();
     let pidfile = s.work("smi-pids");
     let out = with_smi(&s, "hang", &[])
@@ -420,8 +409,7 @@ fn under_visible(s: &Scratch, visible: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-#[test]
-fn the_callers_cuda_visible_devices_is_respected() {
+pub(crate) fn the_callers_cuda_visible_devices_is_respected() {
     let s = Scratch::new();
     // --any skips the candidates outside the caller's set.
     let any = under_visible(&s, "2,3", &["--any", "gpu:0", "gpu:1", "gpu:2", "gpu:3"]);
@@ -481,8 +469,7 @@ fn the_callers_cuda_visible_devices_is_respected() {
     );
 }
 
-#[test]
-fn several_gpus_are_exported_in_numeric_order() {
+pub(crate) fn several_gpus_are_exported_in_numeric_order() {
     let s = Scratch::new();
     let out = s.run(&[
         "gpu:10",
@@ -495,8 +482,7 @@ fn several_gpus_are_exported_in_numeric_order() {
     assert_eq!(stdout(&out).trim(), "2,10", "{}", stderr(&out));
 }
 
-#[test]
-fn indices_in_cuda_visible_devices_never_run_the_probe() {
+pub(crate) fn indices_in_cuda_visible_devices_never_run_the_probe() {
     let s = Scratch::new();
     let pidfile = s.work("smi-pids");
     let out = with_smi(&s, "several", &[])
@@ -509,8 +495,7 @@ fn indices_in_cuda_visible_devices_never_run_the_probe() {
     assert!(!pidfile.exists(), "nvidia-smi was started");
 }
 
-#[test]
-fn a_nested_devlock_stays_inside_the_gpus_its_job_was_given() {
+pub(crate) fn a_nested_devlock_stays_inside_the_gpus_its_job_was_given() {
     let s = Scratch::new();
     let out = s.run(&["gpu:3", "--", BIN, "-n", "gpu:2", "--", "echo", "ran"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
@@ -533,8 +518,7 @@ fn a_nested_devlock_stays_inside_the_gpus_its_job_was_given() {
     assert_eq!(stdout(&same).trim(), "3", "{}", stderr(&same));
 }
 
-#[test]
-fn require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle() {
+pub(crate) fn require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle() {
     let s = Scratch::new();
     let stranger = Stranger::start();
     // In the fixture, GPU 0 runs the stranger outside any gate; GPU 1 is

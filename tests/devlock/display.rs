@@ -18,8 +18,7 @@ fn redraws(out: &str, end: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
+pub(crate) fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
     let s = Scratch::new();
     let step = "a-step-name-far-longer-than-sixty-columns-of-terminal-width";
     let mut holder = hold_until_released(&s, &["--step", step, "r"], "h");
@@ -73,8 +72,7 @@ fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
     );
 }
 
-#[test]
-fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end() {
+pub(crate) fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end() {
     // make -j, xargs -P, a script: one process group on the terminal, so
     // no devlock of it owns the line.
     let s = Scratch::new();
@@ -111,8 +109,7 @@ fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end() {
     }
 }
 
-#[test]
-fn a_waiter_in_the_background_never_draws_over_the_prompt() {
+pub(crate) fn a_waiter_in_the_background_never_draws_over_the_prompt() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
     let pty = Pty::new(80);
@@ -132,8 +129,7 @@ fn a_waiter_in_the_background_never_draws_over_the_prompt() {
     assert!(out.contains("devlock: got r after "), "{out:?}");
 }
 
-#[test]
-fn every_line_in_a_log_names_the_waiters_step() {
+pub(crate) fn every_line_in_a_log_names_the_waiters_step() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
     let mut w = s
@@ -185,8 +181,7 @@ fn ctrl_z(s: &Scratch, waiter: &std::process::Child) {
     assert_eq!(registered_waiters(&view), 0, "it left the line: {view}");
 }
 
-#[test]
-fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines() {
+pub(crate) fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines() {
     use std::os::unix::process::CommandExt;
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
@@ -244,8 +239,7 @@ fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines() {
     assert_eq!(String::from_utf8_lossy(&out.stderr), "", "-q says nothing");
 }
 
-#[test]
-fn back_in_line_fits_a_narrow_terminal() {
+pub(crate) fn back_in_line_fits_a_narrow_terminal() {
     if !have_tool("bash") {
         return;
     }

@@ -82,8 +82,7 @@ fn spawn(s: &Scratch, url: &str, args: &[&str], script: &str) -> std::process::C
         .unwrap()
 }
 
-#[test]
-fn etcd_holders_exclude_each_other() {
+pub(crate) fn etcd_holders_exclude_each_other() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("excl");
@@ -111,8 +110,7 @@ fn etcd_holders_exclude_each_other() {
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
-#[test]
-fn etcd_waiters_are_served_in_arrival_order() {
+pub(crate) fn etcd_waiters_are_served_in_arrival_order() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("order");
@@ -143,8 +141,7 @@ fn etcd_waiters_are_served_in_arrival_order() {
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "1\n2\n3\n4\n");
 }
 
-#[test]
-fn etcd_busy_names_the_holder_and_leaves_no_trace() {
+pub(crate) fn etcd_busy_names_the_holder_and_leaves_no_trace() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("busy");
@@ -193,8 +190,7 @@ fn etcd_busy_names_the_holder_and_leaves_no_trace() {
     assert!(holder.wait_with_output().unwrap().status.success());
 }
 
-#[test]
-fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() {
+pub(crate) fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("kill9");
@@ -266,8 +262,7 @@ fn waiter_checking(
 /// The holder talks to etcd through a proxy that the test cuts: its
 /// command, and what the command left running, must be dead before the
 /// waiter (on the direct address) starts.
-#[test]
-fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
+pub(crate) fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     let (_server, url) = shared_etcd();
     let proxy = Proxy::to(&url);
     let s = Scratch::new();
@@ -301,8 +296,7 @@ fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
 
 /// devlock's stderr is a pipe nobody reads, filled by the command: saying
 /// that the lease is lost must not hold up stopping the command.
-#[test]
-fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
+pub(crate) fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
     use std::io::Read;
     let (_server, url) = shared_etcd();
     let proxy = Proxy::to(&url);
@@ -341,8 +335,7 @@ fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
     assert!(String::from_utf8_lossy(&err).contains("lost the etcd lease"));
 }
 
-#[test]
-fn etcd_what_the_command_leaves_running_keeps_the_lock() {
+pub(crate) fn etcd_what_the_command_leaves_running_keeps_the_lock() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("left");
@@ -362,8 +355,7 @@ fn etcd_what_the_command_leaves_running_keeps_the_lock() {
 /// Somebody revokes the holder's lease: etcd frees the lock at once, so the
 /// command (which ignores SIGTERM) must be killed at once, not at the next
 /// renewal or the holder's own deadline.
-#[test]
-fn etcd_a_revoked_lease_stops_the_command_at_once() {
+pub(crate) fn etcd_a_revoked_lease_stops_the_command_at_once() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("revoked");
@@ -390,8 +382,7 @@ fn etcd_a_revoked_lease_stops_the_command_at_once() {
     assert!(wait_child(&mut waiter).success());
 }
 
-#[test]
-fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
+pub(crate) fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("removed");
@@ -415,8 +406,7 @@ fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
     assert!(!ran.exists());
 }
 
-#[test]
-fn etcd_waiters_ride_out_an_etcd_restart() {
+pub(crate) fn etcd_waiters_ride_out_an_etcd_restart() {
     let mut server = EtcdServer::start();
     let url = server.url.clone();
     let s = Scratch::new();
@@ -444,8 +434,7 @@ fn etcd_waiters_ride_out_an_etcd_restart() {
     assert!(ran.exists());
 }
 
-#[test]
-fn etcd_shared_holders_run_together_and_a_waiting_writer_goes_first() {
+pub(crate) fn etcd_shared_holders_run_together_and_a_waiting_writer_goes_first() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("shared");
@@ -493,8 +482,7 @@ fn etcd_shared_holders_run_together_and_a_waiting_writer_goes_first() {
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "w\ns3\n");
 }
 
-#[test]
-fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw() {
+pub(crate) fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw() {
     let server = EtcdServer::start();
     let url = server.url.clone();
     let s = Scratch::new();
@@ -537,8 +525,7 @@ fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
-#[test]
-fn etcd_nested_take_passes_through() {
+pub(crate) fn etcd_nested_take_passes_through() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("nest");
@@ -558,8 +545,7 @@ fn etcd_nested_take_passes_through() {
     );
 }
 
-#[test]
-fn etcd_signals_while_waiting_leave_the_line_and_reach_the_command_while_holding() {
+pub(crate) fn etcd_signals_while_waiting_leave_the_line_and_reach_the_command_while_holding() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("sig");
@@ -590,8 +576,7 @@ fn etcd_signals_while_waiting_leave_the_line_and_reach_the_command_while_holding
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
-#[test]
-fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
+pub(crate) fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
     let s = Scratch::new();
     let dead = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -630,8 +615,7 @@ fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
     assert!(stderr(&out).contains("too short"), "{}", stderr(&out));
 }
 
-#[test]
-fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
+pub(crate) fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
     // Tokens that expire after a second: a hold that outlives its token
     // must still renew and give back its lease.
     let server = EtcdServer::start_with(&["--auth-token-ttl", "1"]);
@@ -703,8 +687,7 @@ fn nix_hostname() -> String {
 
 /// etcd compacts away the history a holder's watch of its own key starts
 /// from: the watch is cancelled, and devlock must still see its key go.
-#[test]
-fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
+pub(crate) fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
     let server = EtcdServer::start();
     let url = server.url.clone();
     let s = Scratch::new();
@@ -741,8 +724,7 @@ fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
 /// What the command left running ignores SIGTERM: devlock passes the
 /// signal on, then SIGKILLs it --kill-after later, and ends with the
 /// command's own status.
-#[test]
-fn etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace() {
+pub(crate) fn etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
     let r = name("grace");
@@ -767,8 +749,7 @@ fn etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace() {
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
-#[test]
-fn etcd_flags_it_cannot_honour_are_usage_errors() {
+pub(crate) fn etcd_flags_it_cannot_honour_are_usage_errors() {
     let s = Scratch::new();
     let url = "http://127.0.0.1:1";
     for args in [

@@ -487,8 +487,7 @@ fn run_if_installed(program: &str, args: &[&str], env: &[(&str, &str)]) -> Optio
     }
 }
 
-#[test]
-fn generated_files_are_up_to_date() {
+pub(crate) fn generated_files_are_up_to_date() {
     let regenerate = std::env::var_os("DEVLOCK_REGENERATE").is_some_and(|v| !v.is_empty());
     let mut stale = Vec::new();
     for (path, text) in generated_files() {
@@ -510,8 +509,7 @@ fn generated_files_are_up_to_date() {
     assert!(stale.is_empty(), "{}", stale.join("\n"));
 }
 
-#[test]
-fn generated_output_is_deterministic() {
+pub(crate) fn generated_output_is_deterministic() {
     assert_eq!(generated_files(), generated_files());
     let page = generated("man/devlock.1");
     let title = page.lines().find(|l| l.starts_with(".TH ")).unwrap();
@@ -527,8 +525,7 @@ fn generated_output_is_deterministic() {
     assert!(!looks_like_a_date, "no date in the title line: {title}");
 }
 
-#[test]
-fn man_page_has_every_section_and_exit_code() {
+pub(crate) fn man_page_has_every_section_and_exit_code() {
     let page = generated("man/devlock.1");
     let sections = sections(&page);
     let titles: Vec<&str> = sections.iter().map(|(t, _)| t.as_str()).collect();
@@ -589,8 +586,7 @@ fn man_page_has_every_section_and_exit_code() {
     assert!(!page.contains(".SH EXTRA"), "after_long_help stays out");
 }
 
-#[test]
-fn man_pages_render_without_warnings() {
+pub(crate) fn man_pages_render_without_warnings() {
     let pages: Vec<String> = generated_files()
         .into_iter()
         .map(|(path, _)| path)
@@ -626,8 +622,7 @@ fn bash_with_completions(script: &str, env: &[(&str, &str)]) -> Option<Output> {
     run_if_installed("bash", &["--norc", "--noprofile", "-c", &full], env)
 }
 
-#[test]
-fn bash_loads_the_completion_script() {
+pub(crate) fn bash_loads_the_completion_script() {
     let Some(out) = bash_with_completions("complete -p devlock", &[]) else {
         return;
     };
@@ -643,8 +638,7 @@ fn bash_loads_the_completion_script() {
     );
 }
 
-#[test]
-fn bash_completes_resource_names_from_the_scratch_directory() {
+pub(crate) fn bash_completes_resource_names_from_the_scratch_directory() {
     let locks = tempfile::tempdir().unwrap();
     let other = tempfile::tempdir().unwrap();
     for name in ["gpu.lock", "gpu:0.lock", "gpu:1.lock", ".gpu@1.0.wait"] {
@@ -793,8 +787,7 @@ fn bash_completion_prelude() -> String {
     }
 }
 
-#[test]
-fn zsh_and_fish_accept_their_completions() {
+pub(crate) fn zsh_and_fish_accept_their_completions() {
     let (_zdir, zsh_file) = fresh_copy("completions/_devlock");
     if let Some(out) = run_if_installed("zsh", &["-n", zsh_file.to_str().unwrap()], &[]) {
         assert!(
@@ -866,8 +859,7 @@ fn zsh_and_fish_accept_their_completions() {
     assert_eq!(parts[5], ["alpha", "beta"], "{stdout}");
 }
 
-#[test]
-fn zsh_completes_the_command_after_the_double_dash() {
+pub(crate) fn zsh_completes_the_command_after_the_double_dash() {
     // zsh's completion system runs inside its line editor; the test runs
     // the real zsh on devlock's function with the completion builtins it
     // calls replaced by ones that print what they were given.

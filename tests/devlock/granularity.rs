@@ -38,8 +38,7 @@ fn waiters_of(s: &Scratch, name: &str) -> usize {
         .map_or(0, Vec::len)
 }
 
-#[test]
-fn a_whole_group_excludes_its_members_and_members_share_the_box() {
+pub(crate) fn a_whole_group_excludes_its_members_and_members_share_the_box() {
     let s = Scratch::new();
     let mut whole = hold_until_released(&s, &["gpu"], "g");
     assert_eq!(no_wait(&s, &["gpu:0"]), Some(75));
@@ -77,8 +76,7 @@ fn a_whole_group_excludes_its_members_and_members_share_the_box() {
     wait_child(&mut member);
 }
 
-#[test]
-fn opposite_orders_never_deadlock() {
+pub(crate) fn opposite_orders_never_deadlock() {
     let s = Scratch::new();
     let rounds = 150;
     let spawn = |order: &str| {
@@ -97,8 +95,7 @@ fn opposite_orders_never_deadlock() {
     assert!(wait_child(&mut ba).success());
 }
 
-#[test]
-fn no_wait_and_timeout_release_what_they_took() {
+pub(crate) fn no_wait_and_timeout_release_what_they_took() {
     let s = Scratch::new();
     let mut b = hold_until_released(&s, &["b"], "b");
     assert_eq!(no_wait(&s, &["a", "b"]), Some(75));
@@ -113,8 +110,7 @@ fn no_wait_and_timeout_release_what_they_took() {
     wait_child(&mut b);
 }
 
-#[test]
-fn any_takes_a_free_member_and_tells_the_command() {
+pub(crate) fn any_takes_a_free_member_and_tells_the_command() {
     let s = Scratch::new();
     let mut busy = hold_until_released(&s, &["gpu:0"], "0");
     let show = "echo $DEVLOCK_RESOURCES/$CUDA_VISIBLE_DEVICES/$CUDA_DEVICE_ORDER";
@@ -145,8 +141,7 @@ fn any_takes_a_free_member_and_tells_the_command() {
     wait_child(&mut busy);
 }
 
-#[test]
-fn any_waits_for_the_first_to_come_free_in_arrival_order() {
+pub(crate) fn any_waits_for_the_first_to_come_free_in_arrival_order() {
     let s = Scratch::new();
     let mut h0 = hold_until_released(&s, &["gpu:0"], "0");
     let mut h1 = hold_until_released(&s, &["gpu:1"], "1");
@@ -171,8 +166,7 @@ fn any_waits_for_the_first_to_come_free_in_arrival_order() {
     wait_child(&mut h0);
 }
 
-#[test]
-fn shared_holders_run_together_and_an_exclusive_one_alone() {
+pub(crate) fn shared_holders_run_together_and_an_exclusive_one_alone() {
     let s = Scratch::new();
     let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
     assert_eq!(no_wait(&s, &["-s", "dataset"]), Some(0), "readers share");
@@ -209,8 +203,7 @@ fn shared_holders_run_together_and_an_exclusive_one_alone() {
     wait_child(&mut writer);
 }
 
-#[test]
-fn a_waiting_writer_is_not_starved_by_new_readers() {
+pub(crate) fn a_waiting_writer_is_not_starved_by_new_readers() {
     let s = Scratch::new();
     let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
     let mut writer = logging_waiter(&s, &["dataset"], "writer");
@@ -233,8 +226,7 @@ fn a_waiting_writer_is_not_starved_by_new_readers() {
     assert_eq!(log(&s), "writer\nreader\n");
 }
 
-#[test]
-fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
+pub(crate) fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let mut waiter = logging_waiter(&s, &["r"], "waiter");
@@ -257,8 +249,7 @@ fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
     assert!(log(&s).starts_with("waiter\n"), "overtaken: {:?}", log(&s));
 }
 
-#[test]
-fn a_waiter_killed_in_line_never_blocks_the_line() {
+pub(crate) fn a_waiter_killed_in_line_never_blocks_the_line() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let mut doomed = logging_waiter(&s, &["r"], "doomed");
@@ -274,8 +265,7 @@ fn a_waiter_killed_in_line_never_blocks_the_line() {
     assert_eq!(log(&s), "next\n");
 }
 
-#[test]
-fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
+pub(crate) fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
     let s = Scratch::new();
     let slot_of = |tag: &str| s.work(&format!("slot-{tag}"));
     let hold_slot = |tag: &str| {
@@ -354,8 +344,7 @@ fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
     assert_eq!(no_wait(&s, &["--slots", "3", "gpu:0"]), Some(0));
 }
 
-#[test]
-fn bad_combinations_are_usage_errors() {
+pub(crate) fn bad_combinations_are_usage_errors() {
     let s = Scratch::new();
     for args in [
         vec!["--count", "2", "a", "--", "true"],
@@ -371,8 +360,7 @@ fn bad_combinations_are_usage_errors() {
     }
 }
 
-#[test]
-fn any_takes_a_members_group_only_with_the_member_it_picks() {
+pub(crate) fn any_takes_a_members_group_only_with_the_member_it_picks() {
     let s = Scratch::new();
     let mut b = hold_until_released(&s, &["b"], "b");
     // b is held whole, so b:1 cannot be had; a:1 can, and a --any must not
@@ -400,8 +388,7 @@ fn any_takes_a_members_group_only_with_the_member_it_picks() {
     }
 }
 
-#[test]
-fn any_count_and_ordered_jobs_do_not_deadlock() {
+pub(crate) fn any_count_and_ordered_jobs_do_not_deadlock() {
     let s = Scratch::new();
     let rounds = 40;
     let spawn = |args: &str| {

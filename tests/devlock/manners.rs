@@ -8,8 +8,7 @@ use std::process::{Command, Stdio};
 
 use crate::harness::*;
 
-#[test]
-fn a_bare_number_is_seconds_wherever_a_duration_is_taken() {
+pub(crate) fn a_bare_number_is_seconds_wherever_a_duration_is_taken() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "long", "r"], "h");
     let out = s.run(&["-w", "1", "r", "--", "true"]);
@@ -36,8 +35,7 @@ fn a_bare_number_is_seconds_wherever_a_duration_is_taken() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn every_usage_error_names_the_flag_and_the_fix() {
+pub(crate) fn every_usage_error_names_the_flag_and_the_fix() {
     let s = Scratch::new();
     let cases: Vec<(Vec<&str>, &[&str])> = vec![
         (
@@ -106,8 +104,7 @@ fn every_usage_error_names_the_flag_and_the_fix() {
     );
 }
 
-#[test]
-fn an_empty_devlock_variable_counts_as_unset() {
+pub(crate) fn an_empty_devlock_variable_counts_as_unset() {
     let s = Scratch::new();
     let out = s
         .devlock()
@@ -130,8 +127,7 @@ fn an_empty_devlock_variable_counts_as_unset() {
     assert_eq!(json["dir"], devlock::DEFAULT_DIR);
 }
 
-#[test]
-fn devlock_dir_is_exported_absolute_and_byte_exact() {
+pub(crate) fn devlock_dir_is_exported_absolute_and_byte_exact() {
     let s = Scratch::new();
     // A relative --dir whose name is not UTF-8.
     let name = std::ffi::OsStr::from_bytes(b"locks-\xff");
@@ -160,8 +156,7 @@ fn devlock_dir_is_exported_absolute_and_byte_exact() {
     );
 }
 
-#[test]
-fn quiet_keeps_a_busy_lock_to_the_exit_status_but_says_errors() {
+pub(crate) fn quiet_keeps_a_busy_lock_to_the_exit_status_but_says_errors() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     for args in [
@@ -180,8 +175,7 @@ fn quiet_keeps_a_busy_lock_to_the_exit_status_but_says_errors() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn a_missing_or_unrunnable_command_fails_before_joining_the_line() {
+pub(crate) fn a_missing_or_unrunnable_command_fails_before_joining_the_line() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     // The holder keeps r until released: these can only end at once.
@@ -226,8 +220,7 @@ fn reporting_waiter(
     (child, err)
 }
 
-#[test]
-fn any_failures_and_waits_name_every_holder() {
+pub(crate) fn any_failures_and_waits_name_every_holder() {
     let s = Scratch::new();
     let mut train = hold_until_released(&s, &["--step", "train", "gpu:0"], "t");
     let mut eval = hold_until_released(&s, &["--step", "eval", "gpu:1"], "e");
@@ -262,8 +255,7 @@ fn any_failures_and_waits_name_every_holder() {
     wait_child(&mut eval);
 }
 
-#[test]
-fn a_wait_behind_a_queued_whole_group_request_names_it() {
+pub(crate) fn a_wait_behind_a_queued_whole_group_request_names_it() {
     let s = Scratch::new();
     // train holds gpu:0, and so gpu shared; `whole` waits for all of gpu.
     let mut train = hold_until_released(&s, &["--step", "train", "gpu:0"], "t");
@@ -298,8 +290,8 @@ fn a_wait_behind_a_queued_whole_group_request_names_it() {
     assert!(wait_child(&mut waiter).success());
 }
 
-#[test]
-fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_group_row() {
+pub(crate) fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_group_row()
+{
     let s = Scratch::new();
     let ready = s.work("ready");
     let release_file = s.work("release");
@@ -352,8 +344,7 @@ fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_gro
     wait_gone(command);
 }
 
-#[test]
-fn a_group_row_borrows_only_a_label_its_member_backs() {
+pub(crate) fn a_group_row_borrows_only_a_label_its_member_backs() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release_file = s.work("release");

@@ -158,8 +158,7 @@ fn array_len(v: &serde_json::Value) -> usize {
 // ----------------------------------------------------------------------------
 // 1. Exclusion broken by a rename; a squatted directory and file.
 
-#[test]
-fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it() {
+pub(crate) fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it() {
     if !can_play_users("rename", &[]) {
         return;
     }
@@ -228,8 +227,7 @@ fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it() {
     assert_eq!(array_len(&s.resource_status("r")["conflicts"]), 0);
 }
 
-#[test]
-fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup() {
+pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup() {
     if !can_play_users("squat", &[]) {
         return;
     }
@@ -347,8 +345,7 @@ fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup() {
     assert!(wait_child(&mut a_holds.0).success());
 }
 
-#[test]
-fn setup_refuses_without_root_and_makes_group_only_gpu_locks() {
+pub(crate) fn setup_refuses_without_root_and_makes_group_only_gpu_locks() {
     if !can_play_users("setup", &[]) {
         return;
     }
@@ -410,8 +407,7 @@ fn setup_refuses_without_root_and_makes_group_only_gpu_locks() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
-#[test]
-fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
+pub(crate) fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
     if !can_play_users("tmpfiles", &["systemd-tmpfiles"]) {
         return;
     }
@@ -477,8 +473,7 @@ fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
 // ----------------------------------------------------------------------------
 // 2. One write or one `ln` must not disable a resource.
 
-#[test]
-fn a_hard_link_to_a_lock_file_disables_nothing() {
+pub(crate) fn a_hard_link_to_a_lock_file_disables_nothing() {
     if !can_play_users("hard link", &[]) {
         return;
     }
@@ -503,8 +498,7 @@ fn a_hard_link_to_a_lock_file_disables_nothing() {
     assert!(wait_child(&mut h.0).success());
 }
 
-#[test]
-fn a_corrupt_queue_header_changes_nothing() {
+pub(crate) fn a_corrupt_queue_header_changes_nothing() {
     if !can_play_users("queue header", &[]) {
         return;
     }
@@ -554,8 +548,7 @@ fn a_corrupt_queue_header_changes_nothing() {
     assert!(wait_child(&mut waiter.0).success());
 }
 
-#[test]
-fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
+pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
     if !can_play_users("planted files", &[]) {
         return;
     }
@@ -686,8 +679,7 @@ fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
 // ----------------------------------------------------------------------------
 // 3. A stranger's locks: named, and every wait stays bounded.
 
-#[test]
-fn strangers_locks_on_the_queue_are_named_and_waits_stay_bounded() {
+pub(crate) fn strangers_locks_on_the_queue_are_named_and_waits_stay_bounded() {
     if !can_play_users("stranger's OFD locks", &[]) {
         return;
     }
@@ -833,8 +825,7 @@ fn forged_record(pid: u32, edit: impl FnOnce(&mut Record)) -> Vec<u8> {
     r.to_bytes()
 }
 
-#[test]
-fn forged_and_replayed_records_and_registrations_are_not_believed() {
+pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     if !can_play_users("forged records", &[]) {
         return;
     }
@@ -971,8 +962,7 @@ fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let _ = notebook.0.kill();
 }
 
-#[test]
-fn records_keep_no_command_line_and_release_clears_the_label() {
+pub(crate) fn records_keep_no_command_line_and_release_clears_the_label() {
     if !can_play_users("secrets", &[]) {
         return;
     }
@@ -1153,8 +1143,7 @@ fn wait_until_true(what: &str, ok: impl Fn() -> bool) {
     poll_until(what, || if ok() { "yes" } else { "no" }, |v| *v == "yes");
 }
 
-#[test]
-fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
+pub(crate) fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
     if !can_play_users("Ctrl-Z", &["script", "bash"]) {
         return;
     }
@@ -1164,8 +1153,7 @@ fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
     ctrl_z_round(true, &["--slots", "1"]);
 }
 
-#[test]
-fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
+pub(crate) fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
     if !can_play_users("SIGSTOP", &[]) {
         return;
     }
@@ -1289,8 +1277,7 @@ fn pid_reuse_round(shared: bool) {
     wait_gone(command);
 }
 
-#[test]
-fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
+pub(crate) fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
     if !can_play_users("pid reuse", &[]) {
         return;
     }
@@ -1301,8 +1288,7 @@ fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
 // ----------------------------------------------------------------------------
 // 7. One name per device; no data lost; nothing hidden.
 
-#[test]
-fn a_gpu_has_one_name_in_run_status_and_setup() {
+pub(crate) fn a_gpu_has_one_name_in_run_status_and_setup() {
     let s = Scratch::new();
     for name in ["gpu:00", "gpu:+1", "gpu:x", "gpu:4294967296", "gpu:01"] {
         for args in [
@@ -1321,8 +1307,7 @@ fn a_gpu_has_one_name_in_run_status_and_setup() {
     assert!(!s.dir().exists(), "nothing touched");
 }
 
-#[test]
-fn dir_dot_with_a_cargo_lock_loses_no_data() {
+pub(crate) fn dir_dot_with_a_cargo_lock_loses_no_data() {
     let s = Scratch::new();
     let project = s.work("project");
     std::fs::create_dir(&project).unwrap();
@@ -1360,8 +1345,7 @@ fn dir_dot_with_a_cargo_lock_loses_no_data() {
     );
 }
 
-#[test]
-fn a_private_lock_file_held_by_plain_flock_shows_as_held() {
+pub(crate) fn a_private_lock_file_held_by_plain_flock_shows_as_held() {
     if !can_play_users("mode 0600", &["flock"]) {
         return;
     }
@@ -1399,8 +1383,7 @@ fn a_private_lock_file_held_by_plain_flock_shows_as_held() {
     assert!(wait_child(&mut flock.0).success());
 }
 
-#[test]
-fn status_inside_a_pid_namespace_says_held_by_unknown() {
+pub(crate) fn status_inside_a_pid_namespace_says_held_by_unknown() {
     if !can_play_users("PID namespace", &["unshare"]) {
         return;
     }

@@ -150,8 +150,7 @@ fn once(heard: &[String], what: &str, path: &str) {
     assert_eq!(heard, [what], "{path}: the command heard {heard:?}");
 }
 
-#[test]
-fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
+pub(crate) fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
     for (sig, name) in [(libc::SIGINT, "INT"), (libc::SIGTERM, "TERM")] {
         let s = Scratch::new();
         let counter = Counter::new(&s, "pid");
@@ -169,8 +168,7 @@ fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
 /// add one are tried a few times.
 const ROUNDS: usize = 8;
 
-#[test]
-fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once() {
+pub(crate) fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once() {
     // As a shell runs a job, CI runners and Slurm stop one: the whole
     // process group devlock was started in.
     for round in 0..ROUNDS {
@@ -185,8 +183,7 @@ fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once() {
     }
 }
 
-#[test]
-fn timeout_reaches_the_command_once() {
+pub(crate) fn timeout_reaches_the_command_once() {
     // timeout(1) signals its child and then its whole process group. It
     // does so when its time is up, or when it is itself told to stop,
     // which lets the test pick the moment instead of guessing a duration.
@@ -210,8 +207,7 @@ fn timeout_reaches_the_command_once() {
     }
 }
 
-#[test]
-fn ctrl_c_at_a_terminal_reaches_the_command_once() {
+pub(crate) fn ctrl_c_at_a_terminal_reaches_the_command_once() {
     // devlock as the terminal's job, and devlock under a shell that shares
     // its process group (as make and scripts do).
     let s = Scratch::new();
@@ -236,8 +232,7 @@ fn ctrl_c_at_a_terminal_reaches_the_command_once() {
     }
 }
 
-#[test]
-fn ctrl_c_under_make_j_reaches_each_command_once() {
+pub(crate) fn ctrl_c_under_make_j_reaches_each_command_once() {
     if !have_tool("make") {
         return;
     }
@@ -289,8 +284,7 @@ fn sh_line(args: &[String]) -> String {
         .join(" ")
 }
 
-#[test]
-fn a_command_reading_the_terminal_works_in_the_foreground() {
+pub(crate) fn a_command_reading_the_terminal_works_in_the_foreground() {
     let s = Scratch::new();
     let pty = Pty::new(80);
     let mut devlock = pty.spawn(s.devlock().args([
@@ -306,8 +300,7 @@ fn a_command_reading_the_terminal_works_in_the_foreground() {
     assert!(wait_child(&mut devlock).success());
 }
 
-#[test]
-fn ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again() {
+pub(crate) fn ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again() {
     if !have_tool("bash") {
         return;
     }
@@ -382,8 +375,7 @@ fn writing_to(pid: u32, fd: u32) -> bool {
         && words.next() == Some(&format!("{fd:#x}"))
 }
 
-#[test]
-fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
+pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     // devlock holds job stops back from the moment it starts until the
     // command runs (a stopped devlock must not keep a place in line). A
     // Ctrl-Z held back at the very end, once the lock is taken, is the
@@ -497,8 +489,7 @@ fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     assert!(flock_is_free(&dir.join("r.lock")));
 }
 
-#[test]
-fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job() {
+pub(crate) fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job() {
     // With `stty tostop`, a process outside the terminal's foreground group
     // that writes to it is stopped. While the command runs it has the
     // terminal and devlock does not, yet devlock may have to say that its
@@ -547,8 +538,7 @@ fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job() {
     wait_child(&mut shell);
 }
 
-#[test]
-fn a_signal_the_command_sends_devlock_is_not_passed_back() {
+pub(crate) fn a_signal_the_command_sends_devlock_is_not_passed_back() {
     let s = Scratch::new();
     let mut counter = Counter::new(&s, "self");
     counter
@@ -582,9 +572,7 @@ extern "C" fn count(sig: libc::c_int) {
 
 /// Not a test: the command of the tests above (see [`Counter`]); it does
 /// nothing unless they run it.
-#[test]
-#[ignore = "the command the signal tests run"]
-fn signal_counter() {
+pub(crate) fn signal_counter() {
     let Some(got) = std::env::var_os("DEVLOCK_TEST_COUNTER") else {
         return;
     };

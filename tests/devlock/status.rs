@@ -33,8 +33,7 @@ fn waiter_count(view: &serde_json::Value) -> usize {
     view["waiters"].as_array().map_or(0, Vec::len)
 }
 
-#[test]
-fn status_names_the_holder_in_both_forms() {
+pub(crate) fn status_names_the_holder_in_both_forms() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "trainer", "gpu"], "h");
     let json = s.status_json(&[]);
@@ -78,8 +77,7 @@ fn whoami() -> String {
     devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw())
 }
 
-#[test]
-fn waiters_show_in_arrival_order_and_vanish_when_killed() {
+pub(crate) fn waiters_show_in_arrival_order_and_vanish_when_killed() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let mut first = waiter(&s, "r", "first");
@@ -133,8 +131,7 @@ fn waiters_show_in_arrival_order_and_vanish_when_killed() {
     );
 }
 
-#[test]
-fn a_killed_holder_leaves_nothing_behind() {
+pub(crate) fn a_killed_holder_leaves_nothing_behind() {
     let s = Scratch::new();
     let pidfile = s.work("pid");
     let ready = s.work("ready");
@@ -157,8 +154,7 @@ fn a_killed_holder_leaves_nothing_behind() {
     assert!(view["holders"].as_array().unwrap().is_empty());
 }
 
-#[test]
-fn plain_flock_holder_shows_as_the_pid_the_kernel_names() {
+pub(crate) fn plain_flock_holder_shows_as_the_pid_the_kernel_names() {
     let s = Scratch::new();
     let mut holder = flock_holder(&s, "r", "f");
     let view = s.resource_status("r");
@@ -186,8 +182,7 @@ fn plant_record(s: &Scratch, resource: &str, record: &Record) {
     record.write_to(&file).unwrap();
 }
 
-#[test]
-fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
+pub(crate) fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
     let s = Scratch::new();
     // A dead pid.
     let mut dead = Record::for_this_process("ghost");
@@ -218,8 +213,7 @@ fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn escapes_and_garbage_in_records_never_reach_the_terminal() {
+pub(crate) fn escapes_and_garbage_in_records_never_reach_the_terminal() {
     let s = Scratch::new();
     let mut holder = flock_holder(&s, "evil", "e");
     let mut record = Record::for_this_process("\x1b[2J\x1b]0;pwned\x07step\u{202e}txt");
@@ -254,8 +248,7 @@ fn escapes_and_garbage_in_records_never_reach_the_terminal() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn a_waiter_reports_every_interval_when_not_on_a_terminal() {
+pub(crate) fn a_waiter_reports_every_interval_when_not_on_a_terminal() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "long", "r"], "h");
     let mut w = s
@@ -278,8 +271,7 @@ fn a_waiter_reports_every_interval_when_not_on_a_terminal() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn quiet_waiters_print_nothing() {
+pub(crate) fn quiet_waiters_print_nothing() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let mut w = s
@@ -297,8 +289,7 @@ fn quiet_waiters_print_nothing() {
     assert_eq!(text, "");
 }
 
-#[test]
-fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
+pub(crate) fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
     let inner = format!("{BIN} r -- echo COMMAND-OUTPUT");
@@ -352,8 +343,7 @@ fn as_nobody(args: &[&str]) -> Option<Command> {
     Some(cmd)
 }
 
-#[test]
-fn locks_of_one_user_are_seen_and_shared_by_another() {
+pub(crate) fn locks_of_one_user_are_seen_and_shared_by_another() {
     let s = Scratch::new();
     // Root holds, nobody looks and waits.
     let mut holder = hold_until_released(&s, &["--step", "root-job", "r"], "h");
@@ -418,8 +408,7 @@ fn locks_of_one_user_are_seen_and_shared_by_another() {
     assert!(s.run(&["-n", "fresh", "--", "true"]).status.success());
 }
 
-#[test]
-fn colour_only_on_a_terminal_and_never_with_no_color() {
+pub(crate) fn colour_only_on_a_terminal_and_never_with_no_color() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let on_tty = |no_color: bool| {
@@ -443,8 +432,7 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
+pub(crate) fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     let s = Scratch::new();
     for typo in ["gup", "gpu0", "gpu-0"] {
         assert!(s.run(&[typo, "--", "true"]).status.success());
@@ -486,8 +474,7 @@ fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     wait_child(&mut holder);
 }
 
-#[test]
-fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle() {
+pub(crate) fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle() {
     let s = Scratch::new();
     assert!(s.run(&["idle", "--", "true"]).status.success());
     // A FIFO where a lock file should be: status cannot say it is free.

@@ -14,295 +14,37 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use devlock::testing::procfs::{FileId, parse_locks};
 use devlock::testing::record::{self, ReadRecord, Record};
 
 use crate::harness::*;
 
 // ----------------------------------------------------------------------------
-// Processes: started in groups of their own, reaped only here, killed on drop.
-
-struct Proc {
-    label: String,
-    child: Child,
-    status: Option<ExitStatus>,
-    /// Signals the test sent it, in order.
-    sent: Vec<i32>,
-}
-
-#[derive(Default)]
-struct ProcTable {
-    stopped: bool,
-    procs: HashMap<u32, Proc>,
-}
-
-/// Every process a test starts. Children are reaped only through this table
-/// and signalled only under its lock, so a pid we signal is still our
-/// unreaped child and can never be a recycled pid of somebody else.
-#[derive(Clone, Default)]
-struct Procs(Arc<Mutex<ProcTable>>);
-
-impl Procs {
-    fn table(&self) -> MutexGuard<'_, ProcTable> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Starts `cmd` as the leader of a new process group; `None` once the
-    /// cleanup has begun.
-    fn spawn(&self, label: &str, cmd: &mut Command) -> Option<u32> {
-        cmd.process_group(0);
-        let mut table = self.table();
-        if table.stopped {
-            return None;
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawning {label}: {e}"));
-        let pid = child.id();
-        table.procs.insert(
-            pid,
-            Proc {
-                label: label.to_owned(),
-                child,
-                status: None,
-                sent: Vec::new(),
-            },
-        );
-        Some(pid)
-    }
-
-    fn start(&self, label: &str, cmd: &mut Command) -> u32 {
-        self.spawn(label, cmd).expect("cleanup already began")
-    }
-
-    fn is_stopped(&self) -> bool {
-        self.table().stopped
-    }
-
-    fn try_wait(&self, pid: u32) -> Option<ExitStatus> {
-        let mut table = self.table();
-        let proc = table.procs.get_mut(&pid).expect("a pid we started");
-        if proc.status.is_none() {
-            proc.status = proc.child.try_wait().expect("waitpid");
-        }
-        proc.status
-    }
-
-    /// Waits for one of our processes; a hang fails the test (and the guard
-    /// kills it).
-    fn wait(&self, pid: u32) -> ExitStatus {
-        self.wait_unless_hung(pid, |waited| waited > HANG)
-    }
-
-    /// Waits for one of our processes until `hung(time waited)` says it hangs.
-    fn wait_unless_hung(&self, pid: u32, hung: impl Fn(Duration) -> bool) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.try_wait(pid) {
-                return status;
-            }
-            if hung(start.elapsed()) {
-                let sent: Vec<_> = self.sent(pid).into_iter().map(signal_name).collect();
-                panic!(
-                    "{} (pid {pid}, sent {sent:?}) hung:\n{}",
-                    self.label(pid),
-                    describe_process(pid)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    /// Sends `sigs` to `pid`, unless it has been reaped already or, with
-    /// `only_fresh`, was sent anything before. Returns whether it sent them.
-    fn signal(&self, pid: u32, sigs: &[i32], only_fresh: bool) -> bool {
-        let mut table = self.table();
-        let Some(proc) = table.procs.get_mut(&pid) else {
-            return false;
-        };
-        if proc.status.is_some() || (only_fresh && !proc.sent.is_empty()) {
-            return false;
-        }
-        for &sig in sigs {
-            // SAFETY: kill(2) of our own unreaped child.
-            unsafe { libc::kill(pid as i32, sig) };
-            proc.sent.push(sig);
-        }
-        true
-    }
-
-    fn sent(&self, pid: u32) -> Vec<i32> {
-        self.table().procs[&pid].sent.clone()
-    }
-
-    fn label(&self, pid: u32) -> String {
-        self.table().procs[&pid].label.clone()
-    }
-
-    /// Unreaped processes never signalled whose label starts with `prefix`.
-    fn fresh(&self, prefix: &str) -> Vec<u32> {
-        self.table()
-            .procs
-            .iter()
-            .filter(|(_, p)| p.status.is_none() && p.sent.is_empty())
-            .filter(|(_, p)| p.label.starts_with(prefix))
-            .map(|(&pid, _)| pid)
-            .collect()
-    }
-
-    /// Stops new starts and SIGKILLs every group we started that still has
-    /// members, including orphaned commands of supervisors already reaped.
-    fn shutdown(&self) {
-        let mut table = self.table();
-        table.stopped = true;
-        let mut reaped = HashSet::new();
-        for (&pid, proc) in &table.procs {
-            if proc.status.is_none() {
-                // SAFETY: our unreaped child leads this group, so the group
-                // id cannot belong to anybody else.
-                unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
-            } else {
-                reaped.insert(pid);
-            }
-        }
-        for pid in group_members(&reaped) {
-            // SAFETY: plain kill(2) of a straggler in one of our groups.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        for proc in table.procs.values_mut() {
-            if proc.status.is_none() {
-                proc.status = proc.child.wait().ok();
-            }
-        }
-    }
-}
-
-/// What a hung process and its children are doing, thread by thread, and
-/// the flocks they hold or wait for.
-fn describe_process(pid: u32) -> String {
-    let read = |path: String| std::fs::read_to_string(path).unwrap_or_default();
-    let mut out = String::new();
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        out.push_str(&format!(
-            "  pid {p}: {}\n",
-            read(format!("/proc/{p}/cmdline")).replace('\0', " ")
-        ));
-        for task in tasks.flatten() {
-            let t = task.file_name().to_string_lossy().into_owned();
-            let base = format!("/proc/{p}/task/{t}");
-            let stat = read(format!("{base}/stat"));
-            let state = stat.rsplit_once(')').map_or("?", |(_, r)| r.trim_start());
-            out.push_str(&format!(
-                "    task {t}: state {} wchan {} syscall {}\n",
-                state.split_whitespace().next().unwrap_or("?"),
-                read(format!("{base}/wchan")),
-                read(format!("{base}/syscall")).trim_end()
-            ));
-            for child in read(format!("{base}/children")).split_whitespace() {
-                todo.extend(child.parse::<u32>());
-            }
-        }
-        for line in read("/proc/locks".into()).lines() {
-            if line.split_whitespace().any(|w| w == p.to_string()) {
-                out.push_str(&format!("    lock: {line}\n"));
-            }
-        }
-    }
-    out
-}
-
-/// Kills whatever the test left running when it ends, however it ends.
-struct Cleanup(Procs);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        self.0.shutdown();
-    }
-}
-
-/// Processes of our session whose process group is one of `groups`.
-fn group_members(groups: &HashSet<u32>) -> Vec<u32> {
-    if groups.is_empty() {
-        return Vec::new();
-    }
-    // SAFETY: getsid(0) only reads.
-    let my_session = unsafe { libc::getsid(0) } as u32;
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            // state ppid pgrp session ...
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let number = |i: usize| fields.get(i).and_then(|f| f.parse::<u32>().ok());
-            number(2).is_some_and(|pgrp| groups.contains(&pgrp)) && number(3) == Some(my_session)
-        })
-        .collect()
-}
-
-// ----------------------------------------------------------------------------
 // Small helpers: the kernel's lock table, bounded polling, logs, randomness.
 
 /// A file as `/proc/locks` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileKey {
-    major: u32,
-    minor: u32,
-    ino: u64,
-}
+type FileKey = FileId;
 
 fn file_key(path: &Path) -> FileKey {
     let meta = std::fs::metadata(path).unwrap();
-    FileKey {
-        major: libc::major(meta.dev()),
-        minor: libc::minor(meta.dev()),
-        ino: meta.ino(),
-    }
+    FileId::from_metadata(meta.dev(), meta.ino())
 }
 
-/// `(pid, blocked)` for every flock entry on `key` in `/proc/locks`.
+/// `(pid, blocked)` for every flock entry on `key` in `/proc/locks`, read
+/// with the crate's own parser.
 fn flocks_on(key: FileKey) -> Vec<(u32, bool)> {
     let text = std::fs::read_to_string("/proc/locks").unwrap();
-    text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            words.next()?;
-            let mut kind = words.next()?;
-            let blocked = kind == "->";
-            if blocked {
-                kind = words.next()?;
-            }
-            if kind != "FLOCK" {
-                return None;
-            }
-            words.next()?; // ADVISORY
-            words.next()?; // WRITE / READ
-            let pid = words.next()?.parse().ok()?;
-            let mut dev = words.next()?.split(':');
-            let found = FileKey {
-                major: u32::from_str_radix(dev.next()?, 16).ok()?,
-                minor: u32::from_str_radix(dev.next()?, 16).ok()?,
-                ino: dev.next()?.parse().ok()?,
-            };
-            (found == key).then_some((pid, blocked))
-        })
+    parse_locks(&text)
+        .into_iter()
+        .filter(|l| l.file == key)
+        .map(|l| (l.pid, l.blocked))
         .collect()
 }
 
@@ -411,16 +153,6 @@ impl Rng {
 
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGTERM => "TERM",
-        libc::SIGINT => "INT",
-        libc::SIGHUP => "HUP",
-        libc::SIGKILL => "KILL",
-        _ => "?",
     }
 }
 
@@ -724,8 +456,7 @@ fn check_section(run: &SectionRun, log: &SectionLog, rmws: u32, errors: &mut Vec
     }
 }
 
-#[test]
-fn chaos_never_admits_two_holders() {
+pub(crate) fn chaos_never_admits_two_holders() {
     let (jobs, sections, rmws) = if soak() { (24, 150, 3) } else { (12, 20, 3) };
     let s = Scratch::new();
     let procs = Procs::default();
@@ -950,8 +681,7 @@ fn read_records(path: &Path, written: &[Record], done: &AtomicBool, raw: bool) -
     stats
 }
 
-#[test]
-fn torn_records_are_never_accepted() {
+pub(crate) fn torn_records_are_never_accepted() {
     let writes = if soak() { 300_000 } else { 10_000 };
     // tmpfs where there is one, as /run/lock is: hundreds of thousands of
     // truncations are no load for a disk to take.
@@ -1258,8 +988,7 @@ fn inode_split_round(round: usize, procs: &Procs) {
     });
 }
 
-#[test]
-fn inode_split_never_admits_two_holders() {
+pub(crate) fn inode_split_never_admits_two_holders() {
     let procs = Procs::default();
     let _cleanup = Cleanup(procs.clone());
     for round in 0..if soak() { 140 } else { 20 } {
@@ -1389,8 +1118,7 @@ fn signal_round(round: usize, procs: &Procs) {
     assert!(cleaned < lines.len(), "{what}: no cleanup: {lines:?}");
 }
 
-#[test]
-fn signals_to_supervisors_under_load() {
+pub(crate) fn signals_to_supervisors_under_load() {
     let procs = Procs::default();
     let _cleanup = Cleanup(procs.clone());
     // Background load: two busy loops at a lower priority.
