@@ -334,6 +334,7 @@ enum Ended {
 /// after, and a read that came first is continued.
 pub(crate) fn spawn(
     command: &[OsString],
+    found: Option<&CString>,
     keep: &[BorrowedFd<'_>],
     env: &Env,
     placement: Placement,
@@ -364,6 +365,7 @@ pub(crate) fn spawn(
     )?;
     let mut how = process::Spawn {
         program: &argv[0],
+        found,
         argv: &argv,
         envp: &envp,
         own_group: placement.own_group(),
@@ -390,7 +392,7 @@ pub(crate) fn spawn(
 /// executed, so that a typo fails at once with 127, or 126, instead of
 /// after its turn in line. The start itself still decides: this is a
 /// check, not the lookup.
-pub(crate) fn check_command(program: &std::ffi::OsStr) -> Result<()> {
+pub(crate) fn check_command(program: &std::ffi::OsStr) -> Result<CString> {
     use std::os::unix::fs::PermissionsExt;
     let bytes = program.as_bytes();
     let candidates: Vec<std::path::PathBuf> = if bytes.contains(&b'/') {
@@ -421,7 +423,7 @@ pub(crate) fn check_command(program: &std::ffi::OsStr) -> Result<()> {
             && meta.permissions().mode() & 0o111 != 0
             && crate::sys::fs::executable(&c_path);
         if executable {
-            return Ok(());
+            return Ok(c_path);
         }
         denied = true;
     }

@@ -32,7 +32,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         ));
     }
     // A typo must not wait its turn first.
-    supervise::check_command(&args.command[0])?;
+    let found = supervise::check_command(&args.command[0])?;
     let resources = within_visible_devices(args, resources, probe_timeout)?;
     let step = args.step_name();
     supervise::sane_start();
@@ -134,7 +134,13 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         lock.label(&record);
     }
     trust::flush(args.quiet);
-    let child = supervise::spawn(&args.command, &fds, &env, supervise::Placement::choose())?;
+    let child = supervise::spawn(
+        &args.command,
+        Some(&found),
+        &fds,
+        &env,
+        supervise::Placement::choose(),
+    )?;
     // From here devlock stops with its job (Ctrl-Z), as any job does. A job
     // stop held since the last look before the start was meant for the whole
     // job, which the command is part of now.

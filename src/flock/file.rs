@@ -133,7 +133,7 @@ impl LockFile {
     /// a `Cargo.lock`). A file linked elsewhere too is written only when
     /// everyone may write it anyway, so a link cannot make devlock write
     /// where its linker could not.
-    pub(crate) fn may_hold_record(&self) -> std::result::Result<(), String> {
+    pub(crate) fn may_hold_record(&self) -> std::result::Result<u64, String> {
         use std::os::unix::fs::FileExt;
         if !self.writable {
             return Err(format!(
@@ -153,7 +153,7 @@ impl LockFile {
         if len <= crate::flock::record::MAX_RECORD_BYTES
             && crate::flock::record::is_ours_to_write(&start[..len])
         {
-            return Ok(());
+            return Ok(len as u64);
         }
         Err(format!(
             "{} holds data devlock did not write; holding it without a record (status shows no step)",

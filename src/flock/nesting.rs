@@ -3,7 +3,6 @@
 //! of waiting for itself.
 
 use std::os::fd::RawFd;
-use std::os::unix::fs::MetadataExt;
 
 use anyhow::Result;
 
@@ -66,8 +65,11 @@ fn inherited_modes(lock: &LockFile) -> Vec<bool> {
         if !inheritable(&name) {
             continue;
         }
-        let same = std::fs::metadata(fd.path())
-            .is_ok_and(|m| procfs::FileId::from_metadata(m.dev(), m.ino()) == lock.id());
+        let same = name
+            .parse()
+            .ok()
+            .and_then(crate::sys::fs::file_id_of)
+            .is_some_and(|(dev, ino)| procfs::FileId::from_metadata(dev, ino) == lock.id());
         if !same {
             continue;
         }

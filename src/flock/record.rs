@@ -126,6 +126,14 @@ impl Record {
     /// whatever an older, longer record left behind. Callers check first
     /// that the file is theirs to write ([`is_ours_to_write`]).
     pub fn write_to(&self, file: &File) -> std::io::Result<()> {
+        self.write_over(file, u64::MAX).map(|_| ())
+    }
+
+    /// [`Record::write_to`] over a file known to be `old_len` bytes long:
+    /// the cut is skipped when nothing longer is left behind (a metadata
+    /// change the filesystem would journal for nothing). Returns the
+    /// length written.
+    pub(crate) fn write_over(&self, file: &File, old_len: u64) -> std::io::Result<u64> {
         let bytes = self.to_bytes();
         let written = file.write_at(&bytes, 0)?;
         if written != bytes.len() {
@@ -137,7 +145,11 @@ impl Record {
                 ),
             ));
         }
-        file.set_len(bytes.len() as u64)
+        let len = bytes.len() as u64;
+        if old_len > len {
+            file.set_len(len)?;
+        }
+        Ok(len)
     }
 }
 

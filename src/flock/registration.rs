@@ -72,6 +72,9 @@ pub(crate) struct Registration {
     dir: ScratchDir,
     name: String,
     file: File,
+    kind: Kind,
+    /// The file's length: what the last record written left.
+    len: std::cell::Cell<u64>,
 }
 
 impl Registration {
@@ -105,8 +108,6 @@ impl Registration {
                     });
                 }
             };
-            // Whatever the umask: readable by status for every user.
-            let _ = crate::sys::fs::fchmod(&file, 0o644);
             // A status reader that sweeps dead registrations may take the
             // lock on a file this young and unlink it; then start again.
             if flock(&file, Flock::Exclusive, true).is_err() {
@@ -116,6 +117,11 @@ impl Registration {
             let meta = file
                 .metadata()
                 .with_context(|| format!("examining registration {}", path.display()))?;
+            // Whatever the umask: readable by status for every user (only
+            // when the umask took something: a mode change is journalled).
+            if meta.mode() & 0o777 != 0o644 {
+                let _ = crate::sys::fs::fchmod(&file, 0o644);
+            }
             let still_there = nix::sys::stat::fstatat(
                 dir.fd(),
                 name.as_str(),
@@ -125,10 +131,16 @@ impl Registration {
             if !still_there {
                 continue;
             }
-            record
-                .write_to(&file)
+            let len = record
+                .write_over(&file, meta.len())
                 .with_context(|| format!("writing registration {}", path.display()))?;
-            return Ok(Registration { dir, name, file });
+            return Ok(Registration {
+                dir,
+                name,
+                file,
+                kind,
+                len: std::cell::Cell::new(len),
+            });
         }
         Err(anyhow::anyhow!(
             "every registration name for pid {} in {} is taken",
@@ -139,7 +151,8 @@ impl Registration {
 
     /// Replaces the label (once the command runs, its pid joins the record).
     pub(crate) fn rewrite(&self, record: &Record) -> std::io::Result<()> {
-        record.write_to(&self.file)
+        self.len.set(record.write_over(&self.file, self.len.get())?);
+        Ok(())
     }
 
     /// The descriptor that holds the registration's lock: a shared holder's
@@ -151,9 +164,12 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // The label goes first, so that a child still holding this file
-        // through an inherited descriptor carries no stale step.
-        let _ = self.file.set_len(0);
+        // A shared hold's label goes first, so that a child still holding
+        // this file through an inherited descriptor carries no stale step
+        // (no other registration is ever passed on).
+        if self.kind == Kind::Hold {
+            let _ = self.file.set_len(0);
+        }
         let _ = nix::unistd::unlinkat(
             self.dir.fd(),
             self.name.as_str(),

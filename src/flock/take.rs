@@ -33,6 +33,9 @@ pub(crate) struct Held {
     /// first label), and whether one was written (to clear on release).
     record_ok: std::cell::OnceCell<bool>,
     wrote: std::cell::Cell<bool>,
+    /// How long the lock file is now, as far as we know (what was there
+    /// at the first label, then what we wrote).
+    len: std::cell::Cell<u64>,
 }
 
 /// The parts of a hold.
@@ -65,6 +68,7 @@ impl Held {
             }),
             record_ok: std::cell::OnceCell::new(),
             wrote: std::cell::Cell::new(false),
+            len: std::cell::Cell::new(u64::MAX),
         }
     }
 
@@ -120,14 +124,18 @@ impl Held {
             let ok = *self
                 .record_ok
                 .get_or_init(|| match keep.lock.may_hold_record() {
-                    Ok(()) => true,
+                    Ok(len) => {
+                        self.len.set(len);
+                        true
+                    }
                     Err(why) => {
                         crate::flock::trust::note_line(why);
                         false
                     }
                 });
             // A label only: a failure to write it must not stop the work.
-            if ok && record.write_to(keep.lock.file()).is_ok() {
+            if ok && let Ok(len) = record.write_over(keep.lock.file(), self.len.get()) {
+                self.len.set(len);
                 self.wrote.set(true);
             }
         } else if let Some(label) = &keep.label_file {

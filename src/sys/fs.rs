@@ -170,6 +170,17 @@ pub(crate) fn close_on_exec(fd: RawFd) -> Option<bool> {
     (flags >= 0).then_some(flags & libc::FD_CLOEXEC != 0)
 }
 
+/// The device and inode of the file open as descriptor number `fd`, if
+/// this process has it open (fstat, not a walk of `/proc/self/fd/N`).
+pub(crate) fn file_id_of(fd: RawFd) -> Option<(u64, u64)> {
+    close_on_exec(fd)?;
+    // SAFETY: the descriptor is open (just checked), and the borrow ends
+    // with this call, before anything here could close it.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let st = nix::sys::stat::fstat(borrowed).ok()?;
+    Some((st.st_dev, st.st_ino))
+}
+
 /// Lets a child inherit `fd` across exec (clears `FD_CLOEXEC`).
 pub(crate) fn set_inheritable(fd: impl AsFd) -> io::Result<()> {
     let flags = nix::fcntl::fcntl(fd.as_fd(), FcntlArg::F_GETFD)?;

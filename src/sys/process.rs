@@ -120,8 +120,12 @@ impl PidFd {
 
 /// How [`spawn`] places the command.
 pub(crate) struct Spawn<'a> {
-    /// The program, as a path (resolved) or a name looked up on `PATH`.
+    /// The program, as given: a path, or a name looked up on `PATH`.
     pub(crate) program: &'a CString,
+    /// Where the look-up before the wait found it: started from there
+    /// without a second walk of `PATH` (failed execs in the child while the
+    /// parent waits), or by name again if it is gone.
+    pub(crate) found: Option<&'a CString>,
     pub(crate) argv: &'a [CString],
     pub(crate) envp: &'a [CString],
     /// A process group of its own.
@@ -134,6 +138,17 @@ pub(crate) struct Spawn<'a> {
 /// posix_spawnp(3): the child with an empty signal mask (signals the caller
 /// ignores stay ignored, handlers go at exec as always). `Err` is the errno.
 pub(crate) fn spawn(how: &Spawn) -> Result<libc::pid_t, i32> {
+    if let Some(path) = how.found {
+        match spawn_one(how, path, false) {
+            Err(libc::ENOENT | libc::EACCES | libc::ENOTDIR) => {}
+            done => return done,
+        }
+    }
+    spawn_one(how, how.program, true)
+}
+
+/// posix_spawn of `program` (posix_spawnp when `search`).
+fn spawn_one(how: &Spawn, program: &CString, search: bool) -> Result<libc::pid_t, i32> {
     let mut argv: Vec<*mut libc::c_char> = how.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
     let mut envp: Vec<*mut libc::c_char> = how.envp.iter().map(|e| e.as_ptr().cast_mut()).collect();
@@ -158,9 +173,14 @@ pub(crate) fn spawn(how: &Spawn) -> Result<libc::pid_t, i32> {
         let with_actions = how
             .terminal
             .is_some_and(|fd| add_tcsetpgrp(&mut actions, fd));
-        let err = libc::posix_spawnp(
+        let start = if search {
+            libc::posix_spawnp
+        } else {
+            libc::posix_spawn
+        };
+        let err = start(
             &mut pid,
-            how.program.as_ptr(),
+            program.as_ptr(),
             if with_actions {
                 &actions
             } else {

@@ -581,8 +581,15 @@ fn tree_under(root: u32) -> Vec<(u32, Stat)> {
 /// Reads a small `/proc` file in one bounded read.
 fn read_small(path: impl AsRef<Path>) -> Option<String> {
     let mut file = fs::File::open(path).ok()?;
-    let mut buf = Vec::with_capacity(1024);
-    file.by_ref().take(64 * 1024).read_to_end(&mut buf).ok()?;
+    // One read is the whole of a small /proc file: the kernel fills the
+    // buffer from its one rendering, and only a file that fills it needs
+    // the reads after it.
+    let mut buf = vec![0u8; 4096];
+    let first = file.read(&mut buf).ok()?;
+    buf.truncate(first);
+    if first == 4096 {
+        file.by_ref().take(60 * 1024).read_to_end(&mut buf).ok()?;
+    }
     String::from_utf8(buf).ok()
 }
 
