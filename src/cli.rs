@@ -379,6 +379,10 @@ impl Cli {
     {
         use clap::parser::ValueSource;
         use clap::{CommandFactory, FromArgMatches};
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        if let Some(cli) = common_run(&args) {
+            return Ok(cli);
+        }
         let mut command = Cli::command();
         let matches = command.try_get_matches_from_mut(args)?;
         let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
@@ -399,8 +403,95 @@ impl Cli {
         if from_env("etcd_user") && cli.etcd_user.as_deref() == Some("") {
             cli.etcd_user = None;
         }
+        // devlock exits soon: freeing clap's tree is work for nothing.
+        std::mem::forget(command);
         Ok(cli)
     }
+}
+
+/// The command line most runs have, `devlock [-n] [-q] [-s] [--step NAME]
+/// [--dir DIR] RESOURCE... -- COMMAND...`, read without clap: building
+/// clap's tree of every flag and its help costs about a fifth of an
+/// uncontended run's instructions. Anything else (another flag, a repeated
+/// one, `--flag=value`, a value that looks like a flag, no `--`, a
+/// subcommand's name, text that is not UTF-8 where clap wants a string, an
+/// etcd variable in the environment) is `None`, for clap to parse, and
+/// what this returns is what clap returns (a unit test holds them
+/// together).
+fn common_run(args: &[OsString]) -> Option<Cli> {
+    if std::env::var_os("DEVLOCK_ETCD").is_some() || std::env::var_os("DEVLOCK_ETCD_USER").is_some()
+    {
+        return None;
+    }
+    let dash = args.iter().position(|a| a == "--")?;
+    let (before, command) = (args.get(1..dash)?, &args[dash + 1..]);
+    if command.is_empty() {
+        return None;
+    }
+    let (mut no_wait, mut quiet, mut shared) = (false, false, false);
+    let (mut step, mut dir): (Option<String>, Option<PathBuf>) = (None, None);
+    let mut resources = Vec::new();
+    let mut words = before.iter();
+    while let Some(word) = words.next() {
+        let set = |flag: &mut bool| (!std::mem::replace(flag, true)).then_some(());
+        match word.to_str() {
+            Some("-n" | "--no-wait") => set(&mut no_wait)?,
+            Some("-q" | "--quiet") => set(&mut quiet)?,
+            Some("-s" | "--shared") => set(&mut shared)?,
+            Some(flag @ ("--step" | "--dir")) => {
+                let value = words.next()?;
+                let text = value.to_str()?;
+                if text.is_empty() || text.starts_with('-') {
+                    return None;
+                }
+                if flag == "--step" && step.replace(text.to_owned()).is_some()
+                    || flag == "--dir" && dir.replace(PathBuf::from(value)).is_some()
+                {
+                    return None;
+                }
+            }
+            Some(word)
+                if word.is_empty() || word.starts_with('-') || SUBCOMMANDS.contains(&word) =>
+            {
+                return None;
+            }
+            _ if word.as_encoded_bytes().starts_with(b"-") => return None,
+            _ => resources.push(word.clone()),
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let dir = dir.unwrap_or_else(|| {
+        std::env::var_os("DEVLOCK_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| PathBuf::from(crate::DEFAULT_DIR), PathBuf::from)
+    });
+    Some(Cli {
+        subcommand: None,
+        run: RunArgs {
+            resources,
+            command: command.to_vec(),
+            no_wait,
+            timeout: None,
+            conflict_exit_code: 75,
+            step,
+            quiet,
+            any: false,
+            count: None,
+            shared,
+            slots: None,
+            require_idle: false,
+            idle_threshold: None,
+            report_every: Duration::from_secs(60),
+            ttl: None,
+            kill_after: None,
+        },
+        dir,
+        probe_timeout: Duration::from_secs(5),
+        etcd: Vec::new(),
+        etcd_user: None,
+    })
 }
 
 /// One line out of clap's rendered error: the error itself, what it lists
@@ -545,8 +636,73 @@ mod tests {
         assert_eq!(cli.run.report_every, Duration::from_secs(2));
     }
 
+    /// The tests that read or set devlock's variables, one at a time.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn the_common_command_line_reads_as_clap_reads_it() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+        let clap_says = |argv: &[&str]| {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let matches = command.try_get_matches_from_mut(argv).ok()?;
+            <Cli as clap::FromArgMatches>::from_arg_matches(&matches).ok()
+        };
+        let cases: &[&[&str]] = &[
+            &["devlock", "gpu", "--", "true"],
+            &[
+                "devlock", "-n", "-q", "gpu:0", "gpu:1", "--", "python", "-n", "x",
+            ],
+            &[
+                "devlock", "--step", "train", "--dir", "/tmp/d", "-s", "data", "--", "sh", "-c",
+                "x",
+            ],
+            &["devlock", "r", "-n", "--", "--", "x"],
+            &[
+                "devlock",
+                "--no-wait",
+                "--quiet",
+                "--shared",
+                "r",
+                "--",
+                "x",
+            ],
+            &["devlock", "-n", "-n", "r", "--", "x"],
+            &["devlock", "-nq", "r", "--", "x"],
+            &["devlock", "--step=x", "r", "--", "x"],
+            &["devlock", "--step", "-x", "r", "--", "x"],
+            &["devlock", "--dir", "", "r", "--", "x"],
+            &["devlock", "status", "--", "x"],
+            &["devlock", "-w", "10", "r", "--", "x"],
+            &["devlock", "r", "--"],
+            &["devlock", "r", "true"],
+            &["devlock", "--", "true"],
+            &["devlock", "--any", "a", "b", "--", "x"],
+            &["devlock", "-", "--", "x"],
+        ];
+        for &argv in cases {
+            let args: Vec<OsString> = argv.iter().map(OsString::from).collect();
+            let Some(fast) = common_run(&args) else {
+                continue;
+            };
+            let slow = clap_says(argv).unwrap_or_else(|| panic!("clap refuses {argv:?}"));
+            assert_eq!(format!("{fast:?}"), format!("{slow:?}"), "{argv:?}");
+        }
+        let read = |argv: &[&str]| common_run(&argv.iter().map(OsString::from).collect::<Vec<_>>());
+        assert!(read(&["devlock", "gpu", "--", "true"]).is_some());
+        for argv in [
+            &["devlock", "-n", "-n", "r", "--", "x"][..],
+            &["devlock", "-nq", "r", "--", "x"],
+            &["devlock", "status", "--", "x"],
+            &["devlock", "-w", "10", "r", "--", "x"],
+            &["devlock", "r", "--"],
+        ] {
+            assert!(read(argv).is_none(), "{argv:?} is clap's to parse");
+        }
+    }
+
     #[test]
     fn an_empty_environment_variable_counts_as_unset() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
         use crate::sys::env::{remove_var, set_var};
         set_var("DEVLOCK_DIR", "");
         set_var("DEVLOCK_ETCD", "");
