@@ -148,12 +148,20 @@ impl LockFile {
                 self.nlink
             ));
         }
-        let mut start = vec![0u8; crate::flock::record::MAX_RECORD_BYTES + 1];
-        let len = self.file.read_at(&mut start, 0).unwrap_or(usize::MAX);
-        if len <= crate::flock::record::MAX_RECORD_BYTES
-            && crate::flock::record::is_ours_to_write(&start[..len])
+        // Whether it is devlock's shows in its first bytes (the magic); only
+        // a longer file needs its length asked.
+        let mut start = [0u8; 64];
+        let read = self.file.read_at(&mut start, 0).unwrap_or(usize::MAX);
+        let len = match read {
+            n if n < start.len() => n as u64,
+            n if n == start.len() => self.file.metadata().map_or(u64::MAX, |m| m.len()),
+            _ => u64::MAX,
+        };
+        let prefix = &start[..read.min(start.len())];
+        if len <= crate::flock::record::MAX_RECORD_BYTES as u64
+            && crate::flock::record::is_ours_to_write(prefix)
         {
-            return Ok(len as u64);
+            return Ok(len);
         }
         Err(format!(
             "{} holds data devlock did not write; holding it without a record (status shows no step)",

@@ -584,11 +584,11 @@ fn read_small(path: impl AsRef<Path>) -> Option<String> {
     // One read is the whole of a small /proc file: the kernel fills the
     // buffer from its one rendering, and only a file that fills it needs
     // the reads after it.
-    let mut buf = vec![0u8; 4096];
-    let first = file.read(&mut buf).ok()?;
-    buf.truncate(first);
-    if first == 4096 {
-        file.by_ref().take(60 * 1024).read_to_end(&mut buf).ok()?;
+    let mut first = [0u8; 2048];
+    let n = file.read(&mut first).ok()?;
+    let mut buf = first[..n].to_vec();
+    if n == first.len() {
+        file.by_ref().take(62 * 1024).read_to_end(&mut buf).ok()?;
     }
     String::from_utf8(buf).ok()
 }
