@@ -187,7 +187,10 @@ pub fn wait_for<T>(
         held,
         Waited {
             helper: Some(helper),
-            live: display == Display::Live && !plan.quiet,
+            // On a terminal (live or shared) the last line, "got ..." or
+            // the cleared live line, comes before the command's own output;
+            // in a log the command may start first (hand-off latency).
+            on_terminal: display != Display::Log && !plan.quiet,
         },
     ))
 }
@@ -196,14 +199,15 @@ pub fn wait_for<T>(
 #[derive(Debug, Default)]
 pub struct Waited {
     helper: Option<std::thread::JoinHandle<Option<Received>>>,
-    live: bool,
+    on_terminal: bool,
 }
 
 impl Waited {
-    /// Whether the helper still has to clear a live line off the terminal
-    /// (which must happen before the command writes to it).
+    /// Whether the helper still has to finish its lines on a terminal
+    /// (clear the live line, or say "got"), which must happen before the
+    /// command writes to it.
     pub fn must_settle_before_spawn(&self) -> bool {
-        self.helper.is_some() && self.live
+        self.helper.is_some() && self.on_terminal
     }
 
     /// Joins the helper; returns a stopping signal it caught at the moment
