@@ -156,14 +156,17 @@ pub(crate) fn wait_for<T>(
                 return;
             };
             let display = Display::for_plan(&plan);
-            let live = display == Display::Live && !plan.quiet;
+            // On a terminal (live or shared) the last line, "got ..." or
+            // the cleared live line, comes before the command's own output;
+            // in a log the command may start first (hand-off latency).
+            let on_terminal = display != Display::Log && !plan.quiet;
             let (state, plan) = (state.clone(), plan.clone());
             let spawned = std::thread::Builder::new()
                 .name("devlock-wait".into())
                 .stack_size(256 * 1024)
                 .spawn(move || helper_thread(shown, registrations, state, started, plan, display));
             if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
-                *slot = Some(Helper { handle, live });
+                *slot = Some(Helper { handle, on_terminal });
             }
         }
     };
@@ -210,7 +213,7 @@ pub(crate) fn wait_for<T>(
         stop.on_interrupt(None);
     }
     let helper = helper.lock().ok().and_then(|mut h| h.take());
-    let Some(Helper { handle, live }) = helper else {
+    let Some(Helper { handle, on_terminal }) = helper else {
         // Never shown: the registrations go now.
         drop(parts);
         return Ok((held?, Waited::default()));
@@ -251,7 +254,7 @@ pub(crate) fn wait_for<T>(
         held,
         Waited {
             helper: Some(handle),
-            live,
+            on_terminal,
         },
     ))
 }
@@ -259,21 +262,22 @@ pub(crate) fn wait_for<T>(
 /// The helper thread, once started.
 struct Helper {
     handle: std::thread::JoinHandle<Option<Received>>,
-    live: bool,
+    on_terminal: bool,
 }
 
 /// A wait that is over but whose helper thread may still be finishing.
 #[derive(Debug, Default)]
 pub(crate) struct Waited {
     helper: Option<std::thread::JoinHandle<Option<Received>>>,
-    live: bool,
+    on_terminal: bool,
 }
 
 impl Waited {
-    /// Whether the helper still has to clear a live line off the terminal
-    /// (which must happen before the command writes to it).
+    /// Whether the helper still has to finish its lines on a terminal
+    /// (clear the live line, or say "got"), which must happen before the
+    /// command writes to it.
     pub(crate) fn must_settle_before_spawn(&self) -> bool {
-        self.helper.is_some() && self.live
+        self.helper.is_some() && self.on_terminal
     }
 
     /// Joins the helper; returns a stopping signal it caught at the moment

@@ -204,8 +204,7 @@ pub(crate) fn terminal_ctrl_c_is_not_delivered_twice() {
         got = s.work("got").display(),
         ready = s.work("ready").display(),
     );
-    let mut script = Command::new("script")
-        .args(["-qfec", &inner, "/dev/null"])
+    let mut script = on_a_pty(&inner)
         .env("DEVLOCK_DIR", s.dir())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

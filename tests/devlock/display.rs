@@ -106,6 +106,26 @@ pub(crate) fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the
             .filter(|l| l.starts_with("devlock: got r after ") && l.ends_with(&format!("({step})")))
             .count();
         assert_eq!((waiting, got), (1, 1), "{step}: {out:?}");
+        // On a terminal the last line comes before the command's output.
+        let ran = format!(
+            "RAN-{}",
+            step.strip_prefix("train-").unwrap().to_uppercase()
+        );
+        let got_at = out
+            .match_indices("devlock: got r after ")
+            .map(|(i, _)| i)
+            .find(|&i| {
+                out[i..]
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .ends_with(&format!("({step})"))
+            })
+            .unwrap();
+        assert!(
+            got_at < out.find(&ran).unwrap(),
+            "{step}: got after its output: {out:?}"
+        );
     }
 }
 

@@ -830,3 +830,16 @@ pub fn signal_name(sig: i32) -> &'static str {
         _ => "?",
     }
 }
+
+/// `script(1)` running `command_line` on a fresh pty, with devlock (or the
+/// shell named) as the pty's foreground process group on its own. script
+/// runs the line with `$SHELL -c`: a shell that does not exec a lone
+/// command (dash, fish; or none, with SHELL unset, as on a CI runner) would
+/// share the group with devlock, which then rightly shows a shared
+/// terminal's lines instead of the live one.
+pub fn on_a_pty(command_line: &str) -> Command {
+    let mut cmd = Command::new("script");
+    cmd.args(["-qfec", &format!("exec {command_line}"), "/dev/null"])
+        .env("SHELL", "/bin/sh");
+    cmd
+}

@@ -1007,8 +1007,7 @@ struct Shell {
 
 impl Shell {
     fn start(s: &Scratch) -> Shell {
-        let mut child = Command::new("script")
-            .args(["-qfec", "bash --norc --noprofile -i", "/dev/null"])
+        let mut child = on_a_pty("bash --norc --noprofile -i")
             .env("DEVLOCK_DIR", s.dir())
             .env("PS1", "$ ")
             .env("TERM", "dumb")

@@ -293,8 +293,7 @@ pub(crate) fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
     let inner = format!("{BIN} r -- echo COMMAND-OUTPUT");
-    let mut script = Command::new("script")
-        .args(["-qfec", &inner, "/dev/null"])
+    let mut script = on_a_pty(&inner)
         .env("DEVLOCK_DIR", s.dir())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -412,10 +411,8 @@ pub(crate) fn colour_only_on_a_terminal_and_never_with_no_color() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
     let on_tty = |no_color: bool| {
-        let mut cmd = Command::new("script");
-        cmd.args(["-qfec", &format!("{BIN} status"), "/dev/null"])
-            .env("DEVLOCK_DIR", s.dir())
-            .stdin(Stdio::null());
+        let mut cmd = on_a_pty(&format!("{BIN} status"));
+        cmd.env("DEVLOCK_DIR", s.dir()).stdin(Stdio::null());
         if no_color {
             cmd.env("NO_COLOR", "1");
         }
