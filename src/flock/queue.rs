@@ -135,22 +135,26 @@ impl Ticket {
         })
     }
 
+    /// The wait itself: for the nearest earlier place still held, alone
+    /// (one byte), and then for the next nearest, until none is left. A
+    /// release wakes only the one request right behind it, not the whole
+    /// line (a wait over every earlier byte would be woken by each release
+    /// of the one it first found in its way, every waiter at once).
     fn sleep_for_turn(&self, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
-        if self.number <= 1 {
-            return Ok(());
-        }
-        let (start, len) = (SLOT_BASE + 1, self.number as i64 - 1);
         loop {
             if !keep_waiting() {
                 return Err(io::ErrorKind::Interrupted.into());
             }
-            match set_lock(&self.file, libc::F_RDLCK, start, len, true) {
-                Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted && keep_waiting() => continue,
+            let Some(ahead) = nearest_ahead(&self.file, self.number)? else {
+                return Ok(());
+            };
+            let at = SLOT_BASE + ahead as i64;
+            match set_lock(&self.file, libc::F_RDLCK, at, 1, true) {
+                Ok(()) => set_lock(&self.file, libc::F_UNLCK, at, 1, false)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && keep_waiting() => {}
                 Err(e) => return Err(e),
             }
         }
-        set_lock(&self.file, libc::F_UNLCK, start, len, false)
     }
 
     /// Lets the next request go while this one keeps what it took (a shared
@@ -260,6 +264,34 @@ fn highest_taken(file: &File) -> std::result::Result<u64, u64> {
         }
     }
     Ok(lo)
+}
+
+/// The highest earlier ticket whose byte someone holds (a write lock, as
+/// places in line are; read locks say nothing), `None` when there is none:
+/// a binary search over "is anything held from here up to our own place",
+/// a few queries for any line.
+fn nearest_ahead(file: &File, number: u64) -> io::Result<Option<u64>> {
+    let held_from = |from: u64| -> io::Result<bool> {
+        let len = number as i64 - from as i64;
+        Ok(
+            crate::sys::fs::ofd_conflict(file, libc::F_RDLCK, SLOT_BASE + from as i64, len)?
+                .is_some(),
+        )
+    };
+    if number <= 1 || !held_from(1)? {
+        return Ok(None);
+    }
+    // Something is held in [lo, number): find the highest such byte.
+    let (mut lo, mut hi) = (1u64, number - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if held_from(mid)? {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok(Some(lo))
 }
 
 fn anyone_ahead(file: &File, number: u64) -> io::Result<bool> {
