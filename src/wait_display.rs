@@ -166,7 +166,10 @@ pub(crate) fn wait_for<T>(
                 .stack_size(256 * 1024)
                 .spawn(move || helper_thread(shown, registrations, state, started, plan, display));
             if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
-                *slot = Some(Helper { handle, on_terminal });
+                *slot = Some(Helper {
+                    handle,
+                    on_terminal,
+                });
             }
         }
     };
@@ -179,23 +182,7 @@ pub(crate) fn wait_for<T>(
             let due = plan
                 .deadline
                 .map_or(started + SHOW_AFTER, |d| d.min(started + SHOW_AFTER));
-            match crate::interrupt::Alarm::at(due, Duration::from_millis(20)) {
-                Some(alarm) => {
-                    let mut start = Some(start);
-                    stop.on_interrupt(Some(Box::new(move || {
-                        if Instant::now() >= due
-                            && let Some(start) = start.take()
-                        {
-                            start();
-                        }
-                    })));
-                    Some((alarm, stop))
-                }
-                None => {
-                    start();
-                    None
-                }
-            }
+            on_time(due, stop, start).map(|alarm| (alarm, stop))
         }
         None => {
             start();
@@ -213,7 +200,11 @@ pub(crate) fn wait_for<T>(
         stop.on_interrupt(None);
     }
     let helper = helper.lock().ok().and_then(|mut h| h.take());
-    let Some(Helper { handle, on_terminal }) = helper else {
+    let Some(Helper {
+        handle,
+        on_terminal,
+    }) = helper
+    else {
         // Never shown: the registrations go now.
         drop(parts);
         return Ok((held?, Waited::default()));
@@ -257,6 +248,34 @@ pub(crate) fn wait_for<T>(
             on_terminal,
         },
     ))
+}
+
+/// Runs `job` once on the waiting thread, when its lock call is interrupted
+/// at or after `due`; at once when no alarm can be set. The alarm repeats
+/// every 20 ms after `due` (its first signal may land just before the
+/// thread enters its lock call) and stops once `job` has run: a long wait
+/// sleeps undisturbed (it was woken 50 times a second until it ended).
+fn on_time(
+    due: Instant,
+    stop: &Stop,
+    job: impl FnOnce() + Send + 'static,
+) -> Option<Arc<crate::interrupt::Alarm>> {
+    let Some(alarm) = crate::interrupt::Alarm::at(due, Duration::from_millis(20)) else {
+        job();
+        return None;
+    };
+    let alarm = Arc::new(alarm);
+    let mut job = Some(job);
+    let done = alarm.clone();
+    stop.on_interrupt(Some(Box::new(move || {
+        if Instant::now() >= due
+            && let Some(job) = job.take()
+        {
+            job();
+            done.disarm();
+        }
+    })));
+    Some(alarm)
 }
 
 /// The helper thread, once started.
