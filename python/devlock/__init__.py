@@ -453,7 +453,8 @@ class lock:
 
     The wait sleeps in the kernel with the GIL released, so other threads
     run; Ctrl-C raises ``KeyboardInterrupt`` within a fraction of a second
-    and leaves the line. For ``gpu:N`` the block sets ``CUDA_VISIBLE_DEVICES``
+    and leaves the line. A wait is shown, as the command line shows it,
+    once it has lasted 0.2 s. For ``gpu:N`` the block sets ``CUDA_VISIBLE_DEVICES``
     and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in ``os.environ`` and restores them
     after; if CUDA is already initialised in the process it warns once that
     this cannot take effect. The kernel releases the lock on any death of the
