@@ -50,6 +50,11 @@ def test_a_cli_holder_excludes_python_and_busy_names_it(scratch: Scratch) -> Non
     assert busy.holder.step == "ns-train" and busy.holder.pid == holder.pid
     assert busy.holder.user == scratch.resource("gpu")["holders"][0]["user"]
     assert str(busy).startswith(f"gpu is busy: held by ns-train (pid {holder.pid}, ")
+    # Word for word what devlock -n says (how long it has been held aside).
+    cli = scratch.run("-n", "gpu", "--", "true")
+    assert cli.returncode == 75
+    held_for = lambda text: re.sub(r" for \d+s$", " for Ns", text.strip())
+    assert held_for(f"devlock: {busy}") == held_for(cli.stderr), (str(busy), cli.stderr)
     # A failing wait=False never holds a place in line.
     assert scratch.resource("gpu")["waiters"] == []
     # devlock.status() shows the CLI holder as status --json does.
