@@ -307,6 +307,8 @@ struct Waiting {
     board: Arc<Board>,
     deadline: Option<Instant>,
     timeout: Option<Duration>,
+    /// The process whose thread waits (a forked child has no such thread).
+    pid: u32,
 }
 
 impl Acquiring {
@@ -393,6 +395,7 @@ impl Acquiring {
                 board,
                 deadline: timeout.and_then(|t| started.checked_add(t)),
                 timeout,
+                pid: std::process::id(),
             }),
             started,
             step: options.step.clone(),
@@ -534,6 +537,12 @@ impl Waiting {
     /// Stops the waiting thread and returns what it came to.
     fn leave(&mut self) -> Option<Result<Hold>> {
         let thread = self.thread.take()?;
+        if std::process::id() != self.pid {
+            // A forked child's copy: the thread, and its place in line, are
+            // the parent's; the handle names no thread here.
+            std::mem::forget(thread);
+            return None;
+        }
         // Returns once the thread is out of its take.
         self.stop.stop(Thread::of(&thread));
         let outcome = self.rx.recv().ok();
