@@ -40,15 +40,20 @@ def test_a_group_holder_passes_members_through(scratch: Scratch) -> None:
         with pytest.raises(devlock.Error, match="would wait for itself"):
             with devlock.lock("gpu"):
                 pass
-        # Another member beside it: the group is not taken twice.
+        # Another member inside it is outside its CUDA_VISIBLE_DEVICES=1, as
+        # for a devlock started here.
+        with pytest.raises(devlock.UsageError, match="gpu:2 is outside CUDA_VISIBLE_DEVICES=1"):
+            with devlock.lock("gpu:2"):
+                pass
+        # Without that setting, another member beside it: the group is not
+        # taken twice.
+        cuda = os.environ.pop("CUDA_VISIBLE_DEVICES")
         with devlock.lock("gpu:2", wait=False) as second:
             assert not second.nested
             assert scratch.run("-n", "gpu:2", "--", "true").returncode == 75
-        # (The block's CUDA_VISIBLE_DEVICES=1 would confine a devlock started
-        # here to gpu:1, as it confines any CUDA program.)
-        outside = {k: v for k, v in scratch.env().items() if not k.startswith("CUDA_")}
-        assert scratch.run("-n", "gpu:2", "--", "true", env=outside).returncode == 0
-        assert scratch.run("-n", "gpu:1", "--", "true", env=outside).returncode == 75
+        assert scratch.run("-n", "gpu:2", "--", "true").returncode == 0
+        assert scratch.run("-n", "gpu:1", "--", "true").returncode == 75
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda
 
 
 def test_another_thread_waits_its_turn(scratch: Scratch) -> None:
@@ -253,7 +258,8 @@ def test_a_forked_child_that_closed_its_descriptors_does_not_pass_through(scratc
 
 
 def test_cuda_visible_devices_set_and_restored(scratch: Scratch, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    # A site policy that lets this job use GPUs 1, 3 and 7.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3,7")
     with devlock.lock("gpu:3", "gpu:1") as held:
         assert held.cuda_visible_devices == "1,3"
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,3"
@@ -267,10 +273,19 @@ def test_cuda_visible_devices_set_and_restored(scratch: Scratch, monkeypatch: py
             env=scratch.env(), pass_fds=devlock.pass_fds(), capture_output=True, text=True, timeout=HANG,
         )
         assert out.stdout.split() == ["1,3", "PCI_BUS_ID"], out.stderr
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,3,7"
     assert "CUDA_DEVICE_ORDER" not in os.environ
     with devlock.lock("gpu"):
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,3,7"
+    # A GPU outside the caller's set is refused, in the command line's words,
+    # and --any skips the candidates outside it.
+    with pytest.raises(devlock.UsageError) as caught:
+        with devlock.lock("gpu:2"):
+            pass
+    cli = scratch.run("gpu:2", "--", "true")
+    assert (cli.returncode, cli.stderr) == (2, f"devlock: {caught.value}\n")
+    with devlock.lock("gpu:0", "gpu:2", "gpu:7", any=True) as picked:
+        assert picked.resources == ("gpu:7",)
     with devlock.lock("other"):
         assert "CUDA_DEVICE_ORDER" not in os.environ
 

@@ -580,7 +580,7 @@ impl Planned {
 /// Checks `spec` as the command line checks its arguments and plans its
 /// requests, leaving out what an enclosing hold in `inside` covers.
 fn plan(spec: &Spec, inside: &[HeldLock]) -> Result<Planned> {
-    let resources = validate(spec)?;
+    let resources = within_visible_devices(spec, validate(spec)?)?;
     // The one place a budget joins the requests, once the command line has
     // --mem: until then it is refused here.
     if spec.mem.is_some() {
@@ -756,6 +756,28 @@ fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
         Some(h) if h.exclusive || !wants_exclusive => Ok(true),
         Some(_) => Err(crate::messages::held_only_shared_here(&request.name)),
     }
+}
+
+/// How long a look at the GPUs may take (the command line's default
+/// `--probe-timeout`): only `CUDA_VISIBLE_DEVICES` entries that are UUIDs
+/// need one.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The command line's rule for the caller's `CUDA_VISIBLE_DEVICES` (the
+/// process's environment now, so a `gpu:N` block's own setting too): a GPU
+/// outside it is a usage error, and `--any` skips the candidates outside it.
+fn within_visible_devices(spec: &Spec, resources: Vec<Resource>) -> Result<Vec<Resource>> {
+    if !crate::gpu::cuda::concerns(&resources) {
+        return Ok(resources);
+    }
+    let Some(visible) = crate::gpu::cuda::Visible::from_env(PROBE_TIMEOUT)? else {
+        return Ok(resources);
+    };
+    if spec.any {
+        return visible.filter_candidates(&resources, usize::from(spec.count));
+    }
+    visible.check(&resources)?;
+    Ok(resources)
 }
 
 /// The command line's checks of its resources and their options, in its words.
