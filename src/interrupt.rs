@@ -194,6 +194,9 @@ pub(crate) struct Stop {
     requested: Arc<AtomicBool>,
     finished: Arc<AtomicBool>,
     on_interrupt: Arc<std::sync::Mutex<Option<Hook>>>,
+    /// The stops of threads that wait on the waiting thread's behalf (the
+    /// racers of `--slots` and `--any`, see [`Stop::adopt`]): stopped with it.
+    children: Arc<std::sync::Mutex<Vec<(Stop, Thread)>>>,
 }
 
 impl std::fmt::Debug for Stop {
@@ -240,12 +243,64 @@ impl Stop {
     /// Asks `thread` to stop and interrupts it until it has. The signal may
     /// land just before the thread enters its lock call, so it is repeated
     /// until the thread says it is out.
+    /// The threads it adopted are stopped first: the waiting thread itself
+    /// may be waiting for them, not in a lock call of its own.
     pub(crate) fn stop(&self, thread: Thread) {
         self.requested.store(true, Ordering::Release);
+        let children = std::mem::take(&mut *lock_children(&self.children));
+        for (child, child_thread) in &children {
+            child.stop(*child_thread);
+        }
         while !self.finished.load(Ordering::Acquire) {
             thread.signal(interrupt_signal());
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+impl Stop {
+    /// Makes the waits of `children` (threads the waiting thread started to
+    /// wait on its behalf, and waits for) part of this one: a stop of this
+    /// wait stops them too, at once if it came already. Until the returned
+    /// guard is dropped, when they are over.
+    pub(crate) fn adopt(&self, children: Vec<(Stop, Thread)>) -> Adopted<'_> {
+        let ids: Vec<usize> = children.iter().map(|(c, _)| c.id()).collect();
+        let late = {
+            let mut held = lock_children(&self.children);
+            if self.requested.load(Ordering::Acquire) {
+                children
+            } else {
+                held.extend(children);
+                Vec::new()
+            }
+        };
+        for (child, thread) in &late {
+            child.stop(*thread);
+        }
+        Adopted { parent: self, ids }
+    }
+
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.requested) as usize
+    }
+}
+
+fn lock_children(
+    children: &std::sync::Mutex<Vec<(Stop, Thread)>>,
+) -> std::sync::MutexGuard<'_, Vec<(Stop, Thread)>> {
+    children.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Children adopted by a [`Stop`], let go of when dropped.
+#[derive(Debug)]
+pub(crate) struct Adopted<'a> {
+    parent: &'a Stop,
+    ids: Vec<usize>,
+}
+
+impl Drop for Adopted<'_> {
+    fn drop(&mut self) {
+        lock_children(&self.parent.children).retain(|(c, _)| !self.ids.contains(&c.id()));
     }
 }
 

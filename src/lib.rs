@@ -3,6 +3,9 @@
 //! The binary is a thin layer over this crate; a Rust program can take the
 //! same locks with [`Lock::acquire`], which waits in the same fair line as the
 //! `devlock` command and passes through a lock this process already holds.
+//! Bindings (the Python package in `python/`) build on [`Acquiring`]: the
+//! command line's options as a [`Spec`], a wait that another thread
+//! watches, shows and stops, and a [`Busy`] that names the holder.
 //!
 //! [`cli`], [`exit`] and [`run`] are public for the binary; [`testing`] for
 //! the integration tests. Everything else is private to the crate.
@@ -30,7 +33,10 @@ pub mod exit;
 pub mod resource;
 pub mod testing;
 
-pub use api::{Guard, Lock, Options, Wait};
+pub use api::{
+    Acquiring, Busy, Guard, HeldLock, Hold, Holder, Lock, NotSupported, Options, Spec, Wait,
+    exit_code, status_document,
+};
 pub use resource::Resource;
 
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same

@@ -67,6 +67,31 @@ pub(crate) fn held_only_shared(resource: &crate::resource::Resource, pid: u32) -
     )
 }
 
+/// A take inside an enclosing hold of this process (the library's nesting)
+/// that holds a lock only shared, asked for it exclusively.
+pub(crate) fn held_only_shared_here(resource: &crate::resource::Resource) -> anyhow::Error {
+    crate::exit::coded(
+        ExitCode::Busy,
+        format!(
+            "{resource} is held only shared by an enclosing hold of this process; taking it \
+             exclusively inside that hold would wait for itself"
+        ),
+    )
+}
+
+/// The library's take of nothing.
+pub(crate) fn no_resource() -> anyhow::Error {
+    crate::exit::coded(
+        ExitCode::Usage,
+        "missing RESOURCE: name at least one resource to lock",
+    )
+}
+
+/// An option of the command line that this build does not have yet.
+pub(crate) fn not_supported(option: &str, needs: &str) -> String {
+    format!("{option} needs {needs}, which this build of devlock does not have yet")
+}
+
 /// `gpu is in use with --slots 2, but this asks for it as a plain lock; ...`
 pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
     let how = |n: u64| match n {

@@ -361,9 +361,73 @@ impl Watch {
     }
 }
 
+#[derive(Debug)]
 struct Shown {
     label: String,
     watches: Vec<Watch>,
+}
+
+/// What a wait that its caller shows (the library's, for the Python
+/// package) waits for now: posted by the take with handles of its own, read
+/// on another thread by whoever draws the line, in the command line's words.
+#[derive(Debug, Default)]
+pub(crate) struct Board(Mutex<Option<Shown>>);
+
+impl Board {
+    fn shown(&self) -> std::sync::MutexGuard<'_, Option<Shown>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A wait begins: what it is for and the handles to watch it with.
+    pub(crate) fn post(&self, label: String, watches: Vec<Watch>) {
+        *self.shown() = Some(Shown { label, watches });
+    }
+
+    /// The wait is over.
+    pub(crate) fn clear(&self) {
+        *self.shown() = None;
+    }
+
+    /// The label of the wait now.
+    pub(crate) fn label(&self) -> Option<String> {
+        self.shown().as_ref().map(|s| s.label.clone())
+    }
+
+    /// The command line's waiting line for the wait now, after `waited`:
+    /// with `width`, as drawn on a terminal line of its own (fitted, no
+    /// step); without, as a log line, naming `step`.
+    pub(crate) fn line(
+        &self,
+        waited: Duration,
+        step: &str,
+        width: Option<usize>,
+    ) -> Option<String> {
+        let shown = self.shown();
+        let shown = shown.as_ref()?;
+        let parts = shown.parts(waited, width.is_none().then_some(step));
+        let parts: Vec<(&str, bool)> = parts.iter().map(|(p, s)| (p.as_str(), *s)).collect();
+        Some(match width {
+            Some(width) => fit(&parts, width.saturating_sub(1).max(1)),
+            None => parts.iter().map(|(p, _)| *p).collect(),
+        })
+    }
+
+    /// For a timeout: the label, what stands in the way as the command
+    /// line's timeout words it, the first holder in the way, and the lock
+    /// waited for (the label, when several are).
+    pub(crate) fn in_the_way(&self) -> Option<(String, String, Option<status::Holder>, String)> {
+        let shown = self.shown();
+        let shown = shown.as_ref()?;
+        let holder = shown
+            .watches
+            .iter()
+            .find_map(|w| w.seen().view.holders.first().cloned());
+        let resource = match &shown.watches[..] {
+            [one] => one.resource.to_string(),
+            _ => shown.label.clone(),
+        };
+        Some((shown.label.clone(), shown.in_the_way(), holder, resource))
+    }
 }
 
 impl Shown {

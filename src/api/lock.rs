@@ -117,6 +117,7 @@ impl Lock {
             no_wait: options.wait == Wait::NoWait,
             plan: None,
             stop: Stop::default(),
+            board: None,
         };
         let request = Request {
             name: resource.clone(),

@@ -2,5 +2,9 @@
 //! takes, over the same files, line and rules as the command line.
 
 mod lock;
+mod take;
 
 pub use lock::{Guard, Lock, Options, Wait};
+pub use take::{
+    Acquiring, Busy, HeldLock, Hold, Holder, NotSupported, Spec, exit_code, status_document,
+};

@@ -57,6 +57,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         no_wait: args.no_wait,
         plan: Some(&plan),
         stop: Stop::default(),
+        board: None,
     };
     // A job stop (Ctrl-Z) before the command starts gives up every place and
     // lock taken so far, stops, and once continued starts again at the back.

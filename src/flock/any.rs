@@ -183,7 +183,7 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
         })
         .collect();
     let label = format!("any of {}", names.join(" "));
-    let shows = ctx.plan.is_some_and(|p| !p.quiet);
+    let shows = ctx.shows();
     let watches = if shows {
         joined
             .iter()
@@ -242,6 +242,21 @@ pub(crate) fn first_of<I: Send, T: Send>(
         }
         started.wait();
         drop(tx);
+        // This thread sleeps in no lock call while its racers do: a stop of
+        // the outer wait (a library's cancel or timeout) must reach them.
+        let _adopted = outer.adopt(
+            stops
+                .iter()
+                .cloned()
+                .zip(
+                    threads
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .map(|t| t.expect("every thread said who it is")),
+                )
+                .collect(),
+        );
         // A job stop must reach a thread asleep in a lock call, not this one.
         let mask = crate::interrupt::keep_job_stops_off_here();
         let mut winner = None;

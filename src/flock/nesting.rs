@@ -53,6 +53,23 @@ pub(crate) fn inherited(lock: &LockFile, exclusive: bool) -> Inherited {
 /// The modes (true for exclusive) in which descriptors we inherited hold the
 /// lock.
 fn inherited_modes(lock: &LockFile) -> Vec<bool> {
+    inherited_holds(lock).into_iter().map(|(_, e)| e).collect()
+}
+
+/// The descriptors we inherited that hold the lock: what a child must
+/// inherit in turn to run inside the same hold.
+pub(crate) fn inherited_fds(lock: &LockFile) -> Vec<RawFd> {
+    let mut fds: Vec<RawFd> = inherited_holds(lock)
+        .into_iter()
+        .map(|(fd, _)| fd)
+        .collect();
+    fds.dedup();
+    fds
+}
+
+/// Each inherited descriptor on the lock's file with a granted lock, and
+/// the lock's mode (true for exclusive).
+fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
     let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
         return Vec::new();
     };
@@ -65,10 +82,10 @@ fn inherited_modes(lock: &LockFile) -> Vec<bool> {
         if !inheritable(&name) {
             continue;
         }
-        let same = name
-            .parse()
-            .ok()
-            .and_then(crate::sys::fs::file_id_of)
+        let Ok(number) = name.parse::<RawFd>() else {
+            continue;
+        };
+        let same = crate::sys::fs::file_id_of(number)
             .is_some_and(|(dev, ino)| procfs::FileId::from_metadata(dev, ino) == lock.id());
         if !same {
             continue;
@@ -77,10 +94,21 @@ fn inherited_modes(lock: &LockFile) -> Vec<bool> {
             procfs::locks_of_fd("self", &name)
                 .iter()
                 .filter(|l| l.file == lock.id() && !l.blocked)
-                .map(|l| l.exclusive),
+                .map(|l| (number, l.exclusive)),
         );
     }
     modes
+}
+
+/// Whether descriptor `fd` of this process is open on the lock's file and
+/// holds a granted lock on it (asked of the kernel: a forked child that
+/// closed its copy does not).
+pub(crate) fn fd_holds(fd: RawFd, lock: &LockFile) -> bool {
+    crate::sys::fs::file_id_of(fd)
+        .is_some_and(|(dev, ino)| procfs::FileId::from_metadata(dev, ino) == lock.id())
+        && procfs::locks_of_fd("self", &fd.to_string())
+            .iter()
+            .any(|l| l.file == lock.id() && !l.blocked)
 }
 
 /// Whether one of our descriptors survives exec (so it came from our parent:

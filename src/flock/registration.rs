@@ -75,6 +75,8 @@ pub(crate) struct Registration {
     kind: Kind,
     /// The file's length: what the last record written left.
     len: std::cell::Cell<u64>,
+    /// A copy in a forked child, closed without touching the file.
+    detached: bool,
 }
 
 impl Registration {
@@ -140,6 +142,7 @@ impl Registration {
                 file,
                 kind,
                 len: std::cell::Cell::new(len),
+                detached: false,
             });
         }
         Err(anyhow::anyhow!(
@@ -160,10 +163,19 @@ impl Registration {
     pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.file)
     }
+
+    /// In a forked child: closes this process's copy of the descriptor and
+    /// leaves the file, and the label in it, to the process that made it.
+    pub(crate) fn close_copy(mut self) {
+        self.detached = true;
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
         // A shared hold's label goes first, so that a child still holding
         // this file through an inherited descriptor carries no stale step
         // (no other registration is ever passed on).

@@ -144,6 +144,28 @@ impl Held {
     }
 }
 
+impl Held {
+    /// In a forked child of the taker: closes this process's copies of the
+    /// hold's descriptors and nothing else. The record, the place in line and
+    /// a shared holder's label stay with the taker (and the lock with
+    /// whoever still has a descriptor to it).
+    pub(crate) fn close_copy(mut self) {
+        self.wrote.set(false);
+        if let Some(Keep {
+            lock,
+            slot,
+            ticket,
+            label_file,
+        }) = self.keep.take()
+        {
+            drop((lock, slot, ticket));
+            if let Some(label) = label_file {
+                label.close_copy();
+            }
+        }
+    }
+}
+
 impl Drop for Held {
     /// Lets go in this order, each step for a reason:
     ///
@@ -201,6 +223,9 @@ pub(crate) struct Context<'a> {
     pub(crate) plan: Option<&'a WaitPlan>,
     /// Lets another thread stop a quiet wait (the library's timeout).
     pub(crate) stop: Stop,
+    /// Without a plan: where a wait posts what it waits for, for a caller
+    /// that shows the wait itself (the Python package's waiting line).
+    pub(crate) board: Option<&'a wait::Board>,
 }
 
 /// What a try without waiting came to.
@@ -211,6 +236,12 @@ pub(crate) enum Attempt {
 }
 
 impl Context<'_> {
+    /// Whether a wait gathers handles for a display: the command line's
+    /// (unless quiet), or a board's.
+    pub(crate) fn shows(&self) -> bool {
+        self.plan.map_or(self.board.is_some(), |p| !p.quiet)
+    }
+
     /// A fresh record for this process; built only when a label is written,
     /// so an uncontended take reads nothing it does not need.
     pub(crate) fn record(&self) -> Record {
@@ -405,7 +436,7 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> 
     }
     let registration = register(ctx, request, entry.ticket.number);
     let label = label_of(request);
-    let shows = ctx.plan.is_some_and(|p| !p.quiet);
+    let shows = ctx.shows();
     let watches = shows
         .then(|| watch(ctx.dir, request, &entry))
         .flatten()
@@ -473,7 +504,13 @@ pub(crate) fn blocking<T>(
             })
         }
         None => {
+            if let Some(board) = ctx.board {
+                board.post(label, watches);
+            }
             let result = block(&ctx.stop);
+            if let Some(board) = ctx.board {
+                board.clear();
+            }
             drop(registrations);
             Ok((result?, Waited::default()))
         }

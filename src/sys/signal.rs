@@ -30,6 +30,16 @@ impl SigSet {
         SigSet::of(&[])
     }
 
+    /// Every signal.
+    pub(crate) fn all() -> SigSet {
+        // SAFETY: sigfillset initialises the plain-data set it is given.
+        unsafe {
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigfillset(&mut set);
+            SigSet(set)
+        }
+    }
+
     /// The set as libc takes it.
     pub(crate) fn raw(&self) -> &libc::sigset_t {
         &self.0

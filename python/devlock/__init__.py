@@ -1,0 +1,592 @@
+"""Machine-wide device locks (a GPU above all), the same gate as the ``devlock`` command.
+
+``devlock.lock`` takes the same kernel flock(2) on the same lock file in the
+same scratch directory as ``devlock RESOURCE -- COMMAND``, waits in the same
+first-come-first-served line, writes the same holder record and lets the
+kernel release it on any death; a CLI waiter and a Python waiter are served in
+arrival order, and ``devlock status`` shows a Python holder like any other::
+
+    import devlock
+
+    with devlock.lock("gpu:0", step="notebook-eval"):   # waits its turn
+        model = load(...)                               # CUDA_VISIBLE_DEVICES=0 here
+
+    try:
+        with devlock.lock("gpu", wait=False):
+            ...
+    except devlock.Busy as e:                           # names the holder, like devlock -n
+        print(e.holder.step, e.holder.pid, e.holder.user)
+
+    devlock.status()                                    # the document of devlock status --json
+
+Nesting, forks and subprocesses:
+
+* A nested ``devlock.lock`` of something an enclosing block of the same
+  thread (or asyncio task: the blocks held are a context variable) holds
+  passes through, counted: the inner block's end releases nothing. Another
+  thread of the process waits its turn like any other holder.
+* Fork policy: a forked child (``os.fork``, ``multiprocessing`` with the
+  fork start method) shares the open file description, and so the lock, of
+  every block its parent held when it forked; inside it, a ``devlock.lock``
+  of those passes through. Whichever process leaves the block lets go of its
+  own descriptors only: a child leaving the block (or exiting) never releases
+  the parent's hold, and never clears its label. The lock, and the holder's
+  place at the head of the line, last until the last process holding the
+  descriptors has left the block, closed them or died; the taker's label goes
+  when the taker leaves (status then shows the children still holding it as
+  inherited holders).
+* A ``devlock`` command started inside the block passes through only on an
+  inherited descriptor that holds the lock: pass
+  ``subprocess.run(..., pass_fds=devlock.pass_fds())``, or take the block with
+  ``inheritable=True`` and start children with ``close_fds=False`` (or
+  ``os.system``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
+
+from . import _devlock as _native
+
+__all__ = [
+    "DEFAULT_DIR",
+    "Busy",
+    "Error",
+    "Held",
+    "Holder",
+    "NotSupported",
+    "Timeout",
+    "UnsafeFile",
+    "UsageError",
+    "lock",
+    "pass_fds",
+    "status",
+]
+
+__version__: str = _native.VERSION
+
+#: The scratch directory when neither ``dir=`` nor ``DEVLOCK_DIR`` names one.
+DEFAULT_DIR: str = _native.DEFAULT_DIR
+
+#: Waiting is reported to this logger off a terminal.
+logger = logging.getLogger("devlock")
+
+# How often a waiting block looks for Ctrl-C (and other signals) between
+# waits with the GIL released.
+_POLL = 0.05
+# How often the live line is redrawn on a terminal, as the command line does.
+_REDRAW = 1.0
+
+
+class Error(Exception):
+    """Any failure of devlock; ``exit_code`` is what the command line would exit with."""
+
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+class UsageError(Error, ValueError):
+    """A bad resource name or a bad combination of options (the command line's exit 2)."""
+
+
+class NotSupported(Error, NotImplementedError):
+    """An option that this build of devlock does not have yet."""
+
+
+class UnsafeFile(Error):
+    """The scratch directory or a lock file is unsafe or unusable (exit 74): a
+    symbolic link, a FIFO, a directory where a lock file belongs, a network
+    filesystem, a directory that cannot be created."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock, as ``devlock -n`` names them; None where nobody can tell."""
+
+    step: Optional[str] = None
+    pid: Optional[int] = None
+    user: Optional[str] = None
+
+
+class Busy(Error):
+    """Someone else holds the lock and the block was not to wait (``wait=False``,
+    the command line's ``-n``): ``holder`` names them, ``resource`` is the lock
+    in the way."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        resource: Optional[str] = None,
+        holder: Optional[Holder] = None,
+        exit_code: int = 75,
+    ) -> None:
+        super().__init__(message, exit_code=exit_code)
+        self.resource = resource
+        self.holder = holder if holder is not None else Holder()
+
+
+class Timeout(Busy):
+    """The wait ran out of time (``timeout=``, the command line's ``-w``); the
+    block left the line."""
+
+
+def _translate(err: BaseException) -> Error:
+    kind, message, resource, holder, code = err.args
+    if kind in ("busy", "timeout"):
+        cls = Timeout if kind == "timeout" else Busy
+        who = Holder(*holder) if holder is not None else None
+        return cls(message, resource=resource, holder=who, exit_code=code)
+    if kind == "unsafe":
+        return UnsafeFile(message, exit_code=code)
+    if kind == "usage":
+        return UsageError(message, exit_code=code)
+    if kind == "unsupported":
+        return NotSupported(message, exit_code=code)
+    return Error(message, exit_code=code)
+
+
+class Held(NamedTuple):
+    """What a ``with devlock.lock(...)`` block holds (returned by ``__enter__``)."""
+
+    #: The resources the block got (with ``any=True``: the ones picked).
+    resources: Tuple[str, ...]
+    #: The step status shows for the holder.
+    step: str
+    #: The semaphore slot (``slots=N``), from 1.
+    slot: Optional[int]
+    #: What the block set ``CUDA_VISIBLE_DEVICES`` to (for ``gpu:N``), else None.
+    cuda_visible_devices: Optional[str]
+    #: True when everything passed through an enclosing hold.
+    nested: bool
+    #: The descriptors a child process must inherit to run inside the hold.
+    fds: Tuple[int, ...]
+
+
+class _Entry:
+    """One block's native hold, and the process that took it."""
+
+    __slots__ = ("native", "pid", "locks")
+
+    def __init__(self, native: Any, locks: List[Tuple[str, bool]]) -> None:
+        self.native = native
+        self.pid = os.getpid()
+        self.locks = locks
+
+
+# The blocks this thread or task is inside, innermost last.
+_stack: contextvars.ContextVar[Tuple[_Entry, ...]] = contextvars.ContextVar(
+    "devlock_held", default=()
+)
+# Every hold of this process not yet released, so that a forked child knows
+# what it inherited (whatever thread of the parent held it).
+_live: Dict[int, _Entry] = {}
+_live_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _live_lock
+    # Another thread of the parent may have held it at the fork.
+    _live_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _covering() -> List[_Entry]:
+    """The holds a take in this context runs inside: this context's blocks,
+    and in a forked child every hold inherited from the parent that the
+    kernel says this process still holds."""
+    stack = _stack.get()
+    if not stack and not _live:
+        return []
+    me = os.getpid()
+    entries = [e for e in stack if e.pid == me or e.native.holds_here()]
+    with _live_lock:
+        inherited = [e for e in _live.values() if e.pid != me]
+    for e in inherited:
+        if e not in entries and e.native.holds_here():
+            entries.append(e)
+    return entries
+
+
+def pass_fds() -> Tuple[int, ...]:
+    """The descriptors a child process must inherit to run inside the blocks
+    this context holds, for ``subprocess.run(..., pass_fds=devlock.pass_fds())``:
+    a ``devlock`` command started so passes through instead of waiting for its
+    parent (the command line passes through only on an inherited descriptor
+    that holds the lock). Empty outside any block."""
+    fds = set()
+    for entry in _covering():
+        fds.update(entry.native.fds())
+    return tuple(sorted(fds))
+
+
+def status(
+    *resources: str, dir: Optional[str] = None, probe_timeout: Optional[float] = 5.0
+) -> Dict[str, Any]:
+    """The same document as ``devlock status --json [RESOURCE...]``, parsed:
+    ``{"dir", "trust", "resources": [...], "device_info", "devices": [...]}``
+    (see ``devlock status --help``). Every resource in the directory when none
+    is named. ``probe_timeout`` bounds the wait for nvidia-smi (None: no GPUs)."""
+    for r in resources:
+        if not isinstance(r, str):
+            raise TypeError(f"resource names are str, not {type(r).__name__}")
+    try:
+        text = _native.status(_dir_of(dir), list(resources), probe_timeout)
+    except _native.NativeError as e:
+        raise _translate(e) from None
+    document: Dict[str, Any] = json.loads(text)
+    return document
+
+
+def _dir_of(dir: Optional[Union[str, "os.PathLike[str]"]]) -> str:
+    if dir is not None:
+        return os.fspath(dir)
+    return os.environ.get("DEVLOCK_DIR") or DEFAULT_DIR
+
+
+def _default_step() -> str:
+    if "ipykernel" in sys.modules:
+        return "jupyter"
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0 and argv0 not in ("-c", "-"):
+        return os.path.basename(argv0)
+    return "python"
+
+
+# --- CUDA -----------------------------------------------------------------
+
+_CUDA_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+_cuda_warned = False
+
+
+def _cuda_started() -> Optional[str]:
+    """Why CUDA may already be initialised in this process, if it may."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return "torch has initialised CUDA"
+        except Exception:
+            pass
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        return "jax has initialised its backends"
+    for name in ("tensorflow", "cupy", "numba.cuda", "pycuda.autoinit"):
+        if name in sys.modules and _nvidia_device_open():
+            return f"{name} is loaded and this process has an NVIDIA device open"
+    return None
+
+
+def _nvidia_device_open() -> bool:
+    """Whether this process has an NVIDIA device file open (a CUDA context does)."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _set_cuda(devices: str) -> Dict[str, Optional[str]]:
+    global _cuda_warned
+    saved = {k: os.environ.get(k) for k in _CUDA_VARS}
+    why = _cuda_started()
+    if why is not None and not _cuda_warned:
+        _cuda_warned = True
+        warnings.warn(
+            f"devlock: {why}; CUDA_VISIBLE_DEVICES={devices} set now cannot take "
+            "effect in this process (take the lock before CUDA starts)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    # Without it CUDA numbers devices fastest first, not as nvidia-smi does.
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return saved
+
+
+def _restore_env(saved: Dict[str, Optional[str]]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+# --- The waiting display --------------------------------------------------
+
+
+def _columns() -> Optional[int]:
+    """The width of the terminal on stderr, as the command line fits its line to it."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or None
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+class _Display:
+    """The command line's waiting line on a terminal; a ``logging`` record
+    (logger ``devlock``) otherwise, and always in Jupyter: no control
+    characters there."""
+
+    def __init__(self, quiet: bool, report_every: float) -> None:
+        self.quiet = quiet
+        self.report_every = report_every
+        stream = sys.stderr
+        try:
+            tty = stream is not None and stream.isatty()
+        except Exception:
+            tty = False
+        self.live = tty and "ipykernel" not in sys.modules
+        self.next_at = 0.0
+        self.shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+    def _record(self, line: str) -> None:
+        message = line[len("devlock: ") :] if line.startswith("devlock: ") else line
+        if logger.hasHandlers():
+            logger.info(message)
+        else:
+            # Nothing handles the logger: say it as the command line would.
+            self._write(f"devlock: {message}\n")
+
+    def tick(self, acquiring: Any) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if now < self.next_at:
+            return
+        line = acquiring.waiting_line(_columns() if self.live else None)
+        if not line:
+            return
+        if self.live:
+            self._write(f"\r\x1b[K{line}")
+            self.next_at = now + _REDRAW
+        else:
+            self._record(line)
+            self.next_at = now + self.report_every
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.live and self.shown:
+            self._write("\r\x1b[K")
+
+    def done(self, line: Optional[str]) -> None:
+        self.clear()
+        if not self.quiet and not self.live and self.shown and line:
+            self._record(line)
+
+
+# --- The lock -------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise UsageError(f"{name} must be between {low} and {high}, got {value}", exit_code=2)
+    return value
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not value >= 0 or value == float("inf"):
+        raise UsageError(f"{name} must be a finite number of seconds >= 0, got {value}", exit_code=2)
+    return float(value)
+
+
+class lock:
+    """Hold machine-wide resources for a ``with`` block, as ``devlock RESOURCE... --`` does.
+
+    ``resources`` are the command line's names: ``"gpu"`` (every GPU),
+    ``"gpu:N"`` (one GPU; it also takes the group ``gpu`` shared, so a holder
+    of the whole group excludes every member), or any name of 1-64 of
+    ``[A-Za-z0-9._:-]``. The keyword arguments are the command line's options:
+
+    * ``step`` (``--step``): the holder's label in status (default: the
+      script's name, ``jupyter`` in a notebook, else ``python``).
+    * ``wait=False`` (``-n``): fail at once with :class:`Busy` naming the
+      holder instead of waiting.
+    * ``timeout`` (``-w``, seconds): give up with :class:`Timeout` after
+      waiting this long; the block leaves the line.
+    * ``shared`` (``--shared``), ``slots`` (``--slots N``), ``any`` and
+      ``count`` (``--any --count K``).
+    * ``quiet`` (``-q``): show nothing while waiting; ``report_every``
+      (``--report-every``, seconds): off a terminal, how often a long wait is
+      reported (as a ``logging`` record of logger ``devlock``; printed to
+      stderr when nothing handles that logger).
+    * ``dir`` (``--dir``): the scratch directory (default ``DEVLOCK_DIR``,
+      else :data:`DEFAULT_DIR`).
+    * ``inheritable``: make the hold's descriptors inheritable for the block,
+      so children started with ``close_fds=False`` (or ``os.system``) run
+      inside it; such a child still running after the block keeps the lock
+      until it exits. Without it, pass :func:`pass_fds` to ``subprocess``.
+    * ``mem`` (``--mem``, ``"20GiB"``): the memory budget; not in this build
+      yet (entering the block raises :class:`NotSupported`).
+
+    The wait sleeps in the kernel with the GIL released, so other threads
+    run; Ctrl-C raises ``KeyboardInterrupt`` within a fraction of a second
+    and leaves the line. A wait is shown, as the command line shows it,
+    once it has lasted 0.2 s. For ``gpu:N`` the block sets ``CUDA_VISIBLE_DEVICES``
+    and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in ``os.environ`` and restores them
+    after; if CUDA is already initialised in the process it warns once that
+    this cannot take effect. The kernel releases the lock on any death of the
+    process (an exception leaving the block, ``sys.exit``, ``os._exit``,
+    ``kill -9``). ``__enter__`` returns a :class:`Held`.
+
+    Raises: :class:`Busy`, :class:`Timeout`, :class:`UnsafeFile`,
+    :class:`UsageError`, :class:`NotSupported`, :class:`Error`.
+    """
+
+    def __init__(
+        self,
+        *resources: str,
+        step: Optional[str] = None,
+        wait: bool = True,
+        timeout: Optional[float] = None,
+        shared: bool = False,
+        slots: Optional[int] = None,
+        any: bool = False,
+        count: int = 1,
+        quiet: bool = False,
+        report_every: float = 60.0,
+        dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+        inheritable: bool = False,
+        mem: Optional[Union[str, int]] = None,
+    ) -> None:
+        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (str, int))):
+            raise TypeError(f"mem must be a str such as '20GiB' or an int, not {type(mem).__name__}")
+        if not resources:
+            raise UsageError("name at least one resource to lock, as in devlock.lock('gpu')", exit_code=2)
+        for r in resources:
+            if not isinstance(r, str):
+                raise TypeError(f"resource names are str, not {type(r).__name__}")
+        if not wait and timeout is not None:
+            raise UsageError("wait=False and timeout= exclude each other (as -n and -w do)", exit_code=2)
+        if step is not None and not isinstance(step, str):
+            raise TypeError(f"step must be a str, not {type(step).__name__}")
+        self._resources = list(resources)
+        self._step = step
+        self._wait = bool(wait)
+        self._timeout = None if timeout is None else _check_seconds("timeout", timeout)
+        self._shared = bool(shared)
+        self._slots = None if slots is None else _check_int("slots", slots, 1, 65535)
+        self._any = bool(any)
+        self._count = _check_int("count", count, 1, 255)
+        self._quiet = bool(quiet)
+        self._report_every = _check_seconds("report_every", report_every)
+        if self._report_every < 0.01:
+            raise UsageError("report_every must be at least 0.01 seconds", exit_code=2)
+        self._dir = dir
+        self._inheritable = bool(inheritable)
+        # Passed as the command line's text; the native layer decides.
+        self._mem = None if mem is None else str(mem)
+        # One per block entered with this object (it may be re-entered).
+        self._blocks: List[Tuple[_Entry, "contextvars.Token[Tuple[_Entry, ...]]", Optional[Dict[str, Optional[str]]]]] = []
+
+    def __repr__(self) -> str:
+        return f"devlock.lock({', '.join(map(repr, self._resources))})"
+
+    def __enter__(self) -> Held:
+        step = self._step if self._step is not None else _default_step()
+        inside = [lk for entry in _covering() for lk in entry.locks]
+        try:
+            acquiring = _native.start(
+                self._resources,
+                dir=_dir_of(self._dir),
+                step=step,
+                wait=self._wait,
+                timeout=self._timeout,
+                shared=self._shared,
+                slots=self._slots,
+                any=self._any,
+                count=self._count,
+                mem=self._mem,
+                inside=inside,
+            )
+            hold = acquiring.wait(0.0)
+        except _native.NativeError as e:
+            raise _translate(e) from None
+        if hold is None:
+            hold = self._wait_for(acquiring)
+        resources, locks, fds, slot, cuda, nested = hold.info()
+        entry = _Entry(hold, locks)
+        try:
+            if self._inheritable:
+                for fd in fds:
+                    os.set_inheritable(fd, True)
+            saved = _set_cuda(cuda) if cuda is not None else None
+        except BaseException:
+            hold.release()
+            raise
+        with _live_lock:
+            _live[id(entry)] = entry
+        token = _stack.set(_stack.get() + (entry,))
+        self._blocks.append((entry, token, saved))
+        return Held(tuple(resources), step, slot, cuda, nested, tuple(fds))
+
+    def _wait_for(self, acquiring: Any) -> Any:
+        display = _Display(self._quiet, self._report_every)
+        try:
+            display.tick(acquiring)
+            while True:
+                try:
+                    hold = acquiring.wait(_POLL)
+                except _native.NativeError as e:
+                    raise _translate(e) from None
+                if hold is not None:
+                    break
+                # Back in Python between polls: a signal's handler
+                # (KeyboardInterrupt) runs here.
+                display.tick(acquiring)
+        except BaseException:
+            acquiring.cancel()
+            display.clear()
+            raise
+        display.done(hold.done_line())
+        return hold
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        entry, token, saved = self._blocks.pop()
+        try:
+            _stack.reset(token)
+        except ValueError:
+            # Left in another context than it was entered in.
+            _stack.set(tuple(e for e in _stack.get() if e is not entry))
+        with _live_lock:
+            _live.pop(id(entry), None)
+        entry.native.release()
+        if saved is not None:
+            _restore_env(saved)

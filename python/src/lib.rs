@@ -1,0 +1,304 @@
+//! The native module `devlock._devlock`: a thin layer over the devlock
+//! library's public take ([`devlock::Acquiring`], [`devlock::Hold`]) and
+//! status document. Every wait releases the GIL; the Python package around
+//! it (devlock/__init__.py) owns the context manager, nesting, the display
+//! and the exceptions.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    _devlock,
+    NativeError,
+    PyException,
+    "A failure of the native layer: args are (kind, message, resource, holder, exit_code)."
+);
+
+/// Maps a library error to `NativeError(kind, message, resource, holder, exit_code)`,
+/// which the Python layer turns into its typed exceptions.
+fn to_py(err: anyhow::Error) -> PyErr {
+    let message = format!("{err:#}");
+    let code = devlock::exit_code(&err);
+    let (kind, resource, holder) = if let Some(busy) = err.downcast_ref::<devlock::Busy>() {
+        let kind = if busy.timed_out { "timeout" } else { "busy" };
+        let holder = busy
+            .holder
+            .as_ref()
+            .map(|h| (h.step.clone(), h.pid, h.user.clone()));
+        (kind, Some(busy.resource.clone()), holder)
+    } else if err.downcast_ref::<devlock::NotSupported>().is_some() {
+        ("unsupported", None, None)
+    } else {
+        let kind = match code {
+            74 => "unsafe",
+            2 => "usage",
+            _ => "error",
+        };
+        (kind, None, None)
+    };
+    NativeError::new_err((kind, message, resource, holder, code))
+}
+
+fn seconds(value: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| PyValueError::new_err(format!("{what} must be a number of seconds >= 0")))
+}
+
+/// A take in progress (see devlock::Acquiring).
+#[pyclass(module = "devlock._devlock", name = "Acquiring")]
+struct PyAcquiring {
+    inner: Mutex<Option<devlock::Acquiring>>,
+}
+
+#[pymethods]
+impl PyAcquiring {
+    /// Whether the take had to wait in line (it was not free at once).
+    fn is_waiting(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(devlock::Acquiring::is_waiting)
+    }
+
+    /// Waits up to `seconds` with the GIL released: the hold once taken,
+    /// None while still waiting; raises NativeError when the take failed.
+    fn wait(&self, py: Python<'_>, seconds: f64) -> PyResult<Option<PyHold>> {
+        let limit = self::seconds(seconds, "the poll interval")?;
+        let outcome = py.detach(|| {
+            let mut inner = self.inner.lock().unwrap();
+            let acquiring = inner.as_mut()?;
+            let outcome = acquiring.wait(limit);
+            if outcome.is_some() {
+                // The display's last words need the label and the time.
+                let done = acquiring.done_line();
+                let waited = acquiring.is_waiting();
+                inner.take();
+                return outcome.map(|o| (o, done, waited));
+            }
+            None
+        });
+        match outcome {
+            None => Ok(None),
+            Some((Ok(hold), done, waited)) => Ok(Some(PyHold {
+                inner: Mutex::new(Some(hold)),
+                done_line: waited.then_some(done),
+            })),
+            Some((Err(e), _, _)) => Err(to_py(e)),
+        }
+    }
+
+    /// Leaves the line (GIL released); a lock taken at that moment is let go.
+    fn cancel(&self, py: Python<'_>) {
+        py.detach(|| {
+            if let Some(acquiring) = self.inner.lock().unwrap().take() {
+                acquiring.cancel();
+            }
+        });
+    }
+
+    /// The command line's waiting line (GIL released while it reads /proc):
+    /// with `width`, as on a terminal line of its own; else as in a log.
+    #[pyo3(signature = (width=None))]
+    fn waiting_line(&self, py: Python<'_>, width: Option<usize>) -> String {
+        py.detach(|| {
+            self.inner
+                .lock()
+                .unwrap()
+                .as_mut()
+                .map(|a| a.waiting_line(width))
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// What a take holds (see devlock::Hold).
+#[pyclass(module = "devlock._devlock", name = "Hold")]
+struct PyHold {
+    inner: Mutex<Option<devlock::Hold>>,
+    done_line: Option<String>,
+}
+
+impl PyHold {
+    fn with<T>(&self, f: impl FnOnce(&devlock::Hold) -> T, empty: T) -> T {
+        self.inner.lock().unwrap().as_ref().map_or(empty, f)
+    }
+}
+
+#[pymethods]
+impl PyHold {
+    /// The resources the take was for (an any's picks), groups left out.
+    fn resources(&self) -> Vec<String> {
+        self.with(devlock::Hold::resources, Vec::new())
+    }
+
+    /// (resource, exclusive) for every lock it keeps or passed through.
+    fn locks(&self) -> Vec<(String, bool)> {
+        self.with(
+            |h| {
+                h.locks()
+                    .into_iter()
+                    .map(|l| (l.resource, l.exclusive))
+                    .collect()
+            },
+            Vec::new(),
+        )
+    }
+
+    /// The descriptors a child process must inherit to run inside the hold.
+    fn fds(&self) -> Vec<i32> {
+        self.with(devlock::Hold::fds, Vec::new())
+    }
+
+    /// The semaphore slot (slots=N), from 1.
+    fn slot(&self) -> Option<u64> {
+        self.with(devlock::Hold::slot, None)
+    }
+
+    /// CUDA_VISIBLE_DEVICES for the hold's gpu:N resources.
+    fn cuda_visible_devices(&self) -> Option<String> {
+        self.with(devlock::Hold::cuda_visible_devices, None)
+    }
+
+    /// Whether the take took nothing of its own (it passed through).
+    fn is_nested(&self) -> bool {
+        self.with(devlock::Hold::is_nested, true)
+    }
+
+    /// (resources, locks, fds, slot, cuda_visible_devices, is_nested) in one call.
+    #[allow(clippy::type_complexity)]
+    fn info(
+        &self,
+    ) -> (
+        Vec<String>,
+        Vec<(String, bool)>,
+        Vec<i32>,
+        Option<u64>,
+        Option<String>,
+        bool,
+    ) {
+        self.with(
+            |h| {
+                (
+                    h.resources(),
+                    h.locks()
+                        .into_iter()
+                        .map(|l| (l.resource, l.exclusive))
+                        .collect(),
+                    h.fds(),
+                    h.slot(),
+                    h.cuda_visible_devices(),
+                    h.is_nested(),
+                )
+            },
+            (Vec::new(), Vec::new(), Vec::new(), None, None, true),
+        )
+    }
+
+    /// The process that took it.
+    fn pid(&self) -> u32 {
+        self.with(devlock::Hold::pid, 0)
+    }
+
+    /// Whether this process holds it now, asked of the kernel.
+    fn holds_here(&self) -> bool {
+        self.with(devlock::Hold::holds_here, false)
+    }
+
+    /// `devlock: got gpu after 5s` for a take that waited, else None.
+    fn done_line(&self) -> Option<String> {
+        self.done_line.clone()
+    }
+
+    /// Lets go (in a forked child: of the child's copies only). Idempotent.
+    fn release(&self, py: Python<'_>) {
+        let hold = self.inner.lock().unwrap().take();
+        py.detach(move || drop(hold));
+    }
+}
+
+/// Starts a take (GIL released): checks the options, takes at once when
+/// free, else (unless wait is false) waits in line on a thread of its own.
+#[pyfunction]
+#[pyo3(signature = (resources, *, dir, step, wait, timeout, shared, slots, any, count, mem, inside))]
+#[allow(clippy::too_many_arguments)]
+fn start(
+    py: Python<'_>,
+    resources: Vec<String>,
+    dir: PathBuf,
+    step: String,
+    wait: bool,
+    timeout: Option<f64>,
+    shared: bool,
+    slots: Option<u16>,
+    any: bool,
+    count: u8,
+    mem: Option<String>,
+    inside: Vec<(String, bool)>,
+) -> PyResult<PyAcquiring> {
+    let wait = match (wait, timeout) {
+        (false, Some(_)) => {
+            return Err(PyValueError::new_err(
+                "wait=False and timeout= exclude each other (as -n and -w do)",
+            ));
+        }
+        (false, None) => devlock::Wait::NoWait,
+        (true, None) => devlock::Wait::Block,
+        (true, Some(t)) => devlock::Wait::Timeout(seconds(t, "timeout")?),
+    };
+    let spec = devlock::Spec {
+        resources,
+        shared,
+        slots,
+        any,
+        count,
+        mem,
+    };
+    let options = devlock::Options { dir, wait, step };
+    let inside: Vec<devlock::HeldLock> = inside
+        .into_iter()
+        .map(|(resource, exclusive)| devlock::HeldLock {
+            resource,
+            exclusive,
+        })
+        .collect();
+    let acquiring = py
+        .detach(|| devlock::Acquiring::start(&spec, &options, &inside))
+        .map_err(to_py)?;
+    Ok(PyAcquiring {
+        inner: Mutex::new(Some(acquiring)),
+    })
+}
+
+/// The JSON text of `devlock status --json [RESOURCE...]` (GIL released).
+#[pyfunction]
+#[pyo3(signature = (dir, resources, probe_timeout))]
+fn status(
+    py: Python<'_>,
+    dir: PathBuf,
+    resources: Vec<String>,
+    probe_timeout: Option<f64>,
+) -> PyResult<String> {
+    let probe = probe_timeout
+        .map(|t| seconds(t, "probe_timeout"))
+        .transpose()?;
+    py.detach(|| devlock::status_document(&dir, &resources, probe))
+        .map_err(to_py)
+}
+
+#[pymodule]
+fn _devlock(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("NativeError", m.py().get_type::<NativeError>())?;
+    m.add("DEFAULT_DIR", devlock::DEFAULT_DIR)?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyAcquiring>()?;
+    m.add_class::<PyHold>()?;
+    m.add_function(wrap_pyfunction!(start, m)?)?;
+    m.add_function(wrap_pyfunction!(status, m)?)?;
+    Ok(())
+}
