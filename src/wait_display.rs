@@ -166,7 +166,10 @@ pub(crate) fn wait_for<T>(
                 .stack_size(256 * 1024)
                 .spawn(move || helper_thread(shown, registrations, state, started, plan, display));
             if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
-                *slot = Some(Helper { handle, on_terminal });
+                *slot = Some(Helper {
+                    handle,
+                    on_terminal,
+                });
             }
         }
     };
@@ -213,7 +216,11 @@ pub(crate) fn wait_for<T>(
         stop.on_interrupt(None);
     }
     let helper = helper.lock().ok().and_then(|mut h| h.take());
-    let Some(Helper { handle, on_terminal }) = helper else {
+    let Some(Helper {
+        handle,
+        on_terminal,
+    }) = helper
+    else {
         // Never shown: the registrations go now.
         drop(parts);
         return Ok((held?, Waited::default()));
@@ -299,6 +306,18 @@ pub(crate) struct Watch {
     /// What the lines call it: the resource, or for a group taken on a
     /// member's behalf, the member with its group.
     pub label: String,
+    /// For a `--mem` request at the front of its line: the figures it waits
+    /// on (kept up to date by the waiting thread), shown instead of the
+    /// holders.
+    pub room: Option<Arc<Mutex<String>>>,
+}
+
+impl Watch {
+    /// The figures a budget waits on, once it has looked.
+    fn room_text(&self) -> Option<String> {
+        let text = self.room.as_ref()?.lock().ok()?.clone();
+        (!text.is_empty()).then_some(text)
+    }
 }
 
 /// Who stands in the way of one watched lock, as of now.
@@ -363,7 +382,9 @@ impl Shown {
             [] => {}
             [watch] => {
                 let seen = watch.seen();
-                if let Some(h) = seen.view.holders.first() {
+                if let Some(room) = watch.room_text() {
+                    parts.push((format!(" · {room}"), true));
+                } else if let Some(h) = seen.view.holders.first() {
                     let ancestor = if h.pid.is_some_and(is_ancestor) {
                         " — an ancestor of this devlock: if it is the job this runs in, it did \
                          not pass its lock down (Python: close_fds=False) and this wait will \
@@ -391,6 +412,9 @@ impl Shown {
                     .iter()
                     .map(|watch| {
                         let seen = watch.seen();
+                        if let Some(room) = watch.room_text() {
+                            return room;
+                        }
                         let who = match (seen.view.holders.first(), seen.ahead.first()) {
                             (Some(_), _) => holders_words(&seen.view),
                             (None, Some(first)) => {
@@ -415,6 +439,9 @@ impl Shown {
         match &self.watches[..] {
             [] => String::new(),
             [watch] => {
+                if let Some(room) = watch.room_text() {
+                    return format!(": {room}");
+                }
                 let seen = watch.seen();
                 in_the_way(&seen.view, &seen.ahead)
             }
@@ -422,6 +449,9 @@ impl Shown {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
+                        if let Some(room) = watch.room_text() {
+                            return room;
+                        }
                         let seen = watch.seen();
                         let why = in_the_way(&seen.view, &seen.ahead);
                         format!("{} {}", watch.label, why.trim_start_matches(": "))
