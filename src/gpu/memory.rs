@@ -149,7 +149,7 @@ pub(crate) fn size(mib: u64) -> String {
     if mib < 1024 {
         return format!("{mib} MiB");
     }
-    if mib % 1024 == 0 {
+    if mib.is_multiple_of(1024) {
         return format!("{} GiB", mib / 1024);
     }
     format!("{:.1} GiB", mib as f64 / 1024.0)

@@ -604,8 +604,11 @@ fn build_view(
         }
     }
     for holder in view.holders.iter_mut().filter(|h| h.mem_mib.is_some()) {
-        // Kernel truth: the place its record names is still locked.
-        holder.starting = Some(holder.ticket.is_some_and(|t| line.tickets.contains(&t)));
+        // Kernel truth: the place its record names is still locked, by it.
+        holder.starting = Some(match (holder.ticket, holder.pid, queue) {
+            (Some(t), Some(pid), Some(q)) => crate::flock::queue::holds_place(table, q, t, pid),
+            _ => false,
+        });
     }
     let holder_tickets: Vec<u64> = record
         .iter()
