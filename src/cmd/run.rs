@@ -35,7 +35,9 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     // A typo must not wait its turn first.
     let found = supervise::check_command(&args.command[0])?;
     let resources = within_visible_devices(args, resources, probe_timeout)?;
-    let totals = budget_totals(args, &resources, probe_timeout)?;
+    let (totals, seen) = budget_totals(args, &resources, probe_timeout)?;
+    // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
+    let seen = std::cell::RefCell::new(seen);
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
@@ -73,7 +75,14 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         };
         let attempt = candidates
             .and_then(|candidates| match args.mem {
-                Some(_) => take_budget(&context(), args, &candidates, probe_timeout, &mut pending),
+                Some(_) => take_budget(
+                    &context(),
+                    args,
+                    &candidates,
+                    probe_timeout,
+                    seen.borrow_mut().take(),
+                    &mut pending,
+                ),
                 None => take_all(&context(), args, &candidates, &mut pending),
             })
             .and_then(|taken| {
@@ -165,7 +174,11 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         lock.label(&record);
     }
     let mut budget_watch = budget_of.map(|(resource, mem, _)| budget::Watch {
-        monitor: budget::Monitor::start(&ask_of(args, &resource, probe_timeout), vec![child.id()]),
+        monitor: budget::Monitor::start(
+            &ask_of(args, &resource, probe_timeout),
+            vec![child.id()],
+            args.settle(),
+        ),
         resource,
         step: step.clone(),
         mem_mib: mem,
@@ -391,6 +404,7 @@ fn ask_of(args: &RunArgs, resource: &Resource, probe_timeout: Duration) -> budge
         mem_mib: args.mem.unwrap_or(0),
         headroom_mib: args.mem_headroom(),
         probe_timeout,
+        seen: None,
     }
 }
 
@@ -402,13 +416,18 @@ fn take_budget(
     args: &RunArgs,
     resources: &[Resource],
     probe_timeout: Duration,
+    seen: Option<Seen>,
     pending: &mut Pending,
 ) -> Result<Vec<(Resource, Taken)>> {
+    let ask = |r: &Resource| budget::Ask {
+        seen: seen.clone(),
+        ..ask_of(args, r, probe_timeout)
+    };
     let mut taken = Vec::new();
     if args.any {
         let asks: Vec<(Request, budget::Ask)> = resources
             .iter()
-            .map(|r| (budget_request(r), ask_of(args, r, probe_timeout)))
+            .map(|r| (budget_request(r), ask(r)))
             .collect();
         for (name, took) in budget::take_any(ctx, &asks, pending)? {
             taken.push((name, took));
@@ -417,7 +436,7 @@ fn take_budget(
     }
     for request in crate::request::in_order(resources, false, 0) {
         let (took, waited) = if request.via.is_none() {
-            budget::take(ctx, &request, &ask_of(args, &request.name, probe_timeout))?
+            budget::take(ctx, &request, &ask(&request.name))?
         } else {
             acquire::take(ctx, &request)?
         };
@@ -552,11 +571,12 @@ fn budget_totals(
     args: &RunArgs,
     resources: &[Resource],
     probe_timeout: Duration,
-) -> Result<Vec<(Resource, u64)>> {
+) -> Result<(Vec<(Resource, u64)>, Option<Seen>)> {
     let Some(mem) = args.mem else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     let report = crate::gpu::memory::probe(probe_timeout);
+    let at = Instant::now();
     let mut totals = Vec::new();
     for resource in resources {
         let index = resource.gpu_index().expect("validated: gpu:N");
@@ -577,8 +597,11 @@ fn budget_totals(
         }
         totals.push((resource.clone(), total));
     }
-    Ok(totals)
+    Ok((totals, Some((at, report))))
 }
+
+/// A probe's answer and when it came.
+type Seen = (Instant, DeviceReport);
 
 /// With `--any --require-idle`: the candidates whose GPUs run no work
 /// outside the gate now, so that the first of them to be free is taken, not

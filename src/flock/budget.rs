@@ -71,6 +71,23 @@ pub(crate) struct Ask {
     pub mem_mib: u64,
     pub headroom_mib: u64,
     pub probe_timeout: Duration,
+    /// What the probe said as the run started (its check of the size), and
+    /// when: the first look uses it while it is [`FRESH`], so an
+    /// uncontended budget costs one probe, not two.
+    pub seen: Option<(Instant, crate::gpu::nvidia_smi::DeviceReport)>,
+}
+
+/// How long a probe's answer stands for the first look.
+const FRESH: Duration = Duration::from_millis(250);
+
+impl Ask {
+    /// The device now: the run's first answer while fresh, else a probe.
+    fn probe(&self) -> crate::gpu::nvidia_smi::DeviceReport {
+        match &self.seen {
+            Some((at, report)) if at.elapsed() < FRESH => report.clone(),
+            _ => memory::probe(self.probe_timeout),
+        }
+    }
 }
 
 /// What the front of the line saw.
@@ -124,7 +141,7 @@ fn roots(record: &Record) -> Vec<u32> {
 fn look(dir: &ScratchDir, resource: &Resource, lock: FileId, ask: &Ask) -> Result<Look, String> {
     let table = LockTable::read().map_err(|e| format!("reading /proc/locks: {e}"))?;
     let found = holders(dir, resource, lock, &table).map_err(|e| format!("{e:#}"))?;
-    let report = memory::probe(ask.probe_timeout);
+    let report = ask.probe();
     let device = memory::device(&report, ask.index)?;
     let budgets = found
         .iter()
@@ -483,13 +500,13 @@ pub(crate) struct Monitor {
 }
 
 impl Monitor {
-    pub(crate) fn start(ask: &Ask, roots: Vec<u32>) -> Monitor {
+    pub(crate) fn start(ask: &Ask, roots: Vec<u32>, settle: Duration) -> Monitor {
         let measures = Arc::new(Measures::default());
         let (m, ask) = (measures.clone(), ask.clone());
         let spawned = std::thread::Builder::new()
             .name("devlock-mem".into())
             .stack_size(256 * 1024)
-            .spawn(move || sample(&m, &ask, &roots));
+            .spawn(move || sample(&m, &ask, &roots, settle));
         if spawned.is_err() {
             // Nothing to measure with: the job starts alone for --settle.
             measures.sampled.store(false, Ordering::Release);
@@ -517,11 +534,13 @@ impl Drop for Monitor {
     }
 }
 
-fn sample(m: &Measures, ask: &Ask, roots: &[u32]) {
+fn sample(m: &Measures, ask: &Ask, roots: &[u32], settle: Duration) {
+    let started = Instant::now();
     let mut last: VecDeque<u64> = VecDeque::new();
     while !m.quit.load(Ordering::Acquire) {
         let settled = m.settled.load(Ordering::Acquire);
-        std::thread::sleep(if settled {
+        // Past --settle the job no longer starts: sample as for one held.
+        std::thread::sleep(if settled || started.elapsed() >= settle {
             SAMPLE_HELD
         } else {
             SAMPLE_STARTING
