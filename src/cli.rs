@@ -23,6 +23,7 @@ Examples:
   devlock -n gpu -- ./eval.sh                    busy? say who holds it, exit 75
   devlock -w 10m gpu -- make bench               give up after ten minutes
   devlock -w 90 gpu -- ./eval.sh                 a bare number is seconds
+  devlock --mem 20GiB gpu:0 -- python eval.py    share gpu:0 by a 20 GiB budget
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
@@ -119,10 +120,16 @@ pub enum Command {
         owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
         slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
         exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
-        or unknown), note}], waiters: [{step, pid, user, since, waiting_for_ms, \
+        or unknown), note, and with a --mem budget mem_mib, used_mib (measured now), \
+        starting (it still holds its place in line: the next budget waits) and \
+        over_budget}], waiters: [{step, pid, user, since, waiting_for_ms, \
         position, ticket, stopped, source (registration, flock or unregistered)}], \
         record (unreadable or private), stale_record, foreign_locks: [{path, range, \
-        exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust}], \
+        exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust, \
+        memory (gpu:N with the device's memory known: {index, total_mib, budgets_mib, \
+        used_inside_mib, used_outside_mib, room_mib}, the budgets each counted as the \
+        larger of budget and use, outside meaning the device's use less the budget \
+        holders', room before any headroom)}], \
         device_info: {status (none, unknown or ok), reason}, devices: [{index, uuid, \
         name, memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, \
         name, user, used_mib, gated, gate}]}]}. Unknown values are null; text from \
