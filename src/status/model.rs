@@ -429,7 +429,12 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
                 .iter_mut()
                 .filter_map(|h| {
                     let mem = h.mem_mib?;
-                    h.used_mib = Some(crate::gpu::memory::tree_use(device, &h.pids));
+                    let used = crate::gpu::memory::tree_use(device, &h.pids);
+                    h.used_mib = Some(used);
+                    // Its own use, not that of everyone inside the gate.
+                    for d in h.devices.iter_mut().filter(|d| d.index == index) {
+                        d.used_mib = Some(used);
+                    }
                     Some(crate::gpu::memory::Budget {
                         step: h.step.clone().unwrap_or_default(),
                         mem_mib: mem,

@@ -241,6 +241,14 @@ pub(crate) fn three_budgets_share_a_device_and_a_fourth_is_refused_with_figures(
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
+    // -w names the same figures when it gives up.
+    let out = g.run(&["-w", "0.5", "--mem", "30GiB", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("waiting for gpu:0: gpu:0: 60 GiB of 80 GiB budgeted (eval-"),
+        "{}",
+        stderr(&out)
+    );
     // 10 GiB still fit (60 + 10 + 2 <= 80).
     let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -609,4 +617,124 @@ pub(crate) fn every_failure_is_one_line_with_its_code() {
             .unwrap();
     assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
     assert!(stderr(&out).contains("cannot run"), "{}", stderr(&out));
+}
+
+pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
+    let g = Gpus::new(&[80 * GIB]);
+    let a = mem("orphan", "60GiB", "0.2s");
+    let mut a = args(&a);
+    a.push("gpu:0");
+    let mut orphan = g.job(&a, "orphan", 0, 0, false);
+    let command: u32 = g
+        .wait_ready("orphan")
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .parse()
+        .unwrap();
+    g.wait_settled("gpu:0", 1);
+    // devlock alone: its command holds the lock and the registration on.
+    signal(orphan.id(), libc::SIGKILL);
+    let _ = orphan.wait();
+    let out = g.run(&["-n", "--mem", "30GiB", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("60 GiB of 80 GiB budgeted (orphan 60 GiB)"),
+        "{}",
+        stderr(&out)
+    );
+    let w = mem("next", "30GiB", "0.2s");
+    let mut w = args(&w);
+    w.push("gpu:0");
+    let mut next = g.job(&w, "next", 0, 0, false);
+    g.wait_waiting("gpu:0", "next");
+    g.release("orphan");
+    wait_gone(command);
+    g.wait_ready("next");
+    finish(&g, "next", &mut next);
+}
+
+pub(crate) fn budgets_of_another_user_count_and_are_counted() {
+    if !can_play_users("budgets across users", &[]) {
+        return;
+    }
+    let g = Gpus::new(&[80 * GIB]);
+    std::fs::set_permissions(
+        &g.state,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let a = mem("root-job", "60GiB", "0.2s");
+    let mut a = args(&a);
+    a.push("gpu:0");
+    let mut root_job = g.job(&a, "root", 0, 0, false);
+    g.wait_ready("root");
+    g.wait_settled("gpu:0", 1);
+    let nobody = |args: &[&str]| {
+        let mut cmd = as_user(USER_A, BIN);
+        cmd.args(args)
+            .env("DEVLOCK_DIR", g.s.dir())
+            .env(
+                "DEVLOCK_NVIDIA_SMI",
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/nvidia-smi/fake-gpu-memory"),
+            )
+            .env("FAKE_GPU_DIR", &g.state)
+            .stdin(Stdio::null());
+        cmd
+    };
+    let out = nobody(&["-n", "--mem", "30GiB", "gpu:0", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("60 GiB of 80 GiB budgeted (root-job 60 GiB)"),
+        "{}",
+        stderr(&out)
+    );
+    // Another user's budget counts for root in turn.
+    let ready = g.s.work("ready-nobody");
+    let release = g.s.work("release-nobody");
+    let script = format!(
+        "echo > {r}.tmp; mv {r}.tmp {r}; while [ ! -e {release} ]; do sleep 0.01; done",
+        r = ready.display(),
+        release = release.display()
+    );
+    let mut theirs = nobody(&[
+        "--step",
+        "nobody-job",
+        "--mem",
+        "10GiB",
+        "--settle",
+        "0.2s",
+        "gpu:0",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready);
+    let view = g.wait_settled("gpu:0", 2);
+    assert!(
+        view["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["user"] == "nobody" && h["mem_mib"] == 10 * GIB),
+        "{view}"
+    );
+    let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("70 GiB of 80 GiB budgeted"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::write(&release, "").unwrap();
+    assert!(wait_child(&mut theirs).success());
+    finish(&g, "root", &mut root_job);
 }

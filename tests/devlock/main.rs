@@ -64,6 +64,8 @@ const TESTS: &[Test] = &[
     test!(budgets::any_mem_takes_the_first_device_with_room, needs: []),
     test!(budgets::the_job_learns_its_budget, needs: []),
     test!(budgets::every_failure_is_one_line_with_its_code, needs: []),
+    test!(budgets::a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []),
+    test!(budgets::budgets_of_another_user_count_and_are_counted, needs: [Root, Tool("setpriv")]),
     test!(core::many_processes_never_overlap_in_a_read_modify_write, needs: []),
     test!(core::flock_holder_blocks_devlock_and_is_named, needs: []),
     test!(core::devlock_holder_blocks_flock, needs: []),
