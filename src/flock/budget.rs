@@ -660,6 +660,64 @@ impl Watch {
 mod tests {
     use super::*;
 
+    fn watch(strict: bool, settle: Duration) -> Watch {
+        Watch {
+            monitor: Monitor {
+                measures: Arc::new(Measures::default()),
+            },
+            resource: "gpu:0".parse().unwrap(),
+            step: "job".into(),
+            mem_mib: 10_000,
+            settle,
+            strict,
+            quiet: true,
+            started: Instant::now(),
+            stepped_aside: false,
+            warned: false,
+            over_since: None,
+            stopped: false,
+        }
+    }
+
+    fn measure(w: &Watch, used: u64, settled: bool) {
+        let m = &w.monitor.measures;
+        m.used_mib.store(used, Ordering::Release);
+        m.sampled.store(true, Ordering::Release);
+        m.settled.store(settled, Ordering::Release);
+    }
+
+    #[test]
+    fn a_job_steps_aside_once_settled_and_is_marked_over_past_a_tenth() {
+        let mut w = watch(false, Duration::from_secs(3600));
+        assert_eq!(w.check(), [], "nothing measured, not settled");
+        measure(&w, 11_000, false);
+        assert_eq!(w.check(), [], "10 % over is within");
+        measure(&w, 11_001, true);
+        assert_eq!(
+            w.check(),
+            [Action::StepAside, Action::Relabel(Some(11_001))]
+        );
+        assert_eq!(w.check(), [], "said once, stepped aside once");
+        measure(&w, 9_000, true);
+        assert_eq!(w.check(), [Action::Relabel(None)], "back under");
+    }
+
+    #[test]
+    fn strict_stops_a_job_that_stays_over_for_the_settle_time() {
+        let mut w = watch(true, Duration::ZERO);
+        measure(&w, 20_000, false);
+        assert_eq!(
+            w.check(),
+            [Action::StepAside, Action::Relabel(Some(20_000))]
+        );
+        assert_eq!(w.check(), [Action::Stop]);
+        assert_eq!(w.check(), [], "stopped once");
+        let mut lenient = watch(false, Duration::ZERO);
+        measure(&lenient, 20_000, false);
+        lenient.check();
+        assert_eq!(lenient.check(), [], "without --mem-strict, only said");
+    }
+
     #[test]
     fn settling_allows_allocator_chunks() {
         assert_eq!(settle_delta(1024), 128);
