@@ -318,6 +318,14 @@ impl Watch {
         let text = self.room.as_ref()?.lock().ok()?.clone();
         (!text.is_empty()).then_some(text)
     }
+
+    /// The figures without the resource's name in front, where the line
+    /// has named it already.
+    fn unnamed<'t>(&self, room: &'t str) -> &'t str {
+        room.strip_prefix(self.resource.as_str())
+            .and_then(|r| r.strip_prefix(": "))
+            .unwrap_or(room)
+    }
 }
 
 /// Who stands in the way of one watched lock, as of now.
@@ -383,7 +391,7 @@ impl Shown {
             [watch] => {
                 let seen = watch.seen();
                 if let Some(room) = watch.room_text() {
-                    parts.push((format!(" · {room}"), true));
+                    parts.push((format!(" · {}", watch.unnamed(&room)), true));
                 } else if let Some(h) = seen.view.holders.first() {
                     let ancestor = if h.pid.is_some_and(is_ancestor) {
                         " — an ancestor of this devlock: if it is the job this runs in, it did \
@@ -440,7 +448,7 @@ impl Shown {
             [] => String::new(),
             [watch] => {
                 if let Some(room) = watch.room_text() {
-                    return format!(": {room}");
+                    return format!(": {}", watch.unnamed(&room));
                 }
                 let seen = watch.seen();
                 in_the_way(&seen.view, &seen.ahead)

@@ -245,7 +245,7 @@ pub(crate) fn three_budgets_share_a_device_and_a_fourth_is_refused_with_figures(
     let out = g.run(&["-w", "0.5", "--mem", "30GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("waiting for gpu:0: gpu:0: 60 GiB of 80 GiB budgeted (eval-"),
+        stderr(&out).contains("waiting for gpu:0: 60 GiB of 80 GiB budgeted (eval-"),
         "{}",
         stderr(&out)
     );
