@@ -571,7 +571,7 @@ fn budget_totals(
     args: &RunArgs,
     resources: &[Resource],
     probe_timeout: Duration,
-) -> Result<(Vec<(Resource, u64)>, Option<Seen>)> {
+) -> Result<(Totals, Option<Seen>)> {
     let Some(mem) = args.mem else {
         return Ok((Vec::new(), None));
     };
@@ -602,6 +602,9 @@ fn budget_totals(
 
 /// A probe's answer and when it came.
 type Seen = (Instant, DeviceReport);
+
+/// Each `--mem` candidate's total memory, MiB.
+type Totals = Vec<(Resource, u64)>;
 
 /// With `--any --require-idle`: the candidates whose GPUs run no work
 /// outside the gate now, so that the first of them to be free is taken, not
