@@ -288,6 +288,16 @@ fn sleep_for_change(
         return Ok(());
     }
     wakes.extend(turns.iter().map(|t| Wake::Turn(t)));
+    if wakes.is_empty() {
+        // Only the clock to wait for (memory outside the gate): a kernel
+        // sleep that a caught signal (a job stop, Ctrl-Z) cuts short, as it
+        // would a lock call.
+        crate::sys::signal::wait(&crate::sys::signal::SigSet::empty(), Some(every));
+        if !stop.keep_waiting() {
+            return Err(std::io::ErrorKind::Interrupted.into());
+        }
+        return Ok(());
+    }
     let (tx, rx) = mpsc::channel::<()>();
     let stops: Vec<Stop> = wakes.iter().map(|_| Stop::default()).collect();
     let threads: Mutex<Vec<Option<Thread>>> = Mutex::new(vec![None; wakes.len()]);
