@@ -145,6 +145,16 @@ impl Gpus {
         json["resources"][0].clone()
     }
 
+    /// The directory's trust as status says it: (safe, managed).
+    fn status_trust(&self) -> (bool, bool) {
+        let out = self.run(&["status", "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            json["trust"]["safe"] == true,
+            json["trust"]["managed"] == true,
+        )
+    }
+
     /// Polls status until `accept` holds.
     fn wait_view(
         &self,
@@ -664,6 +674,9 @@ pub(crate) fn budgets_of_another_user_count_and_are_counted() {
         std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
+    // In the managed directory: root's gpu and gpu:0 files, from the probe.
+    let out = g.run(&["setup", "--gpus"]);
+    assert!(out.status.success(), "{}", stderr(&out));
     let a = mem("root-job", "60GiB", "0.2s");
     let mut a = args(&a);
     a.push("gpu:0");
@@ -733,6 +746,11 @@ pub(crate) fn budgets_of_another_user_count_and_are_counted() {
         stderr(&out).contains("70 GiB of 80 GiB budgeted"),
         "{}",
         stderr(&out)
+    );
+    assert_eq!(
+        g.status_trust(),
+        (true, true),
+        "the managed directory stays safe and managed"
     );
     std::fs::write(&release, "").unwrap();
     assert!(wait_child(&mut theirs).success());
