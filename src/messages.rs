@@ -419,3 +419,25 @@ pub(crate) fn over_budget(
         size(mem)
     )
 }
+
+/// `-n --mem` behind a job that is starting: `gpu:0 is busy: eval (pid
+/// 4242, alice) is starting under its 20 GiB budget; the next budget waits
+/// until its memory stops growing (at most --settle)`
+pub(crate) fn budget_starting(
+    resource: &crate::resource::Resource,
+    starter: &Holder,
+    code: ExitCode,
+) -> anyhow::Error {
+    let budget = starter
+        .mem_mib
+        .map(|m| format!(" under its {} budget", crate::gpu::memory::size(m)))
+        .unwrap_or_default();
+    crate::exit::busy(
+        code,
+        format!(
+            "{resource} is busy: {} is starting{budget}; the next budget waits until its memory \
+             stops growing (at most its --settle)",
+            holder_label(starter)
+        ),
+    )
+}

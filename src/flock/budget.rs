@@ -190,6 +190,9 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<(Taken
         // Out of line before looking, so we are not among those ahead.
         drop(ticket);
         let view = crate::status::model::describe(&lock, ctx.dir, resource);
+        if let Some(starter) = view.holders.iter().find(|h| h.starting == Some(true)) {
+            return Err(crate::messages::budget_starting(resource, starter, code));
+        }
         return Err(crate::messages::busy(request, &view, code));
     }
     let room_text = Arc::new(Mutex::new(String::new()));

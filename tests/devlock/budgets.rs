@@ -406,6 +406,14 @@ pub(crate) fn a_starting_job_is_the_only_one_starting() {
     g.wait_waiting("gpu:0", "second");
     let table = stdout(&g.run(&["status"]));
     assert!(table.contains("first (20 GiB budget, starting)"), "{table}");
+    let out = g.run(&["-n", "--mem", "1GiB", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("gpu:0 is busy: first (pid ")
+            && stderr(&out).contains("is starting under its 20 GiB budget"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!g.started("second"));
     // It allocates; once its memory stops growing, the next starts.
     g.go("first");
