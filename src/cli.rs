@@ -123,7 +123,8 @@ pub enum Command {
         or unknown), note, and with a --mem budget mem_mib, used_mib (measured now), \
         starting (it still holds its place in line: the next budget waits) and \
         over_budget}], waiters: [{step, pid, user, since, waiting_for_ms, \
-        position, ticket, stopped, source (registration, flock or unregistered)}], \
+        position, ticket, stopped, source (registration, flock or unregistered), \
+        mem_mib (with --mem: the budget asked)}], \
         record (unreadable or private), stale_record, foreign_locks: [{path, range, \
         exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust, \
         memory (gpu:N with the device's memory known: {index, total_mib, budgets_mib, \

@@ -196,7 +196,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<(Taken
         return Err(crate::messages::busy(request, &view, code));
     }
     let room_text = Arc::new(Mutex::new(String::new()));
-    let registration = register(ctx, request, entry.ticket.number);
+    let registration = register_asking(ctx, request, entry.ticket.number, ask.mem_mib);
     let shows = ctx.plan.is_some_and(|p| !p.quiet);
     let watches = shows
         .then(|| watch(ctx.dir, request, &entry))
@@ -231,6 +231,21 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<(Taken
         Ok(entry)
     })?;
     Ok((Taken::Held(admit(ctx, entry, ask)?), waited))
+}
+
+/// A waiter's registration that names the budget it asks for.
+fn register_asking(
+    ctx: &Context,
+    request: &Request,
+    ticket: u64,
+    mem_mib: u64,
+) -> Option<Registration> {
+    let registration = register(ctx, request, ticket)?;
+    let mut record = ctx.record();
+    record.ticket = Some(ticket);
+    record.mem_mib = Some(mem_mib);
+    let _ = registration.rewrite(&record);
+    Some(registration)
 }
 
 fn set(text: &Mutex<String>, value: String) {
@@ -445,7 +460,8 @@ pub(crate) fn take_any(
         None => {
             let registrations = entries
                 .iter()
-                .map(|e| register(ctx, &e.request, e.ticket.number))
+                .zip(candidates)
+                .map(|(e, (_, ask))| register_asking(ctx, &e.request, e.ticket.number, ask.mem_mib))
                 .collect();
             let shows = ctx.plan.is_some_and(|p| !p.quiet);
             let watches = if shows {

@@ -194,6 +194,9 @@ pub(crate) struct WaiterView {
     /// without a registration: plain flock), `unregistered` (a place in
     /// line that no registration explains).
     pub source: WaiterSource,
+    /// The memory budget it asks for (`--mem`), MiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<u64>,
 }
 
 /// A record whose process is gone or does not hold the lock.
@@ -867,6 +870,7 @@ fn waiter_views(
             ticket: w.record.ticket,
             stopped: procfs::is_stopped(w.record.pid),
             source: WaiterSource::Registration,
+            mem_mib: w.record.mem_mib,
         })
         .collect();
     // Places in line nobody registered: a devlock between its ticket and its
@@ -902,6 +906,7 @@ fn waiter_views(
                 ticket: Some(t),
                 stopped: pid.is_some_and(procfs::is_stopped),
                 source: WaiterSource::Unregistered,
+                mem_mib: None,
             });
         }
     }
@@ -920,6 +925,7 @@ fn waiter_views(
                 ticket: None,
                 stopped: procfs::is_stopped(pid),
                 source: WaiterSource::Flock,
+                mem_mib: None,
             });
         }
     }

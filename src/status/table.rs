@@ -161,6 +161,10 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                 }
                 (None, _) => "(no record)".to_owned(),
             };
+            let step = match w.mem_mib {
+                Some(mem) => format!("{step} (asks {})", crate::gpu::memory::size(mem)),
+                None => step,
+            };
             rows.push(vec![
                 String::new(),
                 format!("waits #{}{stopped}", w.position),

@@ -332,6 +332,10 @@ pub(crate) fn a_big_waiter_is_not_overtaken_by_later_small_ones() {
     });
     // 10 GiB would fit now (40 + 10 + 2 <= 80), but big came first.
     assert!(!g.started("small") && !g.started("big"));
+    let view = g.view("gpu:0");
+    assert_eq!(view["waiters"][0]["mem_mib"], 50 * GIB, "{view}");
+    let table = stdout(&g.run(&["status"]));
+    assert!(table.contains("big (asks 50 GiB)"), "{table}");
     let mut a = held.remove(0);
     finish(&g, "a", &mut a);
     g.wait_ready("big");
