@@ -285,13 +285,20 @@ pub(crate) fn the_whole_device_waits_for_budgets_and_budgets_wait_for_it() {
     let mut whole = g.job(&["--step", "whole", "gpu:0"], "whole", 0, 0, false);
     wait_blocked(&g.s.lock_path("gpu:0"), 1);
     assert!(!g.started("whole"));
+    // Budgets that would fit do not overtake the waiting whole device.
+    let l = mem("later", "10GiB", "0.2s");
+    let mut l = args(&l);
+    l.push("gpu:0");
+    let mut later = g.job(&l, "later", 0, 0, false);
+    g.wait_waiting("gpu:0", "later");
+    let out = g.run(&["-n", "--mem", "1GiB", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(!g.started("later"));
     finish(&g, "small", &mut small);
     g.wait_ready("whole");
     // And a budget waits for the whole device.
     let out = g.run(&["-n", "--mem", "1GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    let mut later = g.job(&a, "later", 0, 0, false);
-    g.wait_waiting("gpu:0", "small");
     assert!(!g.started("later"));
     // Plain flock on the device also excludes budget holders.
     finish(&g, "whole", &mut whole);
