@@ -44,7 +44,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --help --version status setup help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --help --version status setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -93,6 +93,27 @@ _devlock() {
                     return 0
                     ;;
                 --idle-threshold)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --mem)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --mem-headroom)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --settle)
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o nospace
@@ -313,14 +334,14 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --group | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --group | --idle-threshold | --kill-after | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is an option whose value nothing completes (a duration, a number, a name).
 _devlock_value_is_free() {
     case $1 in
-        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --kill-after | --probe-timeout | --report-every | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --kill-after | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }

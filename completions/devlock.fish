@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= h/help V/version
+    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -33,6 +33,9 @@ complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holde
 complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take [default: 1]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Device memory a process outside the gate may hold before --require-idle refuses (e.g. 256MiB, 1GiB) [default: 256MiB]' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l mem -d 'Share a GPU by memory: hold SIZE of gpu:N\'s memory (e.g. 20GiB), not the whole device; admitted, first come first served, while the budgets, the memory used outside the gate and the headroom fit' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l mem-headroom -d 'With --mem: device memory left unbudgeted, for the driver and for estimates that were short [default: 2GiB]' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l settle -d 'With --mem: the longest a newly admitted job is the one starting on its device (the next waits until its memory stops growing), and how long --mem-strict lets it stay over budget [default: 30s]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r -f
@@ -45,6 +48,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print no
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
+complete -c devlock -n "__fish_devlock_needs_command" -l mem-strict -d 'With --mem: stop the job (as a signal to devlock would) when it stays more than 10% over its budget for --settle'
 complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_needs_command" -s V -l version -d 'Print version'
 complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who holds each lock, for how long, and who waits'
@@ -73,11 +77,11 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --group --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --group --idle-threshold --kill-after --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --kill-after --probe-timeout --report-every --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --kill-after --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand

@@ -23,6 +23,7 @@ Examples:
   devlock -n gpu -- ./eval.sh                    busy? say who holds it, exit 75
   devlock -w 10m gpu -- make bench               give up after ten minutes
   devlock -w 90 gpu -- ./eval.sh                 a bare number is seconds
+  devlock --mem 20GiB gpu:0 -- python eval.py    share gpu:0 by a 20 GiB budget
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
@@ -119,10 +120,17 @@ pub enum Command {
         owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
         slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
         exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
-        or unknown), note}], waiters: [{step, pid, user, since, waiting_for_ms, \
-        position, ticket, stopped, source (registration, flock or unregistered)}], \
+        or unknown), note, and with a --mem budget mem_mib, used_mib (measured now), \
+        starting (it still holds its place in line: the next budget waits) and \
+        over_budget}], waiters: [{step, pid, user, since, waiting_for_ms, \
+        position, ticket, stopped, source (registration, flock or unregistered), \
+        mem_mib (with --mem: the budget asked)}], \
         record (unreadable or private), stale_record, foreign_locks: [{path, range, \
-        exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust}], \
+        exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust, \
+        memory (gpu:N with the device's memory known: {index, total_mib, budgets_mib, \
+        used_inside_mib, used_outside_mib, room_mib}, the budgets each counted as the \
+        larger of budget and use, outside meaning the device's use less the budget \
+        holders', room before any headroom)}], \
         device_info: {status (none, unknown or ok), reason}, devices: [{index, uuid, \
         name, memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, \
         name, user, used_mib, gated, gate}]}]}. Unknown values are null; text from \
@@ -245,6 +253,28 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_mib, value_hint = clap::ValueHint::Other)]
     pub idle_threshold: Option<u64>,
 
+    /// Share a GPU by memory: hold SIZE of gpu:N's memory (e.g. 20GiB), not
+    /// the whole device; admitted, first come first served, while the
+    /// budgets, the memory used outside the gate and the headroom fit
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib, value_hint = clap::ValueHint::Other)]
+    pub mem: Option<u64>,
+
+    /// With --mem: device memory left unbudgeted, for the driver and for
+    /// estimates that were short [default: 2GiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib, value_hint = clap::ValueHint::Other)]
+    pub mem_headroom: Option<u64>,
+
+    /// With --mem: the longest a newly admitted job is the one starting on
+    /// its device (the next waits until its memory stops growing), and how
+    /// long --mem-strict lets it stay over budget [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    pub settle: Option<Duration>,
+
+    /// With --mem: stop the job (as a signal to devlock would) when it stays
+    /// more than 10% over its budget for --settle
+    #[arg(long)]
+    pub mem_strict: bool,
+
     /// When stderr is not a terminal, how often to report a long wait
     #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub report_every: Duration,
@@ -282,6 +312,15 @@ pub fn refuse_subcommand_names(resources: &[crate::resource::Resource]) -> anyho
     }
 }
 
+/// The device memory `--mem` leaves unbudgeted, when --mem-headroom is not
+/// given: the CUDA context of each process and the driver's own take a few
+/// hundred MiB each, and an estimate is seldom exact.
+pub const DEFAULT_MEM_HEADROOM_MIB: u64 = 2048;
+
+/// How long a newly admitted `--mem` job may be the one starting on its
+/// device, when --settle is not given.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+
 /// The memory a process outside the gate may hold before --require-idle
 /// refuses, when --idle-threshold is not given.
 pub const DEFAULT_IDLE_THRESHOLD_MIB: u64 = 256;
@@ -290,6 +329,16 @@ impl RunArgs {
     /// `--count`, 1 when not given.
     pub fn count(&self) -> u8 {
         self.count.unwrap_or(1)
+    }
+
+    /// `--mem-headroom` in MiB, or its default.
+    pub fn mem_headroom(&self) -> u64 {
+        self.mem_headroom.unwrap_or(DEFAULT_MEM_HEADROOM_MIB)
+    }
+
+    /// `--settle`, or its default.
+    pub fn settle(&self) -> Duration {
+        self.settle.unwrap_or(DEFAULT_SETTLE)
     }
 
     /// `--idle-threshold` in MiB, or its default.
@@ -483,6 +532,10 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
             slots: None,
             require_idle: false,
             idle_threshold: None,
+            mem: None,
+            mem_headroom: None,
+            settle: None,
+            mem_strict: false,
             report_every: Duration::from_secs(60),
             ttl: None,
             kill_after: None,

@@ -377,3 +377,92 @@ pub(crate) mod etcd {
         )
     }
 }
+
+/// `gpu:0: 60 GiB of 80 GiB budgeted (eval 20 GiB, eval 20 GiB, …), 12 GiB
+/// outside the gate; 30 GiB asked, 2 GiB headroom`: the figures a `--mem`
+/// request is admitted or refused on, for `-n`, `-w` and the waiting line.
+pub(crate) fn budget_figures(
+    resource: &crate::resource::Resource,
+    room: &crate::gpu::memory::Room,
+    ask_mib: u64,
+    headroom_mib: u64,
+) -> String {
+    use crate::gpu::memory::size;
+    const SHOWN: usize = 4;
+    let mut each: Vec<String> = room
+        .budgets
+        .iter()
+        .take(SHOWN)
+        .map(|m| {
+            let over = if m.used_mib > m.budget.mem_mib {
+                format!(", using {}", size(m.used_mib))
+            } else {
+                String::new()
+            };
+            format!(
+                "{} {}{over}",
+                sanitize(&m.budget.step),
+                size(m.budget.mem_mib)
+            )
+        })
+        .collect();
+    if room.budgets.len() > SHOWN {
+        each.push("…".to_owned());
+    }
+    let list = if each.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", each.join(", "))
+    };
+    format!(
+        "{resource}: {} of {} budgeted{list}, {} outside the gate; {} asked, {} headroom",
+        size(room.budgeted_mib()),
+        size(room.total_mib),
+        size(room.used_outside_mib),
+        size(ask_mib),
+        size(headroom_mib),
+    )
+}
+
+/// `-n` with `--mem` on a device without room: what is in the way, in figures.
+pub(crate) fn no_room(figures: &str, code: ExitCode) -> anyhow::Error {
+    crate::exit::busy(code, format!("no room for this budget on {figures}"))
+}
+
+/// `warning: gpu:0: eval uses 27 GiB of its 20 GiB budget`
+pub(crate) fn over_budget(
+    resource: &crate::resource::Resource,
+    step: &str,
+    used: u64,
+    mem: u64,
+) -> String {
+    use crate::gpu::memory::size;
+    format!(
+        "devlock: warning: {resource}: {} uses {} of its {} budget (over budget: other jobs on the device may run out of memory)\n",
+        sanitize(step),
+        size(used),
+        size(mem)
+    )
+}
+
+/// `-n --mem` behind a job that is starting: `gpu:0 is busy: eval (pid
+/// 4242, alice) is starting under its 20 GiB budget; the next budget waits
+/// until its memory stops growing (at most --settle)`
+pub(crate) fn budget_starting(
+    resource: &crate::resource::Resource,
+    starter: &Holder,
+    code: ExitCode,
+) -> anyhow::Error {
+    let budget = starter
+        .mem_mib
+        .map(|m| format!(" under its {} budget", crate::gpu::memory::size(m)))
+        .unwrap_or_default();
+    crate::exit::busy(
+        code,
+        format!(
+            "{resource} is busy: {} is starting{budget}; the next budget waits until its memory \
+             stops growing (at most its --settle)",
+            holder_label(starter)
+        ),
+    )
+}

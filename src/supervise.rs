@@ -513,6 +513,7 @@ fn supervise_loop(
     if let Some(sig) = pending {
         on_signal(sig, &child);
     }
+    let mut next_tick = std::time::Instant::now() + Duration::from_secs(1);
     let code = loop {
         match child.poll() {
             Ok(Some(Ended::Exited(code))) => break code,
@@ -530,14 +531,19 @@ fn supervise_loop(
                 Err(e) => break cannot_wait(&child, &e),
             }
         }
-        let every = tick.is_some().then_some(Duration::from_secs(1));
-        match wait_signal(every) {
-            Some(sig) => on_signal(sig, &child),
-            None => {
-                if let Some(tick) = tick.as_mut() {
-                    tick();
-                }
-            }
+        // Due by the clock, not only after a quiet second: a job whose own
+        // children end often (or a probe devlock runs) must not starve it.
+        let every = tick
+            .is_some()
+            .then(|| next_tick.saturating_duration_since(std::time::Instant::now()));
+        if let Some(sig) = wait_signal(every) {
+            on_signal(sig, &child);
+        }
+        if let Some(tick) = tick.as_mut()
+            && std::time::Instant::now() >= next_tick
+        {
+            tick();
+            next_tick = std::time::Instant::now() + Duration::from_secs(1);
         }
     };
     child.take_terminal_back();

@@ -318,6 +318,26 @@ pub(crate) struct Watch {
     /// What the lines call it: the resource, or for a group taken on a
     /// member's behalf, the member with its group.
     pub label: String,
+    /// For a `--mem` request at the front of its line: the figures it waits
+    /// on (kept up to date by the waiting thread), shown instead of the
+    /// holders.
+    pub room: Option<Arc<Mutex<String>>>,
+}
+
+impl Watch {
+    /// The figures a budget waits on, once it has looked.
+    fn room_text(&self) -> Option<String> {
+        let text = self.room.as_ref()?.lock().ok()?.clone();
+        (!text.is_empty()).then_some(text)
+    }
+
+    /// The figures without the resource's name in front, where the line
+    /// has named it already.
+    fn unnamed<'t>(&self, room: &'t str) -> &'t str {
+        room.strip_prefix(self.resource.as_str())
+            .and_then(|r| r.strip_prefix(": "))
+            .unwrap_or(room)
+    }
 }
 
 /// Who stands in the way of one watched lock, as of now.
@@ -446,7 +466,9 @@ impl Shown {
             [] => {}
             [watch] => {
                 let seen = watch.seen();
-                if let Some(h) = seen.view.holders.first() {
+                if let Some(room) = watch.room_text() {
+                    parts.push((format!(" · {}", watch.unnamed(&room)), true));
+                } else if let Some(h) = seen.view.holders.first() {
                     let ancestor = if h.pid.is_some_and(is_ancestor) {
                         " — an ancestor of this devlock: if it is the job this runs in, it did \
                          not pass its lock down (Python: close_fds=False) and this wait will \
@@ -474,6 +496,9 @@ impl Shown {
                     .iter()
                     .map(|watch| {
                         let seen = watch.seen();
+                        if let Some(room) = watch.room_text() {
+                            return room;
+                        }
                         let who = match (seen.view.holders.first(), seen.ahead.first()) {
                             (Some(_), _) => holders_words(&seen.view),
                             (None, Some(first)) => {
@@ -498,6 +523,9 @@ impl Shown {
         match &self.watches[..] {
             [] => String::new(),
             [watch] => {
+                if let Some(room) = watch.room_text() {
+                    return format!(": {}", watch.unnamed(&room));
+                }
                 let seen = watch.seen();
                 in_the_way(&seen.view, &seen.ahead)
             }
@@ -505,6 +533,9 @@ impl Shown {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
+                        if let Some(room) = watch.room_text() {
+                            return room;
+                        }
                         let seen = watch.seen();
                         let why = in_the_way(&seen.view, &seen.ahead);
                         format!("{} {}", watch.label, why.trim_start_matches(": "))

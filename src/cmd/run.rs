@@ -11,6 +11,7 @@ use anyhow::Result;
 
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
+use crate::flock::budget;
 use crate::flock::dir::ScratchDir;
 use crate::flock::take::{self as acquire, Context, Pending, Taken};
 use crate::flock::trust;
@@ -34,6 +35,9 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     // A typo must not wait its turn first.
     let found = supervise::check_command(&args.command[0])?;
     let resources = within_visible_devices(args, resources, probe_timeout)?;
+    let (totals, seen) = budget_totals(args, &resources, probe_timeout)?;
+    // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
+    let seen = std::cell::RefCell::new(seen);
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
@@ -71,7 +75,17 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
             Ok(resources.clone())
         };
         let attempt = candidates
-            .and_then(|candidates| take_all(&context(), args, &candidates, &mut pending))
+            .and_then(|candidates| match args.mem {
+                Some(_) => take_budget(
+                    &context(),
+                    args,
+                    &candidates,
+                    probe_timeout,
+                    seen.borrow_mut().take(),
+                    &mut pending,
+                ),
+                None => take_all(&context(), args, &candidates, &mut pending),
+            })
             .and_then(|taken| {
                 // On a terminal the waiting line must be gone before anything
                 // else is said or the command writes; otherwise the command
@@ -112,7 +126,11 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }
-    let env = child_env(&taken, dir_path, &step);
+    let mut env = child_env(&taken, dir_path, &step);
+    let budget_of = budget_held(&taken, args, &totals);
+    if let Some((_, mem, total)) = &budget_of {
+        env.extend(budget_env(*mem, *total));
+    }
     let held: Vec<acquire::Held> = taken
         .into_iter()
         .filter_map(|(_, took)| match took {
@@ -156,6 +174,24 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     for lock in &held {
         lock.label(&record);
     }
+    let mut budget_watch = budget_of.map(|(resource, mem, _)| budget::Watch {
+        monitor: budget::Monitor::start(
+            &ask_of(args, &resource, probe_timeout),
+            vec![child.id()],
+            args.settle(),
+        ),
+        resource,
+        step: step.clone(),
+        mem_mib: mem,
+        settle: args.settle(),
+        strict: args.mem_strict,
+        quiet: args.quiet,
+        started: Instant::now(),
+        stepped_aside: false,
+        warned: false,
+        over_since: None,
+        stopped: false,
+    });
     let mut watch = PathWatch {
         dir: &dir,
         held: &held,
@@ -163,12 +199,77 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         warned: false,
         lost: Vec::new(),
     };
-    let code = supervise::supervise_watching(child, signal, &mut || watch.check());
+    let code = supervise::supervise_watching(child, signal, &mut || {
+        watch.check();
+        if let Some(budget) = budget_watch.as_mut() {
+            act_on_budget(budget, &held, &record);
+        }
+    });
     drop(watch);
+    drop(budget_watch);
     // Let go of the locks before our places in line, so the next in line
     // finds the lock free when it wakes.
     drop(held);
     Ok(code)
+}
+
+/// The budget a run holds, if any: its resource, budget and the device's
+/// total (none when it runs inside a holder, passing through).
+fn budget_held(
+    taken: &[(Resource, Taken)],
+    args: &RunArgs,
+    totals: &[(Resource, u64)],
+) -> Option<(Resource, u64, u64)> {
+    let mem = args.mem?;
+    let (resource, _) = taken.iter().find(|(r, took)| {
+        r.gpu_index().is_some() && matches!(took, Taken::Held(h) if h.request.via.is_none())
+    })?;
+    let total = totals.iter().find(|(r, _)| r == resource)?.1;
+    Some((resource.clone(), mem, total))
+}
+
+/// What a budget's job learns: `DEVLOCK_MEM_MIB`, and for JAX
+/// `XLA_PYTHON_CLIENT_MEM_FRACTION`, the budget's share of the device
+/// (rounded down, so the job stays within it), unless the caller set it.
+fn budget_env(mem: u64, total: u64) -> supervise::Env {
+    let mut env = supervise::Env::new();
+    env.push(("DEVLOCK_MEM_MIB".into(), mem.to_string().into()));
+    if std::env::var_os("XLA_PYTHON_CLIENT_MEM_FRACTION").is_none() && total > 0 {
+        let thousandths = mem.saturating_mul(1000) / total;
+        env.push((
+            "XLA_PYTHON_CLIENT_MEM_FRACTION".into(),
+            format!("{}.{:03}", thousandths / 1000, thousandths % 1000).into(),
+        ));
+    }
+    env
+}
+
+/// Does what the budget's watch says: step aside once the job started,
+/// mark it over budget (or back under) in its registration, stop it under
+/// `--mem-strict` as a signal to devlock would (the first stopping signal
+/// goes on to the command).
+fn act_on_budget(
+    budget: &mut budget::Watch,
+    held: &[acquire::Held],
+    record: &crate::flock::record::Record,
+) {
+    let Some(hold) = held
+        .iter()
+        .find(|h| h.request.name == budget.resource && h.request.via.is_none())
+    else {
+        return;
+    };
+    for action in budget.check() {
+        match action {
+            budget::Action::StepAside => hold.step_aside(),
+            budget::Action::Relabel(over) => {
+                let mut record = record.clone();
+                record.over_mib = over;
+                hold.label(&record);
+            }
+            budget::Action::Stop => crate::sys::signal::raise(libc::SIGTERM),
+        }
+    }
 }
 
 /// `gpu:0 gpu:1`
@@ -297,6 +398,65 @@ fn take_all(
     Ok(taken)
 }
 
+/// What a `--mem` request asks of `gpu:N`.
+fn ask_of(args: &RunArgs, resource: &Resource, probe_timeout: Duration) -> budget::Ask {
+    budget::Ask {
+        index: resource.gpu_index().expect("validated: gpu:N"),
+        mem_mib: args.mem.unwrap_or(0),
+        headroom_mib: args.mem_headroom(),
+        probe_timeout,
+        seen: None,
+    }
+}
+
+/// [`take_all`] with a memory budget: the group `gpu` shared as for any
+/// member, then the budget on `gpu:N` (with `--any`, on the first
+/// candidate that admits it).
+fn take_budget(
+    ctx: &Context,
+    args: &RunArgs,
+    resources: &[Resource],
+    probe_timeout: Duration,
+    seen: Option<Seen>,
+    pending: &mut Pending,
+) -> Result<Vec<(Resource, Taken)>> {
+    let ask = |r: &Resource| budget::Ask {
+        seen: seen.clone(),
+        ..ask_of(args, r, probe_timeout)
+    };
+    let mut taken = Vec::new();
+    if args.any {
+        let asks: Vec<(Request, budget::Ask)> = resources
+            .iter()
+            .map(|r| (budget_request(r), ask(r)))
+            .collect();
+        for (name, took) in budget::take_any(ctx, &asks, pending)? {
+            taken.push((name, took));
+        }
+        return Ok(taken);
+    }
+    for request in crate::request::in_order(resources, false, 0) {
+        let (took, waited) = if request.via.is_none() {
+            budget::take(ctx, &request, &ask(&request.name))?
+        } else {
+            acquire::take(ctx, &request)?
+        };
+        pending.add(waited)?;
+        taken.push((request.name.clone(), took));
+    }
+    Ok(taken)
+}
+
+/// A budget's request on `gpu:N`: the lock shared.
+fn budget_request(resource: &Resource) -> Request {
+    Request {
+        name: resource.clone(),
+        exclusive: false,
+        via: None,
+        slots: 0,
+    }
+}
+
 pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
     let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
     if args.resources.is_empty() {
@@ -356,6 +516,7 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
             return usage("--slots takes exactly one resource, without --any or --shared");
         }
     }
+    validate_mem(args, &resources)?;
     if args.require_idle
         && !resources
             .iter()
@@ -365,6 +526,86 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
     }
     Ok(resources)
 }
+
+/// `--mem` and its companions: a budget of more than nothing, on `gpu:N`
+/// resources only (one, or candidates of `--any`), never with `--shared` or
+/// `--slots`.
+fn validate_mem(args: &RunArgs, resources: &[Resource]) -> Result<()> {
+    let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
+    let Some(mem) = args.mem else {
+        if args.mem_headroom.is_some() || args.settle.is_some() || args.mem_strict {
+            return usage(
+                "--mem-headroom, --settle and --mem-strict need --mem: they shape a memory budget",
+            );
+        }
+        return Ok(());
+    };
+    if mem == 0 {
+        return usage(
+            "--mem must be more than 0 (e.g. --mem 20GiB); leave it out for the whole device",
+        );
+    }
+    if args.shared || args.slots.is_some() {
+        return usage(
+            "--mem cannot be combined with --shared or --slots: a budget already shares the device \
+             by memory",
+        );
+    }
+    if let Some(r) = resources.iter().find(|r| r.gpu_index().is_none()) {
+        return usage(&format!(
+            "--mem budgets one GPU's memory: give gpu:N, not {r} (without --mem, {r} is taken whole)"
+        ));
+    }
+    if !args.any && resources.len() > 1 {
+        return usage("--mem takes one gpu:N, or several candidates with --any");
+    }
+    if args.count() > 1 {
+        return usage("--mem with --any takes one device: --count must be 1");
+    }
+    Ok(())
+}
+
+/// With `--mem`: each candidate's total memory, asked once before any wait.
+/// A device whose memory cannot be learned is exit 69; a budget that could
+/// never fit (more than the device, with the headroom) is a usage error.
+fn budget_totals(
+    args: &RunArgs,
+    resources: &[Resource],
+    probe_timeout: Duration,
+) -> Result<(Totals, Option<Seen>)> {
+    let Some(mem) = args.mem else {
+        return Ok((Vec::new(), None));
+    };
+    let report = crate::gpu::memory::probe(probe_timeout);
+    let at = Instant::now();
+    let mut totals = Vec::new();
+    for resource in resources {
+        let index = resource.gpu_index().expect("validated: gpu:N");
+        let device = crate::gpu::memory::device(&report, index)
+            .map_err(|why| coded(ExitCode::NotIdle, why))?;
+        let total = device.memory_total_mib.unwrap_or(0);
+        let size = crate::gpu::memory::size;
+        if mem + args.mem_headroom() > total {
+            return Err(coded(
+                ExitCode::Usage,
+                format!(
+                    "--mem {} with {} headroom can never fit on {resource}, which has {} in all",
+                    size(mem),
+                    size(args.mem_headroom()),
+                    size(total)
+                ),
+            ));
+        }
+        totals.push((resource.clone(), total));
+    }
+    Ok((totals, Some((at, report))))
+}
+
+/// A probe's answer and when it came.
+type Seen = (Instant, DeviceReport);
+
+/// Each `--mem` candidate's total memory, MiB.
+type Totals = Vec<(Resource, u64)>;
 
 /// With `--any --require-idle`: the candidates whose GPUs run no work
 /// outside the gate now, so that the first of them to be free is taken, not

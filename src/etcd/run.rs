@@ -173,6 +173,11 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
     if args.any || args.slots.is_some() || args.require_idle {
         return usage("--any, --slots and --require-idle are not available with --etcd".into());
     }
+    if args.mem.is_some() {
+        return usage(
+            "--mem is not available with --etcd: a budget is measured on this machine's GPU".into(),
+        );
+    }
     let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
     if ttl < MIN_TTL || ttl > MAX_TTL {

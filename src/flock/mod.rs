@@ -146,6 +146,7 @@
 //! everything in it dies with its owner.
 
 pub(crate) mod any;
+pub(crate) mod budget;
 pub(crate) mod dir;
 pub(crate) mod file;
 pub(crate) mod nesting;

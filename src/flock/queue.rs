@@ -492,6 +492,21 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
     view
 }
 
+/// Whether place `ticket` in line is held by `pid`: a budget holder is
+/// still starting while its own place is held. Tickets restart at 1 once
+/// the line empties, so the number alone may be another's now; OFD locks
+/// name no pid in `/proc/locks`, so `pid`'s own descriptors are asked
+/// (its fdinfo), and only where they cannot be read does a place held by
+/// anyone count.
+pub(crate) fn holds_place(table: &LockTable, queue: FileId, ticket: u64, pid: u32) -> bool {
+    let at = SLOT_BASE as u64 + ticket;
+    let place = |l: &RangeLock| !l.blocked && l.exclusive && l.start == at && l.end == Some(at);
+    match crate::sys::procfs::range_locks_of(pid, queue) {
+        Some(own) => own.iter().any(place),
+        None => table.ranges(queue).iter().any(|l| l.ofd && place(l)),
+    }
+}
+
 /// The first lock (of another open file description) that would conflict
 /// with a write lock on `[start, start + len)` (`len` 0: to the end).
 fn get_lock(file: &File, start: i64, len: i64) -> io::Result<Option<libc::flock>> {

@@ -31,6 +31,8 @@ const MAX_PID: u32 = 1 << 22;
 /// Largest ticket and slot numbers a record may carry (see queue.rs).
 const MAX_TICKET: u64 = 1 << 32;
 const MAX_SLOT: u64 = u16::MAX as u64;
+/// Largest memory figure a record may carry: 1 PiB, far past any device.
+const MAX_MEM_MIB: u64 = 1 << 30;
 
 /// What devlock writes about a holder or waiter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +65,13 @@ pub struct Record {
     /// For a group's lock held on behalf of a member: that member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<String>,
+    /// A memory budget held on a GPU (`--mem`), MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<u64>,
+    /// With a budget: what the job was measured using when it went over
+    /// its budget by more than a tenth, MiB (a label for status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over_mib: Option<u64>,
 }
 
 impl Record {
@@ -79,6 +88,8 @@ impl Record {
             ticket: None,
             slot: None,
             via: None,
+            mem_mib: None,
+            over_mib: None,
         }
     }
 
@@ -261,6 +272,8 @@ impl Record {
             && self.since_ms <= latest
             && self.ticket.is_none_or(|t| (1..=MAX_TICKET).contains(&t))
             && self.slot.is_none_or(|s| (1..=MAX_SLOT).contains(&s))
+            && self.mem_mib.is_none_or(|m| (1..=MAX_MEM_MIB).contains(&m))
+            && self.over_mib.is_none_or(|m| m <= MAX_MEM_MIB)
             && self
                 .boot_id
                 .as_ref()

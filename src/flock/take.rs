@@ -36,6 +36,8 @@ pub(crate) struct Held {
     /// How long the lock file is now, as far as we know (what was there
     /// at the first label, then what we wrote).
     len: std::cell::Cell<u64>,
+    /// A memory budget (`--mem`), MiB: its registration says so.
+    mem_mib: Option<u64>,
 }
 
 /// The parts of a hold.
@@ -69,6 +71,30 @@ impl Held {
             record_ok: std::cell::OnceCell::new(),
             wrote: std::cell::Cell::new(false),
             len: std::cell::Cell::new(u64::MAX),
+            mem_mib: None,
+        }
+    }
+
+    /// A memory budget's hold (`--mem`): the lock shared, labelled by a
+    /// registration that carries the budget, and the place in line kept
+    /// until [`Held::step_aside`] (the job is starting).
+    pub(crate) fn budget(
+        request: Request,
+        lock: LockFile,
+        ticket: Ticket,
+        label: Registration,
+        mem_mib: u64,
+    ) -> Held {
+        let mut held = Held::new(request, lock, None, Some(ticket), Some(label));
+        held.mem_mib = Some(mem_mib);
+        held
+    }
+
+    /// Lets the line behind move on while keeping the hold (a budget's job
+    /// has started).
+    pub(crate) fn step_aside(&self) {
+        if let Some(ticket) = &self.keep().ticket {
+            let _ = ticket.step_aside();
         }
     }
 
@@ -120,6 +146,10 @@ impl Held {
         record.ticket = keep.ticket.as_ref().map(|t| t.number);
         record.slot = keep.slot.as_ref().map(|s| s.number);
         record.via = self.request.via.as_ref().map(Resource::to_string);
+        record.mem_mib = self.mem_mib;
+        if self.mem_mib.is_none() {
+            record.over_mib = None;
+        }
         if self.owns_record() {
             let ok = *self
                 .record_ok
@@ -525,6 +555,7 @@ pub(crate) fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Optio
         lock: entry.lock.try_clone().ok()?,
         ticket: Some(entry.ticket.number),
         label: label_of(request),
+        room: None,
     })
 }
 

@@ -132,6 +132,39 @@ pub(crate) struct Holder {
     /// Why an `unknown` holder cannot be seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<&'static str>,
+    /// A memory budget held (`--mem`), MiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<u64>,
+    /// With a budget: what its processes use on the device, measured now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_mib: Option<u64>,
+    /// With a budget: its job is the one starting on the device (it still
+    /// holds its place in line, per the kernel), so the next waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub starting: Option<bool>,
+    /// With a budget: its holder found it over budget by more than a tenth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub over_budget: Option<bool>,
+    /// What the holder measured when it went over.
+    #[serde(skip)]
+    pub over_mib: Option<u64>,
+    /// The place in line its record names.
+    #[serde(skip)]
+    pub ticket: Option<u64>,
+}
+
+/// A GPU resource's memory as the budgets split it (`--mem`): its device's
+/// total, the sum of the budgets (each its budget, or its use where more),
+/// what the budget holders use, what everything else uses, and the room
+/// left for a new budget (before its headroom).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ResourceMemory {
+    pub index: u32,
+    pub total_mib: u64,
+    pub budgets_mib: u64,
+    pub used_inside_mib: u64,
+    pub used_outside_mib: u64,
+    pub room_mib: u64,
 }
 
 /// A holder's footprint on one GPU.
@@ -161,6 +194,9 @@ pub(crate) struct WaiterView {
     /// without a registration: plain flock), `unregistered` (a place in
     /// line that no registration explains).
     pub source: WaiterSource,
+    /// The memory budget it asks for (`--mem`), MiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<u64>,
 }
 
 /// A record whose process is gone or does not hold the lock.
@@ -219,6 +255,9 @@ pub(crate) struct ResourceView {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<Conflict>,
     pub trust: Trust,
+    /// For `gpu:N` with the device's memory known: how the budgets split it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ResourceMemory>,
     /// The lock file, as the kernel names it.
     #[serde(skip)]
     pub lock: Option<FileId>,
@@ -384,6 +423,38 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
                 })
                 .collect();
         }
+        if let Some(index) = resource.gpu_index()
+            && let Some(device) = info.devices().iter().find(|d| d.index == index)
+            && device.memory_total_mib.is_some()
+        {
+            let budgets = view
+                .holders
+                .iter_mut()
+                .filter_map(|h| {
+                    let mem = h.mem_mib?;
+                    let used = crate::gpu::memory::tree_use(device, &h.pids);
+                    h.used_mib = Some(used);
+                    // Its own use, not that of everyone inside the gate.
+                    for d in h.devices.iter_mut().filter(|d| d.index == index) {
+                        d.used_mib = Some(used);
+                    }
+                    Some(crate::gpu::memory::Budget {
+                        step: h.step.clone().unwrap_or_default(),
+                        mem_mib: mem,
+                        roots: h.pids.clone(),
+                    })
+                })
+                .collect();
+            let room = crate::gpu::memory::room(device, budgets);
+            view.memory = Some(ResourceMemory {
+                index,
+                total_mib: room.total_mib,
+                budgets_mib: room.budgeted_mib(),
+                used_inside_mib: room.used_inside_mib,
+                used_outside_mib: room.used_outside_mib,
+                room_mib: room.free_mib(),
+            });
+        }
     }
     report.devices = info.devices().to_vec();
     report.device_info = Some(info);
@@ -405,6 +476,7 @@ fn free_view(resource: &Resource) -> ResourceView {
         },
         lock: None,
         slots: None,
+        memory: None,
     }
 }
 
@@ -538,6 +610,13 @@ fn build_view(
             Some(false) => {}
             None => view.state = State::Unknown,
         }
+    }
+    for holder in view.holders.iter_mut().filter(|h| h.mem_mib.is_some()) {
+        // Kernel truth: the place its record names is still locked, by it.
+        holder.starting = Some(match (holder.ticket, holder.pid, queue) {
+            (Some(t), Some(pid), Some(q)) => crate::flock::queue::holds_place(table, q, t, pid),
+            _ => false,
+        });
     }
     let holder_tickets: Vec<u64> = record
         .iter()
@@ -737,6 +816,12 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         devices: Vec::new(),
         source,
         note: None,
+        mem_mib: None,
+        used_mib: None,
+        starting: None,
+        over_budget: None,
+        over_mib: None,
+        ticket: None,
     }
 }
 
@@ -754,6 +839,12 @@ fn labelled(
     holder.held_for_ms = Some(elapsed_ms(r.since(), now));
     holder.via = r.via.as_deref().map(clean);
     holder.slot = r.slot;
+    holder.ticket = r.ticket;
+    if let Some(mem) = r.mem_mib {
+        holder.mem_mib = Some(mem);
+        holder.over_budget = Some(r.over_mib.is_some());
+        holder.over_mib = r.over_mib;
+    }
     holder
 }
 
@@ -779,6 +870,7 @@ fn waiter_views(
             ticket: w.record.ticket,
             stopped: procfs::is_stopped(w.record.pid),
             source: WaiterSource::Registration,
+            mem_mib: w.record.mem_mib,
         })
         .collect();
     // Places in line nobody registered: a devlock between its ticket and its
@@ -814,6 +906,7 @@ fn waiter_views(
                 ticket: Some(t),
                 stopped: pid.is_some_and(procfs::is_stopped),
                 source: WaiterSource::Unregistered,
+                mem_mib: None,
             });
         }
     }
@@ -832,6 +925,7 @@ fn waiter_views(
                 ticket: None,
                 stopped: procfs::is_stopped(pid),
                 source: WaiterSource::Flock,
+                mem_mib: None,
             });
         }
     }

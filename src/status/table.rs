@@ -100,6 +100,9 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             if h.stopped {
                 step.push_str(" (stopped)");
             }
+            if let Some(mem) = h.mem_mib {
+                step.push_str(&budget_words(h, mem));
+            }
             let first = i == 0;
             let mut row = vec![
                 if first {
@@ -132,6 +135,23 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             }
             rows.push(row);
         }
+        if let Some(m) = &res.memory
+            && res.holders.iter().any(|h| h.mem_mib.is_some())
+        {
+            use crate::gpu::memory::size;
+            rows.push(vec![
+                String::new(),
+                "memory".to_owned(),
+                format!(
+                    "{} of {} budgeted, {} used by them, {} outside the gate, {} room",
+                    size(m.budgets_mib),
+                    size(m.total_mib),
+                    size(m.used_inside_mib),
+                    size(m.used_outside_mib),
+                    size(m.room_mib)
+                ),
+            ]);
+        }
         for w in &res.waiters {
             let stopped = if w.stopped { " (stopped)" } else { "" };
             let step = match (w.step.as_deref(), w.source) {
@@ -140,6 +160,10 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                     "(a place in line, no registration)".to_owned()
                 }
                 (None, _) => "(no record)".to_owned(),
+            };
+            let step = match w.mem_mib {
+                Some(mem) => format!("{step} (asks {})", crate::gpu::memory::size(mem)),
+                None => step,
             };
             rows.push(vec![
                 String::new(),
@@ -170,6 +194,24 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
         ));
     }
     out
+}
+
+/// ` (20 GiB budget, starting)`, ` (over budget: 27 GiB of 20 GiB)`
+fn budget_words(h: &crate::status::model::Holder, mem: u64) -> String {
+    use crate::gpu::memory::size;
+    let mut words = vec![format!("{} budget", size(mem))];
+    if h.starting == Some(true) {
+        words.push("starting".to_owned());
+    }
+    if h.over_budget == Some(true) {
+        let used = h
+            .used_mib
+            .filter(|&u| u > mem)
+            .or(h.over_mib)
+            .unwrap_or(mem);
+        words.push(format!("over budget: {} of {}", size(used), size(mem)));
+    }
+    format!(" ({})", words.join(", "))
 }
 
 /// One line for each thing another user could break, each lock devlock did

@@ -432,6 +432,28 @@ pub(crate) fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
     found
 }
 
+/// The byte-range locks `pid`'s descriptors hold on `file`, from its fdinfo
+/// (`None` when this user may not read it): one process's share of what
+/// [`range_lock_owners`] finds, at the cost of its descriptors alone.
+pub(crate) fn range_locks_of(pid: u32, file: FileId) -> Option<Vec<RangeLock>> {
+    let fds = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    let mut found = Vec::new();
+    for fd in fds.flatten() {
+        let Some(info) = read_small(fd.path()) else {
+            continue;
+        };
+        for line in info.lines() {
+            if let Some(rest) = line.strip_prefix("lock:")
+                && let Some(Entry::Range(lock)) = parse_entry(rest.trim_start())
+                && lock.file == file
+            {
+                found.push(lock);
+            }
+        }
+    }
+    Some(found)
+}
+
 /// The boot id, which tells records written before the last reboot apart.
 pub(crate) fn boot_id() -> Option<String> {
     Some(

@@ -18,6 +18,7 @@
 
 mod harness;
 
+mod budgets;
 mod core;
 mod devices;
 mod display;
@@ -53,6 +54,18 @@ macro_rules! test {
 
 /// Every test, with what it needs to test anything.
 const TESTS: &[Test] = &[
+    test!(budgets::three_budgets_share_a_device_and_a_fourth_is_refused_with_figures, needs: []),
+    test!(budgets::the_whole_device_waits_for_budgets_and_budgets_wait_for_it, needs: [Tool("flock")]),
+    test!(budgets::a_big_waiter_is_not_overtaken_by_later_small_ones, needs: []),
+    test!(budgets::memory_outside_the_gate_is_counted, needs: []),
+    test!(budgets::kill_9_of_a_holder_returns_its_budget_to_a_waiter, needs: []),
+    test!(budgets::a_starting_job_is_the_only_one_starting, needs: []),
+    test!(budgets::over_budget_is_said_once_and_strict_stops_the_job, needs: []),
+    test!(budgets::any_mem_takes_the_first_device_with_room, needs: []),
+    test!(budgets::the_job_learns_its_budget, needs: []),
+    test!(budgets::every_failure_is_one_line_with_its_code, needs: []),
+    test!(budgets::a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []),
+    test!(budgets::budgets_of_another_user_count_and_are_counted, needs: [Root, Tool("setpriv")]),
     test!(core::many_processes_never_overlap_in_a_read_modify_write, needs: []),
     test!(core::flock_holder_blocks_devlock_and_is_named, needs: []),
     test!(core::devlock_holder_blocks_flock, needs: []),

@@ -21,6 +21,7 @@ pub const REGENERATE: &str = "cargo xtask generate";
 /// holding the body.
 const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
     ("WAITING", "waiting.roff"),
+    ("SHARING ONE DEVICE", "budgets.roff"),
     ("SIGNALS", "signals.roff"),
     ("ON A SHARED MACHINE", "shared.roff"),
     ("ACROSS MACHINES", "etcd.roff"),
