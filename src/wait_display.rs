@@ -166,7 +166,10 @@ pub(crate) fn wait_for<T>(
                 .stack_size(256 * 1024)
                 .spawn(move || helper_thread(shown, registrations, state, started, plan, display));
             if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
-                *slot = Some(Helper { handle, on_terminal });
+                *slot = Some(Helper {
+                    handle,
+                    on_terminal,
+                });
             }
         }
     };
@@ -213,7 +216,11 @@ pub(crate) fn wait_for<T>(
         stop.on_interrupt(None);
     }
     let helper = helper.lock().ok().and_then(|mut h| h.take());
-    let Some(Helper { handle, on_terminal }) = helper else {
+    let Some(Helper {
+        handle,
+        on_terminal,
+    }) = helper
+    else {
         // Never shown: the registrations go now.
         drop(parts);
         return Ok((held?, Waited::default()));

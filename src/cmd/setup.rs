@@ -16,7 +16,8 @@ use crate::cli::SetupArgs;
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::kind_of;
-use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
+use crate::gpu::nvidia_smi::{DeviceReport, Probe};
+use crate::gpu::source::Auto;
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId, LockTable};
 use crate::text::sanitize;
@@ -155,7 +156,7 @@ impl Report {
 
 /// `gpu` and `gpu:N` for the GPUs the probe lists.
 fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
-    let devices = match NvidiaSmi::from_env().probe(timeout) {
+    let devices = match Auto.probe(timeout) {
         DeviceReport::Devices(devices) => devices,
         DeviceReport::NoInfo => {
             return Err(coded(

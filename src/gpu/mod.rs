@@ -1,7 +1,12 @@
-//! GPUs: the probe ([`nvidia_smi`], one device type), which processes work
-//! inside a lock's gate and whether a device is idle ([`gate`]), and the
-//! caller's `CUDA_VISIBLE_DEVICES` ([`cuda`]).
+//! GPUs: the probes ([`nvml`] in-process, [`nvidia_smi`] as a subprocess,
+//! one device type) and the choice between them ([`source`]), MIG instances
+//! as devices ([`mig`]), which processes work inside a lock's gate and
+//! whether a device is idle ([`gate`]), and the caller's
+//! `CUDA_VISIBLE_DEVICES` ([`cuda`]).
 
 pub(crate) mod cuda;
 pub(crate) mod gate;
+pub(crate) mod mig;
 pub(crate) mod nvidia_smi;
+pub(crate) mod nvml;
+pub(crate) mod source;

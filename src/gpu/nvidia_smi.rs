@@ -42,7 +42,7 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 /// One GPU as reported by the vendor tool (and, once [`crate::gpu::gate`]
 /// has looked, which of its processes work inside a lock's gate): the one
 /// device type, from the probe to status's JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub(crate) struct Device {
     /// The vendor's device index (what `CUDA_VISIBLE_DEVICES` counts).
     pub index: u32,
@@ -58,10 +58,47 @@ pub(crate) struct Device {
     pub utilization_pct: Option<u32>,
     /// Compute processes running on this device.
     pub processes: Vec<DeviceProcess>,
+    /// Why `processes` means nothing: the source could not list them (NVML
+    /// refused the call). A device with this set is never called idle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_unknown: Option<String>,
+    /// Whether the GPU is in MIG mode; `None` when the source cannot say
+    /// (nvidia-smi's query, or a GPU without MIG).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_mode: Option<bool>,
+    /// In MIG mode, its instances (NVML only), sorted by GPU and compute
+    /// instance id.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mig_instances: Vec<MigInstance>,
+    /// In MIG mode, why the instances could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_unknown: Option<String>,
+}
+
+/// One MIG instance of a GPU in MIG mode: a device of its own, one level
+/// below its GPU (see [`crate::gpu::mig`] for its resource name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub(crate) struct MigInstance {
+    /// Its resource name, `gpu:N:PROFILE:giG.ciC`; `None` when its profile
+    /// cannot be written in one (then it cannot be locked).
+    pub name: Option<String>,
+    /// `MIG-...`, what `CUDA_VISIBLE_DEVICES` takes.
+    pub uuid: String,
+    /// The MIG profile, e.g. `1g.18gb`.
+    pub profile: Option<String>,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub memory_used_mib: Option<u64>,
+    pub memory_total_mib: Option<u64>,
+    /// Compute processes inside this instance.
+    pub processes: Vec<DeviceProcess>,
+    /// Why `processes` means nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_unknown: Option<String>,
 }
 
 /// A compute process seen on a device.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct DeviceProcess {
     /// Process id (in the tool's pid namespace).
     pub pid: u32,
@@ -393,6 +430,7 @@ pub(crate) fn parse_gpus(text: &str) -> anyhow::Result<Vec<Device>> {
             memory_total_mib: number(total),
             utilization_pct: number(util),
             processes: Vec::new(),
+            ..Device::default()
         });
     }
     Ok(devices)

@@ -235,6 +235,10 @@ pub(crate) struct StatusReport {
     pub device_info: Option<DeviceReport>,
     /// The devices, flat, for scripts (empty when unknown or absent).
     pub devices: Vec<Device>,
+    /// Which source answered for the devices (`nvml`, `nvidia-smi`);
+    /// absent when none was asked or none is installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_source: Option<crate::gpu::source::Source>,
     /// The table leaves out idle locks (neither held nor waited for), and
     /// counts them in one line; JSON always lists everything.
     #[serde(skip)]
@@ -266,6 +270,7 @@ pub(crate) fn gather(
         resources: Vec::new(),
         device_info: None,
         devices: Vec::new(),
+        device_source: None,
         hide_idle: false,
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
@@ -359,7 +364,9 @@ pub(crate) fn gather(
 }
 
 fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices::Gate>) {
-    let info = devices::probe(timeout, &gates);
+    let probed = devices::probe_sourced(timeout, &gates);
+    report.device_source = probed.source;
+    let info = probed.report;
     let all: Vec<u32> = info.devices().iter().map(|d| d.index).collect();
     for view in &mut report.resources {
         let Ok(resource) = view.name.parse::<Resource>() else {

@@ -377,6 +377,45 @@ pub(crate) fn in_child_pid_namespace() -> bool {
     })
 }
 
+/// The pid in this PID namespace of the process the host calls
+/// `host_pid` (NVML and amd-smi report the host's pids, also inside a
+/// container). Outside a child namespace the two are one. Inside, each
+/// visible process's `/proc/PID/sched` begins `comm (HOST_PID, #threads:
+/// N)`: the kernel prints the pid in the initial namespace there
+/// (CONFIG_SCHED_DEBUG kernels; without it nothing maps). `None` when no
+/// process here is that one: it runs outside this container.
+pub(crate) fn local_pid(host_pid: u32) -> Option<u32> {
+    if !in_child_pid_namespace() {
+        return Some(host_pid);
+    }
+    let entries = fs::read_dir("/proc").ok()?;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if sched_host_pid(pid) == Some(host_pid) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// The host pid in the first line of `/proc/PID/sched`.
+fn sched_host_pid(pid: u32) -> Option<u32> {
+    let text = read_small(format!("/proc/{pid}/sched"))?;
+    parse_sched_pid(text.lines().next()?)
+}
+
+/// `comm (PID, #threads: N)` to PID; the comm may hold spaces and parentheses.
+fn parse_sched_pid(line: &str) -> Option<u32> {
+    let (_, tail) = line.rsplit_once(" (")?;
+    tail.split_once(',')?.0.trim().parse().ok()
+}
+
 /// An OS error as words, without Rust's `(os error N)`.
 pub(crate) fn os_text(err: &std::io::Error) -> String {
     match err.raw_os_error() {

@@ -28,6 +28,7 @@ mod etcd_server;
 mod generated;
 mod granularity;
 mod manners;
+mod nvml;
 mod shared_machine;
 mod signals;
 mod status;
@@ -95,6 +96,10 @@ const TESTS: &[Test] = &[
     test!(devices::indices_in_cuda_visible_devices_never_run_the_probe, needs: []),
     test!(devices::a_nested_devlock_stays_inside_the_gpus_its_job_was_given, needs: []),
     test!(devices::require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle, needs: []),
+    test!(nvml::status_through_nvml_names_the_source_and_who_is_inside_the_gate, needs: [Tool("cc")]),
+    test!(nvml::a_hung_nvml_call_never_hangs_devlock, needs: [Tool("cc")]),
+    test!(nvml::nvidia_smi_answers_when_nvml_is_off_or_fails, needs: [Tool("cc")]),
+    test!(nvml::a_process_list_nvml_refuses_is_unknown_not_idle, needs: [Tool("cc")]),
     test!(display::the_live_line_fits_a_narrow_terminal_and_follows_a_resize, needs: []),
     test!(display::devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end, needs: []),
     test!(display::a_waiter_in_the_background_never_draws_over_the_prompt, needs: []),
