@@ -5,7 +5,7 @@
 //! as devices.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Instant;
 
 use crate::harness::*;
@@ -72,13 +72,36 @@ impl Drop for Stranger {
     }
 }
 
+/// `s.hold`, with the fake NVML at `library` (a MIG instance's holder asks
+/// it for the instance's UUID).
+fn hold_nvml(s: &Scratch, library: &Path, args: &[&str], script: &str, ready: &Path) -> Child {
+    let child = with_nvml(s, library, &[])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    wait_for_file(ready);
+    child
+}
+
+/// `hold_until_released` with the fake NVML.
+fn hold_nvml_until_released(s: &Scratch, library: &Path, args: &[&str], tag: &str) -> Child {
+    let (script, ready) = wait_for_release(s, tag);
+    hold_nvml(s, library, args, &script, &ready)
+}
+
 /// A holder of `resource` whose background `sleep` stands for its work on
 /// the GPU; returns the holder and the worker's pid.
-fn holder_with_worker(s: &Scratch, resource: &str, tag: &str) -> (Child, u32) {
+fn holder_with_worker(s: &Scratch, library: &Path, resource: &str, tag: &str) -> (Child, u32) {
     let ready = s.work(&format!("{tag}.ready"));
     let release = s.work(&format!("{tag}.release"));
     let pidfile = s.work(&format!("{tag}.pid"));
-    let holder = s.hold(
+    let holder = hold_nvml(
+        s,
+        library,
         &["--step", tag, resource],
         &format!(
             "sleep 1000 & echo $! > {pid}; echo > {ready}; while [ ! -e {release} ]; do sleep 0.01; done; kill $!",
@@ -99,7 +122,7 @@ fn let_go(s: &Scratch, tag: &str, holder: &mut Child) {
 pub(crate) fn status_through_nvml_names_the_source_and_who_is_inside_the_gate() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario("several"));
-    let (mut holder, worker) = holder_with_worker(&s, "gpu:0", "train");
+    let (mut holder, worker) = holder_with_worker(&s, &library, "gpu:0", "train");
     let stranger = Stranger::start();
     let pids = [worker, stranger.pid(), stranger.pid(), 4_000_000];
     let json = json_of(
@@ -267,4 +290,217 @@ pub(crate) fn a_process_list_nvml_refuses_is_unknown_not_idle() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+const GI9: &str = "gpu:0:1g.18gb:gi9.ci0";
+const GI10: &str = "gpu:0:1g.18gb:gi10.ci0";
+const GI1_CI0: &str = "gpu:0:1c.3g.71gb:gi1.ci0";
+const GI10_UUID: &str = "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0";
+
+pub(crate) fn mig_instances_are_devices_with_their_own_processes() {
+    let s = Scratch::new();
+    let library = fake_nvml(&s, &scenario("mig"));
+    let (mut holder, worker) = holder_with_worker(&s, &library, GI9, "small");
+    let stranger = Stranger::start();
+    // @PID1@ runs in gi1.ci0, @PID2@ in gi9.ci0 (mig.scenario).
+    let pids = [stranger.pid(), worker];
+    let json = json_of(
+        &with_nvml(&s, &library, &pids)
+            .args(["status", "--json"])
+            .output()
+            .unwrap(),
+    );
+    let gpu0 = &json["devices"][0];
+    assert_eq!(gpu0["mig_mode"], true, "{json}");
+    let names: Vec<&str> = gpu0["mig_instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            GI1_CI0,
+            "gpu:0:1c.3g.71gb:gi1.ci1",
+            GI9,
+            GI10,
+            "gpu:0:1g.18gb_me:gi13.ci0"
+        ]
+    );
+    let instance = |name: &str| {
+        gpu0["mig_instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let small = instance(GI9);
+    assert_eq!(small["uuid"], "MIG-c1d2e3f4-a5b6-5c7d-8e9f-0a1b2c3d4e5f");
+    assert_eq!(small["processes"][0]["pid"], worker);
+    assert_eq!(small["processes"][0]["gated"], true, "{json}");
+    assert_eq!(small["processes"][0]["gate"], GI9);
+    let big = instance(GI1_CI0);
+    assert_eq!(big["processes"][0]["pid"], stranger.pid());
+    assert_eq!(big["processes"][0]["gated"], false);
+    assert!(instance(GI10)["processes"].as_array().unwrap().is_empty());
+    let table = stdout(
+        &with_nvml(&s, &library, &pids)
+            .arg("status")
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        table.contains(GI10) && table.contains("MIG 1g.18gb"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!(
+            "warning: pid {} (sleep, root) uses 39.5 GiB on {GI1_CI0} without holding its lock",
+            stranger.pid()
+        )),
+        "{table}"
+    );
+
+    // --require-idle looks at the instance only: gi10 is idle although its
+    // GPU has a stranger on another instance; gi1.ci0 is not.
+    let out = with_nvml(&s, &library, &pids)
+        .args([
+            "--require-idle",
+            GI10,
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        GI10_UUID,
+        "CUDA gets the instance's UUID"
+    );
+    let out = with_nvml(&s, &library, &pids)
+        .args(["--require-idle", GI1_CI0, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{GI1_CI0} is not idle: pid {}", stranger.pid())),
+        "{}",
+        stderr(&out)
+    );
+    let_go(&s, "small", &mut holder);
+}
+
+pub(crate) fn an_instance_holds_its_gpu_shared_and_the_gpu_excludes_it() {
+    let s = Scratch::new();
+    let library = fake_nvml(&s, &scenario("mig"));
+    let mut holder = hold_nvml_until_released(&s, &library, &[GI9], "small");
+    let try_now = |resource: &str| {
+        with_nvml(&s, &library, &[])
+            .args(["-n", resource, "--", "true"])
+            .output()
+            .unwrap()
+    };
+    // The GPU and the whole group wait for the instance; its sibling, the
+    // other GPU and the instance's own parent shared do not.
+    for busy in ["gpu:0", "gpu", GI9] {
+        let out = try_now(busy);
+        assert_eq!(out.status.code(), Some(75), "{busy}: {}", stderr(&out));
+    }
+    for free in [GI10, "gpu:1"] {
+        let out = try_now(free);
+        assert!(out.status.success(), "{free}: {}", stderr(&out));
+    }
+    let out = with_nvml(&s, &library, &[])
+        .args(["-n", "--shared", "gpu:0", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json = s.status_json(&["gpu:0"]);
+    assert_eq!(json["resources"][0]["holders"][0]["via"], GI9, "{json}");
+    // --any takes instance names: the free one.
+    let out = with_nvml(&s, &library, &[])
+        .args([
+            "-n",
+            "--any",
+            GI9,
+            GI10,
+            "--",
+            "sh",
+            "-c",
+            "echo $DEVLOCK_RESOURCES $CUDA_VISIBLE_DEVICES",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), format!("{GI10} {GI10_UUID}"));
+    release(&s, "small");
+    assert!(wait_child(&mut holder).success());
+    // Then the GPU excludes the instances.
+    let mut whole = hold_nvml_until_released(&s, &library, &["gpu:0"], "whole");
+    let out = try_now(GI10);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    release(&s, "whole");
+    assert!(wait_child(&mut whole).success());
+}
+
+pub(crate) fn two_mig_instances_for_one_command_are_refused_with_the_reason() {
+    let s = Scratch::new();
+    for args in [
+        vec![GI9, GI10],
+        vec![GI9, "gpu:1"],
+        vec![
+            "--any",
+            "--count",
+            "2",
+            GI9,
+            GI10,
+            "gpu:0:1c.3g.71gb:gi1.ci1",
+        ],
+    ] {
+        let mut full = args.clone();
+        full.extend(["--", "true"]);
+        let out = s.run(&full);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("only one MIG instance per process")
+                || err.contains("cannot give one command a MIG"),
+            "{args:?}: {err}"
+        );
+        assert!(!s.dir().exists(), "refused before any file is touched");
+    }
+    // A name not in the canonical form is no resource.
+    let out = s.run(&["gpu:0:1g.18gb:gi09.ci0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("gpu:N:PROFILE:giG.ciC"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+pub(crate) fn setup_gpus_declares_the_mig_instances() {
+    let s = Scratch::new();
+    let library = fake_nvml(&s, &scenario("mig"));
+    let out = with_nvml(&s, &library, &[])
+        .args(["setup", "--gpus"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains(&format!(
+            "8 resources declared: gpu gpu:0 {GI1_CI0} gpu:0:1c.3g.71gb:gi1.ci1 {GI10} {GI9} gpu:0:1g.18gb_me:gi13.ci0 gpu:1"
+        )),
+        "{said}"
+    );
+    for name in [GI9, "gpu:0:1g.18gb_me:gi13.ci0", "gpu:1"] {
+        assert!(s.lock_path(name).exists(), "{name}");
+    }
 }
