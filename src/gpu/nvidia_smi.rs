@@ -108,6 +108,8 @@ pub(crate) struct DeviceProcess {
     pub used_mib: Option<u64>,
     /// Whether it works inside a gate, once [`crate::gpu::gate`] has looked.
     pub gating: Option<Gating>,
+    /// The container it runs in, seen from the host (NVML's source only).
+    pub container: Option<String>,
 }
 
 /// Where a process on a GPU stands with the locks.
@@ -150,7 +152,7 @@ impl Serialize for DeviceProcess {
             s.serialize_field("used_mib", &self.used_mib)?;
             return s.end();
         };
-        let mut s = serializer.serialize_struct("DeviceProcess", 6)?;
+        let mut s = serializer.serialize_struct("DeviceProcess", 7)?;
         s.serialize_field("pid", &self.pid)?;
         s.serialize_field("name", &self.name)?;
         s.serialize_field("user", &g.user)?;
@@ -158,6 +160,9 @@ impl Serialize for DeviceProcess {
         s.serialize_field("gated", &g.gated)?;
         if let Some(gate) = &g.gate {
             s.serialize_field("gate", gate)?;
+        }
+        if let Some(container) = &self.container {
+            s.serialize_field("container", container)?;
         }
         s.end()
     }
@@ -463,6 +468,7 @@ pub(crate) fn parse_apps(text: &str) -> anyhow::Result<Vec<(String, DeviceProces
             name: name.to_owned(),
             used_mib: number(used),
             gating: None,
+            container: None,
         };
         apps.push((uuid.to_owned(), process));
     }
@@ -538,6 +544,7 @@ mod tests {
             name: "python3".into(),
             used_mib: Some(38912),
             gating: None,
+            container: None,
         };
         assert_eq!(apps[0].1, expected);
         assert_eq!(apps[2].1.name, "python3 -c import a,b");
@@ -635,6 +642,7 @@ mod tests {
             name: "p".into(),
             used_mib: None,
             gating: None,
+            container: None,
         });
         assert_eq!(
             json(DeviceReport::Devices(gpus)),

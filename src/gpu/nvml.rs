@@ -719,10 +719,11 @@ fn split_memory(memory: &Result<Memory, Unknown>) -> (Option<u64>, Option<u64>) 
     }
 }
 
-/// NVML names no process, and its pids are the host's: each is mapped into
-/// this PID namespace ([`crate::sys::procfs::local_pid`]) and named by the
-/// kernel's `comm` there. One that is not in this namespace (outside this
-/// container) is pid 0, named so: never dropped, never inside a gate.
+/// NVML names no process, and its pids are the host's: outside a
+/// container each is named by the kernel's `comm` (and the container it
+/// runs in, if any); inside one, where a host pid cannot be mapped
+/// ([`crate::sys::procfs::local_pid`]), it is pid 0, named by its host pid:
+/// listed, never dropped, never inside a gate.
 fn processes_for(list: Result<Vec<Process>, Unknown>) -> (Vec<DeviceProcess>, Option<String>) {
     let list = match list {
         Err(why) => return (Vec::new(), Some(why.reason)),
@@ -736,10 +737,16 @@ fn processes_for(list: Result<Vec<Process>, Unknown>) -> (Vec<DeviceProcess>, Op
                     pid,
                     crate::sys::procfs::comm_of(pid).unwrap_or_else(|| "[unknown]".to_owned()),
                 ),
-                None => (0, format!("[outside this container: host pid {}]", p.pid)),
+                None => (
+                    0,
+                    format!("[host pid {}, not visible inside this container]", p.pid),
+                ),
             };
             DeviceProcess {
                 pid,
+                container: (pid != 0)
+                    .then(|| crate::sys::procfs::container_of(pid))
+                    .flatten(),
                 name,
                 used_mib: p.used_mib,
                 gating: None,

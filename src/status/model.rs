@@ -132,6 +132,10 @@ pub(crate) struct Holder {
     /// Why an `unknown` holder cannot be seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<&'static str>,
+    /// The container (or PID namespace below this one) the holder runs in,
+    /// e.g. `docker 1a2b3c4d5e6f, pid 7 there`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// A holder's footprint on one GPU.
@@ -541,7 +545,7 @@ fn build_view(
         match file.map(probe_from_inside) {
             Some(true) => view
                 .holders
-                .push(invisible_holder("outside this PID namespace")),
+                .push(invisible_holder("outside this container or PID namespace")),
             Some(false) => {}
             None => view.state = State::Unknown,
         }
@@ -744,6 +748,7 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         devices: Vec::new(),
         source,
         note: None,
+        container: first.and_then(procfs::container_of),
     }
 }
 

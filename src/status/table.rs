@@ -105,6 +105,9 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             if h.stopped {
                 step.push_str(" (stopped)");
             }
+            if let Some(container) = &h.container {
+                step.push_str(&format!(" (in {})", sanitize(container)));
+            }
             let first = i == 0;
             let mut row = vec![
                 if first {
@@ -354,9 +357,13 @@ fn process_rows(
         } else {
             p.pid.to_string()
         };
+        let name = match &p.container {
+            Some(container) => format!("{} (in {})", sanitize(&p.name), sanitize(container)),
+            None => sanitize(&p.name),
+        };
         row.extend([
             pid.clone(),
-            sanitize(&p.name),
+            name,
             user.clone(),
             used.clone(),
             p.gate()

@@ -18,6 +18,7 @@
 
 mod harness;
 
+mod containers;
 mod core;
 mod devices;
 mod display;
@@ -54,6 +55,8 @@ macro_rules! test {
 
 /// Every test, with what it needs to test anything.
 const TESTS: &[Test] = &[
+    test!(containers::a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides, needs: [Root, Tool("unshare")]),
+    test!(containers::nvml_host_pids_are_named_with_their_container_and_never_guessed_inside_one, needs: [Root, Tool("unshare"), Tool("nsenter"), Tool("cc")]),
     test!(core::many_processes_never_overlap_in_a_read_modify_write, needs: []),
     test!(core::flock_holder_blocks_devlock_and_is_named, needs: []),
     test!(core::devlock_holder_blocks_flock, needs: []),
