@@ -60,8 +60,12 @@ impl Visible {
     /// The caller's set, or `None` when `CUDA_VISIBLE_DEVICES` is unset.
     /// UUIDs are looked up with the probe (within `probe_timeout`), which
     /// runs only when there are UUIDs to map.
+    ///
+    /// On an AMD machine the caller's set is `ROCR_VISIBLE_DEVICES` (amd-smi's
+    /// indices, what devlock exports there), so that a nested devlock stays
+    /// inside its job's GPUs as it does with NVIDIA's.
     pub(crate) fn from_env(probe_timeout: Duration) -> Result<Option<Visible>> {
-        let Some(value) = std::env::var_os("CUDA_VISIBLE_DEVICES") else {
+        let Some(value) = std::env::var_os(variable()) else {
             return Ok(None);
         };
         let shown = value.to_string_lossy().into_owned();
@@ -76,7 +80,7 @@ impl Visible {
     }
 
     fn resolve(shown: String, list: &[Entry], report: &DeviceReport) -> Result<Visible> {
-        let named = |what: &str| format!("CUDA_VISIBLE_DEVICES={} names {what}", sanitize(&shown));
+        let named = |what: &str| format!("{}={} names {what}", variable(), sanitize(&shown));
         let mut indices = Vec::new();
         for entry in list {
             let index = match entry {
@@ -167,10 +171,11 @@ impl Visible {
             1 => format!("GPU {}", self.indices[0]),
             _ => format!("GPUs {plain}"),
         };
+        let var = variable();
         if shown == plain && !self.indices.is_empty() {
-            format!("CUDA_VISIBLE_DEVICES={shown}")
+            format!("{var}={shown}")
         } else {
-            format!("CUDA_VISIBLE_DEVICES={shown} ({gpus})")
+            format!("{var}={shown} ({gpus})")
         }
     }
 
@@ -189,9 +194,10 @@ impl Visible {
         Err(coded(
             ExitCode::Usage,
             format!(
-                "{outside} is outside {}; ask for {} or change CUDA_VISIBLE_DEVICES",
+                "{outside} is outside {}; ask for {} or change {}",
                 self.describe(),
-                self.inside_names()
+                self.inside_names(),
+                variable()
             ),
         ))
     }
@@ -235,8 +241,9 @@ impl Visible {
         Err(coded(
             ExitCode::Usage,
             format!(
-                "--any: {what}; ask for {} or change CUDA_VISIBLE_DEVICES",
-                self.inside_names()
+                "--any: {what}; ask for {} or change {}",
+                self.inside_names(),
+                variable()
             ),
         ))
     }
@@ -253,6 +260,16 @@ impl Visible {
     }
 }
 
+/// The variable that restricts a job to some GPUs here: `ROCR_VISIBLE_DEVICES`
+/// on an AMD machine, else `CUDA_VISIBLE_DEVICES`.
+fn variable() -> &'static str {
+    if crate::gpu::source::amd_first() {
+        "ROCR_VISIBLE_DEVICES"
+    } else {
+        "CUDA_VISIBLE_DEVICES"
+    }
+}
+
 /// Whether the caller's set matters for these resources: some are `gpu:N`.
 pub(crate) fn concerns(resources: &[Resource]) -> bool {
     resources.iter().any(|r| r.gpu_index().is_some())
@@ -263,12 +280,20 @@ pub(crate) fn concerns(resources: &[Resource]) -> bool {
 /// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Nothing when it holds no `gpu:N`
 /// (the whole `gpu` group, say), so the caller's own setting passes
 /// through.
+///
+/// On an AMD machine ([`crate::gpu::source::amd_first`]) the ROCm
+/// variables instead: `ROCR_VISIBLE_DEVICES` with amd-smi's indices, and
+/// `HIP_VISIBLE_DEVICES` (and `CUDA_VISIBLE_DEVICES`, which HIP also reads)
+/// renumbered from 0 within them ([`crate::gpu::amd::child_env`]).
 pub(crate) fn child_env<'a>(
     held: impl IntoIterator<Item = &'a Resource>,
 ) -> Vec<(&'static str, String)> {
     let mut indices: Vec<u32> = held.into_iter().filter_map(Resource::gpu_index).collect();
     if indices.is_empty() {
         return Vec::new();
+    }
+    if crate::gpu::source::amd_first() {
+        return crate::gpu::amd::child_env(&indices);
     }
     indices.sort_unstable();
     indices.dedup();

@@ -1,9 +1,10 @@
 //! GPUs: the probes ([`nvml`] in-process, [`nvidia_smi`] as a subprocess,
-//! one device type) and the choice between them ([`source`]), MIG instances
+//! [`amd`] for AMD GPUs; one device type) and the choice between them ([`source`]), MIG instances
 //! as devices ([`mig`]), which processes work inside a lock's gate and
 //! whether a device is idle ([`gate`]), and the caller's
 //! `CUDA_VISIBLE_DEVICES` ([`cuda`]).
 
+pub(crate) mod amd;
 pub(crate) mod cuda;
 pub(crate) mod gate;
 pub(crate) mod mig;

@@ -247,6 +247,15 @@ impl NvidiaSmi {
 /// is missing, probing reports why); otherwise `None` when no executable
 /// `nvidia-smi` is on the path.
 pub(crate) fn lookup(env_override: Option<OsString>, path: Option<OsString>) -> Option<PathBuf> {
+    lookup_tool("nvidia-smi", env_override, path)
+}
+
+/// [`lookup`] for any tool name.
+pub(crate) fn lookup_tool(
+    tool: &str,
+    env_override: Option<OsString>,
+    path: Option<OsString>,
+) -> Option<PathBuf> {
     if let Some(program) = env_override.filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(program));
     }
@@ -254,7 +263,7 @@ pub(crate) fn lookup(env_override: Option<OsString>, path: Option<OsString>) -> 
     // wherever the user happens to stand is not something we want.
     std::env::split_paths(&path?)
         .filter(|dir| !dir.as_os_str().is_empty())
-        .map(|dir| dir.join("nvidia-smi"))
+        .map(|dir| dir.join(tool))
         .find(|candidate| {
             candidate
                 .metadata()
@@ -275,8 +284,7 @@ impl Probe for NvidiaSmi {
 }
 
 fn probe_devices(program: &Path, timeout: Duration) -> Result<Vec<Device>, String> {
-    // Clamped so that absurd timeouts cannot overflow `Instant`.
-    let deadline = Instant::now() + timeout.min(Duration::from_secs(365 * 86_400));
+    let deadline = deadline_in(timeout);
     let unparsable = |e: anyhow::Error| format!("unexpected nvidia-smi output: {e:#}");
     let gpus = parse_gpus(&query(program, &GPU_QUERY, deadline, timeout)?).map_err(unparsable)?;
     if gpus.is_empty() {
@@ -286,8 +294,26 @@ fn probe_devices(program: &Path, timeout: Duration) -> Result<Vec<Device>, Strin
     Ok(join(gpus, apps))
 }
 
+/// `timeout` from now, clamped so that absurd timeouts cannot overflow `Instant`.
+pub(crate) fn deadline_in(timeout: Duration) -> Instant {
+    Instant::now() + timeout.min(Duration::from_secs(365 * 86_400))
+}
+
 /// Runs one query; `Err` is the reason to report as unknown.
 fn query(
+    program: &Path,
+    args: &[&str],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<String, String> {
+    run_tool("nvidia-smi", program, args, deadline, timeout)
+}
+
+/// Runs `program ARGS` (the vendor tool `tool`) to completion or to
+/// `deadline`, killing its process group then; its standard output, or
+/// the reason to report the devices as unknown.
+pub(crate) fn run_tool(
+    tool: &str,
     program: &Path,
     args: &[&str],
     deadline: Instant,
@@ -297,17 +323,17 @@ fn query(
         .map_err(|e| format!("cannot run {}: {e}", program.display()))?
         .ok_or_else(|| {
             format!(
-                "nvidia-smi did not answer within {} (killed)",
+                "{tool} did not answer within {} (killed)",
                 human_duration(timeout)
             )
         })?;
     if !output.status.success() {
-        return Err(failure_reason(&output));
+        return Err(failure_reason(tool, &output));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-fn failure_reason(output: &Output) -> String {
+fn failure_reason(tool: &str, output: &Output) -> String {
     let what = match (output.status.code(), output.status.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
         (None, Some(signal)) => format!("was killed by signal {signal}"),
@@ -315,8 +341,8 @@ fn failure_reason(output: &Output) -> String {
     };
     // Real nvidia-smi prints driver errors on stdout, so fall back to it.
     match first_line(&output.stderr).or_else(|| first_line(&output.stdout)) {
-        Some(line) => format!("nvidia-smi {what}: {line}"),
-        None => format!("nvidia-smi {what}"),
+        Some(line) => format!("{tool} {what}: {line}"),
+        None => format!("{tool} {what}"),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Which source answers for the GPUs: NVML in-process first, `nvidia-smi` as the fallback, and the name of the one that answered.
+//! Which source answers for the GPUs: NVML in-process first, `nvidia-smi` as the fallback, then AMD's `amd-smi` or the kernel's DRM files, and the name of the one that answered.
 //!
 //! `DEVLOCK_NVML` picks the library ([`nvml::Location`]): unset or empty,
 //! the system's `libnvidia-ml.so.1`; `none`, no NVML; a path, that file.
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::gpu::amd::{AmdSmi, drm_devices};
 use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
 use crate::gpu::nvml;
 
@@ -27,6 +28,12 @@ pub(crate) enum Source {
     /// The `nvidia-smi` program.
     #[serde(rename = "nvidia-smi")]
     NvidiaSmi,
+    /// The `amd-smi` program.
+    #[serde(rename = "amd-smi")]
+    AmdSmi,
+    /// The kernel's DRM files: amdgpu's sysfs and each process's fdinfo.
+    #[serde(rename = "drm-fdinfo")]
+    DrmFdinfo,
 }
 
 impl Source {
@@ -35,6 +42,8 @@ impl Source {
         match self {
             Source::Nvml => "NVML",
             Source::NvidiaSmi => "nvidia-smi",
+            Source::AmdSmi => "amd-smi",
+            Source::DrmFdinfo => "the kernel's DRM fdinfo",
         }
     }
 }
@@ -46,8 +55,62 @@ pub(crate) struct Probed {
     pub(crate) source: Option<Source>,
 }
 
-/// Asks for the devices, NVML first, within `timeout` in all.
+/// Asks for the devices, NVML first, within `timeout` in all; on a machine
+/// without NVIDIA's tools, AMD's ([`amd_first`] turns the order round).
 pub(crate) fn probe(timeout: Duration) -> Probed {
+    if amd_first() {
+        let probed = amd(timeout);
+        if probed.report != DeviceReport::NoInfo {
+            return probed;
+        }
+        return nvidia(timeout);
+    }
+    let probed = nvidia(timeout);
+    if probed.report != DeviceReport::NoInfo {
+        return probed;
+    }
+    amd(timeout)
+}
+
+/// An explicit `DEVLOCK_AMD_SMI` with neither `DEVLOCK_NVIDIA_SMI` nor a
+/// `DEVLOCK_NVML` library set, or an
+/// amdgpu driver without an NVIDIA one: the machine's GPUs are AMD's. Also
+/// what decides which variables `gpu:N` exports ([`crate::gpu::cuda`]).
+pub(crate) fn amd_first() -> bool {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    if set("DEVLOCK_AMD_SMI") {
+        let nvml_named =
+            std::env::var_os("DEVLOCK_NVML").is_some_and(|v| !v.is_empty() && v != "none");
+        return !set("DEVLOCK_NVIDIA_SMI") && !nvml_named;
+    }
+    std::path::Path::new("/sys/module/amdgpu").exists()
+        && !std::path::Path::new("/sys/module/nvidia").exists()
+}
+
+fn amd(timeout: Duration) -> Probed {
+    let report = AmdSmi::from_env().probe(timeout);
+    if report != DeviceReport::NoInfo {
+        return Probed {
+            report,
+            source: Some(Source::AmdSmi),
+        };
+    }
+    match drm_devices(
+        std::path::Path::new("/sys/class/drm"),
+        std::path::Path::new("/proc"),
+    ) {
+        Some(report) => Probed {
+            report,
+            source: Some(Source::DrmFdinfo),
+        },
+        None => Probed {
+            report: DeviceReport::NoInfo,
+            source: None,
+        },
+    }
+}
+
+fn nvidia(timeout: Duration) -> Probed {
     let location = nvml::Location::from_env();
     let smi = NvidiaSmi::from_env();
     let smi_named = std::env::var_os("DEVLOCK_NVIDIA_SMI").is_some_and(|v| !v.is_empty());

@@ -60,7 +60,9 @@ impl Scratch {
             .env("DEVLOCK_NVML", "none")
             .env_remove("NO_COLOR")
             .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("CUDA_DEVICE_ORDER");
+            .env_remove("CUDA_DEVICE_ORDER")
+            .env_remove("ROCR_VISIBLE_DEVICES")
+            .env_remove("HIP_VISIBLE_DEVICES");
         cmd
     }
 

@@ -18,6 +18,7 @@
 
 mod harness;
 
+mod amd;
 mod containers;
 mod core;
 mod devices;
@@ -57,6 +58,9 @@ macro_rules! test {
 const TESTS: &[Test] = &[
     test!(containers::a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides, needs: [Root, Tool("unshare")]),
     test!(containers::nvml_host_pids_are_named_with_their_container_and_never_guessed_inside_one, needs: [Root, Tool("unshare"), Tool("nsenter"), Tool("cc")]),
+    test!(amd::status_and_require_idle_through_amd_smi, needs: []),
+    test!(amd::a_hanging_amd_smi_is_killed_at_the_timeout, needs: []),
+    test!(amd::gpus_on_an_amd_machine_are_given_with_the_rocm_variables, needs: []),
     test!(core::many_processes_never_overlap_in_a_read_modify_write, needs: []),
     test!(core::flock_holder_blocks_devlock_and_is_named, needs: []),
     test!(core::devlock_holder_blocks_flock, needs: []),
