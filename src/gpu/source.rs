@@ -126,11 +126,12 @@ fn nvidia(timeout: Duration) -> Probed {
             };
         }
         nvml::Outcome::Off | nvml::Outcome::NotInstalled { .. } => return via_smi(&smi, timeout),
-        nvml::Outcome::Unknown(why) => why.reason,
+        nvml::Outcome::Unknown(why) if why.reason.starts_with("NVML") => why.reason,
+        nvml::Outcome::Unknown(why) => format!("NVML: {}", why.reason),
     };
     let nvml_unknown = || Probed {
         report: DeviceReport::Unknown {
-            reason: format!("NVML: {why}"),
+            reason: why.clone(),
         },
         source: Some(Source::Nvml),
     };
@@ -142,7 +143,7 @@ fn nvidia(timeout: Duration) -> Probed {
         DeviceReport::NoInfo => nvml_unknown(),
         DeviceReport::Unknown { reason } => Probed {
             report: DeviceReport::Unknown {
-                reason: format!("NVML: {why}; and {reason}"),
+                reason: format!("{why}; and {reason}"),
             },
             source: Some(Source::NvidiaSmi),
         },
