@@ -182,23 +182,7 @@ pub(crate) fn wait_for<T>(
             let due = plan
                 .deadline
                 .map_or(started + SHOW_AFTER, |d| d.min(started + SHOW_AFTER));
-            match crate::interrupt::Alarm::at(due, Duration::from_millis(20)) {
-                Some(alarm) => {
-                    let mut start = Some(start);
-                    stop.on_interrupt(Some(Box::new(move || {
-                        if Instant::now() >= due
-                            && let Some(start) = start.take()
-                        {
-                            start();
-                        }
-                    })));
-                    Some((alarm, stop))
-                }
-                None => {
-                    start();
-                    None
-                }
-            }
+            on_time(due, stop, start).map(|alarm| (alarm, stop))
         }
         None => {
             start();
@@ -264,6 +248,34 @@ pub(crate) fn wait_for<T>(
             on_terminal,
         },
     ))
+}
+
+/// Runs `job` once on the waiting thread, when its lock call is interrupted
+/// at or after `due`; at once when no alarm can be set. The alarm repeats
+/// every 20 ms after `due` (its first signal may land just before the
+/// thread enters its lock call) and stops once `job` has run: a long wait
+/// sleeps undisturbed (it was woken 50 times a second until it ended).
+fn on_time(
+    due: Instant,
+    stop: &Stop,
+    job: impl FnOnce() + Send + 'static,
+) -> Option<Arc<crate::interrupt::Alarm>> {
+    let Some(alarm) = crate::interrupt::Alarm::at(due, Duration::from_millis(20)) else {
+        job();
+        return None;
+    };
+    let alarm = Arc::new(alarm);
+    let mut job = Some(job);
+    let done = alarm.clone();
+    stop.on_interrupt(Some(Box::new(move || {
+        if Instant::now() >= due
+            && let Some(job) = job.take()
+        {
+            job();
+            done.disarm();
+        }
+    })));
+    Some(alarm)
 }
 
 /// The helper thread, once started.

@@ -85,6 +85,7 @@ const TESTS: &[Test] = &[
     test!(core::an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself, needs: []),
     test!(core::an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm, needs: []),
     test!(core::signals_the_caller_ignored_stay_ignored_for_the_command, needs: []),
+    #[cfg(not(feature = "etcd"))]
     test!(core::etcd_without_the_feature_says_how_to_get_it, needs: []),
     test!(core::lease_flags_without_etcd_are_usage_errors, needs: []),
     test!(devices::status_shows_each_gpu_and_who_is_inside_the_gate, needs: []),
@@ -222,6 +223,7 @@ const TESTS: &[Test] = &[
     test!(status::a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder, needs: []),
     test!(status::escapes_and_garbage_in_records_never_reach_the_terminal, needs: []),
     test!(status::a_waiter_reports_every_interval_when_not_on_a_terminal, needs: []),
+    test!(status::a_long_wait_sleeps_between_reports, needs: []),
     test!(status::quiet_waiters_print_nothing, needs: []),
     test!(status::the_live_line_is_cleared_before_the_command_owns_the_terminal, needs: []),
     test!(status::locks_of_one_user_are_seen_and_shared_by_another, needs: []),

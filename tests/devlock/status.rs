@@ -271,6 +271,43 @@ pub(crate) fn a_waiter_reports_every_interval_when_not_on_a_terminal() {
     wait_child(&mut holder);
 }
 
+/// How often a thread was woken so far (its voluntary context switches).
+fn wakeups(pid: u32, tid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+pub(crate) fn a_long_wait_sleeps_between_reports() {
+    // The waiting thread sleeps in the kernel; once the display has started
+    // nothing may interrupt it (an alarm that kept repeating woke it 50
+    // times a second). Between two report lines a second apart it is
+    // woken a handful of times at most, not fifty.
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["r"], "h");
+    let mut w = s
+        .devlock()
+        .args(["--report-every", "1s", "r", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(w.stderr.take().unwrap());
+    wait_for_line(&mut err, "waiting");
+    let before = wakeups(w.id(), w.id());
+    wait_for_line(&mut err, "waiting");
+    let woken = wakeups(w.id(), w.id()) - before;
+    assert!(woken < 10, "the waiting thread was woken {woken} times in a second");
+    release(&s, "h");
+    wait_for_line(&mut err, "devlock: got r after ");
+    assert!(wait_child(&mut w).success());
+    wait_child(&mut holder);
+}
+
 pub(crate) fn quiet_waiters_print_nothing() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
