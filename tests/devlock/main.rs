@@ -106,6 +106,7 @@ const TESTS: &[Test] = &[
     test!(devices::require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle, needs: []),
     test!(nvml::status_through_nvml_names_the_source_and_who_is_inside_the_gate, needs: [Tool("cc")]),
     test!(nvml::a_hung_nvml_call_never_hangs_devlock, needs: [Tool("cc")]),
+    test!(nvml::the_systems_nvml_is_found_as_the_loader_finds_it_and_a_named_nvidia_smi_wins, needs: [Tool("cc")]),
     test!(nvml::nvidia_smi_answers_when_nvml_is_off_or_fails, needs: [Tool("cc")]),
     test!(nvml::a_process_list_nvml_refuses_is_unknown_not_idle, needs: [Tool("cc")]),
     test!(nvml::mig_instances_are_devices_with_their_own_processes, needs: [Tool("cc")]),

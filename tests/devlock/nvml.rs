@@ -504,3 +504,34 @@ pub(crate) fn setup_gpus_declares_the_mig_instances() {
         assert!(s.lock_path(name).exists(), "{name}");
     }
 }
+
+pub(crate) fn the_systems_nvml_is_found_as_the_loader_finds_it_and_a_named_nvidia_smi_wins() {
+    let s = Scratch::new();
+    let library = fake_nvml(&s, &scenario("idle"));
+    let system = |cmd: &mut Command| {
+        cmd.env_remove("DEVLOCK_NVML")
+            .env("LD_LIBRARY_PATH", library.parent().unwrap())
+            .args(["status", "--json"]);
+    };
+    // DEVLOCK_NVML unset: libnvidia-ml.so.1 wherever the dynamic loader
+    // finds it (here LD_LIBRARY_PATH leads it to the fake).
+    let mut cmd = s.devlock();
+    system(&mut cmd);
+    let json = json_of(&cmd.env_remove("DEVLOCK_NVIDIA_SMI").output().unwrap());
+    assert_eq!(json["device_source"], "nvml", "{json}");
+    assert_eq!(json["devices"].as_array().unwrap().len(), 2);
+    // An explicit DEVLOCK_NVIDIA_SMI names the tool to ask (a site's wrapper).
+    let mut cmd = s.devlock();
+    system(&mut cmd);
+    let json = json_of(
+        &cmd.env(
+            "DEVLOCK_NVIDIA_SMI",
+            format!("{FIXTURES}/nvidia-smi/fake-nvidia-smi"),
+        )
+        .env("FAKE_SMI_SCENARIO", "several")
+        .output()
+        .unwrap(),
+    );
+    assert_eq!(json["device_source"], "nvidia-smi", "{json}");
+    assert_eq!(json["devices"].as_array().unwrap().len(), 4);
+}
