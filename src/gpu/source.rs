@@ -73,9 +73,9 @@ pub(crate) fn probe(timeout: Duration) -> Probed {
 }
 
 /// An explicit `DEVLOCK_AMD_SMI` with neither `DEVLOCK_NVIDIA_SMI` nor a
-/// `DEVLOCK_NVML` library set, or an
-/// amdgpu driver without an NVIDIA one: the machine's GPUs are AMD's. Also
-/// what decides which variables `gpu:N` exports ([`crate::gpu::cuda`]).
+/// `DEVLOCK_NVML` library set, or an amdgpu driver without an NVIDIA one:
+/// the machine's GPUs are AMD's. Also what decides which variables `gpu:N`
+/// exports ([`crate::gpu::cuda`]).
 pub(crate) fn amd_first() -> bool {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     if set("DEVLOCK_AMD_SMI") {
