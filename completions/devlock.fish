@@ -40,7 +40,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When s
 complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
@@ -55,7 +55,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who h
 complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, idle ones too'
@@ -64,10 +64,10 @@ complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
-complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for nvidia-smi before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
-complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu and gpu:0 .. gpu:N-1 for the GPUs nvidia-smi lists'
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu, gpu:0 .. gpu:N-1 and their MIG instances for the GPUs the probe (NVML, nvidia-smi, amd-smi) lists'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'

@@ -66,8 +66,8 @@ pub struct Cli {
     )]
     pub dir: PathBuf,
 
-    /// Longest wait for nvidia-smi before a device counts as unknown (a bare
-    /// number is seconds)
+    /// Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a
+    /// device counts as unknown (a bare number is seconds)
     #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub probe_timeout: Duration,
 
@@ -110,9 +110,12 @@ pub enum Command {
         shown as stale. When status cannot see who holds a lock (a file it cannot \
         open, a holder outside its PID namespace) it says held by unknown, never \
         free. status never takes a lock to find out, except inside a child PID \
-        namespace (see devlock(1)). With nvidia-smi (or DEVLOCK_NVIDIA_SMI) it also \
-        shows each GPU's memory, utilisation and processes, and which of them are \
-        outside the gate. Files another user could rename or replace are named in a \
+        namespace (see devlock(1)); a holder in a container is named with it. With \
+        NVML (libnvidia-ml.so.1, or DEVLOCK_NVML), nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
+        or, for AMD GPUs, amd-smi (or DEVLOCK_AMD_SMI) or the kernel's DRM fdinfo, it \
+        also shows each GPU's memory, utilisation and processes (and a MIG GPU's \
+        instances, gpu:N:PROFILE:giG.ciC, each with its own), which of them are \
+        outside the gate, and which source said so. Files another user could rename or replace are named in a \
         warning, with the fix. The table shows the locks held or waited for, and \
         counts the idle ones in one line (lock files are never deleted); --all or \
         naming resources shows them too; --json lists every lock file.\n\n\
@@ -120,7 +123,7 @@ pub enum Command {
         owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
         slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
         exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
-        or unknown), note, and with a --mem budget mem_mib, used_mib (measured now), \
+        or unknown), note, container, and with a --mem budget mem_mib, used_mib (measured now), \
         starting (it still holds its place in line: the next budget waits) and \
         over_budget}], waiters: [{step, pid, user, since, waiting_for_ms, \
         position, ticket, stopped, source (registration, flock or unregistered), \
@@ -131,9 +134,13 @@ pub enum Command {
         used_inside_mib, used_outside_mib, room_mib}, the budgets each counted as the \
         larger of budget and use, outside meaning the device's use less the budget \
         holders', room before any headroom)}], \
-        device_info: {status (none, unknown or ok), reason}, devices: [{index, uuid, \
-        name, memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, \
-        name, user, used_mib, gated, gate}]}]}. Unknown values are null; text from \
+        device_info: {status (none, unknown or ok), reason}, device_source (nvml, \
+        nvidia-smi, amd-smi or drm-fdinfo), devices: [{index, uuid, name, \
+        memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, name, \
+        user, used_mib, gated, gate, container}], processes_unknown, mig_mode, \
+        mig_instances: [{name, uuid, profile, gpu_instance_id, compute_instance_id, \
+        memory_used_mib, memory_total_mib, processes, processes_unknown}], \
+        mig_unknown}]}. Unknown values are null; text from \
         files and processes has control and format characters replaced by '?'.\n\n\
         With --etcd URL it shows the locks in etcd instead, across machines: \
         {etcd, prefix, resources: [{name, state, holders: [{step, pid, child, user, \
@@ -176,7 +183,8 @@ pub struct SetupArgs {
     #[arg(long, value_name = "GROUP", value_hint = clap::ValueHint::Other)]
     pub group: Option<String>,
 
-    /// Declare gpu and gpu:0 .. gpu:N-1 for the GPUs nvidia-smi lists
+    /// Declare gpu, gpu:0 .. gpu:N-1 and their MIG instances for the GPUs the
+    /// probe (NVML, nvidia-smi, amd-smi) lists
     #[arg(long)]
     pub gpus: bool,
 

@@ -146,6 +146,9 @@ pub(crate) fn holder_label(h: &Holder) -> String {
     if h.stopped {
         user.push_str(", stopped");
     }
+    if let Some(container) = &h.container {
+        user.push_str(&format!(", in {}", sanitize(container)));
+    }
     let inherited = if h.source == HolderSource::Inherited {
         ", inherited: its devlock is gone"
     } else {

@@ -1,5 +1,6 @@
 //! The ordered list of locks a command line asks for, which both backends
-//! take: each resource, a member's group taken shared on its behalf, merged
+//! take: each resource, a member's group (and a MIG instance's GPU) taken
+//! shared on its behalf, merged
 //! and sorted into the one global lock order.
 
 use crate::resource::Resource;
@@ -21,11 +22,11 @@ pub(crate) struct Request {
 pub(crate) fn in_order(resources: &[Resource], exclusive: bool, slots: u64) -> Vec<Request> {
     let mut requests = Vec::new();
     for resource in resources {
-        if let Some(group) = resource.group() {
+        for ancestor in resource.held_shared() {
             add(
                 &mut requests,
                 Request {
-                    name: group,
+                    name: ancestor,
                     exclusive: false,
                     via: Some(resource.clone()),
                     slots: 0,
@@ -78,5 +79,18 @@ mod tests {
         };
         assert_eq!(names(&["zz", "gpu:1"]), ["gpu", "gpu:1!", "zz!"]);
         assert_eq!(names(&["gpu:1", "gpu"]), ["gpu!", "gpu:1!"]);
+        assert_eq!(
+            names(&["gpu:1:1g.18gb:gi9.ci0", "gpu:1:1g.18gb:gi10.ci0"]),
+            [
+                "gpu",
+                "gpu:1",
+                "gpu:1:1g.18gb:gi10.ci0!",
+                "gpu:1:1g.18gb:gi9.ci0!"
+            ]
+        );
+        assert_eq!(
+            names(&["gpu:1:1g.18gb:gi9.ci0", "gpu:1"]),
+            ["gpu", "gpu:1!", "gpu:1:1g.18gb:gi9.ci0!"]
+        );
     }
 }

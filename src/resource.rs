@@ -44,8 +44,14 @@ impl Resource {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "+-:._".contains(c))
         {
-            check_gpu_index(index)
-                .map_err(|rule| format!("invalid resource name \"{shown}\": {rule}"))?;
+            // gpu:N:... is a MIG instance of GPU N, with one name each.
+            if index.contains(':') {
+                crate::gpu::mig::parse(text)
+                    .map_err(|rule| format!("invalid resource name \"{shown}\": {rule}"))?;
+            } else {
+                check_gpu_index(index)
+                    .map_err(|rule| format!("invalid resource name \"{shown}\": {rule}"))?;
+            }
         }
         if let Some(bad) = text.chars().find(|c| !is_name_char(*c)) {
             return Err(format!(
@@ -88,6 +94,24 @@ impl Resource {
     /// admits only its canonical name.
     pub fn gpu_index(&self) -> Option<u32> {
         self.0.strip_prefix("gpu:")?.parse().ok()
+    }
+
+    /// The GPU `gpu:N` of a MIG instance `gpu:N:PROFILE:giG.ciC`
+    /// (see the naming in the README); `None` for anything else.
+    pub fn mig_parent(&self) -> Option<Resource> {
+        let parsed = crate::gpu::mig::parse(&self.0).ok()??;
+        Some(Resource(format!("gpu:{}", parsed.gpu)))
+    }
+
+    /// What taking this resource also takes, shared, on its behalf: a
+    /// member's group (`gpu` for `gpu:N`), and for a MIG instance its group
+    /// and its GPU, so that the GPU excludes its instances and instances
+    /// share their GPU. Ancestors sort before the resource in the global
+    /// lock order.
+    pub(crate) fn held_shared(&self) -> Vec<Resource> {
+        let mut held: Vec<Resource> = self.group().into_iter().collect();
+        held.extend(self.mig_parent());
+        held
     }
 
     /// The resource a lock file's path belongs to.
@@ -199,6 +223,26 @@ mod tests {
         assert_eq!(r("gpu:65535").gpu_index(), Some(65535));
         assert_eq!(r("gpu").gpu_index(), None);
         assert_eq!(r("tpu:3").gpu_index(), None);
+    }
+
+    #[test]
+    fn a_mig_instance_is_one_level_below_its_gpu() {
+        let r = |s: &str| Resource::parse(OsStr::new(s)).unwrap();
+        let instance = r("gpu:3:1g.18gb:gi9.ci0");
+        assert_eq!(instance.mig_parent(), Some(r("gpu:3")));
+        assert_eq!(instance.gpu_index(), None);
+        assert_eq!(instance.held_shared(), [r("gpu"), r("gpu:3")]);
+        assert_eq!(r("gpu:3").held_shared(), [r("gpu")]);
+        assert_eq!(r("gpu:3").mig_parent(), None);
+        assert!(r("gpu").held_shared().is_empty());
+        for bad in [
+            "gpu:3:1g.18gb:gi09.ci0",
+            "gpu:03:1g.18gb:gi9.ci0",
+            "gpu:3:mig0",
+        ] {
+            let err = Resource::parse(OsStr::new(bad)).unwrap_err();
+            assert!(err.contains("gpu:N:PROFILE:giG.ciC"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     // A typo must not wait its turn first.
     let found = supervise::check_command(&args.command[0])?;
     let resources = within_visible_devices(args, resources, probe_timeout)?;
+    crate::gpu::cuda::check_mig(&resources, args.any, usize::from(args.count()))?;
     let (totals, seen) = budget_totals(args, &resources, probe_timeout)?;
     // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
     let seen = std::cell::RefCell::new(seen);
@@ -126,7 +127,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }
-    let mut env = child_env(&taken, dir_path, &step);
+    let mut env = child_env(&taken, dir_path, &step, probe_timeout)?;
     let budget_of = budget_held(&taken, args, &totals);
     if let Some((_, mem, total)) = &budget_of {
         env.extend(budget_env(*mem, *total));
@@ -705,7 +706,12 @@ pub(crate) fn pass_through(command: &[OsString], env: &supervise::Env) -> ExitCo
 /// What the command learns about its locks: the resources it got (the
 /// members an `--any` chose, not the groups taken on their behalf), the
 /// matching CUDA devices, and its semaphore slot.
-fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::Env {
+fn child_env(
+    taken: &[(Resource, Taken)],
+    dir: &Path,
+    step: &str,
+    probe_timeout: Duration,
+) -> Result<supervise::Env> {
     let mut got = Vec::new();
     let mut slot = None;
     for (resource, took) in taken {
@@ -728,8 +734,15 @@ fn child_env(taken: &[(Resource, Taken)], dir: &Path, step: &str) -> supervise::
     if let Some(slot) = slot {
         env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
     }
-    for (name, value) in crate::gpu::cuda::child_env(got) {
+    // A MIG instance is named to CUDA by its UUID, which only the probe knows.
+    let gpu_env = match got.iter().find(|r| r.mig_parent().is_some()) {
+        Some(instance) => {
+            crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
+        }
+        None => crate::gpu::cuda::child_env(got),
+    };
+    for (name, value) in gpu_env {
         env.push((name.into(), value.into()));
     }
-    env
+    Ok(env)
 }

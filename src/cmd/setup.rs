@@ -16,7 +16,8 @@ use crate::cli::SetupArgs;
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::kind_of;
-use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
+use crate::gpu::nvidia_smi::{DeviceReport, Probe};
+use crate::gpu::source::Auto;
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId, LockTable};
 use crate::text::sanitize;
@@ -153,14 +154,14 @@ impl Report {
     }
 }
 
-/// `gpu` and `gpu:N` for the GPUs the probe lists.
+/// `gpu`, `gpu:N` for the GPUs the probe lists, and their MIG instances.
 fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
-    let devices = match NvidiaSmi::from_env().probe(timeout) {
+    let devices = match Auto.probe(timeout) {
         DeviceReport::Devices(devices) => devices,
         DeviceReport::NoInfo => {
             return Err(coded(
                 ExitCode::NotIdle,
-                "--gpus: no nvidia-smi found (set DEVLOCK_NVIDIA_SMI, or name the resources)",
+                "--gpus: no NVML library and no nvidia-smi found (set DEVLOCK_NVML or DEVLOCK_NVIDIA_SMI, or name the resources)",
             ));
         }
         DeviceReport::Unknown { reason } => {
@@ -171,7 +172,12 @@ fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
         }
     };
     let mut names = vec!["gpu".to_owned()];
-    names.extend(devices.iter().map(|d| format!("gpu:{}", d.index)));
+    for d in &devices {
+        names.push(format!("gpu:{}", d.index));
+        // MIG instances are devices too (NVML lists them; one whose profile
+        // has no resource name cannot be locked, so has no file).
+        names.extend(d.mig_instances.iter().filter_map(|i| i.name.clone()));
+    }
     names
         .iter()
         .map(|n| {

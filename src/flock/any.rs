@@ -38,15 +38,17 @@ pub(crate) fn take_any(
         let units: Vec<Vec<Request>> = window
             .iter()
             .map(|candidate| {
-                let group = candidate.name.group().filter(|g| !groups_held.contains(g));
-                let mut unit: Vec<Request> = group
+                let mut unit: Vec<Request> = candidate
+                    .name
+                    .held_shared()
+                    .into_iter()
+                    .filter(|g| !groups_held.contains(g))
                     .map(|g| Request {
                         name: g,
                         exclusive: false,
                         via: Some(candidate.name.clone()),
                         slots: 0,
                     })
-                    .into_iter()
                     .collect();
                 unit.push(candidate.clone());
                 unit
@@ -54,7 +56,7 @@ pub(crate) fn take_any(
             .collect();
         let (index, took, waited) = take_first(ctx, &units)?;
         pending.add(waited)?;
-        groups_held.extend(window[index].name.group());
+        groups_held.extend(window[index].name.held_shared());
         taken.extend(took);
         start += index + 1;
     }

@@ -1,7 +1,7 @@
 //! The machine-wide scratch directory that holds every lock file.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use nix::fcntl::OFlag;
 use std::os::unix::ffi::OsStrExt;
@@ -123,6 +123,9 @@ impl ScratchDir {
         let Ok(kind) = crate::sys::fs::filesystem_type(&self.fd) else {
             return Ok(());
         };
+        if LOCAL_FILESYSTEMS.contains(&kind) {
+            return Ok(());
+        }
         let name = match kind {
             0x6969 => "NFS",
             0x517B => "SMB",
@@ -132,7 +135,7 @@ impl ScratchDir {
             0x0102_1997 => "9p",
             0x5346_414F => "AFS",
             0x00C3_6400 => "Ceph",
-            _ => return Ok(()),
+            _ => return self.refuse_unlockable(kind),
         };
         Err(coded(
             ExitCode::IoError,
@@ -142,6 +145,27 @@ impl ScratchDir {
                 self.path.display()
             ),
         ))
+    }
+
+    /// A filesystem devlock does not know is asked whether flock(2) excludes
+    /// there (Docker Desktop's file sharing has been seen to let two
+    /// exclusive flocks succeed): a private file with no name, opened twice,
+    /// locked through the first open; the second must be refused.
+    fn refuse_unlockable(&self, kind: u64) -> Result<()> {
+        match flock_excludes(self.fd()) {
+            // Cannot tell (no O_TMPFILE there, a directory this user cannot
+            // write): the lock files' own opens will say what fails.
+            Err(_) | Ok(true) => Ok(()),
+            Ok(false) => Err(coded(
+                ExitCode::IoError,
+                format!(
+                    "scratch directory {} is on a filesystem (type {kind:#x}) where flock(2) does not \
+                     exclude: two exclusive locks on one file both succeeded; use a local directory \
+                     (--dir or DEVLOCK_DIR), bind-mounted from the host into containers",
+                    self.path.display()
+                ),
+            )),
+        }
     }
 
     /// Names in the directory (for status).
@@ -162,6 +186,44 @@ impl ScratchDir {
             }
         }
         Ok(names)
+    }
+}
+
+/// Filesystems whose flock(2) is the kernel's own, where the probe of
+/// [`flock_excludes`] is not needed: ext2/3/4, XFS, Btrfs, tmpfs, ramfs,
+/// overlayfs (a container's root), ZFS, F2FS, bcachefs.
+const LOCAL_FILESYSTEMS: [u64; 9] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58F6,
+    0x794C_7630,
+    0x2FC1_2FC1,
+    0xF2F5_2010,
+    0xCA45_1A4E,
+];
+
+/// Whether an exclusive flock(2) on one open of a file keeps a second open
+/// of it out, tried on a file of no name in `dir` (O_TMPFILE: nothing is
+/// left behind and nobody else can open it).
+pub(crate) fn flock_excludes(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    use crate::sys::fs::{Flock, flock, openat};
+    let first = openat(
+        dir,
+        c".",
+        OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC,
+        0o600,
+    )?;
+    let again = crate::sys::fs::open(
+        &CString::new(format!("/proc/self/fd/{}", first.as_raw_fd())).expect("no NUL in a number"),
+        OFlag::O_RDWR | OFlag::O_CLOEXEC,
+    )?;
+    flock(&first, Flock::Exclusive, true)?;
+    match flock(&again, Flock::Exclusive, true) {
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(true),
+        Err(e) => Err(e),
     }
 }
 
@@ -192,4 +254,21 @@ pub(crate) fn c_path(path: &Path) -> Result<CString> {
             format!("path {} contains a NUL byte", path.display()),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flock_excludes_on_a_local_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = ScratchDir::open(dir.path()).unwrap().unwrap();
+        assert!(flock_excludes(opened.fd()).unwrap());
+        // The probe's file has no name: nothing is left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // /dev/shm and /tmp are tmpfs or a disk: known, so not probed.
+        let kind = crate::sys::fs::filesystem_type(opened.fd()).unwrap();
+        assert!(LOCAL_FILESYSTEMS.contains(&kind), "{kind:#x}");
+    }
 }

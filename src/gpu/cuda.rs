@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
-use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
+use crate::gpu::nvidia_smi::{DeviceReport, Probe};
+use crate::gpu::source::Auto;
 use crate::resource::Resource;
 use crate::text::sanitize;
 
@@ -59,15 +60,19 @@ impl Visible {
     /// The caller's set, or `None` when `CUDA_VISIBLE_DEVICES` is unset.
     /// UUIDs are looked up with the probe (within `probe_timeout`), which
     /// runs only when there are UUIDs to map.
+    ///
+    /// On an AMD machine the caller's set is `ROCR_VISIBLE_DEVICES` (amd-smi's
+    /// indices, what devlock exports there), so that a nested devlock stays
+    /// inside its job's GPUs as it does with NVIDIA's.
     pub(crate) fn from_env(probe_timeout: Duration) -> Result<Option<Visible>> {
-        let Some(value) = std::env::var_os("CUDA_VISIBLE_DEVICES") else {
+        let Some(value) = std::env::var_os(variable()) else {
             return Ok(None);
         };
         let shown = value.to_string_lossy().into_owned();
         let list = entries(&shown);
         let needs_probe = list.iter().any(|e| matches!(e, Entry::Uuid(_)));
         let report = if needs_probe {
-            NvidiaSmi::from_env().probe(probe_timeout)
+            Auto.probe(probe_timeout)
         } else {
             DeviceReport::Devices(Vec::new())
         };
@@ -75,7 +80,7 @@ impl Visible {
     }
 
     fn resolve(shown: String, list: &[Entry], report: &DeviceReport) -> Result<Visible> {
-        let named = |what: &str| format!("CUDA_VISIBLE_DEVICES={} names {what}", sanitize(&shown));
+        let named = |what: &str| format!("{}={} names {what}", variable(), sanitize(&shown));
         let mut indices = Vec::new();
         for entry in list {
             let index = match entry {
@@ -166,10 +171,11 @@ impl Visible {
             1 => format!("GPU {}", self.indices[0]),
             _ => format!("GPUs {plain}"),
         };
+        let var = variable();
         if shown == plain && !self.indices.is_empty() {
-            format!("CUDA_VISIBLE_DEVICES={shown}")
+            format!("{var}={shown}")
         } else {
-            format!("CUDA_VISIBLE_DEVICES={shown} ({gpus})")
+            format!("{var}={shown} ({gpus})")
         }
     }
 
@@ -188,9 +194,10 @@ impl Visible {
         Err(coded(
             ExitCode::Usage,
             format!(
-                "{outside} is outside {}; ask for {} or change CUDA_VISIBLE_DEVICES",
+                "{outside} is outside {}; ask for {} or change {}",
                 self.describe(),
-                self.inside_names()
+                self.inside_names(),
+                variable()
             ),
         ))
     }
@@ -234,8 +241,9 @@ impl Visible {
         Err(coded(
             ExitCode::Usage,
             format!(
-                "--any: {what}; ask for {} or change CUDA_VISIBLE_DEVICES",
-                self.inside_names()
+                "--any: {what}; ask for {} or change {}",
+                self.inside_names(),
+                variable()
             ),
         ))
     }
@@ -252,6 +260,16 @@ impl Visible {
     }
 }
 
+/// The variable that restricts a job to some GPUs here: `ROCR_VISIBLE_DEVICES`
+/// on an AMD machine, else `CUDA_VISIBLE_DEVICES`.
+fn variable() -> &'static str {
+    if crate::gpu::source::amd_first() {
+        "ROCR_VISIBLE_DEVICES"
+    } else {
+        "CUDA_VISIBLE_DEVICES"
+    }
+}
+
 /// Whether the caller's set matters for these resources: some are `gpu:N`.
 pub(crate) fn concerns(resources: &[Resource]) -> bool {
     resources.iter().any(|r| r.gpu_index().is_some())
@@ -262,12 +280,20 @@ pub(crate) fn concerns(resources: &[Resource]) -> bool {
 /// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`. Nothing when it holds no `gpu:N`
 /// (the whole `gpu` group, say), so the caller's own setting passes
 /// through.
+///
+/// On an AMD machine ([`crate::gpu::source::amd_first`]) the ROCm
+/// variables instead: `ROCR_VISIBLE_DEVICES` with amd-smi's indices, and
+/// `HIP_VISIBLE_DEVICES` (and `CUDA_VISIBLE_DEVICES`, which HIP also reads)
+/// renumbered from 0 within them ([`crate::gpu::amd::child_env`]).
 pub(crate) fn child_env<'a>(
     held: impl IntoIterator<Item = &'a Resource>,
 ) -> Vec<(&'static str, String)> {
     let mut indices: Vec<u32> = held.into_iter().filter_map(Resource::gpu_index).collect();
     if indices.is_empty() {
         return Vec::new();
+    }
+    if crate::gpu::source::amd_first() {
+        return crate::gpu::amd::child_env(&indices);
     }
     indices.sort_unstable();
     indices.dedup();
@@ -284,6 +310,87 @@ pub(crate) fn child_env<'a>(
     ]
 }
 
+/// A command can be given one MIG instance, alone: CUDA enumerates only one
+/// MIG device per process, so a second (or a whole GPU beside it) would be
+/// exported and silently unused. `count` is how many `--any` takes (1
+/// without `--any`, where every resource is taken).
+pub(crate) fn check_mig(resources: &[Resource], any: bool, count: usize) -> Result<()> {
+    let instances: Vec<&Resource> = resources
+        .iter()
+        .filter(|r| r.mig_parent().is_some())
+        .collect();
+    if instances.is_empty() {
+        return Ok(());
+    }
+    if any {
+        if count > 1 {
+            return Err(coded(
+                ExitCode::Usage,
+                format!(
+                    "--any --count {count} would give one command {count} MIG instances, and CUDA uses \
+                     only one MIG instance per process; take one per command (for example one devlock per worker)"
+                ),
+            ));
+        }
+        return Ok(());
+    }
+    let pairs: Vec<(&str, &str)> = instances.iter().map(|r| (r.as_str(), "")).collect();
+    if let Err(why) = crate::gpu::mig::visible_devices(&pairs) {
+        return Err(coded(ExitCode::Usage, why));
+    }
+    if let Some(gpu) = resources.iter().find(|r| r.gpu_index().is_some()) {
+        return Err(coded(
+            ExitCode::Usage,
+            format!(
+                "{} is a MIG instance, and CUDA_VISIBLE_DEVICES cannot give one command a MIG \
+                 instance and {gpu} beside it; take them in separate commands",
+                instances[0]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `CUDA_VISIBLE_DEVICES` for a command holding the MIG instance
+/// `instance`: its `MIG-...` UUID, from the probe.
+pub(crate) fn mig_env(
+    instance: &Resource,
+    report: &DeviceReport,
+) -> Result<Vec<(&'static str, String)>> {
+    let cannot = |why: String| {
+        coded(
+            ExitCode::NotIdle,
+            format!("cannot tell CUDA which MIG instance {instance} is: {why}"),
+        )
+    };
+    let devices = match report {
+        DeviceReport::Devices(devices) => devices,
+        DeviceReport::NoInfo => {
+            return Err(cannot(
+                "no NVML library found to ask for its UUID (set DEVLOCK_NVML)".to_owned(),
+            ));
+        }
+        DeviceReport::Unknown { reason } => return Err(cannot(sanitize(reason))),
+    };
+    let gpu = instance.mig_parent().and_then(|p| p.gpu_index());
+    let uuid = devices
+        .iter()
+        .filter(|d| Some(d.index) == gpu)
+        .flat_map(|d| &d.mig_instances)
+        .find(|i| i.name.as_deref() == Some(instance.as_str()))
+        .map(|i| i.uuid.clone())
+        .ok_or_else(|| {
+            cannot(
+                "its GPU has no such instance now (devlock status lists the instances; \
+                 nvidia-smi's listing has none, NVML's has)"
+                    .to_owned(),
+            )
+        })?;
+    let list = crate::gpu::mig::visible_devices(&[(instance.as_str(), &uuid)])
+        .map_err(|why| coded(ExitCode::Usage, why))?;
+    Ok(vec![("CUDA_VISIBLE_DEVICES", list)])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +405,7 @@ mod tests {
             memory_total_mib: None,
             utilization_pct: None,
             processes: Vec::new(),
+            ..Device::default()
         }
     }
 
@@ -359,5 +467,33 @@ mod tests {
         // A member of gpu that is not an index is no resource at all (one
         // name per device), so none can leave the variable unset unseen.
         assert!("gpu:x".parse::<Resource>().is_err());
+    }
+
+    #[test]
+    fn a_command_gets_one_mig_instance_alone() {
+        let r = |s: &str| s.parse::<Resource>().unwrap();
+        let (a, b) = (r("gpu:0:1g.18gb:gi9.ci0"), r("gpu:0:1g.18gb:gi10.ci0"));
+        assert!(check_mig(&[a.clone(), r("dataset")], false, 1).is_ok());
+        let err = check_mig(&[a.clone(), b.clone()], false, 1).unwrap_err();
+        assert!(
+            format!("{err}").contains("only one MIG instance per process"),
+            "{err}"
+        );
+        assert!(check_mig(&[a.clone(), r("gpu:1")], false, 1).is_err());
+        assert!(check_mig(&[a.clone(), b.clone()], true, 1).is_ok());
+        assert!(check_mig(&[a.clone(), b], true, 2).is_err());
+        let mut gpu = device(0, "GPU-aaaa-1");
+        gpu.mig_instances.push(crate::gpu::nvidia_smi::MigInstance {
+            name: Some(a.to_string()),
+            uuid: "MIG-c1d2".to_owned(),
+            ..Default::default()
+        });
+        let report = DeviceReport::Devices(vec![gpu]);
+        assert_eq!(
+            mig_env(&a, &report).unwrap(),
+            [("CUDA_VISIBLE_DEVICES", "MIG-c1d2".to_owned())]
+        );
+        assert!(mig_env(&r("gpu:0:1g.18gb:gi11.ci0"), &report).is_err());
+        assert!(mig_env(&a, &DeviceReport::NoInfo).is_err());
     }
 }

@@ -4,18 +4,23 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::gpu::nvidia_smi::{Device, DeviceReport, Gating, NvidiaSmi, Probe, format_mib};
+use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport, Gating, format_mib};
+use crate::gpu::source::{self, Probed};
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId};
 
 /// The group name whose members map to NVIDIA device indices.
 pub(crate) const GPU_GROUP: &str = "gpu";
 
-/// The device indices a resource stands for: `gpu:N` is device N, `gpu` is
-/// every device; other names are not devices.
+/// The device indices a resource stands for: `gpu:N` is device N (and a
+/// MIG instance `gpu:N:...` is on it), `gpu` is every device; other names
+/// are not devices.
 pub(crate) fn gpu_indices(resource: &Resource, all: &[u32]) -> Option<Vec<u32>> {
     if resource.as_str() == GPU_GROUP {
         return Some(all.to_vec());
+    }
+    if let Some(parent) = resource.mig_parent() {
+        return Some(vec![parent.gpu_index()?]);
     }
     Some(vec![resource.gpu_index()?])
 }
@@ -32,10 +37,16 @@ pub(crate) struct Gate {
 /// Asks the driver, within `timeout`, and sorts each process in or out of
 /// the gates.
 pub(crate) fn probe(timeout: Duration, gates: &[Gate]) -> DeviceReport {
-    match NvidiaSmi::from_env().probe(timeout) {
-        DeviceReport::Devices(devices) => DeviceReport::Devices(judged(devices, gates)),
-        other => other,
+    probe_sourced(timeout, gates).report
+}
+
+/// [`probe`], saying which source answered.
+pub(crate) fn probe_sourced(timeout: Duration, gates: &[Gate]) -> Probed {
+    let mut probed = source::probe(timeout);
+    if let DeviceReport::Devices(devices) = probed.report {
+        probed.report = DeviceReport::Devices(judged(devices, gates));
     }
+    probed
 }
 
 fn judged(mut devices: Vec<Device>, gates: &[Gate]) -> Vec<Device> {
@@ -45,19 +56,40 @@ fn judged(mut devices: Vec<Device>, gates: &[Gate]) -> Vec<Device> {
             .iter()
             .filter(|g| gpu_indices(&g.resource, &all).is_some_and(|ix| ix.contains(&d.index)))
             .collect();
-        for p in &mut d.processes {
-            let gate = mapped
+        judge(&mut d.processes, &mapped);
+        for instance in &mut d.mig_instances {
+            // An instance is gated by its own lock and by what excludes it
+            // (gpu:N, gpu), not by a sibling's.
+            let mapped: Vec<&Gate> = mapped
                 .iter()
-                .find(|g| inside(p.pid, g))
-                .map(|g| g.resource.to_string());
-            p.gating = Some(Gating {
-                user: procfs::uid_of(p.pid).map(procfs::user_name),
-                gated: gate.is_some(),
-                gate,
-            });
+                .copied()
+                .filter(|g| {
+                    g.resource.mig_parent().is_none()
+                        || instance.name.as_deref() == Some(g.resource.as_str())
+                })
+                .collect();
+            judge(&mut instance.processes, &mapped);
         }
     }
     devices
+}
+
+fn judge(processes: &mut [DeviceProcess], mapped: &[&Gate]) {
+    for p in processes {
+        // Pid 0: a process outside this PID namespace, which no gate here
+        // can be shown to hold.
+        let gate = (p.pid != 0)
+            .then(|| mapped.iter().find(|g| inside(p.pid, g)))
+            .flatten()
+            .map(|g| g.resource.to_string());
+        p.gating = Some(Gating {
+            user: (p.pid != 0)
+                .then(|| procfs::uid_of(p.pid).map(procfs::user_name))
+                .flatten(),
+            gated: gate.is_some(),
+            gate,
+        });
+    }
 }
 
 /// Whether `pid` works inside `gate`: it holds the lock through a descriptor
@@ -83,7 +115,7 @@ pub(crate) fn not_idle_reason(
     let devices = match info {
         DeviceReport::NoInfo => {
             return Some(format!(
-                "cannot check that {resource} is idle: no nvidia-smi found (set DEVLOCK_NVIDIA_SMI or run without --require-idle)"
+                "cannot check that {resource} is idle: no NVML library and no nvidia-smi found (set DEVLOCK_NVML or DEVLOCK_NVIDIA_SMI, or run without --require-idle)"
             ));
         }
         DeviceReport::Unknown { reason } => {
@@ -101,28 +133,59 @@ pub(crate) fn not_idle_reason(
                 "{resource} names GPU {index}, which nvidia-smi does not list; not starting"
             ));
         };
-        for p in device.processes.iter().filter(|p| !p.gated()) {
-            let who = format!(
-                "pid {} ({}, {})",
-                p.pid,
-                crate::text::sanitize(&p.name),
-                p.user().unwrap_or("user unknown")
-            );
-            match p.used_mib {
-                Some(mib) if mib <= threshold_mib => continue,
-                Some(mib) => {
-                    return Some(format!(
-                        "{resource} is not idle: {who} holds {} on it without holding the lock; not starting. \
-                         Stop it or run without --require-idle.",
-                        format_mib(mib)
-                    ));
-                }
-                None => {
-                    return Some(format!(
-                        "{resource} is not idle: {who} is on it without holding the lock, using an unknown amount of memory; \
-                         not starting. Stop it or run without --require-idle."
-                    ));
-                }
+        let (processes, unknown) = if resource.mig_parent().is_some() {
+            let Some(instance) = device
+                .mig_instances
+                .iter()
+                .find(|i| i.name.as_deref() == Some(resource.as_str()))
+            else {
+                return Some(format!(
+                    "{resource} names a MIG instance that GPU {index} does not have{}; not starting",
+                    match &device.mig_unknown {
+                        Some(why) => format!(" (its instances are unknown: {why})"),
+                        None => String::new(),
+                    }
+                ));
+            };
+            (&instance.processes, &instance.processes_unknown)
+        } else {
+            (&device.processes, &device.processes_unknown)
+        };
+        if let Some(why) = unknown {
+            return Some(format!(
+                "cannot check that {resource} is idle: its processes are unknown ({why}); not starting"
+            ));
+        }
+        if let Some(reason) = busy(resource, processes, threshold_mib) {
+            return Some(reason);
+        }
+    }
+    None
+}
+
+/// The first process outside the gate above the threshold, in words.
+fn busy(resource: &Resource, processes: &[DeviceProcess], threshold_mib: u64) -> Option<String> {
+    for p in processes.iter().filter(|p| !p.gated()) {
+        let who = format!(
+            "pid {} ({}, {})",
+            p.pid,
+            crate::text::sanitize(&p.name),
+            p.user().unwrap_or("user unknown")
+        );
+        match p.used_mib {
+            Some(mib) if mib <= threshold_mib => continue,
+            Some(mib) => {
+                return Some(format!(
+                    "{resource} is not idle: {who} holds {} on it without holding the lock; not starting. \
+                     Stop it or run without --require-idle.",
+                    format_mib(mib)
+                ));
+            }
+            None => {
+                return Some(format!(
+                    "{resource} is not idle: {who} is on it without holding the lock, using an unknown amount of memory; \
+                     not starting. Stop it or run without --require-idle."
+                ));
             }
         }
     }

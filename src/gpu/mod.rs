@@ -1,9 +1,15 @@
-//! GPUs: the probe ([`nvidia_smi`], one device type), which processes work
-//! inside a lock's gate and whether a device is idle ([`gate`]), and the
+//! GPUs: the probes ([`nvml`] in-process, [`nvidia_smi`] as a subprocess,
+//! [`amd`] for AMD GPUs; one device type) and the choice between them
+//! ([`source`]), MIG instances as devices ([`mig`]), which processes work
+//! inside a lock's gate and whether a device is idle ([`gate`]), the
 //! caller's `CUDA_VISIBLE_DEVICES` ([`cuda`]), and device memory for `--mem`
 //! budgets ([`memory`]).
 
+pub(crate) mod amd;
 pub(crate) mod cuda;
 pub(crate) mod gate;
 pub(crate) mod memory;
+pub(crate) mod mig;
 pub(crate) mod nvidia_smi;
+pub(crate) mod nvml;
+pub(crate) mod source;

@@ -42,7 +42,7 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 /// One GPU as reported by the vendor tool (and, once [`crate::gpu::gate`]
 /// has looked, which of its processes work inside a lock's gate): the one
 /// device type, from the probe to status's JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub(crate) struct Device {
     /// The vendor's device index (what `CUDA_VISIBLE_DEVICES` counts).
     pub index: u32,
@@ -58,10 +58,47 @@ pub(crate) struct Device {
     pub utilization_pct: Option<u32>,
     /// Compute processes running on this device.
     pub processes: Vec<DeviceProcess>,
+    /// Why `processes` means nothing: the source could not list them (NVML
+    /// refused the call). A device with this set is never called idle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_unknown: Option<String>,
+    /// Whether the GPU is in MIG mode; `None` when the source cannot say
+    /// (nvidia-smi's query, or a GPU without MIG).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_mode: Option<bool>,
+    /// In MIG mode, its instances (NVML only), sorted by GPU and compute
+    /// instance id.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mig_instances: Vec<MigInstance>,
+    /// In MIG mode, why the instances could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_unknown: Option<String>,
+}
+
+/// One MIG instance of a GPU in MIG mode: a device of its own, one level
+/// below its GPU (see [`crate::gpu::mig`] for its resource name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub(crate) struct MigInstance {
+    /// Its resource name, `gpu:N:PROFILE:giG.ciC`; `None` when its profile
+    /// cannot be written in one (then it cannot be locked).
+    pub name: Option<String>,
+    /// `MIG-...`, what `CUDA_VISIBLE_DEVICES` takes.
+    pub uuid: String,
+    /// The MIG profile, e.g. `1g.18gb`.
+    pub profile: Option<String>,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub memory_used_mib: Option<u64>,
+    pub memory_total_mib: Option<u64>,
+    /// Compute processes inside this instance.
+    pub processes: Vec<DeviceProcess>,
+    /// Why `processes` means nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_unknown: Option<String>,
 }
 
 /// A compute process seen on a device.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct DeviceProcess {
     /// Process id (in the tool's pid namespace).
     pub pid: u32,
@@ -71,6 +108,8 @@ pub(crate) struct DeviceProcess {
     pub used_mib: Option<u64>,
     /// Whether it works inside a gate, once [`crate::gpu::gate`] has looked.
     pub gating: Option<Gating>,
+    /// The container it runs in, seen from the host (NVML's source only).
+    pub container: Option<String>,
 }
 
 /// Where a process on a GPU stands with the locks.
@@ -113,7 +152,7 @@ impl Serialize for DeviceProcess {
             s.serialize_field("used_mib", &self.used_mib)?;
             return s.end();
         };
-        let mut s = serializer.serialize_struct("DeviceProcess", 6)?;
+        let mut s = serializer.serialize_struct("DeviceProcess", 7)?;
         s.serialize_field("pid", &self.pid)?;
         s.serialize_field("name", &self.name)?;
         s.serialize_field("user", &g.user)?;
@@ -121,6 +160,9 @@ impl Serialize for DeviceProcess {
         s.serialize_field("gated", &g.gated)?;
         if let Some(gate) = &g.gate {
             s.serialize_field("gate", gate)?;
+        }
+        if let Some(container) = &self.container {
+            s.serialize_field("container", container)?;
         }
         s.end()
     }
@@ -205,6 +247,15 @@ impl NvidiaSmi {
 /// is missing, probing reports why); otherwise `None` when no executable
 /// `nvidia-smi` is on the path.
 pub(crate) fn lookup(env_override: Option<OsString>, path: Option<OsString>) -> Option<PathBuf> {
+    lookup_tool("nvidia-smi", env_override, path)
+}
+
+/// [`lookup`] for any tool name.
+pub(crate) fn lookup_tool(
+    tool: &str,
+    env_override: Option<OsString>,
+    path: Option<OsString>,
+) -> Option<PathBuf> {
     if let Some(program) = env_override.filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(program));
     }
@@ -212,7 +263,7 @@ pub(crate) fn lookup(env_override: Option<OsString>, path: Option<OsString>) -> 
     // wherever the user happens to stand is not something we want.
     std::env::split_paths(&path?)
         .filter(|dir| !dir.as_os_str().is_empty())
-        .map(|dir| dir.join("nvidia-smi"))
+        .map(|dir| dir.join(tool))
         .find(|candidate| {
             candidate
                 .metadata()
@@ -233,8 +284,7 @@ impl Probe for NvidiaSmi {
 }
 
 fn probe_devices(program: &Path, timeout: Duration) -> Result<Vec<Device>, String> {
-    // Clamped so that absurd timeouts cannot overflow `Instant`.
-    let deadline = Instant::now() + timeout.min(Duration::from_secs(365 * 86_400));
+    let deadline = deadline_in(timeout);
     let unparsable = |e: anyhow::Error| format!("unexpected nvidia-smi output: {e:#}");
     let gpus = parse_gpus(&query(program, &GPU_QUERY, deadline, timeout)?).map_err(unparsable)?;
     if gpus.is_empty() {
@@ -244,8 +294,26 @@ fn probe_devices(program: &Path, timeout: Duration) -> Result<Vec<Device>, Strin
     Ok(join(gpus, apps))
 }
 
+/// `timeout` from now, clamped so that absurd timeouts cannot overflow `Instant`.
+pub(crate) fn deadline_in(timeout: Duration) -> Instant {
+    Instant::now() + timeout.min(Duration::from_secs(365 * 86_400))
+}
+
 /// Runs one query; `Err` is the reason to report as unknown.
 fn query(
+    program: &Path,
+    args: &[&str],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<String, String> {
+    run_tool("nvidia-smi", program, args, deadline, timeout)
+}
+
+/// Runs `program ARGS` (the vendor tool `tool`) to completion or to
+/// `deadline`, killing its process group then; its standard output, or
+/// the reason to report the devices as unknown.
+pub(crate) fn run_tool(
+    tool: &str,
     program: &Path,
     args: &[&str],
     deadline: Instant,
@@ -255,17 +323,17 @@ fn query(
         .map_err(|e| format!("cannot run {}: {e}", program.display()))?
         .ok_or_else(|| {
             format!(
-                "nvidia-smi did not answer within {} (killed)",
+                "{tool} did not answer within {} (killed)",
                 human_duration(timeout)
             )
         })?;
     if !output.status.success() {
-        return Err(failure_reason(&output));
+        return Err(failure_reason(tool, &output));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-fn failure_reason(output: &Output) -> String {
+fn failure_reason(tool: &str, output: &Output) -> String {
     let what = match (output.status.code(), output.status.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
         (None, Some(signal)) => format!("was killed by signal {signal}"),
@@ -273,8 +341,8 @@ fn failure_reason(output: &Output) -> String {
     };
     // Real nvidia-smi prints driver errors on stdout, so fall back to it.
     match first_line(&output.stderr).or_else(|| first_line(&output.stdout)) {
-        Some(line) => format!("nvidia-smi {what}: {line}"),
-        None => format!("nvidia-smi {what}"),
+        Some(line) => format!("{tool} {what}: {line}"),
+        None => format!("{tool} {what}"),
     }
 }
 
@@ -393,6 +461,7 @@ pub(crate) fn parse_gpus(text: &str) -> anyhow::Result<Vec<Device>> {
             memory_total_mib: number(total),
             utilization_pct: number(util),
             processes: Vec::new(),
+            ..Device::default()
         });
     }
     Ok(devices)
@@ -425,6 +494,7 @@ pub(crate) fn parse_apps(text: &str) -> anyhow::Result<Vec<(String, DeviceProces
             name: name.to_owned(),
             used_mib: number(used),
             gating: None,
+            container: None,
         };
         apps.push((uuid.to_owned(), process));
     }
@@ -500,6 +570,7 @@ mod tests {
             name: "python3".into(),
             used_mib: Some(38912),
             gating: None,
+            container: None,
         };
         assert_eq!(apps[0].1, expected);
         assert_eq!(apps[2].1.name, "python3 -c import a,b");
@@ -597,6 +668,7 @@ mod tests {
             name: "p".into(),
             used_mib: None,
             gating: None,
+            container: None,
         });
         assert_eq!(
             json(DeviceReport::Devices(gpus)),

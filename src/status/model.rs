@@ -151,6 +151,10 @@ pub(crate) struct Holder {
     /// The place in line its record names.
     #[serde(skip)]
     pub ticket: Option<u64>,
+    /// The container (or PID namespace below this one) the holder runs in,
+    /// e.g. `docker 1a2b3c4d5e6f, pid 7 there`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// A GPU resource's memory as the budgets split it (`--mem`): its device's
@@ -274,6 +278,10 @@ pub(crate) struct StatusReport {
     pub device_info: Option<DeviceReport>,
     /// The devices, flat, for scripts (empty when unknown or absent).
     pub devices: Vec<Device>,
+    /// Which source answered for the devices (`nvml`, `nvidia-smi`);
+    /// absent when none was asked or none is installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_source: Option<crate::gpu::source::Source>,
     /// The table leaves out idle locks (neither held nor waited for), and
     /// counts them in one line; JSON always lists everything.
     #[serde(skip)]
@@ -305,6 +313,7 @@ pub(crate) fn gather(
         resources: Vec::new(),
         device_info: None,
         devices: Vec::new(),
+        device_source: None,
         hide_idle: false,
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
@@ -398,7 +407,9 @@ pub(crate) fn gather(
 }
 
 fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices::Gate>) {
-    let info = devices::probe(timeout, &gates);
+    let probed = devices::probe_sourced(timeout, &gates);
+    report.device_source = probed.source;
+    let info = probed.report;
     let all: Vec<u32> = info.devices().iter().map(|d| d.index).collect();
     for view in &mut report.resources {
         let Ok(resource) = view.name.parse::<Resource>() else {
@@ -606,7 +617,7 @@ fn build_view(
         match file.map(probe_from_inside) {
             Some(true) => view
                 .holders
-                .push(invisible_holder("outside this PID namespace")),
+                .push(invisible_holder("outside this container or PID namespace")),
             Some(false) => {}
             None => view.state = State::Unknown,
         }
@@ -822,6 +833,7 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         over_budget: None,
         over_mib: None,
         ticket: None,
+        container: first.and_then(procfs::container_of),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::gpu::nvidia_smi::format_mib;
-use crate::gpu::nvidia_smi::{Device, DeviceReport};
+use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport};
 use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
 use crate::text::{sanitize, short_duration};
 
@@ -17,7 +17,12 @@ pub(crate) fn table(report: &StatusReport, colour: bool) -> String {
         Some(DeviceReport::Unknown { reason }) => {
             out.push_str(&format!("\nGPUs: unknown ({})\n", sanitize(reason)));
         }
-        Some(DeviceReport::Devices(devices)) => out.push_str(&devices_table(devices, colour)),
+        Some(DeviceReport::Devices(devices)) => {
+            out.push_str(&devices_table(devices, colour));
+            if let Some(source) = report.device_source {
+                out.push_str(&format!("(GPUs as {} reports them)\n", source.name()));
+            }
+        }
         _ => {}
     }
     out
@@ -102,6 +107,9 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             }
             if let Some(mem) = h.mem_mib {
                 step.push_str(&budget_words(h, mem));
+            }
+            if let Some(container) = &h.container {
+                step.push_str(&format!(" (in {})", sanitize(container)));
             }
             let first = i == 0;
             let mut row = vec![
@@ -282,52 +290,135 @@ fn devices_table(devices: &[Device], colour: bool) -> String {
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     let mut warnings = String::new();
     for d in devices {
-        let memory = match (d.memory_used_mib, d.memory_total_mib) {
-            (Some(used), Some(total)) => format!("{} / {}", format_mib(used), format_mib(total)),
-            (used, total) => format!(
-                "{} / {}",
-                used.map_or("?".to_owned(), format_mib),
-                total.map_or("?".to_owned(), format_mib)
-            ),
+        // In MIG mode the GPU's own list is every instance's processes;
+        // each is shown once, under its instance.
+        let in_instances = |pid: u32| {
+            d.mig_instances
+                .iter()
+                .any(|i| i.processes.iter().any(|p| p.pid == pid))
         };
-        let mut row = vec![
+        let own: Vec<&DeviceProcess> = d
+            .processes
+            .iter()
+            .filter(|p| !in_instances(p.pid))
+            .collect();
+        let row = vec![
             d.index.to_string(),
             sanitize(&d.name),
-            memory,
+            memory(d.memory_used_mib, d.memory_total_mib),
             d.utilization_pct
                 .map_or("?".to_owned(), |u| format!("{u}%")),
         ];
-        if d.processes.is_empty() {
-            row.push("-".to_owned());
-            rows.push(row);
-            continue;
+        let place = format!("GPU {}", d.index);
+        process_rows(
+            &mut rows,
+            &mut warnings,
+            row,
+            &own,
+            &d.processes_unknown,
+            &place,
+        );
+        if let Some(why) = &d.mig_unknown {
+            warnings.push_str(&format!(
+                "warning: GPU {} is in MIG mode and its instances are unknown: {}\n",
+                d.index,
+                sanitize(why)
+            ));
         }
-        for (i, p) in d.processes.iter().enumerate() {
-            if i > 0 {
-                row = vec![String::new(); 4];
-            }
-            let used = p.used_mib.map_or("?".to_owned(), format_mib);
-            let user = p.user().map_or("?".to_owned(), sanitize);
-            row.extend([
-                p.pid.to_string(),
-                sanitize(&p.name),
-                user.clone(),
-                used.clone(),
-                p.gate()
-                    .map_or_else(|| "NOT GATED".to_owned(), str::to_owned),
-            ]);
-            rows.push(row.clone());
-            if !p.gated() {
-                warnings.push_str(&format!(
-                    "warning: pid {} ({}, {user}) uses {used} on GPU {} without holding its lock\n",
-                    p.pid,
-                    sanitize(&p.name),
-                    d.index
-                ));
-            }
+        for i in &d.mig_instances {
+            let name = i.name.clone().unwrap_or_else(|| {
+                format!(
+                    "gpu:{}:?:gi{}.ci{}",
+                    d.index, i.gpu_instance_id, i.compute_instance_id
+                )
+            });
+            let row = vec![
+                name.clone(),
+                format!(
+                    "MIG {}",
+                    i.profile.as_deref().map_or("?".to_owned(), sanitize)
+                ),
+                memory(i.memory_used_mib, i.memory_total_mib),
+                "-".to_owned(),
+            ];
+            let refs: Vec<&DeviceProcess> = i.processes.iter().collect();
+            process_rows(
+                &mut rows,
+                &mut warnings,
+                row,
+                &refs,
+                &i.processes_unknown,
+                &name,
+            );
         }
     }
     format!("\n{}{warnings}", align(&rows, colour, paint_device_cell))
+}
+
+fn memory(used: Option<u64>, total: Option<u64>) -> String {
+    format!(
+        "{} / {}",
+        used.map_or("?".to_owned(), format_mib),
+        total.map_or("?".to_owned(), format_mib)
+    )
+}
+
+/// A device's row and one more per process; a warning for each process
+/// outside the gate, and for a list that is unknown.
+fn process_rows(
+    rows: &mut Vec<Vec<String>>,
+    warnings: &mut String,
+    mut row: Vec<String>,
+    processes: &[&DeviceProcess],
+    unknown: &Option<String>,
+    place: &str,
+) {
+    if let Some(why) = unknown {
+        row.push("?".to_owned());
+        rows.push(row);
+        warnings.push_str(&format!(
+            "warning: the processes on {place} are unknown: {}\n",
+            sanitize(why)
+        ));
+        return;
+    }
+    if processes.is_empty() {
+        row.push("-".to_owned());
+        rows.push(row);
+        return;
+    }
+    let width = row.len();
+    for (i, p) in processes.iter().enumerate() {
+        if i > 0 {
+            row = vec![String::new(); width];
+        }
+        let used = p.used_mib.map_or("?".to_owned(), format_mib);
+        let user = p.user().map_or("?".to_owned(), sanitize);
+        let pid = if p.pid == 0 {
+            "?".to_owned()
+        } else {
+            p.pid.to_string()
+        };
+        let name = match &p.container {
+            Some(container) => format!("{} (in {})", sanitize(&p.name), sanitize(container)),
+            None => sanitize(&p.name),
+        };
+        row.extend([
+            pid.clone(),
+            name,
+            user.clone(),
+            used.clone(),
+            p.gate()
+                .map_or_else(|| "NOT GATED".to_owned(), str::to_owned),
+        ]);
+        rows.push(row.clone());
+        if !p.gated() {
+            warnings.push_str(&format!(
+                "warning: pid {pid} ({}, {user}) uses {used} on {place} without holding its lock\n",
+                sanitize(&p.name),
+            ));
+        }
+    }
 }
 
 /// Pads every column to its widest cell; the last column is not padded.

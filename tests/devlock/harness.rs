@@ -52,13 +52,17 @@ impl Scratch {
 
     /// `devlock` with `DEVLOCK_DIR` pointing here, and none of the caller's
     /// GPU restrictions (a CI runner's CUDA_VISIBLE_DEVICES must not change
-    /// what the tests see).
+    /// what the tests see), nor its GPUs: NVML is off unless a test points
+    /// `DEVLOCK_NVML` at the fake.
     pub fn devlock(&self) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.env("DEVLOCK_DIR", self.dir())
+            .env("DEVLOCK_NVML", "none")
             .env_remove("NO_COLOR")
             .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("CUDA_DEVICE_ORDER");
+            .env_remove("CUDA_DEVICE_ORDER")
+            .env_remove("ROCR_VISIBLE_DEVICES")
+            .env_remove("HIP_VISIBLE_DEVICES");
         cmd
     }
 

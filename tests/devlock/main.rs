@@ -18,7 +18,9 @@
 
 mod harness;
 
+mod amd;
 mod budgets;
+mod containers;
 mod core;
 mod devices;
 mod display;
@@ -29,6 +31,7 @@ mod etcd_server;
 mod generated;
 mod granularity;
 mod manners;
+mod nvml;
 mod shared_machine;
 mod signals;
 mod status;
@@ -66,6 +69,11 @@ const TESTS: &[Test] = &[
     test!(budgets::every_failure_is_one_line_with_its_code, needs: []),
     test!(budgets::a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []),
     test!(budgets::budgets_of_another_user_count_and_are_counted, needs: [Root, Tool("setpriv")]),
+    test!(containers::a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides, needs: [Root, Tool("unshare")]),
+    test!(containers::nvml_host_pids_are_named_with_their_container_and_never_guessed_inside_one, needs: [Root, Tool("unshare"), Tool("nsenter"), Tool("cc")]),
+    test!(amd::status_and_require_idle_through_amd_smi, needs: []),
+    test!(amd::a_hanging_amd_smi_is_killed_at_the_timeout, needs: []),
+    test!(amd::gpus_on_an_amd_machine_are_given_with_the_rocm_variables, needs: []),
     test!(core::many_processes_never_overlap_in_a_read_modify_write, needs: []),
     test!(core::flock_holder_blocks_devlock_and_is_named, needs: []),
     test!(core::devlock_holder_blocks_flock, needs: []),
@@ -109,6 +117,15 @@ const TESTS: &[Test] = &[
     test!(devices::indices_in_cuda_visible_devices_never_run_the_probe, needs: []),
     test!(devices::a_nested_devlock_stays_inside_the_gpus_its_job_was_given, needs: []),
     test!(devices::require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle, needs: []),
+    test!(nvml::status_through_nvml_names_the_source_and_who_is_inside_the_gate, needs: [Tool("cc")]),
+    test!(nvml::a_hung_nvml_call_never_hangs_devlock, needs: [Tool("cc")]),
+    test!(nvml::the_systems_nvml_is_found_as_the_loader_finds_it_and_a_named_nvidia_smi_wins, needs: [Tool("cc")]),
+    test!(nvml::nvidia_smi_answers_when_nvml_is_off_or_fails, needs: [Tool("cc")]),
+    test!(nvml::a_process_list_nvml_refuses_is_unknown_not_idle, needs: [Tool("cc")]),
+    test!(nvml::mig_instances_are_devices_with_their_own_processes, needs: [Tool("cc")]),
+    test!(nvml::an_instance_holds_its_gpu_shared_and_the_gpu_excludes_it, needs: [Tool("cc")]),
+    test!(nvml::two_mig_instances_for_one_command_are_refused_with_the_reason, needs: []),
+    test!(nvml::setup_gpus_declares_the_mig_instances, needs: [Root, Tool("cc")]),
     test!(display::the_live_line_fits_a_narrow_terminal_and_follows_a_resize, needs: []),
     test!(display::devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end, needs: []),
     test!(display::a_waiter_in_the_background_never_draws_over_the_prompt, needs: []),

@@ -1402,11 +1402,14 @@ pub(crate) fn status_inside_a_pid_namespace_says_held_by_unknown() {
     let view = &json["resources"][0];
     assert_eq!(view["state"], "held", "never free: {json}");
     assert_eq!(view["holders"][0]["source"], "unknown");
-    assert_eq!(view["holders"][0]["note"], "outside this PID namespace");
+    assert_eq!(
+        view["holders"][0]["note"],
+        "outside this container or PID namespace"
+    );
     let busy = inside(&["-n", "r", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
     assert!(
-        stderr(&busy).contains("outside this PID namespace"),
+        stderr(&busy).contains("outside this container or PID namespace"),
         "{}",
         stderr(&busy)
     );
