@@ -175,8 +175,10 @@ mod tests {
                     name: "p".into(),
                     used_mib: Some(mib),
                     gating: None,
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 
