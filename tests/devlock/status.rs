@@ -301,7 +301,10 @@ pub(crate) fn a_long_wait_sleeps_between_reports() {
     let before = wakeups(w.id(), w.id());
     wait_for_line(&mut err, "waiting");
     let woken = wakeups(w.id(), w.id()) - before;
-    assert!(woken < 10, "the waiting thread was woken {woken} times in a second");
+    assert!(
+        woken < 10,
+        "the waiting thread was woken {woken} times in a second"
+    );
     release(&s, "h");
     wait_for_line(&mut err, "devlock: got r after ");
     assert!(wait_child(&mut w).success());
