@@ -374,3 +374,27 @@ def test_a_budget_wait_is_left_at_once_on_ctrl_c(scratch: Scratch, gpus: Gpus) -
     assert scratch.resource("gpu:0")["waiters"] == []
     holder.release()
     assert holder.finish().returncode == 0
+
+
+def test_a_budget_wait_and_its_timeout_give_the_clis_figures(
+    scratch: Scratch, gpus: Gpus, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = scratch.spawn(
+        [scratch.bin, "--step", "big", "--mem", "70GiB", "--settle", "0.1s", "gpu:0", "--", "sh", "-c",
+         "echo ready; read x"]
+    )
+    holder.line("ready")
+    settled(scratch, 1)
+    figures = "gpu:0: 70 GiB of 80 GiB budgeted (big 70 GiB), 0 MiB outside the gate; 20 GiB asked, 2 GiB headroom"
+    caplog.set_level(logging.INFO, logger="devlock")
+    with pytest.raises(devlock.Timeout) as caught:
+        with devlock.lock("gpu:0", mem="20GiB", timeout=0.5, report_every=0.1, step="py-small"):
+            pass
+    assert str(caught.value) == f"timed out after 500ms waiting for {figures}", str(caught.value)
+    out = scratch.run("-w", "0.5", "--mem", "20GiB", "gpu:0", "--", "true")
+    assert out.returncode == 75
+    assert out.stderr.splitlines()[-1] == f"devlock: {caught.value} (true)", out.stderr
+    waiting = [r.getMessage() for r in caplog.records if r.name == "devlock" and "waiting" in r.getMessage()]
+    assert waiting and all(figures.split(": ", 1)[1] in m for m in waiting), waiting
+    holder.release()
+    assert holder.finish().returncode == 0

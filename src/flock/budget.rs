@@ -197,7 +197,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<(Taken
     }
     let room_text = Arc::new(Mutex::new(String::new()));
     let registration = register_asking(ctx, request, entry.ticket.number, ask.mem_mib);
-    let shows = ctx.plan.is_some_and(|p| !p.quiet);
+    let shows = ctx.shows();
     let watches = shows
         .then(|| watch(ctx.dir, request, &entry))
         .flatten()
@@ -472,7 +472,7 @@ pub(crate) fn take_any(
                 .zip(candidates)
                 .map(|(e, (_, ask))| register_asking(ctx, &e.request, e.ticket.number, ask.mem_mib))
                 .collect();
-            let shows = ctx.plan.is_some_and(|p| !p.quiet);
+            let shows = ctx.shows();
             let watches = if shows {
                 entries
                     .iter()
