@@ -872,6 +872,28 @@ mod tests {
     }
 
     #[test]
+    fn for_the_library_what_the_watch_says_is_kept_not_written() {
+        let mut w = watch(true, Duration::ZERO);
+        w.quiet = false;
+        w.told = Some(Vec::new());
+        measure(&w, 20_000, false);
+        w.check();
+        w.check();
+        let told = w.told.take().unwrap();
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(
+            told[0].starts_with("devlock: warning: gpu:0: job uses "),
+            "{}",
+            told[0]
+        );
+        assert!(
+            told[1].starts_with("devlock: --mem-strict: gpu:0: stopping job: over budget ("),
+            "{}",
+            told[1]
+        );
+    }
+
+    #[test]
     fn settling_allows_allocator_chunks() {
         assert_eq!(settle_delta(1024), 128);
         assert_eq!(settle_delta(20_480), 409);
