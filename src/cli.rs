@@ -594,7 +594,7 @@ pub fn usage_line(rendered: &str) -> String {
 }
 
 /// A memory size in MiB: `256`, `256MiB`, `1GiB`, `1.5G`.
-fn parse_mib(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_mib(text: &str) -> Result<u64, String> {
     let lower = text.trim().to_ascii_lowercase();
     let split = lower
         .find(|c: char| !c.is_ascii_digit() && c != '.')

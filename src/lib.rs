@@ -34,8 +34,8 @@ pub mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, Busy, Guard, HeldLock, Hold, Holder, Lock, NotSupported, Options, Spec, Wait,
-    exit_code, status_document,
+    Acquiring, BudgetEvent, BudgetSink, Busy, Guard, HeldLock, Hold, Holder, Lock, NotSupported,
+    Options, Spec, Wait, exit_code, status_document,
 };
 pub use resource::Resource;
 

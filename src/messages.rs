@@ -87,11 +87,6 @@ pub(crate) fn no_resource() -> anyhow::Error {
     )
 }
 
-/// An option of the command line that this build does not have yet.
-pub(crate) fn not_supported(option: &str, needs: &str) -> String {
-    format!("{option} needs {needs}, which this build of devlock does not have yet")
-}
-
 /// `gpu is in use with --slots 2, but this asks for it as a plain lock; ...`
 pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
     let how = |n: u64| match n {

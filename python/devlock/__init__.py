@@ -48,6 +48,7 @@ import contextvars
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -61,10 +62,12 @@ from . import _devlock as _native
 __all__ = [
     "DEFAULT_DIR",
     "Busy",
+    "DeviceUnknown",
     "Error",
     "Held",
     "Holder",
     "NotSupported",
+    "OverBudget",
     "Timeout",
     "UnsafeFile",
     "UsageError",
@@ -111,6 +114,26 @@ class UnsafeFile(Error):
     filesystem, a directory that cannot be created."""
 
 
+class DeviceUnknown(Error):
+    """A memory budget's device whose memory cannot be learned (no driver,
+    nvidia-smi missing, failed or timed out): the command line's exit 69 for
+    ``--mem``."""
+
+
+class OverBudget(KeyboardInterrupt):
+    """With ``mem_strict=True``: the block's process tree stayed more than 10 %
+    over its ``mem`` budget for ``settle`` seconds, and devlock stopped the
+    work as Ctrl-C does (a SIGINT to the main thread). Raised from the
+    block's ``__exit__`` in place of the ``KeyboardInterrupt`` that stopped
+    it; a ``KeyboardInterrupt``, not a :class:`Error`, so that ``except
+    Exception`` in the work does not swallow the stop. ``message`` is the
+    command line's line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lock, as ``devlock -n`` names them; None where nobody can tell."""
@@ -153,6 +176,8 @@ def _translate(err: BaseException) -> Error:
         return UnsafeFile(message, exit_code=code)
     if kind == "usage":
         return UsageError(message, exit_code=code)
+    if kind == "device":
+        return DeviceUnknown(message, exit_code=code)
     if kind == "unsupported":
         return NotSupported(message, exit_code=code)
     return Error(message, exit_code=code)
@@ -173,6 +198,8 @@ class Held(NamedTuple):
     nested: bool
     #: The descriptors a child process must inherit to run inside the hold.
     fds: Tuple[int, ...]
+    #: The memory budget held (``mem=``), MiB; None without one (or nested).
+    mem_mib: Optional[int] = None
 
 
 class _Entry:
@@ -184,6 +211,30 @@ class _Entry:
         self.native = native
         self.pid = os.getpid()
         self.locks = locks
+
+
+# --- Memory budgets -------------------------------------------------------
+
+_BUDGET_VARS = ("DEVLOCK_MEM_MIB", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def _set_budget_env(pairs: List[Tuple[str, str]]) -> Dict[str, Optional[str]]:
+    saved = {k: os.environ.get(k) for k in _BUDGET_VARS}
+    for key, value in pairs:
+        os.environ[key] = value
+    return saved
+
+
+def _on_budget_event(kind: str, line: str) -> None:
+    """The budget watch's words (on its thread): a ``logging`` record of
+    logger ``devlock``, once per hold; with ``mem_strict``, the stop."""
+    if kind == "stop":
+        logger.error(line)
+        # As Ctrl-C: the main thread's KeyboardInterrupt, which the block's
+        # __exit__ turns into OverBudget.
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+    else:
+        logger.warning(line)
 
 
 # The blocks this thread or task is inside, innermost last.
@@ -448,8 +499,24 @@ class lock:
       so children started with ``close_fds=False`` (or ``os.system``) run
       inside it; such a child still running after the block keeps the lock
       until it exits. Without it, pass :func:`pass_fds` to ``subprocess``.
-    * ``mem`` (``--mem``, ``"20GiB"``): the memory budget; not in this build
-      yet (entering the block raises :class:`NotSupported`).
+    * ``mem`` (``--mem``, ``"20GiB"``, ``"512MiB"``, or an int of MiB): hold
+      that much of one ``gpu:N``'s memory (with ``any=True``: of the first
+      candidate that admits it) instead of the whole device, by the command
+      line's rules: admitted while the holders' budgets, the memory used
+      outside the gate, this budget and ``mem_headroom`` fit; in the same
+      fair line. The block sets ``DEVLOCK_MEM_MIB`` and (unless set)
+      ``XLA_PYTHON_CLIENT_MEM_FRACTION`` in ``os.environ`` and restores them
+      after. While it is held a thread of the library measures what this
+      interpreter's process tree uses on the device: the block is
+      ``starting`` in status (the next budget waits) until that stops
+      growing or ``settle`` passes, and more than 10 % over the budget is
+      said once as a ``logging`` WARNING record of logger ``devlock`` (and
+      marked in status). ``mem_headroom`` (``--mem-headroom``, default
+      2GiB), ``settle`` (``--settle``, seconds, default 30) and
+      ``mem_strict`` (``--mem-strict``): once over for ``settle``, the work
+      is stopped as Ctrl-C stops it (SIGINT to the main thread; the block
+      raises :class:`OverBudget`). A device whose memory cannot be learned
+      raises :class:`DeviceUnknown`.
 
     The wait sleeps in the kernel with the GIL released, so other threads
     run; Ctrl-C raises ``KeyboardInterrupt`` within a fraction of a second
@@ -462,7 +529,8 @@ class lock:
     ``kill -9``). ``__enter__`` returns a :class:`Held`.
 
     Raises: :class:`Busy`, :class:`Timeout`, :class:`UnsafeFile`,
-    :class:`UsageError`, :class:`NotSupported`, :class:`Error`.
+    :class:`UsageError`, :class:`DeviceUnknown`, :class:`Error`; and
+    :class:`OverBudget` (a ``KeyboardInterrupt``) with ``mem_strict``.
     """
 
     def __init__(
@@ -480,9 +548,13 @@ class lock:
         dir: Optional[Union[str, "os.PathLike[str]"]] = None,
         inheritable: bool = False,
         mem: Optional[Union[str, int]] = None,
+        mem_headroom: Optional[Union[str, int]] = None,
+        settle: Optional[float] = None,
+        mem_strict: bool = False,
     ) -> None:
-        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (str, int))):
-            raise TypeError(f"mem must be a str such as '20GiB' or an int, not {type(mem).__name__}")
+        for name, size in (("mem", mem), ("mem_headroom", mem_headroom)):
+            if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int))):
+                raise TypeError(f"{name} must be a str such as '20GiB' or an int of MiB, not {type(size).__name__}")
         if not resources:
             raise UsageError("name at least one resource to lock, as in devlock.lock('gpu')", exit_code=2)
         for r in resources:
@@ -508,6 +580,9 @@ class lock:
         self._inheritable = bool(inheritable)
         # Passed as the command line's text; the native layer decides.
         self._mem = None if mem is None else str(mem)
+        self._mem_headroom = None if mem_headroom is None else str(mem_headroom)
+        self._settle = None if settle is None else _check_seconds("settle", settle)
+        self._mem_strict = bool(mem_strict)
         # One per block entered with this object (it may be re-entered).
         self._blocks: List[Tuple[_Entry, "contextvars.Token[Tuple[_Entry, ...]]", Optional[Dict[str, Optional[str]]]]] = []
 
@@ -529,6 +604,9 @@ class lock:
                 any=self._any,
                 count=self._count,
                 mem=self._mem,
+                mem_headroom=self._mem_headroom,
+                settle=self._settle,
+                mem_strict=self._mem_strict,
                 inside=inside,
             )
             hold = acquiring.wait(0.0)
@@ -537,20 +615,28 @@ class lock:
         if hold is None:
             hold = self._wait_for(acquiring)
         resources, locks, fds, slot, cuda, nested = hold.info()
+        mem_mib = hold.budget_mib()
         entry = _Entry(hold, locks)
+        saved: Optional[Dict[str, Optional[str]]] = None
         try:
+            if mem_mib is not None:
+                hold.on_budget_event(_on_budget_event)
             if self._inheritable:
                 for fd in fds:
                     os.set_inheritable(fd, True)
             saved = _set_cuda(cuda) if cuda is not None else None
+            if mem_mib is not None:
+                saved = dict(saved or {}, **_set_budget_env(hold.budget_env()))
         except BaseException:
+            if saved is not None:
+                _restore_env(saved)
             hold.release()
             raise
         with _live_lock:
             _live[id(entry)] = entry
         token = _stack.set(_stack.get() + (entry,))
         self._blocks.append((entry, token, saved))
-        return Held(tuple(resources), step, slot, cuda, nested, tuple(fds))
+        return Held(tuple(resources), step, slot, cuda, nested, tuple(fds), mem_mib)
 
     def _wait_for(self, acquiring: Any) -> Any:
         display = _Display(self._quiet, self._report_every)
@@ -587,6 +673,9 @@ class lock:
             _stack.set(tuple(e for e in _stack.get() if e is not entry))
         with _live_lock:
             _live.pop(id(entry), None)
+        stopped = entry.native.stopped_over_budget() if isinstance(exc, KeyboardInterrupt) else None
         entry.native.release()
         if saved is not None:
             _restore_env(saved)
+        if stopped is not None and not isinstance(exc, OverBudget):
+            raise OverBudget(stopped) from exc

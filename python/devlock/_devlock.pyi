@@ -1,13 +1,14 @@
 """The native module: a thin layer over the devlock library (see devlock/__init__.py)."""
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 DEFAULT_DIR: str
 VERSION: str
 
 class NativeError(Exception):
     """args: (kind, message, resource, holder, exit_code); kind is one of
-    "busy", "timeout", "unsupported", "unsafe", "usage", "error"; holder is
+    "busy", "timeout", "unsupported", "unsafe", "usage", "device" (exit 69:
+    a budget's device memory unknown), "error"; holder is
     (step, pid, user) or None."""
 
 class Hold:
@@ -23,6 +24,11 @@ class Hold:
     def pid(self) -> int: ...
     def holds_here(self) -> bool: ...
     def done_line(self) -> Optional[str]: ...
+    def budget_mib(self) -> Optional[int]: ...
+    def budget_env(self) -> List[Tuple[str, str]]: ...
+    def on_budget_event(self, callback: Callable[[str, str], None]) -> None:
+        """callback(kind, line) on the budget watch's thread; kind "over" or "stop"."""
+    def stopped_over_budget(self) -> Optional[str]: ...
     def release(self) -> None: ...
 
 class Acquiring:
@@ -43,6 +49,9 @@ def start(
     any: bool,
     count: int,
     mem: Optional[str],
+    mem_headroom: Optional[str],
+    settle: Optional[float],
+    mem_strict: bool,
     inside: List[Tuple[str, bool]],
 ) -> Acquiring: ...
 def status(dir: str, resources: List[str], probe_timeout: Optional[float]) -> str: ...

@@ -37,6 +37,9 @@ fn to_py(err: anyhow::Error) -> PyErr {
         let kind = match code {
             74 => "unsafe",
             2 => "usage",
+            // The library's only exit 69: a budget's device whose memory
+            // cannot be learned.
+            69 => "device",
             _ => "error",
         };
         (kind, None, None)
@@ -215,6 +218,40 @@ impl PyHold {
         self.done_line.clone()
     }
 
+    /// The memory budget held (mem=), MiB, else None.
+    fn budget_mib(&self) -> Option<u64> {
+        self.with(devlock::Hold::budget_mib, None)
+    }
+
+    /// [(name, value)] a budget's work learns (DEVLOCK_MEM_MIB, and
+    /// XLA_PYTHON_CLIENT_MEM_FRACTION unless set already), read now.
+    fn budget_env(&self) -> Vec<(String, String)> {
+        self.with(devlock::Hold::budget_env, Vec::new())
+    }
+
+    /// Calls `callback(kind, line)` on the budget watch's thread (with the
+    /// GIL) for each thing it says: kind "over" or "stop".
+    fn on_budget_event(&self, py: Python<'_>, callback: Py<PyAny>) {
+        let sink: devlock::BudgetSink = Box::new(move |event| {
+            let (kind, line) = match event {
+                devlock::BudgetEvent::OverBudget(line) => ("over", line),
+                devlock::BudgetEvent::Stop(line) => ("stop", line),
+            };
+            Python::attach(|py| {
+                if let Err(e) = callback.call1(py, (kind, line)) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        });
+        // Released: the sink may be called at once and take the GIL.
+        py.detach(|| self.with(|h| h.on_budget_event(sink), ()));
+    }
+
+    /// The strict stop's line, once the watch said stop (mem_strict=True).
+    fn stopped_over_budget(&self) -> Option<String> {
+        self.with(devlock::Hold::stopped_over_budget, None)
+    }
+
     /// Lets go (in a forked child: of the child's copies only). Idempotent.
     fn release(&self, py: Python<'_>) {
         let hold = self.inner.lock().unwrap().take();
@@ -225,7 +262,7 @@ impl PyHold {
 /// Starts a take (GIL released): checks the options, takes at once when
 /// free, else (unless wait is false) waits in line on a thread of its own.
 #[pyfunction]
-#[pyo3(signature = (resources, *, dir, step, wait, timeout, shared, slots, any, count, mem, inside))]
+#[pyo3(signature = (resources, *, dir, step, wait, timeout, shared, slots, any, count, mem, mem_headroom, settle, mem_strict, inside))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -239,6 +276,9 @@ fn start(
     any: bool,
     count: u8,
     mem: Option<String>,
+    mem_headroom: Option<String>,
+    settle: Option<f64>,
+    mem_strict: bool,
     inside: Vec<(String, bool)>,
 ) -> PyResult<PyAcquiring> {
     let wait = match (wait, timeout) {
@@ -258,6 +298,9 @@ fn start(
         any,
         count,
         mem,
+        mem_headroom,
+        settle: settle.map(|t| seconds(t, "settle")).transpose()?,
+        mem_strict,
     };
     let options = devlock::Options { dir, wait, step };
     let inside: Vec<devlock::HeldLock> = inside

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use crate::api::budget::{self, Budget, BudgetSink};
 use crate::api::{Options, Wait};
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
@@ -45,10 +46,16 @@ pub struct Spec {
     pub any: bool,
     /// `--count K` (with `any`).
     pub count: u8,
-    /// `--mem` (the memory budget), as the command line's text (`20GiB`).
-    /// This build has no budgets yet: a take that names one fails with
-    /// [`NotSupported`] (see `plan`, where it joins the requests).
+    /// `--mem` (the memory budget on `gpu:N`), as the command line's text
+    /// (`20GiB`, `512MiB`, a bare number of MiB).
     pub mem: Option<String>,
+    /// `--mem-headroom`, as the command line's text.
+    pub mem_headroom: Option<String>,
+    /// `--settle`.
+    pub settle: Option<Duration>,
+    /// `--mem-strict`: once over budget for `settle`, the hold's
+    /// [`crate::BudgetEvent::Stop`] tells the caller to stop its work.
+    pub mem_strict: bool,
 }
 
 impl Spec {
@@ -61,6 +68,9 @@ impl Spec {
             any: false,
             count: 1,
             mem: None,
+            mem_headroom: None,
+            settle: None,
+            mem_strict: false,
         }
     }
 }
@@ -154,11 +164,14 @@ pub struct Hold {
     members: Vec<Resource>,
     /// Locks an enclosing hold of this process keeps, passed through.
     passed: Vec<HeldLock>,
+    /// A memory budget held (`mem`), watched while held; let go after
+    /// `taken` (the group first, as the command line lets go).
+    budget: Option<Budget>,
     pid: u32,
 }
 
 impl Hold {
-    fn new(taken: Vec<(Resource, Taken)>, planned: &Planned) -> Hold {
+    fn new(mut taken: Vec<(Resource, Taken)>, planned: &Planned, step: &str) -> Hold {
         let mut members = planned.members.clone();
         if planned.count > 0 {
             // An --any's picks: the members taken, not their groups.
@@ -172,12 +185,50 @@ impl Hold {
         }
         members.sort();
         members.dedup();
+        let budget = planned.budget.as_ref().and_then(|b| {
+            let at = taken.iter().position(|(r, t)| {
+                r.gpu_index().is_some() && matches!(t, Taken::Held(h) if h.request.via.is_none())
+            })?;
+            let Taken::Held(held) = taken.remove(at).1 else {
+                unreachable!("matched above")
+            };
+            Some(Budget::start(held, b, step))
+        });
         Hold {
             taken,
             members,
             passed: planned.passed.clone(),
+            budget,
             pid: std::process::id(),
         }
+    }
+
+    /// The memory budget this hold keeps (`mem`), MiB; `None` without one
+    /// (or when it passed through an enclosing hold).
+    pub fn budget_mib(&self) -> Option<u64> {
+        self.budget.as_ref().map(|b| b.mem_mib)
+    }
+
+    /// What the work inside a budget learns, as a command under `devlock
+    /// --mem` does: `DEVLOCK_MEM_MIB`, and `XLA_PYTHON_CLIENT_MEM_FRACTION`
+    /// (the budget's share of the device) unless the process has it set
+    /// already. Empty without a budget.
+    pub fn budget_env(&self) -> Vec<(String, String)> {
+        self.budget.as_ref().map(Budget::env).unwrap_or_default()
+    }
+
+    /// Where the budget's watch says what it has to say (over budget; with
+    /// `mem_strict`, stop), on the watch's thread; what it said before this
+    /// call is passed on at once. Nothing without a budget.
+    pub fn on_budget_event(&self, sink: BudgetSink) {
+        if let Some(b) = &self.budget {
+            b.on_event(sink);
+        }
+    }
+
+    /// With `mem_strict`: the line that said stop, once the watch said it.
+    pub fn stopped_over_budget(&self) -> Option<String> {
+        self.budget.as_ref().and_then(Budget::stopped)
     }
 
     /// The resources this hold is for: what was asked for, or an `--any`'s picks.
@@ -188,6 +239,12 @@ impl Hold {
     /// Every lock it keeps or passed through, for takes inside it.
     pub fn locks(&self) -> Vec<HeldLock> {
         let mut locks = self.passed.clone();
+        if let Some(b) = &self.budget {
+            locks.push(HeldLock {
+                resource: b.resource.to_string(),
+                exclusive: false,
+            });
+        }
         for (resource, taken) in &self.taken {
             let exclusive = match taken {
                 Taken::Held(held) => held.request.exclusive && held.request.slots == 0,
@@ -216,6 +273,17 @@ impl Hold {
                 Taken::Inherited(lock) => fds.extend(nesting::inherited_fds(lock)),
             }
         }
+        if let Some(b) = &self.budget {
+            fds.extend(
+                b.with(|held| {
+                    held.inheritable_fds()
+                        .iter()
+                        .map(AsRawFd::as_raw_fd)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default(),
+            );
+        }
         fds
     }
 
@@ -239,9 +307,11 @@ impl Hold {
 
     /// Whether this hold took nothing of its own (everything passed through).
     pub fn is_nested(&self) -> bool {
-        self.taken
-            .iter()
-            .all(|(_, t)| matches!(t, Taken::Inherited(_)))
+        self.budget.is_none()
+            && self
+                .taken
+                .iter()
+                .all(|(_, t)| matches!(t, Taken::Inherited(_)))
     }
 
     /// The process that took it.
@@ -253,10 +323,15 @@ impl Hold {
     /// descriptor is open here, on the same file, with the lock granted (a
     /// forked child that closed its descriptors does not).
     pub fn holds_here(&self) -> bool {
-        self.taken.iter().all(|(_, taken)| match taken {
-            Taken::Held(held) => nesting::fd_holds(held.lock().file().as_raw_fd(), held.lock()),
-            Taken::Inherited(lock) => nesting::inherited(lock, false) != Inherited::No,
-        })
+        let budget_here = self.budget.as_ref().is_none_or(|b| {
+            b.with(|held| nesting::fd_holds(held.lock().file().as_raw_fd(), held.lock()))
+                .unwrap_or(false)
+        });
+        budget_here
+            && self.taken.iter().all(|(_, taken)| match taken {
+                Taken::Held(held) => nesting::fd_holds(held.lock().file().as_raw_fd(), held.lock()),
+                Taken::Inherited(lock) => nesting::inherited(lock, false) != Inherited::No,
+            })
     }
 
     /// Lets go: in the process that took it, the label is cleared and the
@@ -272,8 +347,17 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if std::process::id() == self.pid {
-            // The holds' own Drop lets go, in the command line's order.
+            // The watch stops first; the holds' own Drop lets go, in the
+            // command line's order (the group, then the budget's device).
+            let budget = self.budget.take();
+            drop(std::mem::take(&mut self.taken));
+            if let Some(mut budget) = budget {
+                budget.release();
+            }
             return;
+        }
+        if let Some(budget) = self.budget.as_mut() {
+            budget.close_copy();
         }
         for (_, taken) in self.taken.drain(..) {
             match taken {
@@ -340,7 +424,7 @@ impl Acquiring {
         match first {
             Ok(taken) => {
                 return Ok(Acquiring {
-                    done: Some(Ok(Hold::new(taken, &planned))),
+                    done: Some(Ok(Hold::new(taken, &planned, &options.step))),
                     waiting: None,
                     started,
                     step: options.step.clone(),
@@ -383,7 +467,7 @@ impl Acquiring {
                         take_all(&ctx, &planned)
                     };
                     // A receiver that gave up drops the hold: released.
-                    let _ = tx.send(result.map(|taken| Hold::new(taken, &planned)));
+                    let _ = tx.send(result.map(|taken| Hold::new(taken, &planned, &ctx.step)));
                 })?
         };
         Ok(Acquiring {
@@ -562,6 +646,9 @@ struct Planned {
     /// The resources asked for, or an `--any`'s picks that passed through.
     members: Vec<Resource>,
     passed: Vec<HeldLock>,
+    /// A memory budget (`mem`) on the one `gpu:N` of `fixed`, or on each
+    /// candidate.
+    budget: Option<budget::Planned>,
 }
 
 impl Planned {
@@ -581,14 +668,10 @@ impl Planned {
 /// requests, leaving out what an enclosing hold in `inside` covers.
 fn plan(spec: &Spec, inside: &[HeldLock]) -> Result<Planned> {
     let resources = within_visible_devices(spec, validate(spec)?)?;
-    // The one place a budget joins the requests, once the command line has
-    // --mem: until then it is refused here.
-    if spec.mem.is_some() {
-        return Err(anyhow::Error::new(NotSupported(
-            crate::messages::not_supported("mem= (the command line's --mem)", "memory budgets"),
-        )));
-    }
-    let exclusive = !spec.shared;
+    // The one place a budget joins the requests: a budget takes gpu:N (and
+    // its group) shared, as the command line's take_budget does.
+    let budget = budget::plan(spec, &resources, PROBE_TIMEOUT)?;
+    let exclusive = !spec.shared && budget.is_none();
     let slots = u64::from(spec.slots.unwrap_or(0));
     let mut planned = Planned {
         fixed: Vec::new(),
@@ -596,6 +679,7 @@ fn plan(spec: &Spec, inside: &[HeldLock]) -> Result<Planned> {
         count: 0,
         members: Vec::new(),
         passed: Vec::new(),
+        budget,
     };
     if spec.any {
         let mut count = usize::from(spec.count);
@@ -641,8 +725,18 @@ fn plan(spec: &Spec, inside: &[HeldLock]) -> Result<Planned> {
 fn take_all(ctx: &Context, planned: &Planned) -> Result<Vec<(Resource, Taken)>> {
     let mut taken = Vec::new();
     for request in &planned.fixed {
-        let took = match acquire::take(ctx, request) {
+        let attempt = match &planned.budget {
+            Some(b) if request.via.is_none() => {
+                crate::flock::budget::take(ctx, request, &b.ask(&request.name, PROBE_TIMEOUT))
+            }
+            _ => acquire::take(ctx, request),
+        };
+        let took = match attempt {
             Ok((took, _)) => took,
+            // No room for a budget: the figures are the command line's words.
+            Err(e) if ctx.no_wait && planned.budget.is_some() && crate::exit::is_busy(&e) => {
+                return Err(budget_busy(ctx.dir, request, &e));
+            }
             Err(e) if ctx.no_wait && crate::exit::is_busy(&e) => {
                 return Err(busy_error(ctx.dir, request));
             }
@@ -652,6 +746,34 @@ fn take_all(ctx: &Context, planned: &Planned) -> Result<Vec<(Resource, Taken)>> 
             held.label(&ctx.record());
         }
         taken.push((request.name.clone(), took));
+    }
+    if let (Some(b), true) = (&planned.budget, planned.count > 0) {
+        let asks: Vec<(Request, crate::flock::budget::Ask)> = planned
+            .candidates
+            .iter()
+            .map(|r| (r.clone(), b.ask(&r.name, PROBE_TIMEOUT)))
+            .collect();
+        let mut pending = Pending::default();
+        let chosen = match crate::flock::budget::take_any(ctx, &asks, &mut pending) {
+            Ok(chosen) => chosen,
+            Err(e) if ctx.no_wait && crate::exit::is_busy(&e) => {
+                let names: Vec<&str> = planned.candidates.iter().map(|r| r.name.as_str()).collect();
+                return Err(anyhow::Error::new(Busy {
+                    resource: names.join(" "),
+                    holder: None,
+                    timed_out: false,
+                    message: e.to_string(),
+                }));
+            }
+            Err(e) => return Err(interrupted_or(e, ctx)),
+        };
+        for (name, took) in chosen {
+            if let Taken::Held(held) = &took {
+                held.label(&ctx.record());
+            }
+            taken.push((name, took));
+        }
+        return Ok(taken);
     }
     if planned.count > 0 {
         let mut pending = Pending::default();
@@ -720,6 +842,25 @@ fn busy_error(dir: &ScratchDir, request: &Request) -> anyhow::Error {
     })
 }
 
+/// `-n`'s error for a budget with no room (or one starting ahead of it),
+/// with the command line's figures, naming the first holder in the way.
+fn budget_busy(dir: &ScratchDir, request: &Request, err: &anyhow::Error) -> anyhow::Error {
+    let holder = LockFile::open(dir, &request.name.file_name())
+        .ok()
+        .and_then(|lock| {
+            status::describe(&lock, dir, &request.name)
+                .holders
+                .first()
+                .map(holder_of)
+        });
+    anyhow::Error::new(Busy {
+        resource: request.name.to_string(),
+        holder,
+        timed_out: false,
+        message: err.to_string(),
+    })
+}
+
 fn holder_of(h: &status::Holder) -> Holder {
     Holder {
         step: h.step.clone(),
@@ -761,7 +902,7 @@ fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
 /// How long a look at the GPUs may take (the command line's default
 /// `--probe-timeout`): only `CUDA_VISIBLE_DEVICES` entries that are UUIDs
 /// need one.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The command line's rule for the caller's `CUDA_VISIBLE_DEVICES` (the
 /// process's environment now, so a `gpu:N` block's own setting too): a GPU
@@ -885,7 +1026,7 @@ mod tests {
     }
 
     #[test]
-    fn usage_errors_are_the_command_lines_and_mem_is_not_supported_yet() {
+    fn usage_errors_are_the_command_lines() {
         let tmp = tempfile::tempdir().unwrap();
         let mut spec = Spec::new(["a", "b"]);
         spec.slots = Some(2);
@@ -893,10 +1034,83 @@ mod tests {
         assert_eq!(exit_code(&err), 2);
         let err = take_now(tmp.path(), &Spec::new(["-x"]), &[]).unwrap_err();
         assert!(err.to_string().contains("must not start with"), "{err}");
-        let mut spec = Spec::new(["gpu"]);
-        spec.mem = Some("20GiB".into());
-        let err = take_now(tmp.path(), &spec, &[]).unwrap_err();
-        assert!(err.downcast_ref::<NotSupported>().is_some(), "{err}");
+    }
+
+    fn mem_spec(resources: &[&str], mem: Option<&str>) -> Spec {
+        let mut spec = Spec::new(resources.iter().copied());
+        spec.mem = mem.map(Into::into);
+        spec
+    }
+
+    /// Every budget usage error is found before the device is asked (no
+    /// probe runs: these need no GPU, fake or real), in the command line's
+    /// words, exit 2.
+    #[test]
+    fn a_budget_is_planned_by_the_command_lines_rules_before_any_probe() {
+        let cases: Vec<(Spec, &str)> = vec![
+            (mem_spec(&["gpu:0"], Some("0")), "--mem must be more than 0"),
+            (
+                mem_spec(&["gpu:0"], Some("20XB")),
+                "invalid value '20XB' for '--mem <SIZE>': unknown size unit",
+            ),
+            (
+                mem_spec(&["gpu"], Some("20GiB")),
+                "--mem budgets one GPU's memory: give gpu:N, not gpu",
+            ),
+            (
+                mem_spec(&["gpu:0", "gpu:1"], Some("1GiB")),
+                "--mem takes one gpu:N, or several candidates with --any",
+            ),
+            (
+                Spec {
+                    shared: true,
+                    ..mem_spec(&["gpu:0"], Some("1GiB"))
+                },
+                "--mem cannot be combined with --shared or --slots",
+            ),
+            (
+                Spec {
+                    any: true,
+                    count: 2,
+                    ..mem_spec(&["gpu:0", "gpu:1"], Some("1GiB"))
+                },
+                "--count must be 1",
+            ),
+            (
+                Spec {
+                    settle: Some(Duration::from_secs(1)),
+                    ..mem_spec(&["gpu:0"], None)
+                },
+                "--mem-headroom, --settle and --mem-strict need --mem",
+            ),
+            (
+                Spec {
+                    mem_headroom: Some("1".into()),
+                    ..mem_spec(&["gpu:0"], Some("1GiB"))
+                },
+                "",
+            ),
+        ];
+        for (spec, words) in cases {
+            let planned = budget::plan(&spec, &validate(&spec).unwrap(), Duration::ZERO);
+            if words.is_empty() {
+                // Well formed: the probe is asked (given no time, it cannot
+                // answer: the device's memory is unknown, exit 69).
+                let err = planned.expect_err("no time to probe");
+                assert_eq!(exit_code(&err), 69, "{err:#}");
+                continue;
+            }
+            let err = planned.expect_err(words);
+            assert_eq!(exit_code(&err), 2, "{err:#}");
+            assert!(err.to_string().contains(words), "{err:#} lacks {words}");
+        }
+        // No budget asked: none planned, and nothing probed.
+        let plain = mem_spec(&["gpu:0"], None);
+        assert!(
+            budget::plan(&plain, &validate(&plain).unwrap(), Duration::ZERO)
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

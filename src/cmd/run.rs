@@ -192,6 +192,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         warned: false,
         over_since: None,
         stopped: false,
+        told: None,
     });
     let mut watch = PathWatch {
         dir: &dir,
@@ -229,18 +230,11 @@ fn budget_held(
     Some((resource.clone(), mem, total))
 }
 
-/// What a budget's job learns: `DEVLOCK_MEM_MIB`, and for JAX
-/// `XLA_PYTHON_CLIENT_MEM_FRACTION`, the budget's share of the device
-/// (rounded down, so the job stays within it), unless the caller set it.
+/// What a budget's job learns ([`budget::job_env`]).
 fn budget_env(mem: u64, total: u64) -> supervise::Env {
     let mut env = supervise::Env::new();
-    env.push(("DEVLOCK_MEM_MIB".into(), mem.to_string().into()));
-    if std::env::var_os("XLA_PYTHON_CLIENT_MEM_FRACTION").is_none() && total > 0 {
-        let thousandths = mem.saturating_mul(1000) / total;
-        env.push((
-            "XLA_PYTHON_CLIENT_MEM_FRACTION".into(),
-            format!("{}.{:03}", thousandths / 1000, thousandths % 1000).into(),
-        ));
+    for (name, value) in budget::job_env(mem, total) {
+        env.push((name.into(), value.into()));
     }
     env
 }
@@ -528,47 +522,22 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
     Ok(resources)
 }
 
-/// `--mem` and its companions: a budget of more than nothing, on `gpu:N`
-/// resources only (one, or candidates of `--any`), never with `--shared` or
-/// `--slots`.
+/// `--mem` and its companions, by the rules the library shares
+/// ([`budget::check_usage`]).
 fn validate_mem(args: &RunArgs, resources: &[Resource]) -> Result<()> {
-    let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
-    let Some(mem) = args.mem else {
-        if args.mem_headroom.is_some() || args.settle.is_some() || args.mem_strict {
-            return usage(
-                "--mem-headroom, --settle and --mem-strict need --mem: they shape a memory budget",
-            );
-        }
-        return Ok(());
-    };
-    if mem == 0 {
-        return usage(
-            "--mem must be more than 0 (e.g. --mem 20GiB); leave it out for the whole device",
-        );
-    }
-    if args.shared || args.slots.is_some() {
-        return usage(
-            "--mem cannot be combined with --shared or --slots: a budget already shares the device \
-             by memory",
-        );
-    }
-    if let Some(r) = resources.iter().find(|r| r.gpu_index().is_none()) {
-        return usage(&format!(
-            "--mem budgets one GPU's memory: give gpu:N, not {r} (without --mem, {r} is taken whole)"
-        ));
-    }
-    if !args.any && resources.len() > 1 {
-        return usage("--mem takes one gpu:N, or several candidates with --any");
-    }
-    if args.count() > 1 {
-        return usage("--mem with --any takes one device: --count must be 1");
-    }
-    Ok(())
+    budget::check_usage(&budget::Shape {
+        mem: args.mem,
+        companions: args.mem_headroom.is_some() || args.settle.is_some() || args.mem_strict,
+        shared: args.shared,
+        slots: args.slots.is_some(),
+        any: args.any,
+        count: args.count(),
+        resources,
+    })
 }
 
-/// With `--mem`: each candidate's total memory, asked once before any wait.
-/// A device whose memory cannot be learned is exit 69; a budget that could
-/// never fit (more than the device, with the headroom) is a usage error.
+/// With `--mem`: each candidate's total memory, asked once before any wait
+/// ([`budget::totals`]).
 fn budget_totals(
     args: &RunArgs,
     resources: &[Resource],
@@ -577,33 +546,12 @@ fn budget_totals(
     let Some(mem) = args.mem else {
         return Ok((Vec::new(), None));
     };
-    let report = crate::gpu::memory::probe(probe_timeout);
-    let at = Instant::now();
-    let mut totals = Vec::new();
-    for resource in resources {
-        let index = resource.gpu_index().expect("validated: gpu:N");
-        let device = crate::gpu::memory::device(&report, index)
-            .map_err(|why| coded(ExitCode::NotIdle, why))?;
-        let total = device.memory_total_mib.unwrap_or(0);
-        let size = crate::gpu::memory::size;
-        if mem + args.mem_headroom() > total {
-            return Err(coded(
-                ExitCode::Usage,
-                format!(
-                    "--mem {} with {} headroom can never fit on {resource}, which has {} in all",
-                    size(mem),
-                    size(args.mem_headroom()),
-                    size(total)
-                ),
-            ));
-        }
-        totals.push((resource.clone(), total));
-    }
-    Ok((totals, Some((at, report))))
+    let (totals, seen) = budget::totals(mem, args.mem_headroom(), resources, probe_timeout)?;
+    Ok((totals, Some(seen)))
 }
 
 /// A probe's answer and when it came.
-type Seen = (Instant, DeviceReport);
+type Seen = budget::Seen;
 
 /// Each `--mem` candidate's total memory, MiB.
 type Totals = Vec<(Resource, u64)>;

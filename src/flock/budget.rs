@@ -197,7 +197,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<(Taken
     }
     let room_text = Arc::new(Mutex::new(String::new()));
     let registration = register_asking(ctx, request, entry.ticket.number, ask.mem_mib);
-    let shows = ctx.plan.is_some_and(|p| !p.quiet);
+    let shows = ctx.shows();
     let watches = shows
         .then(|| watch(ctx.dir, request, &entry))
         .flatten()
@@ -347,6 +347,15 @@ fn sleep_for_change(
         }
         started.wait();
         drop(tx);
+        // A stop of the wait (the library's cancel, Ctrl-C in Python) reaches
+        // these sleepers at once, not after `every`.
+        let children: Vec<(Stop, Thread)> = stops
+            .iter()
+            .cloned()
+            .zip(threads.lock().unwrap_or_else(|e| e.into_inner()).iter())
+            .filter_map(|(s, t)| t.map(|t| (s, t)))
+            .collect();
+        let _adopted = stop.adopt(children);
         // A job stop must reach a thread asleep in a lock call, not this one.
         let mask = crate::interrupt::keep_job_stops_off_here();
         let _ = rx.recv_timeout(every);
@@ -463,7 +472,7 @@ pub(crate) fn take_any(
                 .zip(candidates)
                 .map(|(e, (_, ask))| register_asking(ctx, &e.request, e.ticket.number, ask.mem_mib))
                 .collect();
-            let shows = ctx.plan.is_some_and(|p| !p.quiet);
+            let shows = ctx.shows();
             let watches = if shows {
                 entries
                     .iter()
@@ -502,6 +511,109 @@ pub(crate) fn take_any(
     let name = entry.request.name.clone();
     taken.push((name, Taken::Held(admit(ctx, entry, &candidates[index].1)?)));
     Ok(taken)
+}
+
+/// What a budget request is, for the checks `--mem` and its companions get
+/// before anything is taken (the command line's and the library's alike).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape<'a> {
+    pub mem: Option<u64>,
+    /// `--mem-headroom`, `--settle` or `--mem-strict` given.
+    pub companions: bool,
+    pub shared: bool,
+    pub slots: bool,
+    pub any: bool,
+    pub count: u8,
+    pub resources: &'a [Resource],
+}
+
+/// `--mem` and its companions: a budget of more than nothing, on `gpu:N`
+/// resources only (one, or candidates of `--any`), never with `--shared` or
+/// `--slots`. Usage errors, in the command line's words.
+pub(crate) fn check_usage(shape: &Shape) -> Result<()> {
+    let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
+    let Some(mem) = shape.mem else {
+        if shape.companions {
+            return usage(
+                "--mem-headroom, --settle and --mem-strict need --mem: they shape a memory budget",
+            );
+        }
+        return Ok(());
+    };
+    if mem == 0 {
+        return usage(
+            "--mem must be more than 0 (e.g. --mem 20GiB); leave it out for the whole device",
+        );
+    }
+    if shape.shared || shape.slots {
+        return usage(
+            "--mem cannot be combined with --shared or --slots: a budget already shares the device \
+             by memory",
+        );
+    }
+    if let Some(r) = shape.resources.iter().find(|r| r.gpu_index().is_none()) {
+        return usage(&format!(
+            "--mem budgets one GPU's memory: give gpu:N, not {r} (without --mem, {r} is taken whole)"
+        ));
+    }
+    if !shape.any && shape.resources.len() > 1 {
+        return usage("--mem takes one gpu:N, or several candidates with --any");
+    }
+    if shape.count > 1 {
+        return usage("--mem with --any takes one device: --count must be 1");
+    }
+    Ok(())
+}
+
+/// A probe's answer and when it came.
+pub(crate) type Seen = (Instant, crate::gpu::nvidia_smi::DeviceReport);
+
+/// Each candidate's total memory (MiB), asked once before any wait, and
+/// the probe's answer (for the first look). A device whose memory cannot
+/// be learned is exit 69; a budget that could never fit (more than the
+/// device, with the headroom) is a usage error.
+pub(crate) fn totals(
+    mem: u64,
+    headroom: u64,
+    resources: &[Resource],
+    probe_timeout: Duration,
+) -> Result<(Vec<(Resource, u64)>, Seen)> {
+    let report = memory::probe(probe_timeout);
+    let at = Instant::now();
+    let mut totals = Vec::new();
+    for resource in resources {
+        let index = resource.gpu_index().expect("validated: gpu:N");
+        let device = memory::device(&report, index).map_err(|why| coded(ExitCode::NotIdle, why))?;
+        let total = device.memory_total_mib.unwrap_or(0);
+        if mem + headroom > total {
+            return Err(coded(
+                ExitCode::Usage,
+                format!(
+                    "--mem {} with {} headroom can never fit on {resource}, which has {} in all",
+                    memory::size(mem),
+                    memory::size(headroom),
+                    memory::size(total)
+                ),
+            ));
+        }
+        totals.push((resource.clone(), total));
+    }
+    Ok((totals, (at, report)))
+}
+
+/// What a budget's job learns: `DEVLOCK_MEM_MIB`, and for JAX
+/// `XLA_PYTHON_CLIENT_MEM_FRACTION`, the budget's share of the device
+/// (rounded down, so the job stays within it), unless the caller set it.
+pub(crate) fn job_env(mem: u64, total: u64) -> Vec<(&'static str, String)> {
+    let mut env = vec![("DEVLOCK_MEM_MIB", mem.to_string())];
+    if std::env::var_os("XLA_PYTHON_CLIENT_MEM_FRACTION").is_none() && total > 0 {
+        let thousandths = mem.saturating_mul(1000) / total;
+        env.push((
+            "XLA_PYTHON_CLIENT_MEM_FRACTION",
+            format!("{}.{:03}", thousandths / 1000, thousandths % 1000),
+        ));
+    }
+    env
 }
 
 /// How close three samples must be for a starting job to count as settled:
@@ -619,6 +731,10 @@ pub(crate) struct Watch {
     pub warned: bool,
     pub over_since: Option<Instant>,
     pub stopped: bool,
+    /// Where what the watch says goes: `None`, on stderr beside the
+    /// command (the command line); else kept here for the caller to pass
+    /// on (the library, whose caller says it its own way).
+    pub told: Option<Vec<String>>,
 }
 
 /// What the tick should do to the hold.
@@ -631,6 +747,13 @@ pub(crate) enum Action {
 }
 
 impl Watch {
+    fn say(&mut self, text: String) {
+        match self.told.as_mut() {
+            None => crate::tty::say_while_command_runs(&text),
+            Some(told) => told.push(text),
+        }
+    }
+
     /// Whether `used` is over the budget by more than a tenth.
     fn over(&self, used: u64) -> bool {
         used.saturating_mul(10) > self.mem_mib.saturating_mul(11)
@@ -651,7 +774,7 @@ impl Watch {
             (true, None) => {
                 self.over_since = Some(Instant::now());
                 if !self.warned && !self.quiet {
-                    crate::tty::say_while_command_runs(&crate::messages::over_budget(
+                    self.say(crate::messages::over_budget(
                         &self.resource,
                         &self.step,
                         used,
@@ -664,7 +787,7 @@ impl Watch {
             (true, Some(since)) => {
                 if self.strict && !self.stopped && since.elapsed() >= self.settle {
                     self.stopped = true;
-                    crate::tty::say_while_command_runs(&format!(
+                    self.say(format!(
                         "devlock: --mem-strict: {}: stopping {}: over budget ({} of {}) for {}\n",
                         self.resource,
                         crate::text::sanitize(&self.step),
@@ -705,6 +828,7 @@ mod tests {
             warned: false,
             over_since: None,
             stopped: false,
+            told: None,
         }
     }
 
@@ -745,6 +869,28 @@ mod tests {
         measure(&lenient, 20_000, false);
         lenient.check();
         assert_eq!(lenient.check(), [], "without --mem-strict, only said");
+    }
+
+    #[test]
+    fn for_the_library_what_the_watch_says_is_kept_not_written() {
+        let mut w = watch(true, Duration::ZERO);
+        w.quiet = false;
+        w.told = Some(Vec::new());
+        measure(&w, 20_000, false);
+        w.check();
+        w.check();
+        let told = w.told.take().unwrap();
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(
+            told[0].starts_with("devlock: warning: gpu:0: job uses "),
+            "{}",
+            told[0]
+        );
+        assert!(
+            told[1].starts_with("devlock: --mem-strict: gpu:0: stopping job: over budget ("),
+            "{}",
+            told[1]
+        );
     }
 
     #[test]

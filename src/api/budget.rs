@@ -1,0 +1,343 @@
+//! The library's memory budget (`mem=`, the command line's `--mem`): its
+//! sizes read and checked as the command line reads them, the budget taken
+//! by the command line's own take ([`crate::flock::budget`]), and the watch
+//! of what this process's tree uses, on a thread of the library for the
+//! life of the hold (the command line's supervisor tick, without a command).
+
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::api::Spec;
+use crate::exit::{ExitCode, coded};
+use crate::flock::budget::{self, Action, Ask, Monitor, Seen, Shape, Watch};
+use crate::flock::record::Record;
+use crate::flock::take::Held;
+use crate::resource::Resource;
+use crate::sys::signal::{self, SigSet};
+
+/// How often the watch looks at what its monitor measured (the command
+/// line's supervisor looks once a second too).
+const TICK: Duration = Duration::from_secs(1);
+
+/// A budget a take asks for, its sizes read and checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Planned {
+    pub mem_mib: u64,
+    pub headroom_mib: u64,
+    pub settle: Duration,
+    pub strict: bool,
+    /// Each candidate's total memory, MiB.
+    pub totals: Vec<(Resource, u64)>,
+    /// The probe that learned them (for the first look).
+    pub seen: Option<Seen>,
+}
+
+impl Planned {
+    /// What the budget asks of `resource` (`gpu:N`).
+    pub(crate) fn ask(&self, resource: &Resource, probe_timeout: Duration) -> Ask {
+        Ask {
+            index: resource.gpu_index().expect("checked: gpu:N"),
+            mem_mib: self.mem_mib,
+            headroom_mib: self.headroom_mib,
+            probe_timeout,
+            seen: self.seen.clone(),
+        }
+    }
+
+    fn total(&self, resource: &Resource) -> u64 {
+        self.totals
+            .iter()
+            .find(|(r, _)| r == resource)
+            .map_or(0, |(_, t)| *t)
+    }
+}
+
+/// A size as the command line reads `--mem` and `--mem-headroom` (`20GiB`,
+/// `512MiB`, `1.5G`, a bare number of MiB), failing in its words.
+fn size(flag: &str, text: &str) -> Result<u64> {
+    crate::cli::parse_mib(text).map_err(|why| {
+        coded(
+            ExitCode::Usage,
+            format!("invalid value '{text}' for '{flag} <SIZE>': {why}"),
+        )
+    })
+}
+
+/// The budget of `spec` on its (checked) `resources`, by the command line's
+/// rules and in its words: `None` without `mem`. Learns each device's
+/// memory first (unknown: exit 69; a budget that can never fit: usage).
+pub(crate) fn plan(
+    spec: &Spec,
+    resources: &[Resource],
+    probe_timeout: Duration,
+) -> Result<Option<Planned>> {
+    let mem = spec.mem.as_deref().map(|t| size("--mem", t)).transpose()?;
+    let headroom = spec
+        .mem_headroom
+        .as_deref()
+        .map(|t| size("--mem-headroom", t))
+        .transpose()?;
+    budget::check_usage(&Shape {
+        mem,
+        companions: headroom.is_some() || spec.settle.is_some() || spec.mem_strict,
+        shared: spec.shared,
+        slots: spec.slots.is_some(),
+        any: spec.any,
+        count: spec.count,
+        resources,
+    })?;
+    let Some(mem_mib) = mem else {
+        return Ok(None);
+    };
+    let headroom_mib = headroom.unwrap_or(crate::cli::DEFAULT_MEM_HEADROOM_MIB);
+    let (totals, seen) = budget::totals(mem_mib, headroom_mib, resources, probe_timeout)?;
+    Ok(Some(Planned {
+        mem_mib,
+        headroom_mib,
+        settle: spec.settle.unwrap_or(crate::cli::DEFAULT_SETTLE),
+        strict: spec.mem_strict,
+        totals,
+        seen: Some(seen),
+    }))
+}
+
+/// What the watch of a budget has to say, for the caller to say its own way
+/// (the command line writes these lines on stderr): the text is the
+/// command line's line, without `devlock: `.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetEvent {
+    /// This process's tree uses more than its budget by more than a tenth
+    /// (said once per hold; status marks the holder over budget).
+    OverBudget(String),
+    /// With `mem_strict`: it stayed over for `settle`; the caller stops the
+    /// work (the command line stops its command as a signal to it would).
+    Stop(String),
+}
+
+/// Receives a hold's [`BudgetEvent`]s, on the watch's thread.
+pub type BudgetSink = Box<dyn FnMut(BudgetEvent) + Send>;
+
+#[derive(Default)]
+struct Outbox {
+    sink: Option<BudgetSink>,
+    /// Said before a sink was set.
+    pending: Vec<BudgetEvent>,
+    stopped: Option<String>,
+}
+
+/// A budget held: its hold (shared with the watch, which steps aside and
+/// relabels it), the device's total and the watch's thread.
+pub(crate) struct Budget {
+    held: Arc<Mutex<Option<Held>>>,
+    pub resource: Resource,
+    pub mem_mib: u64,
+    pub total_mib: u64,
+    outbox: Arc<Mutex<Outbox>>,
+    /// The process that took it.
+    pid: u32,
+    quit: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("resource", &self.resource)
+            .field("mem_mib", &self.mem_mib)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Budget {
+    /// Starts the watch of `held`, the budget of `planned` on its resource,
+    /// labelled for `step`: it measures this process's tree.
+    pub(crate) fn start(held: Held, planned: &Planned, step: &str) -> Budget {
+        let resource = held.request.name.clone();
+        let held = Arc::new(Mutex::new(Some(held)));
+        let outbox = Arc::new(Mutex::new(Outbox::default()));
+        let (quit, quit_rx) = mpsc::channel::<()>();
+        let ask = planned.ask(&resource, crate::api::take::PROBE_TIMEOUT);
+        let (settle, strict, step_name) = (planned.settle, planned.strict, step.to_owned());
+        let watched = resource.clone();
+        let record = Record::for_this_process(step);
+        let spawned = {
+            let (held, outbox) = (held.clone(), outbox.clone());
+            std::thread::Builder::new()
+                .name("devlock-budget".into())
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    // The caller's threads hear the signals (Ctrl-C), not this
+                    // one nor the monitor it starts.
+                    signal::block(&SigSet::all());
+                    let watch = Watch {
+                        monitor: Monitor::start(&ask, vec![std::process::id()], settle),
+                        resource: watched,
+                        step: step_name,
+                        mem_mib: ask.mem_mib,
+                        settle,
+                        strict,
+                        quiet: false,
+                        started: Instant::now(),
+                        stepped_aside: false,
+                        warned: false,
+                        over_since: None,
+                        stopped: false,
+                        told: Some(Vec::new()),
+                    };
+                    watch_loop(watch, &held, &outbox, &record, &quit_rx);
+                })
+        };
+        let thread = match spawned {
+            Ok(thread) => Some(thread),
+            Err(_) => {
+                // Nothing to watch with: step aside at once rather than
+                // keep the line behind waiting for a settle nobody measures.
+                if let Some(h) = held.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    h.step_aside();
+                }
+                None
+            }
+        };
+        Budget {
+            held,
+            total_mib: planned.total(&resource),
+            resource,
+            mem_mib: planned.mem_mib,
+            outbox,
+            pid: std::process::id(),
+            quit: Some(quit),
+            thread,
+        }
+    }
+
+    /// Runs `f` on the hold (none once let go, or in a forked child that
+    /// could not have it).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&Held) -> T) -> Option<T> {
+        let guard = if std::process::id() == self.pid {
+            self.held.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            // A forked child: the watch's thread is not here, and may
+            // have held this at the fork.
+            self.held.try_lock().ok()?
+        };
+        guard.as_ref().map(f)
+    }
+
+    /// Where the watch's events go from now on (those said before first).
+    pub(crate) fn on_event(&self, mut sink: BudgetSink) {
+        let mut outbox = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        for event in std::mem::take(&mut outbox.pending) {
+            sink(event);
+        }
+        outbox.sink = Some(sink);
+    }
+
+    /// The strict stop's line, once the watch said stop.
+    pub(crate) fn stopped(&self) -> Option<String> {
+        self.outbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stopped
+            .clone()
+    }
+
+    /// What the work learns of its budget (`DEVLOCK_MEM_MIB`,
+    /// `XLA_PYTHON_CLIENT_MEM_FRACTION` unless set already), as for a command.
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
+        budget::job_env(self.mem_mib, self.total_mib)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
+    }
+
+    /// Lets go: the watch stops first, then the budget's hold is released.
+    pub(crate) fn release(&mut self) {
+        self.quit.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(held);
+    }
+
+    /// In a forked child: closes the child's copies only.
+    pub(crate) fn close_copy(&mut self) {
+        // The handle names the parent's thread: not joinable here.
+        if let Some(thread) = self.thread.take() {
+            std::mem::forget(thread);
+        }
+        std::mem::forget(self.quit.take());
+        if let Ok(mut guard) = self.held.try_lock()
+            && let Some(held) = guard.take()
+        {
+            held.close_copy();
+        }
+    }
+}
+
+fn watch_loop(
+    mut watch: Watch,
+    held: &Mutex<Option<Held>>,
+    outbox: &Mutex<Outbox>,
+    record: &Record,
+    quit: &mpsc::Receiver<()>,
+) {
+    loop {
+        let actions = watch.check();
+        let mut stop = false;
+        for action in &actions {
+            let guard = held.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(hold) = guard.as_ref() else { return };
+            match action {
+                Action::StepAside => hold.step_aside(),
+                Action::Relabel(over) => {
+                    let mut record = record.clone();
+                    record.over_mib = *over;
+                    hold.label(&record);
+                }
+                Action::Stop => stop = true,
+            }
+        }
+        let told = watch.told.as_mut().map(std::mem::take).unwrap_or_default();
+        for text in told {
+            let line = text.trim_end_matches('\n');
+            let line = line.strip_prefix("devlock: ").unwrap_or(line).to_owned();
+            let event = if stop && line.starts_with("--mem-strict") {
+                BudgetEvent::Stop(line)
+            } else {
+                BudgetEvent::OverBudget(line)
+            };
+            deliver(outbox, event);
+        }
+        match quit.recv_timeout(TICK) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+    }
+}
+
+/// Passes `event` to the sink, outside the outbox's lock (the sink may wait
+/// for the interpreter while the caller holds it and asks the outbox).
+fn deliver(outbox: &Mutex<Outbox>, event: BudgetEvent) {
+    let sink = {
+        let mut o = outbox.lock().unwrap_or_else(|e| e.into_inner());
+        if let BudgetEvent::Stop(line) = &event {
+            o.stopped = Some(line.clone());
+        }
+        match o.sink.take() {
+            Some(sink) => sink,
+            None => {
+                o.pending.push(event);
+                return;
+            }
+        }
+    };
+    let mut sink = sink;
+    sink(event);
+    let mut o = outbox.lock().unwrap_or_else(|e| e.into_inner());
+    if o.sink.is_none() {
+        o.sink = Some(sink);
+    }
+}
