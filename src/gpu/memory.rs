@@ -112,14 +112,28 @@ pub(crate) fn tree_use(device: &Device, roots: &[u32]) -> u64 {
         .sum()
 }
 
+/// Which of `budgets` a process's use counts for: the nearest budget holder
+/// among the process and its ancestors, so a budget taken inside another's
+/// tree (a `devlock --mem` started from a Python block that holds one) is
+/// counted once, for the inner budget, not for both.
+fn owner(pid: u32, budgets: &[Budget]) -> Option<usize> {
+    std::iter::once(pid)
+        .chain(procfs::ancestors(pid).map(|(p, _)| p))
+        .find_map(|p| budgets.iter().position(|b| b.roots.contains(&p)))
+}
+
 /// The device's memory, split by `budgets`.
 pub(crate) fn room(device: &Device, budgets: Vec<Budget>) -> Room {
+    let mut used = vec![0u64; budgets.len()];
+    for process in &device.processes {
+        if let (Some(i), Some(mib)) = (owner(process.pid, &budgets), process.used_mib) {
+            used[i] += mib;
+        }
+    }
     let budgets: Vec<Measured> = budgets
         .into_iter()
-        .map(|budget| Measured {
-            used_mib: tree_use(device, &budget.roots),
-            budget,
-        })
+        .zip(used)
+        .map(|(budget, used_mib)| Measured { used_mib, budget })
         .collect();
     let used_inside_mib = budgets.iter().map(|m| m.used_mib).sum();
     let all_roots: Vec<u32> = budgets
@@ -208,6 +222,32 @@ mod tests {
         // Without the device's own figure, the processes outside count.
         let unknown = super::room(&device(None, &[(4_000_000, 7)]), Vec::new());
         assert_eq!(unknown.used_outside_mib, 7);
+    }
+
+    #[test]
+    fn a_budget_inside_another_budgets_tree_is_counted_once() {
+        // The outer budget is our parent's (a Python block, say), the inner
+        // one ours (a devlock --mem it started): our use is the inner's.
+        let me = std::process::id();
+        let parent = std::os::unix::process::parent_id();
+        let d = device(Some(10_240), &[(me, 10_240)]);
+        let budgets = vec![
+            Budget {
+                step: "outer".into(),
+                mem_mib: 20_480,
+                roots: vec![parent],
+            },
+            Budget {
+                step: "inner".into(),
+                mem_mib: 10_240,
+                roots: vec![me],
+            },
+        ];
+        let room = room(&d, budgets);
+        assert_eq!(room.budgets[0].used_mib, 0);
+        assert_eq!(room.budgets[1].used_mib, 10_240);
+        assert_eq!(room.used_inside_mib, 10_240);
+        assert_eq!(room.budgeted_mib(), 20_480 + 10_240);
     }
 
     #[test]
