@@ -898,3 +898,67 @@ impl Drop for Forger {
         }
     }
 }
+
+pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
+    if !have_tool("bash") {
+        return;
+    }
+    let g = Gpus::new(&[80 * GIB]);
+    let pty = Pty::new(120);
+    let mut shell = pty.spawn(
+        Command::new("bash")
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "PROMPT> ")
+            .env_remove("PROMPT_COMMAND")
+            .env("DEVLOCK_DIR", g.s.dir())
+            .env("DEVLOCK_NVML", "none")
+            .env(
+                "DEVLOCK_NVIDIA_SMI",
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/nvidia-smi/fake-gpu-memory"),
+            )
+            .env("FAKE_GPU_DIR", &g.state),
+    );
+    pty.wait_for("PROMPT> ");
+    // Starting for an hour unless it steps aside: its memory never shows.
+    pty.type_in(
+        format!(
+            "'{BIN}' --step slow --mem 10GiB --settle 1h gpu:0 -- sh -c 'echo job-started; read x; echo job-read-$x'\n"
+        )
+        .as_bytes(),
+    );
+    pty.wait_for("job-started");
+    let view = g.wait_view("gpu:0", "the job starting", |v| {
+        v["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["starting"] == true)
+    });
+    assert_eq!(view["holders"][0]["step"], "slow", "{view}");
+    let mark = pty.output().len();
+    pty.type_in(b"\x1a");
+    pty.wait_until("the job stopped", |out| {
+        out[mark..].contains("Stopped") && out[mark..].contains("PROMPT> ")
+    });
+    // devlock stepped aside before it stopped with its job.
+    let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let view = g.wait_settled("gpu:0", 1);
+    assert_eq!(
+        view["holders"][0]["mem_mib"],
+        10 * GIB,
+        "the stopped job keeps its budget: {view}"
+    );
+    let mark = pty.output().len();
+    pty.type_in(b"fg\n");
+    pty.type_in(b"on\n");
+    pty.wait_until("the job to read on, then the prompt", |out| {
+        let after = &out[mark..];
+        after
+            .find("job-read-on")
+            .is_some_and(|at| after[at..].contains("PROMPT> "))
+    });
+    pty.type_in(b"exit\n");
+    wait_child(&mut shell);
+}
