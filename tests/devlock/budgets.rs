@@ -962,3 +962,54 @@ pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
     pty.type_in(b"exit\n");
     wait_child(&mut shell);
 }
+
+pub(crate) fn a_lock_on_a_started_budgets_ticket_is_shown_as_a_place_of_its_own() {
+    let g = Gpus::new(&[80 * GIB]);
+    let a = mem("theirs", "20GiB", "0.2s");
+    let mut a = args(&a);
+    a.push("gpu:0");
+    let mut job = g.job(&a, "a", 0, 20 * GIB, false);
+    g.wait_ready("a");
+    let view = g.wait_settled("gpu:0", 1);
+    assert_eq!(view["waiters"], serde_json::json!([]), "{view}");
+    // Anyone may lock the byte of the ticket the holder took (the first,
+    // in an empty line) once its job started and it let go of it.
+    let queue = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(g.s.dir().join(".gpu:0.queue"))
+        .unwrap();
+    let place = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: (1 << 20) + 1,
+        l_len: 1,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_SETLK reads one struct flock.
+    let set = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&queue),
+            libc::F_OFD_SETLK,
+            &place,
+        )
+    };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    // That lock is in line ahead of every newcomer: shown as what it is,
+    // not hidden behind the holder whose ticket number it has.
+    let view = g.view("gpu:0");
+    assert_eq!(view["holders"][0]["starting"], false, "{view}");
+    assert_eq!(view["waiters"][0]["source"], "unregistered", "{view}");
+    assert_eq!(view["waiters"][0]["pid"], std::process::id(), "{view}");
+    let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a registered devlock"),
+        "{}",
+        stderr(&out)
+    );
+    drop(queue);
+    let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    finish(&g, "a", &mut job);
+}

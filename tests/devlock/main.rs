@@ -70,6 +70,7 @@ const TESTS: &[Test] = &[
     test!(budgets::a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []),
     test!(budgets::budgets_of_another_user_count_and_are_counted, needs: [Root, Tool("setpriv")]),
     test!(budgets::a_forged_budget_cannot_claim_another_holders_job, needs: []),
+    test!(budgets::a_lock_on_a_started_budgets_ticket_is_shown_as_a_place_of_its_own, needs: []),
     test!(budgets::a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start, needs: [Tool("bash")]),
     test!(containers::a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides, needs: [Root, Tool("unshare")]),
     test!(containers::nvml_host_pids_are_named_with_their_container_and_never_guessed_inside_one, needs: [Root, Tool("unshare"), Tool("nsenter"), Tool("cc")]),
