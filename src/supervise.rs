@@ -454,13 +454,24 @@ pub(crate) fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> a
     }
 }
 
+/// Why the supervisor calls its tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tick {
+    /// About once a second while the command runs.
+    Second,
+    /// The command has stopped (a job stop, SIGSTOP), and devlock may stop
+    /// with it, when no tick comes until it is continued.
+    Stopped,
+}
+
 /// Waits for the command to end and returns the exit code devlock should end
 /// with, calling `tick` about once a second while the command runs
-/// (the holder's check that its lock files are still where they were).
+/// (the holder's check that its lock files are still where they were), and
+/// as the command stops.
 pub(crate) fn supervise_watching(
     child: Child,
     pending: Option<Received>,
-    tick: &mut dyn FnMut(),
+    tick: &mut dyn FnMut(Tick),
 ) -> ExitCode {
     supervise_loop(child, pending, false, Some(tick)).0
 }
@@ -491,7 +502,7 @@ fn supervise_loop(
     child: Child,
     pending: Option<Received>,
     reap_all: bool,
-    mut tick: Option<&mut dyn FnMut()>,
+    mut tick: Option<&mut dyn FnMut(Tick)>,
 ) -> (ExitCode, Option<Received>) {
     // The first stopping signal reaches the command once; later ones are
     // absorbed, so a second Ctrl-C or kill does not cut its clean-up short.
@@ -518,6 +529,9 @@ fn supervise_loop(
         match child.poll() {
             Ok(Some(Ended::Exited(code))) => break code,
             Ok(Some(Ended::Stopped(signo))) => {
+                if let Some(tick) = tick.as_mut() {
+                    tick(Tick::Stopped);
+                }
                 child.stopped(signo);
                 continue;
             }
@@ -542,7 +556,7 @@ fn supervise_loop(
         if let Some(tick) = tick.as_mut()
             && std::time::Instant::now() >= next_tick
         {
-            tick();
+            tick(Tick::Second);
             next_tick = std::time::Instant::now() + Duration::from_secs(1);
         }
     };

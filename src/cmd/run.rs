@@ -201,10 +201,16 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         warned: false,
         lost: Vec::new(),
     };
-    let code = supervise::supervise_watching(child, signal, &mut || {
-        watch.check();
+    let code = supervise::supervise_watching(child, signal, &mut |tick| {
+        if tick == supervise::Tick::Second {
+            watch.check();
+        }
         if let Some(budget) = budget_watch.as_mut() {
-            act_on_budget(budget, &held, &record);
+            let actions = match tick {
+                supervise::Tick::Second => budget.check(),
+                supervise::Tick::Stopped => budget.stopped(),
+            };
+            act_on_budget(budget, actions, &held, &record);
         }
     });
     drop(watch);
@@ -244,7 +250,8 @@ fn budget_env(mem: u64, total: u64) -> supervise::Env {
 /// `--mem-strict` as a signal to devlock would (the first stopping signal
 /// goes on to the command).
 fn act_on_budget(
-    budget: &mut budget::Watch,
+    budget: &budget::Watch,
+    actions: Vec<budget::Action>,
     held: &[acquire::Held],
     record: &crate::flock::record::Record,
 ) {
@@ -254,7 +261,7 @@ fn act_on_budget(
     else {
         return;
     };
-    for action in budget.check() {
+    for action in actions {
         match action {
             budget::Action::StepAside => hold.step_aside(),
             budget::Action::Relabel(over) => {

@@ -129,10 +129,19 @@ fn holders(
     Ok(found)
 }
 
-/// The processes whose trees are a holder's.
+/// The processes whose trees are a holder's. Its command counts only where
+/// it is the holder's own, as status has it: a descendant of the devlock
+/// the record names, or (that devlock gone) the process the kernel showed
+/// holding the registration ([`registration::live_waiters`]). Else anyone
+/// could label a budget of 1 MiB with another holder's job as its "child",
+/// and every later look would count that job's memory twice.
 fn roots(record: &Record) -> Vec<u32> {
-    let mut roots = vec![record.pid];
-    roots.extend(record.child.filter(|&c| record.names_child(c)));
+    let alive = record.names(record.pid);
+    let mut roots: Vec<u32> = alive.then_some(record.pid).into_iter().collect();
+    roots.extend(record.child.filter(|&c| {
+        record.names_child(c)
+            && (!alive || crate::sys::procfs::ancestors(c).any(|(p, _)| p == record.pid))
+    }));
     roots
 }
 
@@ -757,6 +766,17 @@ impl Watch {
     /// Whether `used` is over the budget by more than a tenth.
     fn over(&self, used: u64) -> bool {
         used.saturating_mul(10) > self.mem_mib.saturating_mul(11)
+    }
+
+    /// The job stopped (Ctrl-Z): a stopped job allocates nothing, and
+    /// devlock, stopped with it, would keep the next budget on the device
+    /// waiting for as long as the job stays stopped, past `--settle`.
+    pub(crate) fn stopped(&mut self) -> Vec<Action> {
+        if self.stepped_aside {
+            return Vec::new();
+        }
+        self.stepped_aside = true;
+        vec![Action::StepAside]
     }
 
     /// Looks once; returns what to do (at most a few per tick).

@@ -629,10 +629,20 @@ fn build_view(
             _ => false,
         });
     }
+    // A budget holder that the kernel shows not holding its place any more
+    // (its job started) explains no lock on that byte: anyone may lock it,
+    // and that lock is a place in line of its own, not the holder's.
+    let settled: Vec<u64> = view
+        .holders
+        .iter()
+        .filter(|h| h.starting == Some(false))
+        .filter_map(|h| h.ticket)
+        .collect();
     let holder_tickets: Vec<u64> = record
         .iter()
         .chain(holds.iter())
         .filter_map(|r| r.ticket)
+        .filter(|t| !settled.contains(t))
         .collect();
     let blocked: Vec<u32> = table.blocked(id).map(|l| l.pid).collect();
     view.waiters = waiter_views(
