@@ -5,7 +5,7 @@
 //! life of the hold (the command line's supervisor tick, without a command).
 
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -171,20 +171,11 @@ impl Budget {
                     // The caller's threads hear the signals (Ctrl-C), not this
                     // one nor the monitor it starts.
                     signal::block(&SigSet::all());
+                    let monitor = Monitor::start(&ask, vec![std::process::id()], settle);
                     let watch = Watch {
-                        monitor: Monitor::start(&ask, vec![std::process::id()], settle),
-                        resource: watched,
-                        step: step_name,
-                        mem_mib: ask.mem_mib,
-                        settle,
                         strict,
-                        quiet: false,
-                        started: Instant::now(),
-                        stepped_aside: false,
-                        warned: false,
-                        over_since: None,
-                        stopped: false,
                         told: Some(Vec::new()),
+                        ..Watch::new(monitor, watched, step_name, ask.mem_mib, settle)
                     };
                     watch_loop(watch, &held, &outbox, &record, &quit_rx);
                 })

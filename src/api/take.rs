@@ -18,7 +18,7 @@ use anyhow::Result;
 
 use crate::api::budget::{self, Budget, BudgetSink};
 use crate::api::{Options, Wait};
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
 use crate::flock::nesting::{self, Inherited};
@@ -757,13 +757,7 @@ fn take_all(ctx: &Context, planned: &Planned) -> Result<Vec<(Resource, Taken)>> 
         let chosen = match crate::flock::budget::take_any(ctx, &asks, &mut pending) {
             Ok(chosen) => chosen,
             Err(e) if ctx.no_wait && crate::exit::is_busy(&e) => {
-                let names: Vec<&str> = planned.candidates.iter().map(|r| r.name.as_str()).collect();
-                return Err(anyhow::Error::new(Busy {
-                    resource: names.join(" "),
-                    holder: None,
-                    timed_out: false,
-                    message: e.to_string(),
-                }));
+                return Err(any_busy(&planned.candidates, &e));
             }
             Err(e) => return Err(interrupted_or(e, ctx)),
         };
@@ -785,13 +779,7 @@ fn take_all(ctx: &Context, planned: &Planned) -> Result<Vec<(Resource, Taken)>> 
         ) {
             Ok(chosen) => chosen,
             Err(e) if ctx.no_wait && crate::exit::is_busy(&e) => {
-                let names: Vec<&str> = planned.candidates.iter().map(|r| r.name.as_str()).collect();
-                return Err(anyhow::Error::new(Busy {
-                    resource: names.join(" "),
-                    holder: None,
-                    timed_out: false,
-                    message: e.to_string(),
-                }));
+                return Err(any_busy(&planned.candidates, &e));
             }
             Err(e) => return Err(interrupted_or(e, ctx)),
         };
@@ -922,8 +910,19 @@ fn within_visible_devices(spec: &Spec, resources: Vec<Resource>) -> Result<Vec<R
 }
 
 /// The command line's checks of its resources and their options, in its words.
+/// A `--any` that found every candidate busy (`wait=False`): the command
+/// line's message, naming no single holder.
+fn any_busy(candidates: &[Request], e: &anyhow::Error) -> anyhow::Error {
+    let names: Vec<&str> = candidates.iter().map(|r| r.name.as_str()).collect();
+    anyhow::Error::new(Busy {
+        resource: names.join(" "),
+        holder: None,
+        timed_out: false,
+        message: e.to_string(),
+    })
+}
+
 fn validate(spec: &Spec) -> Result<Vec<Resource>> {
-    let usage = |message: String| Err(coded(ExitCode::Usage, message));
     if spec.resources.is_empty() {
         return Err(crate::messages::no_resource());
     }
@@ -931,31 +930,9 @@ fn validate(spec: &Spec) -> Result<Vec<Resource>> {
     let mut resources = Resource::parse_all(&names)?;
     resources.sort();
     resources.dedup();
-    if spec.count != 1 && !spec.any {
-        return usage(
-            "--count needs --any: it says how many of the RESOURCEs --any takes \
-             (devlock --any --count 2 gpu:0 gpu:1 gpu:2 -- ...)"
-                .into(),
-        );
-    }
-    if spec.count == 0 {
-        return usage("--count must be at least 1".into());
-    }
-    if spec.any && usize::from(spec.count) > resources.len() {
-        return usage(format!(
-            "--count {} needs at least that many resources after --any, got {}",
-            spec.count,
-            resources.len()
-        ));
-    }
-    if let Some(slots) = spec.slots {
-        if slots == 0 {
-            return usage("--slots must be at least 1".into());
-        }
-        if resources.len() != 1 || spec.any || spec.shared {
-            return usage("--slots takes exactly one resource, without --any or --shared".into());
-        }
-    }
+    // The command line's rules, in its words.
+    crate::request::check_count(spec.count, spec.count != 1, spec.any, &resources)?;
+    crate::request::check_slots(spec.slots, spec.any, spec.shared, &resources)?;
     Ok(resources)
 }
 

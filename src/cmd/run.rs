@@ -175,24 +175,17 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     for lock in &held {
         lock.label(&record);
     }
-    let mut budget_watch = budget_of.map(|(resource, mem, _)| budget::Watch {
-        monitor: budget::Monitor::start(
+    let mut budget_watch = budget_of.map(|(resource, mem, _)| {
+        let monitor = budget::Monitor::start(
             &ask_of(args, &resource, probe_timeout),
             vec![child.id()],
             args.settle(),
-        ),
-        resource,
-        step: step.clone(),
-        mem_mib: mem,
-        settle: args.settle(),
-        strict: args.mem_strict,
-        quiet: args.quiet,
-        started: Instant::now(),
-        stepped_aside: false,
-        warned: false,
-        over_since: None,
-        stopped: false,
-        told: None,
+        );
+        budget::Watch {
+            strict: args.mem_strict,
+            quiet: args.quiet,
+            ..budget::Watch::new(monitor, resource, step.clone(), mem, args.settle())
+        }
     });
     let mut watch = PathWatch {
         dir: &dir,
@@ -479,22 +472,7 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
              waits up to DURATION; give one of them",
         );
     }
-    if args.count.is_some() && !args.any {
-        return usage(
-            "--count needs --any: it says how many of the RESOURCEs --any takes \
-             (devlock --any --count 2 gpu:0 gpu:1 gpu:2 -- ...)",
-        );
-    }
-    if args.count() == 0 {
-        return usage("--count must be at least 1");
-    }
-    if args.any && usize::from(args.count()) > resources.len() {
-        return usage(&format!(
-            "--count {} needs at least that many resources after --any, got {}",
-            args.count(),
-            resources.len()
-        ));
-    }
+    crate::request::check_count(args.count(), args.count.is_some(), args.any, &resources)?;
     if args.idle_threshold.is_some() && !args.require_idle {
         return usage(
             "--idle-threshold needs --require-idle: it is the memory --require-idle lets a \
@@ -510,14 +488,7 @@ pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
     if args.report_every < Duration::from_millis(10) {
         return usage("--report-every must be at least 10ms");
     }
-    if let Some(slots) = args.slots {
-        if slots == 0 {
-            return usage("--slots must be at least 1");
-        }
-        if resources.len() != 1 || args.any || args.shared {
-            return usage("--slots takes exactly one resource, without --any or --shared");
-        }
-    }
+    crate::request::check_slots(args.slots, args.any, args.shared, &resources)?;
     validate_mem(args, &resources)?;
     if args.require_idle
         && !resources

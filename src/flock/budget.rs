@@ -756,6 +756,33 @@ pub(crate) enum Action {
 }
 
 impl Watch {
+    /// The watch of a hold whose command just started: not strict, saying
+    /// on stderr, nothing said or stepped aside yet (callers set the rest
+    /// with struct update syntax).
+    pub(crate) fn new(
+        monitor: Monitor,
+        resource: Resource,
+        step: String,
+        mem_mib: u64,
+        settle: Duration,
+    ) -> Watch {
+        Watch {
+            monitor,
+            resource,
+            step,
+            mem_mib,
+            settle,
+            strict: false,
+            quiet: false,
+            started: Instant::now(),
+            stepped_aside: false,
+            warned: false,
+            over_since: None,
+            stopped: false,
+            told: None,
+        }
+    }
+
     fn say(&mut self, text: String) {
         match self.told.as_mut() {
             None => crate::tty::say_while_command_runs(&text),
@@ -833,22 +860,19 @@ mod tests {
     use super::*;
 
     fn watch(strict: bool, settle: Duration) -> Watch {
+        let monitor = Monitor {
+            measures: Arc::new(Measures::default()),
+        };
         Watch {
-            monitor: Monitor {
-                measures: Arc::new(Measures::default()),
-            },
-            resource: "gpu:0".parse().unwrap(),
-            step: "job".into(),
-            mem_mib: 10_000,
-            settle,
             strict,
             quiet: true,
-            started: Instant::now(),
-            stepped_aside: false,
-            warned: false,
-            over_since: None,
-            stopped: false,
-            told: None,
+            ..Watch::new(
+                monitor,
+                "gpu:0".parse().unwrap(),
+                "job".into(),
+                10_000,
+                settle,
+            )
         }
     }
 

@@ -438,25 +438,30 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
             && let Some(device) = info.devices().iter().find(|d| d.index == index)
             && device.memory_total_mib.is_some()
         {
-            let budgets = view
+            let (holders, budgets): (Vec<usize>, Vec<_>) = view
                 .holders
-                .iter_mut()
-                .filter_map(|h| {
-                    let mem = h.mem_mib?;
-                    let used = crate::gpu::memory::tree_use(device, &h.pids);
-                    h.used_mib = Some(used);
-                    // Its own use, not that of everyone inside the gate.
-                    for d in h.devices.iter_mut().filter(|d| d.index == index) {
-                        d.used_mib = Some(used);
-                    }
-                    Some(crate::gpu::memory::Budget {
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| {
+                    let budget = crate::gpu::memory::Budget {
                         step: h.step.clone().unwrap_or_default(),
-                        mem_mib: mem,
+                        mem_mib: h.mem_mib?,
                         roots: h.pids.clone(),
-                    })
+                    };
+                    Some((i, budget))
                 })
-                .collect();
+                .unzip();
+            // Each budget's use as admission counts it (a process counts for
+            // its nearest budget holder only), measured once.
             let room = crate::gpu::memory::room(device, budgets);
+            for (&i, measured) in holders.iter().zip(&room.budgets) {
+                let h = &mut view.holders[i];
+                h.used_mib = Some(measured.used_mib);
+                // Its own use, not that of everyone inside the gate.
+                for d in h.devices.iter_mut().filter(|d| d.index == index) {
+                    d.used_mib = Some(measured.used_mib);
+                }
+            }
             view.memory = Some(ResourceMemory {
                 index,
                 total_mib: room.total_mib,

@@ -2,7 +2,7 @@
 //! a hanging amd-smi killed at the time limit, and the ROCm variables.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Instant;
 
 use crate::harness::*;
@@ -16,19 +16,8 @@ fn with_amd(s: &Scratch, scenario: &str, pids: &[u32]) -> Command {
     cmd.env("DEVLOCK_AMD_SMI", fake_amd_smi())
         .env_remove("DEVLOCK_NVIDIA_SMI")
         .env("FAKE_AMDSMI_SCENARIO", scenario)
-        .env(
-            "FAKE_AMDSMI_PIDS",
-            pids.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        .env("FAKE_AMDSMI_PIDS", pid_list(pids));
     cmd
-}
-
-fn json_of(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "{}", stderr(out));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 pub(crate) fn status_and_require_idle_through_amd_smi() {

@@ -186,22 +186,6 @@ impl Gpus {
     }
 }
 
-/// A process outside any gate (someone's notebook).
-struct Stranger(Child);
-
-impl Stranger {
-    fn start() -> Stranger {
-        Stranger(Command::new("sleep").arg("1000").spawn().unwrap())
-    }
-}
-
-impl Drop for Stranger {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn finish(g: &Gpus, tag: &str, child: &mut Child) {
     g.release(tag);
     let status = wait_child(child);
@@ -360,7 +344,7 @@ pub(crate) fn a_big_waiter_is_not_overtaken_by_later_small_ones() {
 pub(crate) fn memory_outside_the_gate_is_counted() {
     let g = Gpus::new(&[80 * GIB]);
     let stranger = Stranger::start();
-    g.foreign(stranger.0.id(), 0, 50 * GIB);
+    g.foreign(stranger.pid(), 0, 50 * GIB);
     let out = g.run(&["-n", "--mem", "30GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(
@@ -508,7 +492,7 @@ pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
 pub(crate) fn any_mem_takes_the_first_device_with_room() {
     let g = Gpus::new(&[80 * GIB, 80 * GIB]);
     let stranger = Stranger::start();
-    g.foreign(stranger.0.id(), 0, 70 * GIB);
+    g.foreign(stranger.pid(), 0, 70 * GIB);
     let a = mem("pick", "20GiB", "0.2s");
     let mut a = args(&a);
     a.extend(["--any", "gpu:0", "gpu:1"]);

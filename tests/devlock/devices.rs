@@ -3,7 +3,7 @@
 //! and --require-idle.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 use std::time::Instant;
 
 use crate::harness::*;
@@ -18,38 +18,8 @@ fn with_smi(s: &Scratch, scenario: &str, pids: &[u32]) -> Command {
     let mut cmd = s.devlock();
     cmd.env("DEVLOCK_NVIDIA_SMI", fake_smi())
         .env("FAKE_SMI_SCENARIO", scenario)
-        .env(
-            "FAKE_SMI_PIDS",
-            pids.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        .env("FAKE_SMI_PIDS", pid_list(pids));
     cmd
-}
-
-fn json_of(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "{}", stderr(out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// A process outside any gate, standing in for someone's notebook.
-struct Stranger(Child);
-
-impl Stranger {
-    fn start() -> Stranger {
-        Stranger(Command::new("sleep").arg("1000").spawn().unwrap())
-    }
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Stranger {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 pub(crate) fn status_shows_each_gpu_and_who_is_inside_the_gate() {

@@ -847,3 +847,38 @@ pub fn on_a_pty(command_line: &str) -> Command {
         .env("SHELL", "/bin/sh");
     cmd
 }
+
+/// A process outside any gate, standing in for someone's notebook; killed
+/// when dropped.
+pub struct Stranger(Child);
+
+impl Stranger {
+    pub fn start() -> Stranger {
+        Stranger(Command::new("sleep").arg("1000").spawn().unwrap())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Stranger {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A successful run's stdout as JSON (status --json).
+pub fn json_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", stderr(out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Pids as the fakes' `*_PIDS` variables take them: space-separated.
+pub fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -5,7 +5,7 @@
 //! as devices.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use crate::harness::*;
@@ -39,37 +39,8 @@ pub fn with_nvml(s: &Scratch, library: &Path, pids: &[u32]) -> Command {
     let mut cmd = s.devlock();
     cmd.env("DEVLOCK_NVML", library)
         .env_remove("DEVLOCK_NVIDIA_SMI")
-        .env(
-            "FAKE_NVML_PIDS",
-            pids.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        .env("FAKE_NVML_PIDS", pid_list(pids));
     cmd
-}
-
-fn json_of(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "{}", stderr(out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-struct Stranger(Child);
-
-impl Stranger {
-    fn start() -> Stranger {
-        Stranger(Command::new("sleep").arg("1000").spawn().unwrap())
-    }
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Stranger {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `s.hold`, with the fake NVML at `library` (a MIG instance's holder asks
