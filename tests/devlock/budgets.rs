@@ -53,7 +53,14 @@ impl Gpus {
     /// A job under `devlock ARGS` that uses `mib` on GPU `gpu` (0: none)
     /// once `go-TAG` exists (at once when `gated` is false), says
     /// `ready-TAG` once it holds, and runs until `release-TAG`.
-    fn job(&self, args: &[&str], tag: &str, gpu: u32, mib: u64, gated: bool) -> Child {
+    fn job<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        args: &[S],
+        tag: &str,
+        gpu: u32,
+        mib: u64,
+        gated: bool,
+    ) -> Child {
         let script = self.script(tag, gpu, mib, gated);
         let mut cmd = self.devlock();
         cmd.args(args)
@@ -199,6 +206,13 @@ fn mem(step: &str, size: &str, settle: &str) -> Vec<String> {
         .collect()
 }
 
+/// `mem`'s flags and the resource, ready for [`Gpus::job`].
+fn mem_on(step: &str, size: &str, settle: &str, resource: &str) -> Vec<String> {
+    let mut v = mem(step, size, settle);
+    v.push(resource.to_owned());
+    v
+}
+
 fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -207,9 +221,7 @@ pub(crate) fn three_budgets_share_a_device_and_a_fourth_is_refused_with_figures(
     let g = Gpus::new(&[80 * GIB]);
     let mut jobs = Vec::new();
     for tag in ["a", "b", "c"] {
-        let a = mem(&format!("eval-{tag}"), "20GiB", "0.2s");
-        let mut a = args(&a);
-        a.push("gpu:0");
+        let a = mem_on(&format!("eval-{tag}"), "20GiB", "0.2s", "gpu:0");
         jobs.push((tag, g.job(&a, tag, 0, 20 * GIB, false)));
     }
     for (tag, _) in &jobs {
@@ -260,9 +272,7 @@ pub(crate) fn three_budgets_share_a_device_and_a_fourth_is_refused_with_figures(
 
 pub(crate) fn the_whole_device_waits_for_budgets_and_budgets_wait_for_it() {
     let g = Gpus::new(&[80 * GIB]);
-    let a = mem("small", "10GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("small", "10GiB", "0.2s", "gpu:0");
     let mut small = g.job(&a, "small", 0, 0, false);
     g.wait_ready("small");
     g.wait_settled("gpu:0", 1);
@@ -270,9 +280,7 @@ pub(crate) fn the_whole_device_waits_for_budgets_and_budgets_wait_for_it() {
     wait_blocked(&g.s.lock_path("gpu:0"), 1);
     assert!(!g.started("whole"));
     // Budgets that would fit do not overtake the waiting whole device.
-    let l = mem("later", "10GiB", "0.2s");
-    let mut l = args(&l);
-    l.push("gpu:0");
+    let l = mem_on("later", "10GiB", "0.2s", "gpu:0");
     let mut later = g.job(&l, "later", 0, 0, false);
     g.wait_waiting("gpu:0", "later");
     let out = g.run(&["-n", "--mem", "1GiB", "gpu:0", "--", "true"]);
@@ -301,21 +309,15 @@ pub(crate) fn a_big_waiter_is_not_overtaken_by_later_small_ones() {
     let g = Gpus::new(&[80 * GIB]);
     let mut held = Vec::new();
     for tag in ["a", "b"] {
-        let a = mem(tag, "20GiB", "0.2s");
-        let mut a = args(&a);
-        a.push("gpu:0");
+        let a = mem_on(tag, "20GiB", "0.2s", "gpu:0");
         held.push(g.job(&a, tag, 0, 20 * GIB, false));
         g.wait_ready(tag);
     }
     g.wait_settled("gpu:0", 2);
-    let big_args = mem("big", "50GiB", "0.2s");
-    let mut big_args = args(&big_args);
-    big_args.push("gpu:0");
+    let big_args = mem_on("big", "50GiB", "0.2s", "gpu:0");
     let mut big = g.job(&big_args, "big", 0, 0, false);
     g.wait_waiting("gpu:0", "big");
-    let small_args = mem("small", "10GiB", "0.2s");
-    let mut small_args = args(&small_args);
-    small_args.push("gpu:0");
+    let small_args = mem_on("small", "10GiB", "0.2s", "gpu:0");
     let mut small = g.job(&small_args, "small", 0, 0, false);
     g.wait_view("gpu:0", "small behind big", |v| {
         let w = v["waiters"].as_array().unwrap();
@@ -355,9 +357,7 @@ pub(crate) fn memory_outside_the_gate_is_counted() {
     let out = g.run(&["-n", "--mem", "28GiB", "gpu:0", "--", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // A waiter is admitted once the stranger is gone (its next look).
-    let a = mem("after", "30GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("after", "30GiB", "0.2s", "gpu:0");
     let mut after = g.job(&a, "after", 0, 0, false);
     g.wait_waiting("gpu:0", "after");
     drop(stranger);
@@ -367,15 +367,11 @@ pub(crate) fn memory_outside_the_gate_is_counted() {
 
 pub(crate) fn kill_9_of_a_holder_returns_its_budget_to_a_waiter() {
     let g = Gpus::new(&[80 * GIB]);
-    let a = mem("victim", "60GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("victim", "60GiB", "0.2s", "gpu:0");
     let mut victim = g.job(&a, "victim", 0, 60 * GIB, false);
     g.wait_ready("victim");
     g.wait_settled("gpu:0", 1);
-    let w = mem("next", "30GiB", "0.2s");
-    let mut w = args(&w);
-    w.push("gpu:0");
+    let w = mem_on("next", "30GiB", "0.2s", "gpu:0");
     let mut next = g.job(&w, "next", 0, 0, false);
     g.wait_waiting("gpu:0", "next");
     assert!(!g.started("next"));
@@ -387,16 +383,12 @@ pub(crate) fn kill_9_of_a_holder_returns_its_budget_to_a_waiter() {
 pub(crate) fn a_starting_job_is_the_only_one_starting() {
     let g = Gpus::new(&[80 * GIB]);
     // --settle far away: only its memory settling lets the next in.
-    let a = mem("first", "20GiB", "10m");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("first", "20GiB", "10m", "gpu:0");
     let mut first = g.job(&a, "first", 0, 20 * GIB, true);
     g.wait_ready("first");
     let view = g.view("gpu:0");
     assert_eq!(view["holders"][0]["starting"], true, "{view}");
-    let b = mem("second", "20GiB", "10m");
-    let mut b = args(&b);
-    b.push("gpu:0");
+    let b = mem_on("second", "20GiB", "10m", "gpu:0");
     let mut second = g.job(&b, "second", 0, 0, false);
     g.wait_waiting("gpu:0", "second");
     let table = stdout(&g.run(&["status"]));
@@ -424,9 +416,7 @@ pub(crate) fn a_starting_job_is_the_only_one_starting() {
     assert_eq!(first_view["starting"], false, "{view}");
     // A starter that dies frees its place at once: a third waits for
     // "second" (starting, no memory yet) and gets in when it is killed.
-    let c = mem("third", "20GiB", "10m");
-    let mut c = args(&c);
-    c.push("gpu:0");
+    let c = mem_on("third", "20GiB", "10m", "gpu:0");
     let mut third = g.job(&c, "third", 0, 0, false);
     g.wait_waiting("gpu:0", "third");
     g.kill_job("second", &mut second);
@@ -437,9 +427,7 @@ pub(crate) fn a_starting_job_is_the_only_one_starting() {
 
 pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
     let g = Gpus::new(&[80 * GIB]);
-    let a = mem("greedy", "10GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("greedy", "10GiB", "0.2s", "gpu:0");
     let mut greedy = g.job(&a, "greedy", 0, 15 * GIB, false);
     g.wait_ready("greedy");
     let view = g.wait_view("gpu:0", "greedy over budget", |v| {
@@ -634,9 +622,7 @@ pub(crate) fn every_failure_is_one_line_with_its_code() {
 
 pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
     let g = Gpus::new(&[80 * GIB]);
-    let a = mem("orphan", "60GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("orphan", "60GiB", "0.2s", "gpu:0");
     let mut orphan = g.job(&a, "orphan", 0, 0, false);
     let command: u32 = g
         .wait_ready("orphan")
@@ -656,9 +642,7 @@ pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
         "{}",
         stderr(&out)
     );
-    let w = mem("next", "30GiB", "0.2s");
-    let mut w = args(&w);
-    w.push("gpu:0");
+    let w = mem_on("next", "30GiB", "0.2s", "gpu:0");
     let mut next = g.job(&w, "next", 0, 0, false);
     g.wait_waiting("gpu:0", "next");
     g.release("orphan");
@@ -680,9 +664,7 @@ pub(crate) fn budgets_of_another_user_count_and_are_counted() {
     // In the managed directory: root's gpu and gpu:0 files, from the probe.
     let out = g.run(&["setup", "--gpus"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let a = mem("root-job", "60GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("root-job", "60GiB", "0.2s", "gpu:0");
     let mut root_job = g.job(&a, "root", 0, 0, false);
     g.wait_ready("root");
     g.wait_settled("gpu:0", 1);
@@ -783,9 +765,7 @@ fn forged_record(members: &str) -> String {
 
 pub(crate) fn a_forged_budget_cannot_claim_another_holders_job() {
     let g = Gpus::new(&[80 * GIB]);
-    let a = mem("theirs", "20GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("theirs", "20GiB", "0.2s", "gpu:0");
     let mut job = g.job(&a, "a", 0, 20 * GIB, false);
     let command: u32 = g
         .wait_ready("a")
@@ -949,9 +929,7 @@ pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
 
 pub(crate) fn a_lock_on_a_started_budgets_ticket_is_shown_as_a_place_of_its_own() {
     let g = Gpus::new(&[80 * GIB]);
-    let a = mem("theirs", "20GiB", "0.2s");
-    let mut a = args(&a);
-    a.push("gpu:0");
+    let a = mem_on("theirs", "20GiB", "0.2s", "gpu:0");
     let mut job = g.job(&a, "a", 0, 20 * GIB, false);
     g.wait_ready("a");
     let view = g.wait_settled("gpu:0", 1);
