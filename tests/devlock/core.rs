@@ -717,3 +717,14 @@ pub(crate) fn lease_flags_without_etcd_are_usage_errors() {
         );
     }
 }
+
+pub(crate) fn the_binary_does_not_load_libgcc_s() {
+    // build.rs links the unwinder statically: libgcc_s's constructor runs
+    // dozens of cpuid instructions, each a trap to the hypervisor on a VM,
+    // in every run (bench/RESULTS.md).
+    let out = Command::new("readelf").args(["-d", BIN]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dynamic = stdout(&out);
+    assert!(dynamic.contains("libc.so.6"), "{dynamic}");
+    assert!(!dynamic.contains("libgcc_s"), "{dynamic}");
+}

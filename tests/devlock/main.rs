@@ -101,6 +101,7 @@ const TESTS: &[Test] = &[
     test!(core::an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself, needs: []),
     test!(core::an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm, needs: []),
     test!(core::signals_the_caller_ignored_stay_ignored_for_the_command, needs: []),
+    test!(core::the_binary_does_not_load_libgcc_s, needs: [Tool("readelf")]),
     #[cfg(not(feature = "etcd"))]
     test!(core::etcd_without_the_feature_says_how_to_get_it, needs: []),
     test!(core::lease_flags_without_etcd_are_usage_errors, needs: []),
