@@ -464,3 +464,12 @@ pub(crate) fn budget_starting(
         ),
     )
 }
+
+/// The job's guard could not be started (a fork refused under a process
+/// limit): the command runs, but would outlive a killed devlock.
+pub(crate) fn no_guard(err: &std::io::Error) -> String {
+    format!(
+        "cannot start the job's guard ({}): if devlock is killed, the command runs on",
+        crate::sys::procfs::os_text(err)
+    )
+}

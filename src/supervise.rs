@@ -168,17 +168,131 @@ impl Placement {
 #[derive(Debug)]
 pub(crate) struct Child {
     pid: libc::pid_t,
+    /// The process group it was started in: its guard's where it has a
+    /// group of its own (else devlock's).
+    group: libc::pid_t,
     placement: Placement,
+    /// Ends the job should devlock die before it has reaped the command;
+    /// dismissed once it has.
+    guard: Option<Guard>,
+}
+
+/// The job's guard ([`crate::sys::guard`]): a process forked before
+/// devlock opens any lock file, that outlives a killed devlock and then
+/// ends the job: the process group it leads and the command starts in, or,
+/// where the command shares devlock's group with other jobs, the command
+/// and its descendants. A process the command detached on purpose
+/// (`setsid`, a daemon that left the group) is not the guard's to end.
+/// Dropped without being dismissed (devlock gave up), it ends whatever it
+/// was told of, and is reaped.
+#[derive(Debug)]
+pub(crate) struct Guard {
+    pid: libc::pid_t,
+    line: Option<std::os::fd::OwnedFd>,
+}
+
+impl Guard {
+    /// Forks the guard. Call before any lock file is opened (a fork holds
+    /// every descriptor until the child closes them) and after the handled
+    /// signals are blocked. Where it cannot be started (a fork refused
+    /// under a process limit), the job runs unguarded, and devlock says so.
+    pub(crate) fn start() -> Option<Guard> {
+        match crate::sys::guard::start() {
+            Ok((pid, line)) => Some(Guard {
+                pid,
+                line: Some(line),
+            }),
+            Err(err) => {
+                eprintln!("devlock: {}", crate::messages::no_guard(&err));
+                None
+            }
+        }
+    }
+
+    /// Makes the guard lead a new process group for the command to start
+    /// in; its id, if it could.
+    fn lead_group(&self) -> Option<libc::pid_t> {
+        crate::sys::guard::lead_group(self.pid).then_some(self.pid)
+    }
+
+    /// The command runs: the guard learns its pid and gets a pidfd for it
+    /// (opened while it is surely our unreaped child; ours closes here).
+    fn arm(&self, command: libc::pid_t, placement: &Placement) {
+        use crate::sys::guard::Reach;
+        let reach = if placement.own_group() {
+            Reach::Group
+        } else {
+            Reach::Tree
+        };
+        let Some(line) = &self.line else { return };
+        let armed = process::PidFd::open(command as u32)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOSYS))
+            .and_then(|pidfd| crate::sys::guard::arm(line, command, pidfd.raw_fd(), reach));
+        if let Err(err) = armed {
+            eprintln!("devlock: {}", crate::messages::no_guard(&err));
+        }
+    }
+
+    /// The command has been reaped (or never started): what it left
+    /// running is not ended. The guard goes, and is reaped when this is
+    /// dropped: after the locks are let go, off the hand-off's path.
+    pub(crate) fn dismiss(mut self) -> Guard {
+        if let Some(line) = self.line.take() {
+            crate::sys::guard::dismiss(&line);
+        }
+        self
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Closes our end (the guard acts on it if not dismissed), then
+        // waits for the guard to be gone.
+        drop(self.line.take());
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+    }
 }
 
 impl Child {
     #[cfg(feature = "etcd")]
-    /// A child started some other way (in a group of its own when
-    /// `placement` says so), for [`supervise`] to wait for.
-    pub(crate) fn adopt(pid: u32, placement: Placement) -> Child {
+    /// A child started some other way, by `start`, for [`supervise`] to
+    /// wait for, guarded as [`spawn`] guards its command: `start` is given
+    /// the process group to start it in (the guard's) where `placement`
+    /// gives it one of its own, `None` for a new one it leads.
+    pub(crate) fn start_with(
+        placement: Placement,
+        guard: Option<Guard>,
+        start: impl FnOnce(Option<libc::pid_t>) -> std::io::Result<u32>,
+    ) -> std::io::Result<Child> {
+        let group = guard
+            .as_ref()
+            .filter(|_| placement.own_group())
+            .and_then(Guard::lead_group);
+        let pid = start(group)? as libc::pid_t;
+        Ok(Child::started(pid, group, placement, guard))
+    }
+
+    /// The command has started (as `pid`, in `group` or a new group it
+    /// leads, or devlock's): its guard learns of it.
+    fn started(
+        pid: libc::pid_t,
+        group: Option<libc::pid_t>,
+        placement: Placement,
+        guard: Option<Guard>,
+    ) -> Child {
+        if let Some(guard) = &guard {
+            guard.arm(pid, &placement);
+        }
+        let group = group.unwrap_or(if placement.own_group() {
+            pid
+        } else {
+            process::own_group()
+        });
         Child {
-            pid: pid as libc::pid_t,
+            pid,
+            group,
             placement,
+            guard,
         }
     }
 
@@ -216,12 +330,18 @@ impl Child {
         }
     }
 
+    /// The process group the command is in now: the one it was started
+    /// in, or one of its own that it moved to (an interactive shell makes
+    /// itself a group leader). Our unreaped child's pid cannot be recycled.
+    fn job_group(&self) -> libc::pid_t {
+        process::group_of(self.pid).unwrap_or(self.group)
+    }
+
     /// Passes a stopping signal on: to the command's whole group when it
     /// has one (what a job's group would have got), else to the command.
+    /// (The guard in that group blocks every signal.)
     fn forward(&self, signo: libc::c_int) {
-        // The group our unreaped child leads (its pid names the group as
-        // long as it is unreaped), or the child itself.
-        if !self.placement.own_group() || !process::kill(-self.pid, signo) {
+        if !self.placement.own_group() || !process::kill(-self.job_group(), signo) {
             process::kill(self.pid, signo);
         }
     }
@@ -234,7 +354,7 @@ impl Child {
             return false;
         };
         sender == self.pid
-            || (self.placement.own_group() && process::group_of(sender) == Some(self.pid))
+            || (self.placement.own_group() && process::group_of(sender) == Some(self.job_group()))
     }
 
     /// The command stopped, in a group of its own. A terminal's job-control
@@ -248,7 +368,8 @@ impl Child {
         let Some(terminal) = self.placement.terminal() else {
             return;
         };
-        let commands = terminal.foreground() == Some(self.pid);
+        let group = self.job_group();
+        let commands = terminal.foreground() == Some(group);
         match signo {
             // Raced the hand-over: it has the terminal now.
             libc::SIGTTIN | libc::SIGTTOU if commands => {}
@@ -256,12 +377,13 @@ impl Child {
             libc::SIGTSTP if commands => self.stop_as_a_job(signo, terminal),
             _ => return,
         }
-        process::kill(-self.pid, libc::SIGCONT);
+        process::kill(-group, libc::SIGCONT);
     }
 
     fn stop_as_a_job(&self, signo: libc::c_int, terminal: &tty::Terminal) {
         let own = process::own_group();
-        if terminal.foreground() == Some(self.pid) {
+        let group = self.job_group();
+        if terminal.foreground() == Some(group) {
             terminal.give_to(own);
         }
         // Stops devlock here until SIGCONT; the kernel discards it when
@@ -269,7 +391,7 @@ impl Child {
         // devlock goes straight on.
         process::kill(0, signo);
         if terminal.is_ours() {
-            terminal.give_to(self.pid);
+            terminal.give_to(group);
         }
     }
 
@@ -283,7 +405,7 @@ impl Child {
     /// with job stops at their default action.
     pub(crate) fn pass_on_job_stop(&self, signo: libc::c_int) {
         if self.placement.hand_over().is_some() {
-            if process::kill(-self.pid, signo) {
+            if process::kill(-self.job_group(), signo) {
                 return;
             }
         } else if !self.placement.own_group() {
@@ -296,18 +418,18 @@ impl Child {
     /// before devlock says anything or exits.
     fn take_terminal_back(&self) {
         if let Some(terminal) = self.placement.terminal()
-            && terminal.foreground() == Some(self.pid)
+            && terminal.foreground() == Some(self.job_group())
         {
             terminal.give_to(process::own_group());
         }
     }
 }
 
-/// A waitpid(2) that failed: said (the command's fate is unknown, and so
-/// whether it still holds the lock), and a general failure.
+/// A waitpid(2) that failed: said (the command's fate is unknown; its
+/// guard ends it as devlock exits), and a general failure.
 fn cannot_wait(child: &Child, err: &std::io::Error) -> ExitCode {
     eprintln!(
-        "devlock: cannot wait for the command (pid {}): {}; it may still be running and hold the lock",
+        "devlock: cannot wait for the command (pid {}): {}; ending it",
         child.pid,
         crate::sys::procfs::os_text(err)
     );
@@ -321,7 +443,7 @@ enum Ended {
 }
 
 /// Starts `command` with the lock descriptors `keep` inherited across exec,
-/// placed as `placement` says.
+/// placed as `placement` says, watched by `guard`.
 ///
 /// posix_spawn rather than fork: no page tables to copy, on every start and
 /// every hand-off. The child gets an empty signal mask (devlock blocks the
@@ -338,6 +460,7 @@ pub(crate) fn spawn(
     keep: &[BorrowedFd<'_>],
     env: &Env,
     placement: Placement,
+    guard: Option<Guard>,
 ) -> Result<Child> {
     for &fd in keep {
         crate::sys::fs::set_inheritable(fd)
@@ -363,12 +486,19 @@ pub(crate) fn spawn(
             .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
             .collect(),
     )?;
+    // The guard leads the group the command starts in: no process of the
+    // job is ever outside its reach.
+    let group = guard
+        .as_ref()
+        .filter(|_| placement.own_group())
+        .and_then(Guard::lead_group);
     let mut how = process::Spawn {
         program: &argv[0],
         found,
         argv: &argv,
         envp: &envp,
         own_group: placement.own_group(),
+        group,
         terminal: placement.hand_over().map(tty::Terminal::raw_fd),
     };
     let mut started = process::spawn(&how);
@@ -379,12 +509,13 @@ pub(crate) fn spawn(
     }
     let pid =
         started.map_err(|err| cannot_start(program, &std::io::Error::from_raw_os_error(err)))?;
-    if let Some(terminal) = placement.hand_over()
-        && terminal.foreground() != Some(pid)
+    let child = Child::started(pid, group, placement, guard);
+    if let Some(terminal) = child.placement.hand_over()
+        && terminal.foreground() != Some(child.group)
     {
-        terminal.give_to(pid);
+        terminal.give_to(child.group);
     }
-    Ok(Child { pid, placement })
+    Ok(child)
 }
 
 /// Looks `program` up as posix_spawnp(3) will when it starts it (on `PATH`,
@@ -467,13 +598,15 @@ pub(crate) enum Tick {
 /// Waits for the command to end and returns the exit code devlock should end
 /// with, calling `tick` about once a second while the command runs
 /// (the holder's check that its lock files are still where they were), and
-/// as the command stops.
+/// as the command stops. Also returns the command's guard, dismissed once
+/// the command was reaped: drop it once the locks are let go.
 pub(crate) fn supervise_watching(
     child: Child,
     pending: Option<Received>,
     tick: &mut dyn FnMut(Tick),
-) -> ExitCode {
-    supervise_loop(child, pending, false, Some(tick)).0
+) -> (ExitCode, Option<Guard>) {
+    let (code, _, guard) = supervise_loop(child, pending, false, Some(tick));
+    (code, guard)
 }
 
 #[cfg(feature = "etcd")]
@@ -495,15 +628,17 @@ pub(crate) fn supervise_reaping(
     pending: Option<Received>,
     reap_all: bool,
 ) -> (ExitCode, Option<Received>) {
-    supervise_loop(child, pending, reap_all, None)
+    // The dismissed guard goes now, before what the command left is waited for.
+    let (code, first, _) = supervise_loop(child, pending, reap_all, None);
+    (code, first)
 }
 
 fn supervise_loop(
-    child: Child,
+    mut child: Child,
     pending: Option<Received>,
     reap_all: bool,
     mut tick: Option<&mut dyn FnMut(Tick)>,
-) -> (ExitCode, Option<Received>) {
+) -> (ExitCode, Option<Received>, Option<Guard>) {
     // The first stopping signal reaches the command once; later ones are
     // absorbed, so a second Ctrl-C or kill does not cut its clean-up short.
     let mut first = None;
@@ -527,7 +662,10 @@ fn supervise_loop(
     let mut next_tick = std::time::Instant::now() + Duration::from_secs(1);
     let code = loop {
         match child.poll() {
-            Ok(Some(Ended::Exited(code))) => break code,
+            Ok(Some(Ended::Exited(code))) => {
+                child.guard = child.guard.take().map(Guard::dismiss);
+                break code;
+            }
             Ok(Some(Ended::Stopped(signo))) => {
                 if let Some(tick) = tick.as_mut() {
                     tick(Tick::Stopped);
@@ -540,7 +678,10 @@ fn supervise_loop(
         }
         if reap_all {
             match child.reap_others() {
-                Ok(Some(code)) => break code,
+                Ok(Some(code)) => {
+                    child.guard = child.guard.take().map(Guard::dismiss);
+                    break code;
+                }
                 Ok(None) => {}
                 Err(e) => break cannot_wait(&child, &e),
             }
@@ -561,5 +702,5 @@ fn supervise_loop(
         }
     };
     child.take_terminal_back();
-    (code, first)
+    (code, first, child.guard.take())
 }

@@ -42,6 +42,8 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
+    // Before any lock file is open: the guard must never hold one.
+    let guard = supervise::Guard::start();
     interrupt::hold_job_stops();
     trust::enable();
     trust::note_resources(&resources);
@@ -141,6 +143,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         .collect();
     if held.is_empty() {
         trust::flush(args.quiet);
+        drop(guard);
         return Ok(pass_through(&args.command, &env));
     }
     let fds: Vec<_> = held
@@ -160,6 +163,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         &fds,
         &env,
         supervise::Placement::choose(),
+        guard,
     )?;
     // From here devlock stops with its job (Ctrl-Z), as any job does. A job
     // stop held since the last look before the start was meant for the whole
@@ -194,7 +198,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         warned: false,
         lost: Vec::new(),
     };
-    let code = supervise::supervise_watching(child, signal, &mut |tick| {
+    let (code, guard) = supervise::supervise_watching(child, signal, &mut |tick| {
         if tick == supervise::Tick::Second {
             watch.check();
         }
@@ -209,8 +213,9 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     drop(watch);
     drop(budget_watch);
     // Let go of the locks before our places in line, so the next in line
-    // finds the lock free when it wakes.
+    // finds the lock free when it wakes; the dismissed guard is reaped last.
     drop(held);
+    drop(guard);
     Ok(code)
 }
 

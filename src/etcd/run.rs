@@ -30,6 +30,8 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     supervise::sane_start();
     supervise::block_handled_signals();
     super::block_sigpipe();
+    // Before the session's connections: the guard holds nothing of devlock's.
+    let guard = supervise::Guard::start();
     let settings = Settings {
         config,
         ttl,
@@ -59,6 +61,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let (acquired, stopped) = session.wait_for_locks()?;
     if let Acquired::AllInherited = acquired {
         session.finish();
+        drop(guard);
         return Ok(crate::cmd::run::pass_through(&args.command, &env));
     }
     if let Some(sig) = stopped.or_else(supervise::pending_stop) {
@@ -75,7 +78,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     // What the command starts stays under devlock, even when its parent
     // exits first: the lock covers it, and a lost lease stops it.
     crate::sys::process::become_subreaper();
-    let child = match spawn_tied(&args.command, &env) {
+    let child = match spawn_tied(&args.command, &env, guard) {
         Ok(child) => child,
         Err(e) => {
             session.release();
@@ -203,21 +206,27 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
 
 /// Starts the command so that it dies with devlock: the lease dies with
 /// devlock, and the command must not outlive the lock that covers it. The
-/// kernel sends it SIGKILL when devlock's main thread ends, however it ends.
-fn spawn_tied(command: &[OsString], env: &supervise::Env) -> Result<supervise::Child> {
+/// kernel sends it SIGKILL when devlock's main thread ends, however it ends,
+/// and the job's guard ends its process group then, as for the flock
+/// backend.
+fn spawn_tied(
+    command: &[OsString],
+    env: &supervise::Env,
+    guard: Option<supervise::Guard>,
+) -> Result<supervise::Child> {
     let placement = supervise::Placement::choose();
     let (own_group, terminal) = placement.spawn_settings();
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k, v)));
-    if own_group {
-        cmd.process_group(0);
-    }
-    crate::sys::process::tie_to_parent(&mut cmd, terminal);
-    match cmd.spawn() {
-        Ok(child) => Ok(supervise::Child::adopt(child.id(), placement)),
-        Err(e) => Err(supervise::cannot_start(&command[0], &e)),
-    }
+    supervise::Child::start_with(placement, guard, |group| {
+        if own_group {
+            cmd.process_group(group.unwrap_or(0));
+        }
+        crate::sys::process::tie_to_parent(&mut cmd, terminal);
+        cmd.spawn().map(|child| child.id())
+    })
+    .map_err(|e| supervise::cannot_start(&command[0], &e))
 }
 
 #[cfg(test)]

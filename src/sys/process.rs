@@ -6,7 +6,6 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::RawFd;
-#[cfg(feature = "etcd")]
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::unistd::Pid;
@@ -85,13 +84,11 @@ pub(crate) fn become_subreaper() {
     let _ = nix::sys::prctl::set_child_subreaper(true);
 }
 
-#[cfg(feature = "etcd")]
 /// A process descriptor: names exactly one process, even once it is
 /// reaped and its pid reused; closed when dropped.
 #[derive(Debug)]
 pub(crate) struct PidFd(OwnedFd);
 
-#[cfg(feature = "etcd")]
 impl PidFd {
     /// A pidfd for our child `pid` (not yet reaped); `None` where the
     /// kernel has no pidfd_open.
@@ -103,6 +100,12 @@ impl PidFd {
         (fd >= 0).then(|| PidFd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
     }
 
+    /// The descriptor, for a process that is to inherit it.
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    #[cfg(feature = "etcd")]
     /// Sends `sig` to the process (nothing if it is gone).
     pub(crate) fn signal(&self, sig: libc::c_int) {
         // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
@@ -128,8 +131,10 @@ pub(crate) struct Spawn<'a> {
     pub(crate) found: Option<&'a CString>,
     pub(crate) argv: &'a [CString],
     pub(crate) envp: &'a [CString],
-    /// A process group of its own.
+    /// A process group of its own: a new one it leads, or `group`.
     pub(crate) own_group: bool,
+    /// The existing group (of the job's guard) to start it in.
+    pub(crate) group: Option<libc::pid_t>,
     /// The terminal its group takes before it execs (glibc 2.35's
     /// tcsetpgrp file action), if there is one and glibc has it.
     pub(crate) terminal: Option<RawFd>,
@@ -165,7 +170,7 @@ fn spawn_one(how: &Spawn, program: &CString, search: bool) -> Result<libc::pid_t
         let mut flags = libc::POSIX_SPAWN_SETSIGMASK;
         if how.own_group {
             flags |= libc::POSIX_SPAWN_SETPGROUP;
-            libc::posix_spawnattr_setpgroup(&mut attrs, 0);
+            libc::posix_spawnattr_setpgroup(&mut attrs, how.group.unwrap_or(0));
         }
         libc::posix_spawnattr_setflags(&mut attrs, flags as libc::c_short);
         let mut actions = std::mem::zeroed::<libc::posix_spawn_file_actions_t>();
@@ -222,8 +227,8 @@ fn add_tcsetpgrp(actions: &mut libc::posix_spawn_file_actions_t, fd: RawFd) -> b
 #[cfg(feature = "etcd")]
 /// Makes a command started with std's `Command` die with devlock (the
 /// kernel sends it SIGKILL when devlock's thread ends), start with an empty
-/// signal mask, and, given `terminal`, take that terminal for the process
-/// group it leads before it execs.
+/// signal mask, and, given `terminal`, take that terminal for its process
+/// group (the one it leads, or its guard's) before it execs.
 pub(crate) fn tie_to_parent(cmd: &mut std::process::Command, terminal: Option<RawFd>) {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
@@ -246,7 +251,7 @@ pub(crate) fn tie_to_parent(cmd: &mut std::process::Command, terminal: Option<Ra
                 let mut ttou = empty;
                 libc::sigaddset(&mut ttou, libc::SIGTTOU);
                 libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, std::ptr::null_mut());
-                libc::tcsetpgrp(fd, libc::getpid());
+                libc::tcsetpgrp(fd, libc::getpgrp());
             }
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             Ok(())

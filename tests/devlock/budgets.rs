@@ -108,8 +108,8 @@ impl Gpus {
         std::fs::read_to_string(self.ready(tag)).unwrap()
     }
 
-    /// kill -9 of the whole job: devlock's process group and its
-    /// command's (a group of its own), at once.
+    /// kill -9 of the whole job, as a supervisor does: devlock's process
+    /// group, whose guard ends the command's group.
     fn kill_job(&self, tag: &str, child: &mut Child) {
         let command: i32 = self
             .wait_ready(tag)
@@ -118,10 +118,10 @@ impl Gpus {
             .unwrap()
             .parse()
             .unwrap();
-        // SAFETY: kill(2) of two process groups.
+        // SAFETY: kill(2) of devlock's process group; its guard ends the
+        // command's.
         unsafe {
             libc::kill(-(child.id() as i32), libc::SIGKILL);
-            libc::kill(-command, libc::SIGKILL);
         }
         let _ = child.wait();
         wait_gone(command as u32);
@@ -632,9 +632,9 @@ pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
         .parse()
         .unwrap();
     g.wait_settled("gpu:0", 1);
-    // devlock alone: its command holds the lock and the registration on.
-    signal(orphan.id(), libc::SIGKILL);
-    let _ = orphan.wait();
+    // devlock and its guard: its command holds the lock and the
+    // registration on, and its budget counts for as long.
+    kill_devlock_and_guard(&mut orphan);
     let out = g.run(&["-n", "--mem", "30GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(

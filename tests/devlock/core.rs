@@ -218,7 +218,7 @@ pub(crate) fn terminal_ctrl_c_is_not_delivered_twice() {
     assert_eq!(std::fs::read_to_string(s.work("got")).unwrap(), "sig\n");
 }
 
-pub(crate) fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
+pub(crate) fn a_command_whose_devlock_and_guard_are_killed_holds_the_lock_on() {
     let s = Scratch::new();
     let ready = s.work("ready");
     let release = s.work("release");
@@ -238,8 +238,7 @@ pub(crate) fn kill_9_of_devlock_leaves_the_command_holding_the_lock() {
     s.wait_for_status("r", "the holder's record", |v| {
         v["holders"][0]["step"] == "sh"
     });
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    kill_devlock_and_guard(&mut holder);
     // The command still runs and still holds the lock: nobody else gets in.
     assert!(std::path::Path::new(&format!("/proc/{command_pid}")).exists());
     assert!(!flock_is_free(&s.lock_path("r")));

@@ -227,6 +227,52 @@ pub(crate) fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after
     );
 }
 
+/// A supervisor's SIGKILL of an etcd holder's process group ends the
+/// command's whole group, its child included, as with the file backend
+/// (the parent-death signal alone would reach the command only).
+pub(crate) fn etcd_a_group_sigkill_ends_the_whole_job() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("groupkill");
+    let (parent, child) = (s.work("parent"), s.work("child"));
+    let script = format!(
+        "trap '' TERM; sleep 1000 & {}; {}; wait",
+        write_pid("$!", &child),
+        write_pid("$$", &parent)
+    );
+    let mut holder = devlock(&s, &url);
+    holder
+        .args([
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "500ms",
+            &r,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut holder, 0);
+    let mut holder = holder.spawn().unwrap();
+    let pids = [pid_in(&parent), pid_in(&child)];
+    let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&parent, &child]);
+    // SAFETY: kill(2) of the process group this test started.
+    assert_eq!(
+        unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) },
+        0
+    );
+    wait_child(&mut holder);
+    for pid in pids {
+        wait_gone(pid);
+    }
+    assert!(wait_child(&mut waiter).success());
+    assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
+}
+
 /// A shell test for "every pid in FILES is gone (or a zombie)", written to
 /// `verdict` by the next holder as its first act.
 fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path::Path) -> String {

@@ -516,6 +516,28 @@ pub enum Need {
     Root,
     /// bash-completion's library, which the bash completion sources.
     BashCompletion,
+    /// A cgroup v2 hierarchy where a cgroup can be made (root, a writable
+    /// `cgroup2` mount), for the systemd unit tests.
+    Cgroup,
+}
+
+/// Where the cgroup v2 hierarchy is mounted, if it is.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let (_, at, kind) = (words.next()?, words.next()?, words.next()?);
+        (kind == "cgroup2").then(|| PathBuf::from(at))
+    })
+}
+
+/// Whether a cgroup can be made (and removed again) here.
+fn can_make_cgroup() -> bool {
+    let Some(root) = cgroup2_root() else {
+        return false;
+    };
+    let probe = root.join(format!("devlock-test-probe-{}", std::process::id()));
+    std::fs::create_dir(&probe).is_ok() && std::fs::remove_dir(&probe).is_ok()
 }
 
 /// One test: its name (`module::function`), its body, its needs.
@@ -552,6 +574,7 @@ fn missing(needs: &[Need]) -> Vec<String> {
             Need::BashCompletion => (!Path::new("/usr/share/bash-completion/bash_completion")
                 .exists())
             .then(|| "bash-completion".to_owned()),
+            Need::Cgroup => (!can_make_cgroup()).then(|| "a cgroup v2 to make".to_owned()),
         })
         .collect()
 }
@@ -881,4 +904,35 @@ pub fn pid_list(pids: &[u32]) -> String {
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The job guard of the devlock `devlock` (its child named
+/// `devlock-guard`), once it has one.
+pub fn guard_of(devlock: u32) -> u32 {
+    let start = Instant::now();
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{devlock}/task/{devlock}/children"))
+            .unwrap_or_default();
+        let found = children.split_whitespace().find_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (comm.trim() == "devlock-guard").then(|| pid.parse().ok())?
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(start.elapsed() < HANG, "devlock {devlock} has no guard");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// SIGKILLs a holding devlock together with its job guard, guard first (as
+/// `pkill -9 devlock` may): the one way left to have a command that holds on
+/// with no devlock, which status calls `inherited`. (A devlock killed alone
+/// has its guard end the job.)
+pub fn kill_devlock_and_guard(devlock: &mut Child) {
+    let guard = guard_of(devlock.id());
+    signal(guard, libc::SIGKILL);
+    wait_gone(guard);
+    devlock.kill().unwrap();
+    devlock.wait().unwrap();
 }

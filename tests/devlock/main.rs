@@ -30,6 +30,7 @@ mod etcd;
 mod etcd_server;
 mod generated;
 mod granularity;
+mod kills;
 mod manners;
 mod nvml;
 mod shared_machine;
@@ -37,7 +38,7 @@ mod signals;
 mod status;
 mod torture;
 
-use harness::Need::{BashCompletion, Root, Tool};
+use harness::Need::{BashCompletion, Cgroup, Root, Tool};
 use harness::Test;
 
 /// `test!(module::name, needs: [...])`, optionally `ignored: "why"` (run
@@ -86,7 +87,7 @@ const TESTS: &[Test] = &[
     test!(core::sigint_reaches_the_command_once_and_the_next_waits_for_cleanup, needs: []),
     test!(core::sighup_and_sigquit_are_passed_on, needs: []),
     test!(core::terminal_ctrl_c_is_not_delivered_twice, needs: []),
-    test!(core::kill_9_of_devlock_leaves_the_command_holding_the_lock, needs: []),
+    test!(core::a_command_whose_devlock_and_guard_are_killed_holds_the_lock_on, needs: []),
     test!(core::nested_take_passes_through_instead_of_deadlocking, needs: []),
     test!(core::a_copied_environment_is_not_mistaken_for_holding, needs: []),
     test!(core::planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written, needs: []),
@@ -145,6 +146,8 @@ const TESTS: &[Test] = &[
     #[cfg(feature = "etcd")]
     test!(etcd::etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl, needs: [Tool("etcd"), Tool("etcdctl")]),
     #[cfg(feature = "etcd")]
+    test!(etcd::etcd_a_group_sigkill_ends_the_whole_job, needs: [Tool("etcd"), Tool("etcdctl")]),
+    #[cfg(feature = "etcd")]
     test!(etcd::etcd_holder_cut_off_stops_its_work_before_the_next_one_starts, needs: [Tool("etcd"), Tool("etcdctl")]),
     #[cfg(feature = "etcd")]
     test!(etcd::etcd_a_stuck_stderr_does_not_delay_the_stop, needs: [Tool("etcd"), Tool("etcdctl")]),
@@ -196,6 +199,16 @@ const TESTS: &[Test] = &[
     test!(granularity::bad_combinations_are_usage_errors, needs: []),
     test!(granularity::any_takes_a_members_group_only_with_the_member_it_picks, needs: []),
     test!(granularity::any_count_and_ordered_jobs_do_not_deadlock, needs: []),
+    test!(kills::a_group_sigkill_ends_the_job_in_a_group_of_its_own, needs: []),
+    test!(kills::kill_9_of_devlock_alone_ends_the_job, needs: []),
+    test!(kills::a_session_leaders_group_or_session_sigkill_ends_the_job, needs: []),
+    test!(kills::timeout_kill_after_ends_the_job, needs: [Tool("timeout")]),
+    test!(kills::python_killpg_after_start_new_session_ends_the_job, needs: [Tool("python3")]),
+    test!(kills::make_j_cancelled_by_a_group_sigkill_ends_every_job, needs: [Tool("make")]),
+    test!(kills::in_a_terminals_shared_group_a_kill_ends_the_job_and_spares_the_others, needs: []),
+    test!(kills::a_process_the_command_detached_keeps_the_lock_after_the_kill, needs: [Tool("setsid")]),
+    test!(kills::systemd_stop_with_either_kill_mode_ends_the_job, needs: [Root, Cgroup]),
+    test!(kills::a_group_sigkill_at_any_moment_of_the_start_leaves_nothing, needs: []),
     test!(manners::a_bare_number_is_seconds_wherever_a_duration_is_taken, needs: []),
     test!(manners::every_usage_error_names_the_flag_and_the_fix, needs: []),
     test!(manners::an_empty_devlock_variable_counts_as_unset, needs: []),

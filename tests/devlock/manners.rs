@@ -312,8 +312,7 @@ pub(crate) fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and
             .as_array()
             .is_some_and(|p| p.len() == 2)
     });
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    kill_devlock_and_guard(&mut holder);
     let user = devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw());
     let busy = s.run(&["-n", "gpu:0", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75));
@@ -365,8 +364,7 @@ pub(crate) fn a_group_row_borrows_only_a_label_its_member_backs() {
             .as_array()
             .is_some_and(|p| p.len() == 2)
     });
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    kill_devlock_and_guard(&mut holder);
     // The group's own label, the shared hold's registration that the
     // command inherited, is gone too: someone removed the file.
     let mut removed = 0;

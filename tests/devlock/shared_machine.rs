@@ -1241,8 +1241,7 @@ fn pid_reuse_round(shared: bool) {
             .as_array()
             .is_some_and(|p| p.len() == 2)
     });
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    kill_devlock_and_guard(&mut holder);
     let _reused = reuse_pid(devlock_pid);
     assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
     // Root sees the command holding it through the descriptor it inherited.
