@@ -183,12 +183,15 @@ pub(crate) struct Child {
 /// where the command shares devlock's group with other jobs, the command
 /// and its descendants. A process the command detached on purpose
 /// (`setsid`, a daemon that left the group) is not the guard's to end.
-/// Dropped without being dismissed (devlock gave up), it ends whatever it
-/// was told of, and is reaped.
+/// Dropped once the command has been reaped, it is dismissed (what the
+/// command left running is not ended); dropped before (devlock gave up),
+/// it ends whatever it was told of. Either way it is reaped.
 #[derive(Debug)]
 pub(crate) struct Guard {
     pid: libc::pid_t,
+    /// Taken when dropped: closed before the guard is waited for.
     line: Option<std::os::fd::OwnedFd>,
+    reaped: bool,
 }
 
 impl Guard {
@@ -201,6 +204,7 @@ impl Guard {
             Ok((pid, line)) => Some(Guard {
                 pid,
                 line: Some(line),
+                reaped: false,
             }),
             Err(err) => {
                 eprintln!("devlock: {}", crate::messages::no_guard(&err));
@@ -233,22 +237,22 @@ impl Guard {
         }
     }
 
-    /// The command has been reaped (or never started): what it left
-    /// running is not ended. The guard goes, and is reaped when this is
-    /// dropped: after the locks are let go, off the hand-off's path.
-    pub(crate) fn dismiss(mut self) -> Guard {
-        if let Some(line) = self.line.take() {
-            crate::sys::guard::dismiss(&line);
-        }
-        self
+    /// The command has been reaped: dropping the guard dismisses it. (It
+    /// is dropped after the locks are let go, so that its going is off the
+    /// hand-off's path.)
+    fn command_reaped(&mut self) {
+        self.reaped = true;
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        // Closes our end (the guard acts on it if not dismissed), then
-        // waits for the guard to be gone.
-        drop(self.line.take());
+        if let Some(line) = self.line.take() {
+            if self.reaped {
+                crate::sys::guard::dismiss(&line);
+            }
+            // Closed here: the guard acts on that if it was not dismissed.
+        }
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
     }
 }
@@ -598,8 +602,8 @@ pub(crate) enum Tick {
 /// Waits for the command to end and returns the exit code devlock should end
 /// with, calling `tick` about once a second while the command runs
 /// (the holder's check that its lock files are still where they were), and
-/// as the command stops. Also returns the command's guard, dismissed once
-/// the command was reaped: drop it once the locks are let go.
+/// as the command stops. Also returns the command's guard: drop it once the
+/// locks are let go (it is dismissed then if the command was reaped).
 pub(crate) fn supervise_watching(
     child: Child,
     pending: Option<Received>,
@@ -663,7 +667,9 @@ fn supervise_loop(
     let code = loop {
         match child.poll() {
             Ok(Some(Ended::Exited(code))) => {
-                child.guard = child.guard.take().map(Guard::dismiss);
+                if let Some(guard) = child.guard.as_mut() {
+                    guard.command_reaped();
+                }
                 break code;
             }
             Ok(Some(Ended::Stopped(signo))) => {
@@ -679,7 +685,9 @@ fn supervise_loop(
         if reap_all {
             match child.reap_others() {
                 Ok(Some(code)) => {
-                    child.guard = child.guard.take().map(Guard::dismiss);
+                    if let Some(guard) = child.guard.as_mut() {
+                        guard.command_reaped();
+                    }
                     break code;
                 }
                 Ok(None) => {}

@@ -132,6 +132,9 @@ unsafe fn guard(line: RawFd) -> ! {
         close_all_but(line);
         libc::chdir(c"/".as_ptr());
         libc::prctl(libc::PR_SET_NAME, c"devlock-guard".as_ptr());
+        // It mostly sleeps; when it wakes (its dismissal, as the lock is
+        // handed over) the next holder comes first.
+        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
         let mut command: Option<(libc::pid_t, RawFd, Reach)> = None;
         loop {
             match receive(line) {
