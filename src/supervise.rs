@@ -247,12 +247,14 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if let Some(line) = self.line.take() {
-            if self.reaped {
-                crate::sys::guard::dismiss(&line);
-            }
-            // Closed here: the guard acts on that if it was not dismissed.
+        // Closed here: the guard acts on that if it was not dismissed.
+        let line = self.line.take();
+        if let Some(line) = &line
+            && self.reaped
+        {
+            crate::sys::guard::dismiss(line);
         }
+        drop(line);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
     }
 }
