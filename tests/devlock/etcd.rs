@@ -261,10 +261,8 @@ pub(crate) fn etcd_a_group_sigkill_ends_the_whole_job() {
     let pids = [pid_in(&parent), pid_in(&child)];
     let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&parent, &child]);
     // SAFETY: kill(2) of the process group this test started.
-    assert_eq!(
-        unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) },
-        0
-    );
+    let sent = unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) };
+    assert_eq!(sent, 0);
     wait_child(&mut holder);
     for pid in pids {
         wait_gone(pid);
