@@ -44,7 +44,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     };
     let requests = crate::request::in_order(&resources, !args.shared, 0);
     let mut session = Session::start(settings, requests)?;
-    let env: supervise::Env = vec![
+    let mut env: supervise::Env = vec![
         (
             "DEVLOCK_RESOURCES".into(),
             resources
@@ -57,7 +57,11 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         ("DEVLOCK_STEP".into(), step.into()),
     ];
     let (acquired, stopped) = session.wait_for_locks()?;
-    if let Acquired::AllInherited = acquired {
+    env.push((
+        "DEVLOCK_FENCE".into(),
+        fences(&resources, acquired.fences()).into(),
+    ));
+    if let Acquired::AllInherited(_) = acquired {
         session.finish();
         return Ok(crate::cmd::run::pass_through(&args.command, &env));
     }
@@ -99,6 +103,17 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
             ),
         )),
     }
+}
+
+/// `DEVLOCK_FENCE`: each resource's fencing token, in the order of
+/// `DEVLOCK_RESOURCES`.
+fn fences(resources: &[Resource], fences: &super::session::Fences) -> String {
+    resources
+        .iter()
+        .filter_map(|r| fences.iter().find(|(name, _)| name == r))
+        .map(|(_, fence)| fence.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Holds the lock until every process the command started has exited too,
