@@ -8,9 +8,9 @@
 //! reads; joining the line (a put of the same key with the same lease, which
 //! keeps its create revision, and so its place, and the read in the same
 //! transaction); labels; revoking a lease. A lease granted by an answer
-//! that was lost holds no key and runs out by itself. Each process starts
-//! at an endpoint chosen by its pid, so the machines of a cluster spread
-//! their watches over the members. A stream (a watch, the lease's renewals)
+//! that was lost holds no key and runs out by itself. Every process starts
+//! at the first endpoint named (machines that list them in different orders
+//! spread their watches over the members). A stream (a watch, the lease's renewals)
 //! that fails moves devlock on the same way, and a watch on an endpoint
 //! devlock has moved away from is started again on the new one, since a
 //! member cut off from the rest may keep a watch open and silent.
@@ -53,10 +53,9 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     pub(crate) fn new(config: Config) -> Arc<Cluster> {
         let n = config.endpoints.len();
-        let start = std::process::id() as usize % n;
         Arc::new(Cluster {
             clients: (0..n).map(|_| OnceCell::new()).collect(),
-            current: watch::Sender::new(start),
+            current: watch::Sender::new(0),
             config,
         })
     }
@@ -174,8 +173,7 @@ impl Cluster {
             }
             self.failed(endpoint);
             worst = Some(match worst {
-                // A TLS failure says more than a timeout elsewhere.
-                Some(w) if exit_code_of(&w) == ExitCode::EtcdTls => w,
+                Some(w) if telling(&w) >= telling(&err) => w,
                 _ => err,
             });
         }
@@ -188,5 +186,19 @@ impl Cluster {
         } else {
             err
         })
+    }
+}
+
+/// How much an endpoint's failure says, to report the most telling one
+/// when all fail: a TLS failure (the files or the server's certificate),
+/// then an answer from etcd itself ("no leader"), then the rest (refused,
+/// no answer).
+fn telling(err: &anyhow::Error) -> u8 {
+    if exit_code_of(err) == ExitCode::EtcdTls {
+        2
+    } else if format!("{err:#}").contains("etcdserver:") {
+        1
+    } else {
+        0
     }
 }

@@ -599,8 +599,13 @@ async fn wait_turn(
             Ok(Ok(Turn::Ours)) => return Ok(true),
             Ok(Ok(Turn::Lost)) => return Err(place_gone(name)),
             Ok(Ok(Turn::ReadAgain)) | Err(_) => {}
-            Ok(Err(e)) => {
+            // With another endpoint to go to, the reading again that
+            // follows says whether etcd is really unreachable.
+            Ok(Err(_)) if cluster.config.endpoints.len() > 1 => {
                 cluster.failed(endpoint);
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Ok(Err(e)) => {
                 let e = cluster
                     .config
                     .failure(cluster.url(endpoint), "watching the line", e);
