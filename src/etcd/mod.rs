@@ -6,6 +6,13 @@
 //! holds once no earlier key is left, a shared one once no earlier exclusive
 //! key is left (writer preference, as in the file backend). When devlock
 //! dies its lease runs out and etcd deletes every key it had.
+//!
+//! The create revision is also the holder's fencing token
+//! (`DEVLOCK_FENCE`): etcd's revisions only grow, and a holder holds only
+//! once every earlier key is gone, so each new holder of a resource has a
+//! larger one than all before it. Every request goes to one endpoint at a
+//! time and moves to the next when that one fails (`cluster`); `https://`
+//! endpoints are checked as `tls` says.
 
 mod cluster;
 mod keeper;
@@ -265,13 +272,18 @@ fn causes(err: &etcd_client::Error) -> &(dyn std::error::Error + 'static) {
     }
 }
 
-/// The most specific cause, which is where transport errors say what happened.
+/// The most specific cause, which is where transport errors say what
+/// happened, without Rust's `(os error N)`.
 fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
     let mut last: &dyn std::error::Error = err;
     while let Some(source) = last.source() {
         last = source;
     }
-    last.to_string()
+    let text = last.to_string();
+    match text.rsplit_once(" (os error ") {
+        Some((words, code)) if code.ends_with(')') => words.to_owned(),
+        _ => text,
+    }
 }
 
 fn check_url(url: &str, tls: bool) -> Result<String> {
