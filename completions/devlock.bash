@@ -44,7 +44,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --help --version status setup help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -166,6 +166,51 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -230,7 +275,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__setup)
-            opts="-h --group --gpus --slots --print-tmpfiles --dir --probe-timeout --etcd --etcd-user --help"
+            opts="-h --group --gpus --slots --print-tmpfiles --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -275,6 +320,51 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -283,7 +373,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__status)
-            opts="-h --all --json --dir --probe-timeout --etcd --etcd-user --help"
+            opts="-h --all --json --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -314,6 +404,51 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -334,7 +469,7 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --conflict-exit-code | --count | --dir | --etcd | --etcd-user | --group | --idle-threshold | --kill-after | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --kill-after | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }

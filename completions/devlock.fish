@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= h/help V/version
+    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -43,6 +43,9 @@ complete -c devlock -n "__fish_devlock_needs_command" -l dir -d 'Scratch directo
 complete -c devlock -n "__fish_devlock_needs_command" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
@@ -58,6 +61,9 @@ complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scrat
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, idle ones too'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table (every lock file, idle ones too)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -67,6 +73,9 @@ complete -c devlock -n "__fish_devlock_using_subcommand setup" -l dir -d 'Scratc
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu, gpu:0 .. gpu:N-1 and their MIG instances for the GPUs the probe (NVML, nvidia-smi, amd-smi) lists'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -77,7 +86,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-user --group --idle-threshold --kill-after --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --kill-after --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free

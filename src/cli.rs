@@ -94,6 +94,27 @@ pub struct Cli {
         value_hint = clap::ValueHint::Other
     )]
     pub etcd_user: Option<String>,
+
+    /// With https:// etcd endpoints: check the server's certificate against
+    /// the CA certificates in FILE (PEM) instead of the system's
+    #[arg(long, global = true, value_name = "FILE", env = "DEVLOCK_ETCD_CA", value_parser = path_parser(), value_hint = clap::ValueHint::FilePath)]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// With https:// etcd endpoints: the client certificate to show etcd
+    /// (PEM), with --etcd-key
+    #[arg(long, global = true, value_name = "FILE", env = "DEVLOCK_ETCD_CERT", value_parser = path_parser(), value_hint = clap::ValueHint::FilePath)]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The private key of --etcd-cert (PEM; refused, as ssh refuses one, when
+    /// others can read it)
+    #[arg(long, global = true, value_name = "FILE", env = "DEVLOCK_ETCD_KEY", value_parser = path_parser(), value_hint = clap::ValueHint::FilePath)]
+    pub etcd_key: Option<PathBuf>,
+}
+
+/// A path that may be empty, so that an empty variable (unset, as
+/// `${VAR:-...}` has it) can be told from an empty flag (a mistake).
+fn path_parser() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
 }
 
 /// The subcommands (a run under a lock is the default, not a subcommand).
@@ -144,8 +165,10 @@ pub enum Command {
         files and processes has control and format characters replaced by '?'.\n\n\
         With --etcd URL it shows the locks in etcd instead, across machines: \
         {etcd, prefix, resources: [{name, state, holders: [{step, pid, child, user, \
-        host, since, held_for_ms, command, exclusive, via, key, revision, lease, \
-        lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}]}."
+        host, since, held_for_ms, command, exclusive, via, key, revision, fence, lease, \
+        lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}], endpoint (the \
+        one that answered), tls ({ca, cert, key, subject, issuer, not_after}, or null \
+        without TLS), user}."
     )]
     Status(StatusArgs),
 
@@ -460,6 +483,21 @@ impl Cli {
         if from_env("etcd_user") && cli.etcd_user.as_deref() == Some("") {
             cli.etcd_user = None;
         }
+        for (id, path) in [
+            ("etcd_ca", &mut cli.etcd_ca),
+            ("etcd_cert", &mut cli.etcd_cert),
+            ("etcd_key", &mut cli.etcd_key),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                if !from_env(id) {
+                    return Err(command.error(
+                        clap::error::ErrorKind::InvalidValue,
+                        format!("--{} needs a file, got an empty name", id.replace('_', "-")),
+                    ));
+                }
+                *path = None;
+            }
+        }
         // devlock exits soon: freeing clap's tree is work for nothing.
         std::mem::forget(command);
         Ok(cli)
@@ -476,8 +514,7 @@ impl Cli {
 /// what this returns is what clap returns (a unit test holds them
 /// together).
 fn common_run(args: &[OsString]) -> Option<Cli> {
-    if std::env::var_os("DEVLOCK_ETCD").is_some() || std::env::var_os("DEVLOCK_ETCD_USER").is_some()
-    {
+    if std::env::vars_os().any(|(name, _)| name.as_encoded_bytes().starts_with(b"DEVLOCK_ETCD")) {
         return None;
     }
     let dash = args.iter().position(|a| a == "--")?;
@@ -552,6 +589,9 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
         probe_timeout: Duration::from_secs(5),
         etcd: Vec::new(),
         etcd_user: None,
+        etcd_ca: None,
+        etcd_cert: None,
+        etcd_key: None,
     })
 }
 
@@ -589,6 +629,19 @@ pub fn usage_line(rendered: &str) -> String {
     }
     if !listed.is_empty() {
         line = format!("{} {}", line.trim_end_matches(':'), listed.join(", "));
+    }
+    // etcdctl's spellings, which devlock does not take (see README).
+    for (theirs, ours) in [
+        ("'--cacert'", "--etcd-ca"),
+        ("'--cert'", "--etcd-cert"),
+        ("'--key'", "--etcd-key"),
+    ] {
+        if first.contains(&format!("unexpected argument {theirs}")) {
+            line.push_str(&format!(
+                "; etcdctl's {} is devlock's {ours}",
+                theirs.trim_matches('\'')
+            ));
+        }
     }
     format!("{line} (see devlock --help)")
 }

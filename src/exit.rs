@@ -23,8 +23,14 @@ pub enum ExitCode {
     /// With `--etcd`: the lease could not be renewed in time, so devlock
     /// stopped the command before anyone else could be let in (EX_PROTOCOL).
     LeaseLost,
-    /// etcd refused the user name or password (EX_NOPERM).
+    /// etcd refused the user name or password, or the client certificate
+    /// (EX_NOPERM).
     EtcdDenied,
+    /// TLS to etcd cannot work: a CA, certificate or key file that cannot be
+    /// used (unreadable, not PEM, a key that does not match or that others
+    /// can read, a client certificate out of its validity), a server
+    /// certificate that does not verify, TLS on one side only (EX_CONFIG).
+    EtcdTls,
     /// `devlock setup` was run without root (EX_NOPERM).
     NoPermission,
     /// The command was found but could not be executed.
@@ -50,6 +56,7 @@ impl ExitCode {
             ExitCode::Busy => 75,
             ExitCode::LeaseLost => 76,
             ExitCode::EtcdDenied | ExitCode::NoPermission => 77,
+            ExitCode::EtcdTls => 78,
             ExitCode::CannotExecute => 126,
             ExitCode::NotFound => 127,
             ExitCode::Signal(n) => 128 + n,
@@ -74,6 +81,7 @@ mod tests {
         assert_eq!(ExitCode::LeaseLost.code(), 76);
         assert_eq!(ExitCode::EtcdDenied.code(), 77);
         assert_eq!(ExitCode::NoPermission.code(), 77);
+        assert_eq!(ExitCode::EtcdTls.code(), 78);
         assert_eq!(ExitCode::CannotExecute.code(), 126);
         assert_eq!(ExitCode::NotFound.code(), 127);
         assert_eq!(ExitCode::Signal(15).code(), 143);

@@ -323,6 +323,7 @@ pub(crate) fn busy_phrase(view: &ResourceView) -> String {
 /// keys in etcd rather than files.
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd {
+    use std::path::Path;
     use std::time::Duration;
 
     use crate::text::{human_duration, sanitize, short_duration};
@@ -373,6 +374,163 @@ pub(crate) mod etcd {
             human_duration(waited),
             sanitize(step)
         )
+    }
+
+    // TLS: the files, checked before connecting.
+
+    pub(crate) fn cert_and_key_go_together() -> String {
+        "--etcd-cert and --etcd-key go together: a client certificate needs its key".to_owned()
+    }
+
+    pub(crate) fn tls_needs_https(url: &str) -> String {
+        format!(
+            "--etcd-ca, --etcd-cert and --etcd-key are for https:// endpoints, and {url} is not one"
+        )
+    }
+
+    pub(crate) fn mixed_schemes() -> String {
+        "the etcd endpoints mix http:// and https://; one cluster speaks one of them".to_owned()
+    }
+
+    pub(crate) fn cannot_read(path: &Path, err: &std::io::Error) -> String {
+        format!(
+            "cannot read {}: {}",
+            path.display(),
+            crate::sys::procfs::os_text(err)
+        )
+    }
+
+    pub(crate) fn not_pem(path: &Path, what: &str, why: &str) -> String {
+        format!(
+            "{} holds no PEM {what} devlock can read: {why}",
+            path.display()
+        )
+    }
+
+    pub(crate) fn no_certificate(path: &Path) -> String {
+        format!(
+            "{} holds no certificate (expected PEM, -----BEGIN CERTIFICATE-----)",
+            path.display()
+        )
+    }
+
+    pub(crate) fn bad_certificate(path: &Path, why: &str) -> String {
+        format!(
+            "{} holds a certificate devlock cannot use: {why}",
+            path.display()
+        )
+    }
+
+    pub(crate) fn client_cert_expired(path: &Path, not_after: &str) -> String {
+        format!(
+            "the client certificate {} expired on {not_after}",
+            path.display()
+        )
+    }
+
+    pub(crate) fn client_cert_not_yet_valid(path: &Path, not_before: &str) -> String {
+        format!(
+            "the client certificate {} is not valid before {not_before}",
+            path.display()
+        )
+    }
+
+    pub(crate) fn key_does_not_match(key: &Path, cert: &Path) -> String {
+        format!(
+            "the key {} does not match the certificate {}",
+            key.display(),
+            cert.display()
+        )
+    }
+
+    pub(crate) fn unusable_key(key: &Path, why: &str) -> String {
+        format!("the key {} cannot be used: {why}", key.display())
+    }
+
+    /// ssh's refusal, in devlock's words.
+    pub(crate) fn key_too_open(key: &Path, mode: u32) -> String {
+        format!(
+            "the private key {k} can be read by others (mode {mode:04o}); like ssh, devlock \
+             refuses such a key (chmod 600 {k})",
+            k = key.display()
+        )
+    }
+
+    // TLS: the handshake.
+
+    pub(crate) fn roots_file(path: &Path) -> String {
+        path.display().to_string()
+    }
+
+    pub(crate) fn system_roots() -> String {
+        "the system's CA certificates".to_owned()
+    }
+
+    pub(crate) fn no_system_roots() -> String {
+        "no CA certificates found on this system for https:// (install them, e.g. Debian's \
+         ca-certificates, or give --etcd-ca FILE)"
+            .to_owned()
+    }
+
+    pub(crate) fn server_cert_rejected(url: &str, roots: &str, why: &str) -> String {
+        format!("the certificate of etcd at {url} does not verify against {roots}: {why}")
+    }
+
+    pub(crate) fn not_tls(url: &str) -> String {
+        format!("{url} does not answer in TLS (is it an http:// endpoint?)")
+    }
+
+    pub(crate) fn wants_tls(url: &str) -> String {
+        format!(
+            "{url} answers in TLS: use https:// (and --etcd-ca FILE unless its certificate comes \
+             from a CA this system trusts)"
+        )
+    }
+
+    pub(crate) fn tls_failed(url: &str, why: &str) -> String {
+        format!("TLS to etcd at {url} failed: {why}")
+    }
+
+    pub(crate) fn client_cert_refused(url: &str, cert: &Path, alert: &str) -> String {
+        format!(
+            "etcd at {url} refused the client certificate {} (TLS alert {alert})",
+            cert.display()
+        )
+    }
+
+    pub(crate) fn client_cert_wanted(url: &str) -> String {
+        format!(
+            "etcd at {url} wants a client certificate (--etcd-cert FILE --etcd-key FILE, or \
+             DEVLOCK_ETCD_CERT and DEVLOCK_ETCD_KEY)"
+        )
+    }
+
+    /// The status table's last line: who devlock is to etcd.
+    pub(crate) fn tls_identity(
+        ca: Option<&str>,
+        client: Option<(&str, &str)>,
+        issuer: Option<&str>,
+        not_after: Option<&str>,
+        user: Option<&str>,
+    ) -> String {
+        let roots = ca.map_or_else(system_roots, sanitize);
+        let who = match client {
+            Some((subject, file)) => format!(
+                "client certificate {} ({}, issued by {}, valid until {})",
+                sanitize(subject),
+                sanitize(file),
+                sanitize(issuer.unwrap_or("?")),
+                not_after.unwrap_or("?")
+            ),
+            None => "no client certificate".to_owned(),
+        };
+        let user = user.map_or_else(String::new, |u| format!(", user {}", sanitize(u)));
+        format!("(TLS: server checked against {roots}; {who}{user})")
+    }
+
+    /// The status table's last line without TLS, when a user is given.
+    pub(crate) fn plain_identity(user: &str) -> String {
+        format!("(no TLS; user {})", sanitize(user))
     }
 }
 

@@ -27,7 +27,12 @@ pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
 
 #[cfg(feature = "etcd")]
 fn etcd(cli: Cli) -> Result<ExitCode> {
-    let config = crate::etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref())?;
+    let tls = crate::etcd::TlsFiles {
+        ca: cli.etcd_ca.clone(),
+        cert: cli.etcd_cert.clone(),
+        key: cli.etcd_key.clone(),
+    };
+    let config = crate::etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref(), &tls)?;
     match cli.subcommand {
         Some(Command::Status(args)) => crate::etcd::status::run(&args, config),
         Some(Command::Setup(_)) => Err(crate::exit::coded(

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
+use etcd_client::{EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
+use super::Cluster;
 use crate::sys::process::PidFd;
 use crate::sys::procfs::{live_descendants, signal_descendants};
 use crate::text::human_duration;
@@ -135,9 +136,10 @@ impl LeaseState {
 /// was sent: etcd restarted the TTL no earlier than that. When no renewal is
 /// confirmed in time to stop the work before the lease could expire, marks
 /// the lease lost and stops the work.
-pub(super) async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>) {
+pub(super) async fn keep(cluster: Arc<Cluster>, lease: i64, state: Arc<LeaseState>) {
     let renew_every = state.ttl / 3;
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    // The renewal stream, and the endpoint it goes to.
+    let mut stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)> = None;
     let mut next_renew = boot_now() + renew_every;
     let mut last_error = "no answer".to_owned();
     let mut last_confirmed = boot_now();
@@ -163,14 +165,32 @@ pub(super) async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>)
         if sent < next_renew {
             continue;
         }
-        let attempt_for = (term_at - sent).min(renew_every.max(Duration::from_millis(500)));
+        // Half of what is left, so that an endpoint that does not answer
+        // leaves time to try the next one (a leader that died, a member cut
+        // off): etcd elects a new leader within a second or two.
+        let left = term_at - sent;
+        let attempt_for = (left / 2)
+            .max(Duration::from_millis(500))
+            .min(renew_every.max(Duration::from_millis(500)))
+            .min(left);
+        let mut tried = None;
         let attempt = async {
             if stream.is_none() {
-                stream = Some(client.lease_keep_alive(lease).await?);
+                let (endpoint, mut client) = cluster
+                    .client("renewing the lease")
+                    .await
+                    .map_err(Renewal::Connect)?;
+                tried = Some(endpoint);
+                let (keeper, responses) = client
+                    .lease_keep_alive(lease)
+                    .await
+                    .map_err(Renewal::Etcd)?;
+                stream = Some((endpoint, keeper, responses));
             }
-            let (keeper, responses) = stream.as_mut().expect("just made");
-            keeper.keep_alive().await?;
-            responses.message().await
+            let (endpoint, keeper, responses) = stream.as_mut().expect("just made");
+            tried = Some(*endpoint);
+            keeper.keep_alive().await.map_err(Renewal::Etcd)?;
+            responses.message().await.map_err(Renewal::Etcd)
         };
         match tokio::time::timeout(attempt_for, attempt).await {
             Ok(Ok(Some(response))) if response.ttl() > 0 => {
@@ -184,17 +204,21 @@ pub(super) async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>)
                 gone = true;
                 break;
             }
-            Ok(Err(e)) if super::innermost(&e).contains("lease not found") => {
+            Ok(Err(Renewal::Etcd(e))) if super::innermost(&e).contains("lease not found") => {
                 last_error = "etcd says the lease no longer exists".to_owned();
                 gone = true;
                 break;
             }
             outcome => {
                 last_error = match outcome {
-                    Ok(Err(e)) => super::innermost(&e),
+                    Ok(Err(Renewal::Etcd(e))) => super::innermost(&e),
+                    Ok(Err(Renewal::Connect(e))) => format!("{e:#}"),
                     Ok(Ok(None)) => "the renewal stream closed".to_owned(),
                     _ => "no answer".to_owned(),
                 };
+                if let Some(endpoint) = tried {
+                    cluster.failed(endpoint);
+                }
                 stream = None;
                 next_renew = boot_now() + Duration::from_millis(200);
             }
@@ -212,11 +236,18 @@ pub(super) async fn keep(mut client: Client, lease: i64, state: Arc<LeaseState>)
     stop_work(state).await;
 }
 
+/// How a renewal failed.
+enum Renewal {
+    /// No endpoint would take a stream (the error says why).
+    Connect(anyhow::Error),
+    Etcd(etcd_client::Error),
+}
+
 /// Watches a key this devlock holds: removed by anyone but devlock (a lease
 /// revoked or a key deleted by hand), the lock is free for the next in line
 /// at once, so the work is killed at once.
 pub(super) async fn watch_own_key(
-    mut client: Client,
+    cluster: Arc<Cluster>,
     key: String,
     joined_at: i64,
     state: Arc<LeaseState>,
@@ -224,6 +255,10 @@ pub(super) async fn watch_own_key(
     let mut from = joined_at + 1;
     loop {
         let options = WatchOptions::new().with_start_revision(from);
+        let Ok((endpoint, mut client)) = cluster.client("watching our key").await else {
+            tokio::time::sleep(MAX_NAP).await;
+            continue;
+        };
         let watched = async {
             let mut stream = client.watch(key.clone(), Some(options)).await?;
             while let Some(response) = stream.message().await? {
@@ -242,17 +277,32 @@ pub(super) async fn watch_own_key(
             }
             Ok::<_, etcd_client::Error>(Watched::Ended)
         };
+        // A member cut off from its cluster may keep the watch open and
+        // silent: once devlock has moved on, watch on the new endpoint.
+        let watched = async {
+            tokio::select! {
+                watched = watched => watched,
+                () = cluster.moved_from(endpoint) => Ok(Watched::Moved),
+            }
+        };
         match watched.await {
             Ok(Watched::Deleted) => break,
+            Ok(Watched::Moved) => {}
             Ok(Watched::Ended) => match client.get(key.clone(), None).await {
                 Ok(response) if response.kvs().is_empty() => break,
                 Ok(response) => {
                     let read_at = response.header().map_or(from - 1, |h| h.revision());
                     from = from.max(read_at + 1);
                 }
-                Err(_) => tokio::time::sleep(MAX_NAP).await,
+                Err(_) => {
+                    cluster.failed(endpoint);
+                    tokio::time::sleep(MAX_NAP).await;
+                }
             },
-            Err(_) => tokio::time::sleep(MAX_NAP).await,
+            Err(_) => {
+                cluster.failed(endpoint);
+                tokio::time::sleep(MAX_NAP).await;
+            }
         }
     }
     if state.is_lost() || state.releasing.load(Ordering::SeqCst) {
@@ -269,6 +319,7 @@ pub(super) async fn watch_own_key(
 enum Watched {
     Deleted,
     Ended,
+    Moved,
 }
 
 /// SIGTERM to the command and every process under devlock, then SIGKILL to

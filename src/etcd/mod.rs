@@ -6,11 +6,21 @@
 //! holds once no earlier key is left, a shared one once no earlier exclusive
 //! key is left (writer preference, as in the file backend). When devlock
 //! dies its lease runs out and etcd deletes every key it had.
+//!
+//! The create revision is also the holder's fencing token
+//! (`DEVLOCK_FENCE`): etcd's revisions only grow, and a holder holds only
+//! once every earlier key is gone, so each new holder of a resource has a
+//! larger one than all before it. Every request goes to one endpoint at a
+//! time and moves to the next when that one fails (`cluster`); `https://`
+//! endpoints are checked as `tls` says.
 
+mod cluster;
 mod keeper;
+mod probe;
 pub(crate) mod run;
 mod session;
 pub(crate) mod status;
+mod tls;
 
 use std::time::Duration;
 
@@ -22,7 +32,11 @@ use etcd_client::{
 use serde::{Deserialize, Serialize};
 
 use crate::exit::{ExitCode, coded};
+use crate::messages::etcd as messages;
 use crate::resource::Resource;
+pub(crate) use cluster::Cluster;
+use tls::Tls;
+pub(crate) use tls::TlsFiles;
 
 /// `NAME:PASSWORD` split at the first colon.
 fn split_user(text: &str) -> Option<(&str, &str)> {
@@ -32,28 +46,34 @@ fn split_user(text: &str) -> Option<(&str, &str)> {
 /// Every devlock key starts with this.
 pub(crate) const PREFIX: &str = "/devlock/";
 
-/// How long one request to etcd may take before devlock treats etcd as
-/// unreachable (at start, and for status).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Where etcd is and who to be there.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub endpoints: Vec<String>,
     user: Option<(String, String)>,
+    tls: Option<Tls>,
 }
 
 impl Config {
-    /// Checks the URLs (http://HOST:PORT or HOST:PORT) and the user.
-    pub(crate) fn new(endpoints: &[String], user: Option<&str>) -> Result<Config> {
+    /// Checks the URLs (http://HOST:PORT, https://HOST:PORT or HOST:PORT,
+    /// which is https:// when TLS files are given), the user and the TLS
+    /// files.
+    pub(crate) fn new(endpoints: &[String], user: Option<&str>, tls: &TlsFiles) -> Result<Config> {
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| e.trim())
             .filter(|e| !e.is_empty())
-            .map(check_url)
+            .map(|e| check_url(e, tls.any()))
             .collect::<Result<_>>()?;
-        if endpoints.is_empty() {
+        let Some(first) = endpoints.first() else {
             return Err(coded(ExitCode::Usage, "--etcd needs at least one URL"));
+        };
+        let https = first.starts_with("https://");
+        if endpoints.iter().any(|e| e.starts_with("https://") != https) {
+            return Err(coded(ExitCode::Usage, messages::mixed_schemes()));
+        }
+        if tls.any() && !https {
+            return Err(coded(ExitCode::Usage, messages::tls_needs_https(first)));
         }
         let user = match user {
             None => None,
@@ -63,7 +83,12 @@ impl Config {
                 Some((name.to_owned(), password.to_owned()))
             }
         };
-        Ok(Config { endpoints, user })
+        let tls = if https { Some(Tls::load(tls)?) } else { None };
+        Ok(Config {
+            endpoints,
+            user,
+            tls,
+        })
     }
 
     /// The endpoints as one would type them back.
@@ -71,12 +96,35 @@ impl Config {
         self.endpoints.join(",")
     }
 
-    /// Connects; the first request (not this) finds out whether etcd answers.
-    pub(crate) async fn connect(&self) -> Result<Client> {
+    /// The user name given, if any (never the password).
+    pub(crate) fn user_name(&self) -> Option<&str> {
+        self.user.as_ref().map(|(name, _)| name.as_str())
+    }
+
+    /// The TLS identity, for status.
+    pub(crate) fn tls_view(&self) -> Option<tls::TlsView> {
+        self.tls.as_ref().map(Tls::view)
+    }
+
+    /// A client for one endpoint. Without a user nothing is sent yet (the
+    /// first request finds out whether etcd answers); with one, it logs in.
+    pub(crate) async fn connect_one(&self, url: &str) -> Result<Client, etcd_client::Error> {
+        let connect_timeout = if self.endpoints.len() > 1 {
+            cluster::ATTEMPT_TIMEOUT
+        } else {
+            cluster::REQUEST_TIMEOUT
+        };
         let mut options = ConnectOptions::new()
-            .with_connect_timeout(REQUEST_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+            .with_connect_timeout(connect_timeout)
+            .with_timeout(cluster::REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            // A member cut off from its cluster says so at once (and ends
+            // the watches on it) rather than keep requests waiting for a
+            // leader it cannot reach: devlock moves to the next endpoint.
+            .with_require_leader(true);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.options());
+        }
         if let Some((name, password)) = &self.user {
             // Tokens expire (etcd's --auth-token-ttl, 5 minutes by
             // default); a long hold must still renew and revoke its lease.
@@ -84,18 +132,16 @@ impl Config {
                 .with_user(name.clone(), password.clone())
                 .with_auto_token_refresh(true);
         }
-        let connecting = Client::connect(&self.endpoints, Some(options));
-        match tokio::time::timeout(REQUEST_TIMEOUT, connecting).await {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => Err(self.failure("connecting", e)),
-            Err(_) => Err(self.no_answer("connecting")),
-        }
+        Client::connect([url], Some(options)).await
     }
 
-    /// Turns a client error into one line with the exit code it deserves.
-    pub(crate) fn failure(&self, doing: &str, err: etcd_client::Error) -> anyhow::Error {
+    /// Turns a client error from endpoint `at` into one line with the exit
+    /// code it deserves.
+    pub(crate) fn failure(&self, at: &str, doing: &str, err: etcd_client::Error) -> anyhow::Error {
         use etcd_client::Error as E;
-        let at = self.shown();
+        if let Some(tls_error) = tls::classify(causes(&err), at, self.tls.as_ref()) {
+            return tls_error;
+        }
         match &err {
             E::GRpcStatus(status) => {
                 let message = status.message();
@@ -124,17 +170,21 @@ impl Config {
                 } else {
                     // UNAVAILABLE, DEADLINE_EXCEEDED; CANCELLED, UNKNOWN,
                     // UNIMPLEMENTED, INTERNAL (a server that is not etcd).
+                    let cause = transport_cause(&err).unwrap_or_else(|| message.to_owned());
                     let text = match i32::from(status.code()) {
-                        14 | 4 => format!("cannot reach etcd at {at} while {doing}: {message}"),
+                        14 | 4 => format!("cannot reach etcd at {at} while {doing}: {cause}"),
                         1 | 2 | 12 | 13 => format!(
-                            "{at} gave no etcd answer while {doing}: {message} (is it an etcd client URL?)"
+                            "{at} gave no etcd answer while {doing}: {cause} (is it an etcd client URL?)"
                         ),
-                        _ => format!("etcd at {at} failed while {doing}: {message}"),
+                        _ => format!("etcd at {at} failed while {doing}: {cause}"),
                     };
                     coded(ExitCode::EtcdUnreachable, text)
                 }
             }
             E::InvalidUri(e) => coded(ExitCode::Usage, format!("bad etcd URL {at}: {e}")),
+            _ if innermost(&err).contains("no native certs found") => {
+                coded(ExitCode::EtcdTls, messages::no_system_roots())
+            }
             _ => coded(
                 ExitCode::EtcdUnreachable,
                 format!(
@@ -145,55 +195,111 @@ impl Config {
         }
     }
 
-    /// One request, bounded in time, its failure turned into one line.
-    pub(crate) async fn ask<T>(
+    /// [`Config::failure`], with a second look at an endpoint whose
+    /// connection ended without a word: a probe may say why (a client
+    /// certificate refused, TLS on one side only).
+    pub(crate) async fn diagnose(
         &self,
+        at: &str,
         doing: &str,
-        request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.failure(doing, e)),
-            Err(_) => Err(self.no_answer(doing)),
+        err: etcd_client::Error,
+    ) -> anyhow::Error {
+        let closed = abrupt_end(&err);
+        let said = self.failure(at, doing, err);
+        if closed
+            && crate::exit::exit_code_of(&said) == ExitCode::EtcdUnreachable
+            && let Some(why) = probe::why_closed(at, self.tls.as_ref()).await
+        {
+            return why;
         }
+        said
     }
 
     /// The error for a request that got no answer in time.
-    pub(crate) fn no_answer(&self, doing: &str) -> anyhow::Error {
+    pub(crate) fn no_answer(&self, at: &str, doing: &str, waited: Duration) -> anyhow::Error {
         coded(
             ExitCode::EtcdUnreachable,
             format!(
-                "etcd at {} did not answer within {}s while {doing}",
-                self.shown(),
-                REQUEST_TIMEOUT.as_secs()
+                "etcd at {at} did not answer within {} while {doing}",
+                crate::text::human_duration(waited)
             ),
         )
     }
 }
 
-/// The most specific cause, which is where transport errors say what happened.
+/// What a transport failure says deepest down ("connection refused"), when
+/// gRPC's status only says "transport error".
+fn transport_cause(err: &etcd_client::Error) -> Option<String> {
+    use std::error::Error;
+    let status = match err {
+        etcd_client::Error::GRpcStatus(status) => status,
+        _ => return None,
+    };
+    status.source().map(innermost)
+}
+
+/// Whether a request failed because the connection ended (closed, reset, a
+/// broken pipe, an HTTP/2 protocol error), rather than because it could not
+/// be made or got no answer.
+fn abrupt_end(err: &etcd_client::Error) -> bool {
+    let mut next = Some(causes(err));
+    while let Some(e) = next {
+        let text = e.to_string().to_lowercase();
+        if [
+            "closed",
+            "reset",
+            "broken pipe",
+            "eof",
+            "protocol error",
+            "frame",
+        ]
+        .iter()
+        .any(|m| text.contains(m))
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The chain of causes of a client error, the gRPC status's included (the
+/// client error's own chain ends before it).
+fn causes(err: &etcd_client::Error) -> &(dyn std::error::Error + 'static) {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => status,
+        other => other,
+    }
+}
+
+/// The most specific cause, which is where transport errors say what
+/// happened, without Rust's `(os error N)`.
 fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
     let mut last: &dyn std::error::Error = err;
     while let Some(source) = last.source() {
         last = source;
     }
-    last.to_string()
+    let text = last.to_string();
+    match text.rsplit_once(" (os error ") {
+        Some((words, code)) if code.ends_with(')') => words.to_owned(),
+        _ => text,
+    }
 }
 
-fn check_url(url: &str) -> Result<String> {
+fn check_url(url: &str, tls: bool) -> Result<String> {
     let bad = |why: &str| {
         coded(
             ExitCode::Usage,
-            format!("bad etcd URL {url:?}: {why} (expected http://HOST:PORT)"),
+            format!("bad etcd URL {url:?}: {why} (expected http://HOST:PORT or https://HOST:PORT)"),
         )
     };
-    if url.starts_with("https://") {
-        return Err(bad("TLS is not supported yet"));
-    }
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    if rest.contains("://") {
-        return Err(bad("only http:// is supported"));
-    }
+    let (scheme, rest) = match url.split_once("://") {
+        Some(("http", rest)) => ("http", rest),
+        Some(("https", rest)) => ("https", rest),
+        Some(_) => return Err(bad("only http:// and https:// are supported")),
+        None if tls => ("https", url),
+        None => ("http", url),
+    };
     let rest = rest.trim_end_matches('/');
     let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
     if host.is_empty() || host.contains('/') || host.contains('@') {
@@ -201,7 +307,7 @@ fn check_url(url: &str) -> Result<String> {
     }
     port.parse::<u16>()
         .map_err(|_| bad("the port is not a number"))?;
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
 }
 
 /// What a key's value says about the request: a label, as in the file
@@ -392,20 +498,41 @@ mod tests {
     #[test]
     fn urls_are_checked() {
         assert_eq!(
-            check_url("127.0.0.1:2379").unwrap(),
+            check_url("127.0.0.1:2379", false).unwrap(),
             "http://127.0.0.1:2379"
         );
-        assert_eq!(check_url("http://h:1/").unwrap(), "http://h:1");
+        assert_eq!(
+            check_url("127.0.0.1:2379", true).unwrap(),
+            "https://127.0.0.1:2379"
+        );
+        assert_eq!(check_url("http://h:1/", true).unwrap(), "http://h:1");
+        assert_eq!(check_url("https://h:1", false).unwrap(), "https://h:1");
         for bad in [
-            "https://h:1",
             "ftp://h:1",
             "http://h",
             "http://:1",
             "h:port",
             "http://u@h:1",
+            "unix://h:1",
         ] {
-            assert!(check_url(bad).is_err(), "{bad}");
+            assert!(check_url(bad, false).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn one_cluster_speaks_one_scheme() {
+        let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let none = TlsFiles::default();
+        assert!(Config::new(&urls(&["http://a:1", "https://b:1"]), None, &none).is_err());
+        let ca = TlsFiles {
+            ca: Some("/nonexistent".into()),
+            ..TlsFiles::default()
+        };
+        let err = Config::new(&urls(&["http://a:1"]), None, &ca).unwrap_err();
+        assert_eq!(crate::exit::exit_code_of(&err), ExitCode::Usage);
+        let err = Config::new(&urls(&["https://a:1"]), None, &ca).unwrap_err();
+        assert_eq!(crate::exit::exit_code_of(&err), ExitCode::EtcdTls);
+        assert!(format!("{err:#}").contains("/nonexistent"), "{err:#}");
     }
 
     #[test]

@@ -21,10 +21,15 @@ const MIN_TTL: Duration = Duration::from_secs(2);
 const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
+/// What a leader election may take etcd, with its default timing (a
+/// 1 s election timeout, randomised up to twice that), for a cluster's
+/// renewals to ride out: the time a leader that died or was cut off goes
+/// unnoticed, and the vote.
+const ELECTION: Duration = Duration::from_secs(2);
 
 pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let resources = crate::cmd::run::validate(args)?;
-    let (ttl, kill_after) = check_margins(args)?;
+    let (ttl, kill_after) = check_margins(args, config.endpoints.len())?;
     supervise::check_command(&args.command[0])?;
     let step = args.step_name();
     supervise::sane_start();
@@ -46,7 +51,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     };
     let requests = crate::request::in_order(&resources, !args.shared, 0);
     let mut session = Session::start(settings, requests)?;
-    let env: supervise::Env = vec![
+    let mut env: supervise::Env = vec![
         (
             "DEVLOCK_RESOURCES".into(),
             resources
@@ -59,7 +64,11 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         ("DEVLOCK_STEP".into(), step.into()),
     ];
     let (acquired, stopped) = session.wait_for_locks()?;
-    if let Acquired::AllInherited = acquired {
+    env.push((
+        "DEVLOCK_FENCE".into(),
+        fences(&resources, acquired.fences()).into(),
+    ));
+    if let Acquired::AllInherited(_) = acquired {
         session.finish();
         drop(guard);
         return Ok(crate::cmd::run::pass_through(&args.command, &env));
@@ -102,6 +111,17 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
             ),
         )),
     }
+}
+
+/// `DEVLOCK_FENCE`: each resource's fencing token, in the order of
+/// `DEVLOCK_RESOURCES`.
+fn fences(resources: &[Resource], fences: &super::session::Fences) -> String {
+    resources
+        .iter()
+        .filter_map(|r| fences.iter().find(|(name, _)| name == r))
+        .map(|(_, fence)| fence.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Holds the lock until every process the command started has exited too,
@@ -170,8 +190,9 @@ fn wait_for_what_it_left(
 }
 
 /// The TTL and kill grace, checked so SIGKILL lands at least [`GUARD`] before
-/// the lease could expire, with at least one renewal period before SIGTERM.
-fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
+/// the lease could expire, with at least one renewal period before SIGTERM,
+/// and for a cluster (several endpoints) an [`ELECTION`] more.
+fn check_margins(args: &RunArgs, endpoints: usize) -> Result<(Duration, Duration)> {
     let usage = |m: String| Err(coded(ExitCode::Usage, m));
     if args.any || args.slots.is_some() || args.require_idle {
         return usage("--any, --slots and --require-idle are not available with --etcd".into());
@@ -190,15 +211,25 @@ fn check_margins(args: &RunArgs) -> Result<(Duration, Duration)> {
             MAX_TTL.as_secs()
         ));
     }
-    let needed = kill_after.checked_add(GUARD + ttl / 3);
+    let election = if endpoints > 1 {
+        ELECTION
+    } else {
+        Duration::ZERO
+    };
+    let needed = kill_after.checked_add(GUARD + election + ttl / 3);
     if needed.is_none_or(|needed| needed > ttl) {
+        let also = if endpoints > 1 {
+            format!(", {}s for a leader election", ELECTION.as_secs())
+        } else {
+            String::new()
+        };
         return usage(format!(
             "--ttl {} is too short for --kill-after {}: the TTL must cover the kill grace, \
-             {}s of slack and a third of itself (try --ttl {:.0}s)",
+             {}s of slack{also} and a third of itself (try --ttl {:.0}s)",
             humantime::format_duration(ttl),
             humantime::format_duration(kill_after),
             GUARD.as_secs(),
-            ((kill_after.as_secs_f64() + GUARD.as_secs_f64()) * 1.5).ceil()
+            ((kill_after.as_secs_f64() + (GUARD + election).as_secs_f64()) * 1.5).ceil()
         ));
     }
     Ok((ttl, kill_after))
@@ -235,10 +266,17 @@ mod tests {
     use clap::Parser;
 
     fn margins(extra: &[&str]) -> Result<(Duration, Duration)> {
+        margins_with(1, extra)
+    }
+
+    fn margins_with(endpoints: usize, extra: &[&str]) -> Result<(Duration, Duration)> {
         let mut argv = vec!["devlock"];
         argv.extend(extra);
         argv.extend(["r", "--", "true"]);
-        check_margins(&crate::cli::Cli::try_parse_from(argv).unwrap().run)
+        check_margins(
+            &crate::cli::Cli::try_parse_from(argv).unwrap().run,
+            endpoints,
+        )
     }
 
     #[test]
@@ -250,5 +288,15 @@ mod tests {
         assert!(margins(&["--any", "r2"]).is_err());
         assert!(margins(&["--kill-after", "18446744073709551615s"]).is_err());
         assert!(margins(&["--ttl", "1000years"]).is_err());
+    }
+
+    #[test]
+    fn a_cluster_leaves_time_for_an_election() {
+        assert!(margins_with(3, &[]).is_ok());
+        assert!(margins(&["--ttl", "5s"]).is_ok());
+        let err = margins_with(3, &["--ttl", "5s"]).unwrap_err();
+        assert!(format!("{err:#}").contains("leader election"), "{err:#}");
+        assert!(format!("{err:#}").contains("try --ttl 8s"), "{err:#}");
+        assert!(margins_with(3, &["--ttl", "8s"]).is_ok());
     }
 }

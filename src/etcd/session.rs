@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use etcd_client::{Client, EventType, PutOptions, WatchOptions};
+use etcd_client::{EventType, PutOptions, WatchOptions};
 use tokio::sync::mpsc;
 
 use super::keeper::{self, LeaseState, boot_now};
-use super::{Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
+use super::{Cluster, Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
 use crate::exit::{ExitCode, coded, exit_code_of};
 use crate::flock::record::{Record, now_ms};
 use crate::request::Request;
@@ -50,12 +50,24 @@ enum ToSession {
     Release,
 }
 
-/// How the wait ended.
+/// How the wait ended, with each lock's fencing token: its key's create
+/// revision (an ancestor's key for a lock passed through).
 pub(super) enum Acquired {
     /// Every lock is already held by an ancestor: nothing was taken.
-    AllInherited,
+    AllInherited(Fences),
     /// Taken (some perhaps passed through).
-    Taken,
+    Taken(Fences),
+}
+
+/// The fencing token of each lock, by resource name.
+pub(super) type Fences = Vec<(crate::resource::Resource, i64)>;
+
+impl Acquired {
+    pub(super) fn fences(&self) -> &Fences {
+        match self {
+            Acquired::AllInherited(fences) | Acquired::Taken(fences) => fences,
+        }
+    }
 }
 
 enum FromSession {
@@ -189,28 +201,30 @@ async fn run_session(
     mut rx: mpsc::UnboundedReceiver<ToSession>,
     report: impl Fn(FromSession),
 ) {
-    let config = &settings.config;
+    let cluster = Cluster::new(settings.config.clone());
     let failed = |e| FromSession::Acquired(Err(e), None);
-    let mut client = match config.connect().await {
-        Ok(client) => client,
-        Err(e) => return report(failed(e)),
-    };
     let ancestors = possible_devlock_ancestors();
     let mut pending = Vec::new();
+    let mut fences = Fences::new();
     for request in &requests {
-        match inherited(config, &mut client, request, &ancestors).await {
-            Ok(true) => {}
-            Ok(false) => pending.push(request.clone()),
+        match inherited(&cluster, request, &ancestors).await {
+            Ok(Some(fence)) => fences.push((request.name.clone(), fence)),
+            Ok(None) => pending.push(request.clone()),
             Err(e) => return report(failed(e)),
         }
     }
     if pending.is_empty() {
-        return report(FromSession::Acquired(Ok(Acquired::AllInherited), None));
+        return report(FromSession::Acquired(
+            Ok(Acquired::AllInherited(fences)),
+            None,
+        ));
     }
     let ttl_secs = settings.ttl.as_secs_f64().ceil() as i64;
     let sent = boot_now();
-    let grant = match config
-        .ask("granting a lease", client.lease_grant(ttl_secs, None))
+    let grant = match cluster
+        .ask("granting a lease", |mut client| async move {
+            client.lease_grant(ttl_secs, None).await
+        })
         .await
     {
         Ok(grant) => grant,
@@ -222,11 +236,11 @@ async fn run_session(
         .ttl
         .min(Duration::from_secs(grant.ttl().max(0) as u64));
     let state = LeaseState::new(ttl, settings.kill_after, sent);
-    tokio::spawn(keeper::keep(client.clone(), lease, state.clone()));
+    tokio::spawn(keeper::keep(cluster.clone(), lease, state.clone()));
 
     let mut entries = Vec::new();
     let say = |line: String| report(FromSession::Say(line));
-    let waiting = take_in_order(&settings, &mut client, lease, &pending, &mut entries, &say);
+    let waiting = take_in_order(&settings, &cluster, lease, &pending, &mut entries, &say);
     let stop = async {
         loop {
             match rx.recv().await {
@@ -249,16 +263,17 @@ async fn run_session(
     };
     if let Err(e) = outcome {
         state.release();
-        revoke(&mut client, lease).await;
+        revoke(&cluster, lease).await;
         return report(failed(e));
     }
+    fences.extend(entries.iter().map(|e| (e.request.clone(), e.fence)));
     report(FromSession::Acquired(
-        Ok(Acquired::Taken),
+        Ok(Acquired::Taken(fences)),
         Some(state.clone()),
     ));
-    for (key, _, joined_at) in &entries {
+    for Taken { key, joined_at, .. } in &entries {
         tokio::spawn(keeper::watch_own_key(
-            client.clone(),
+            cluster.clone(),
             key.clone(),
             *joined_at,
             state.clone(),
@@ -272,10 +287,10 @@ async fn run_session(
                 state.command_started(pidfd);
                 // Labels only, off the command's path: who runs, since when.
                 // A command that is over first does not wait for them.
-                let mut labeller = client.clone();
+                let labeller = cluster.clone();
                 let labels: Vec<(String, Vec<u8>)> = entries
                     .iter_mut()
-                    .map(|(key, entry, _)| {
+                    .map(|Taken { key, entry, .. }| {
                         entry.child = Some(pid);
                         (
                             key.clone(),
@@ -285,9 +300,12 @@ async fn run_session(
                     .collect();
                 labelling = Some(tokio::spawn(async move {
                     for (key, value) in labels {
-                        let options = PutOptions::new().with_lease(lease);
-                        let put = labeller.put(key, value, Some(options));
-                        let _ = tokio::time::timeout(RELEASE_TIMEOUT, put).await;
+                        let put = |mut client: etcd_client::Client| {
+                            let (key, value) = (key.clone(), value.clone());
+                            let options = PutOptions::new().with_lease(lease);
+                            async move { client.put(key, value, Some(options)).await }
+                        };
+                        let _ = labeller.ask_within(RELEASE_TIMEOUT, "labelling", put).await;
                     }
                 }));
             }
@@ -301,24 +319,26 @@ async fn run_session(
     state.release();
     let lost = state.lost_reason();
     if state.etcd_answers() {
-        revoke(&mut client, lease).await;
+        revoke(&cluster, lease).await;
     }
     report(FromSession::Released { lost });
 }
 
 /// Whether an ancestor of this process already holds `request` (a nested
-/// devlock), checked against etcd's line and this machine's processes.
+/// devlock), checked against etcd's line and this machine's processes: the
+/// revision of its key if so.
 async fn inherited(
-    config: &Config,
-    client: &mut Client,
+    cluster: &Cluster,
     request: &Request,
     ancestors: &[(u32, u64)],
-) -> Result<bool> {
+) -> Result<Option<i64>> {
     if ancestors.is_empty() {
-        return Ok(false);
+        return Ok(None);
     }
-    let (line, _) = config
-        .ask("reading the line", line_of(client, &request.name))
+    let (line, _) = cluster
+        .ask("reading the line", |mut client| async move {
+            line_of(&mut client, &request.name).await
+        })
         .await?;
     let host = super::hostname();
     for place in holders(&line) {
@@ -340,9 +360,9 @@ async fn inherited(
                 ),
             ));
         }
-        return Ok(true);
+        return Ok(Some(place.create_revision));
     }
-    Ok(false)
+    Ok(None)
 }
 
 /// This process's ancestors with their start times, when one of them may be
@@ -361,17 +381,25 @@ fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
     if maybe_nested { ancestors } else { Vec::new() }
 }
 
+/// A lock taken: its key, label, fencing token and the revision it joined at.
+struct Taken {
+    request: crate::resource::Resource,
+    key: String,
+    entry: Entry,
+    fence: i64,
+    joined_at: i64,
+}
+
 /// Joins each line in turn, holding the earlier locks while waiting for the
 /// later ones (the requests come in the one global order).
 async fn take_in_order(
     settings: &Settings,
-    client: &mut Client,
+    cluster: &Cluster,
     lease: i64,
     requests: &[Request],
-    entries: &mut Vec<(String, Entry, i64)>,
+    entries: &mut Vec<Taken>,
     say: &dyn Fn(String),
 ) -> Result<()> {
-    let config = &settings.config;
     let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
     // Who we are, once for every request (pid, start time, user as the
     // file backend's records have them).
@@ -398,15 +426,23 @@ async fn take_in_order(
             via: request.via.as_ref().map(|v| v.as_str().to_owned()),
         };
         let value = serde_json::to_vec(&entry).expect("entries serialise");
-        let joined = config
-            .ask(
-                "joining the line",
-                join_line(client, &request.name, &key, value, lease),
-            )
+        let joined = cluster
+            .ask("joining the line", |mut client| {
+                let value = value.clone();
+                let key = &key;
+                async move { join_line(&mut client, &request.name, key, value, lease).await }
+            })
             .await?;
         let started = Instant::now();
         let joined_at = joined.1;
-        let waited = wait_turn(settings, client, request, &key, joined, deadline, say).await?;
+        // The put's own revision unless an answer was lost and the put was
+        // made again: then the first one's, which the key keeps.
+        let fence = joined
+            .0
+            .iter()
+            .find(|p| p.key == key)
+            .map_or(joined_at, |p| p.create_revision);
+        let waited = wait_turn(settings, cluster, request, &key, joined, deadline, say).await?;
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
             say(messages::got(
@@ -415,7 +451,13 @@ async fn take_in_order(
                 &settings.step,
             ));
         }
-        entries.push((key, entry, joined_at));
+        entries.push(Taken {
+            request: request.name.clone(),
+            key,
+            entry,
+            fence,
+            joined_at,
+        });
     }
     Ok(())
 }
@@ -426,14 +468,13 @@ async fn take_in_order(
 /// wait is lost.
 async fn wait_turn(
     settings: &Settings,
-    client: &mut Client,
+    cluster: &Cluster,
     request: &Request,
     key: &str,
     joined: (Vec<Place>, i64),
     deadline: Option<Instant>,
     say: &dyn Fn(String),
 ) -> Result<bool> {
-    let config = &settings.config;
     let name = request.name.as_str();
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
@@ -455,8 +496,10 @@ async fn wait_turn(
         };
         let (line, revision) = match read.take() {
             Some(line) => line,
-            None => match config
-                .ask("reading the line", line_of(client, &request.name))
+            None => match cluster
+                .ask("reading the line", |mut client| async move {
+                    line_of(&mut client, &request.name).await
+                })
                 .await
             {
                 Ok(line) => line,
@@ -510,6 +553,13 @@ async fn wait_turn(
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
+        let (endpoint, mut client) = match cluster.client("watching the line").await {
+            Ok(client) => client,
+            Err(e) => {
+                trouble.ride_out(e, deadline, &gave_up).await?;
+                continue;
+            }
+        };
         let watch = async {
             let mut stream = client
                 .watch(super::resource_prefix(&request.name), Some(options))
@@ -537,12 +587,28 @@ async fn wait_turn(
             }
             Ok::<_, etcd_client::Error>(Turn::ReadAgain)
         };
+        // A watch on an endpoint devlock has moved away from may stay
+        // silent (a member cut off from its cluster): read the line again.
+        let watch = async {
+            tokio::select! {
+                turn = watch => turn,
+                () = cluster.moved_from(endpoint) => Ok(Turn::ReadAgain),
+            }
+        };
         match tokio::time::timeout_at(until.into(), watch).await {
             Ok(Ok(Turn::Ours)) => return Ok(true),
             Ok(Ok(Turn::Lost)) => return Err(place_gone(name)),
             Ok(Ok(Turn::ReadAgain)) | Err(_) => {}
+            // With another endpoint to go to, the reading again that
+            // follows says whether etcd is really unreachable.
+            Ok(Err(_)) if cluster.config.endpoints.len() > 1 => {
+                cluster.failed(endpoint);
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
             Ok(Err(e)) => {
-                let e = config.failure("watching the line", e);
+                let e = cluster
+                    .config
+                    .failure(cluster.url(endpoint), "watching the line", e);
                 trouble.ride_out(e, deadline, &gave_up).await?;
             }
         }
@@ -622,6 +688,9 @@ fn describe_holders(line: &[Place]) -> String {
 
 /// Revokes the lease (every key goes with it); if etcd does not answer, the
 /// lease runs out by itself.
-async fn revoke(client: &mut Client, lease: i64) {
-    let _ = tokio::time::timeout(RELEASE_TIMEOUT, client.lease_revoke(lease)).await;
+async fn revoke(cluster: &Cluster, lease: i64) {
+    let revoke = |mut client: etcd_client::Client| async move { client.lease_revoke(lease).await };
+    let _ = cluster
+        .ask_within(RELEASE_TIMEOUT, "giving back the lease", revoke)
+        .await;
 }

@@ -4,14 +4,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use anyhow::Result;
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 use serde::Serialize;
 
-use super::{Config, PREFIX, Place, blockers, hostname, line_of};
+use super::tls::TlsView;
+use super::{Cluster, Config, PREFIX, Place, blockers, hostname, line_of};
 use crate::cli::StatusArgs;
 use crate::cmd::status::print_report;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
+use crate::messages::etcd as messages;
 use crate::resource::Resource;
 use crate::status::table::{align, duration_cell, paint_lock_cell};
 use crate::sys::procfs;
@@ -20,6 +22,12 @@ use crate::text::sanitize;
 #[derive(Debug, Serialize)]
 struct Report {
     etcd: Vec<String>,
+    /// The endpoint that answered.
+    endpoint: String,
+    /// Who devlock is to etcd: the TLS files and client certificate (null
+    /// over plain http://), and the user given (never the password).
+    tls: Option<TlsView>,
+    user: Option<String>,
     prefix: &'static str,
     resources: Vec<ResourceView>,
 }
@@ -55,6 +63,9 @@ struct PlaceView {
     key: String,
     /// The key's create revision: its place in line.
     revision: i64,
+    /// For a holder: its fencing token (`DEVLOCK_FENCE`), the same revision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fence: Option<i64>,
     lease: String,
     /// Seconds etcd gives the lease before it expires, unless renewed.
     lease_ttl_s: Option<i64>,
@@ -75,14 +86,17 @@ pub(crate) fn run(args: &StatusArgs, config: Config) -> Result<ExitCode> {
 }
 
 async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
-    let mut client = config.connect().await?;
+    let cluster = Cluster::new(config.clone());
     let mut lines: BTreeMap<String, Vec<Place>> = BTreeMap::new();
     if wanted.is_empty() {
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let response = config
-            .ask("listing locks", client.get(PREFIX, Some(options)))
+        let response = cluster
+            .ask("listing locks", |mut client| {
+                let options = options.clone();
+                async move { client.get(PREFIX, Some(options)).await }
+            })
             .await?;
         for kv in response.kvs() {
             let place = Place::from_kv(kv);
@@ -97,13 +111,15 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         }
     } else {
         for resource in wanted {
-            let (line, _) = config
-                .ask("reading a line", line_of(&mut client, resource))
+            let (line, _) = cluster
+                .ask("reading a line", |mut client| async move {
+                    line_of(&mut client, resource).await
+                })
                 .await?;
             lines.insert(resource.as_str().to_owned(), line);
         }
     }
-    let ttls = lease_ttls(config, &mut client, &lines).await?;
+    let ttls = lease_ttls(&cluster, &lines).await?;
     let here = hostname();
     let now = now_ms();
     let resources = lines
@@ -135,6 +151,9 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         .collect();
     Ok(Report {
         etcd: config.endpoints.clone(),
+        endpoint: cluster.url(cluster.current()).to_owned(),
+        tls: config.tls_view(),
+        user: config.user_name().map(str::to_owned),
         prefix: PREFIX,
         resources,
     })
@@ -142,8 +161,7 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
 
 /// Remaining TTL of every lease seen, asked once per lease.
 async fn lease_ttls(
-    config: &Config,
-    client: &mut Client,
+    cluster: &Cluster,
     lines: &BTreeMap<String, Vec<Place>>,
 ) -> Result<HashMap<i64, i64>> {
     let mut ttls = HashMap::new();
@@ -151,11 +169,11 @@ async fn lease_ttls(
         if place.lease == 0 || ttls.contains_key(&place.lease) {
             continue;
         }
-        let response = config
-            .ask(
-                "asking for a lease",
-                client.lease_time_to_live(place.lease, None),
-            )
+        let lease = place.lease;
+        let response = cluster
+            .ask("asking for a lease", |mut client| async move {
+                client.lease_time_to_live(lease, None).await
+            })
             .await?;
         ttls.insert(place.lease, response.ttl());
     }
@@ -198,6 +216,7 @@ fn view(
         via: entry.and_then(|e| e.via.clone()),
         key: place.key.clone(),
         revision: place.create_revision,
+        fence: position.is_none().then_some(place.create_revision),
         lease: format!("{:016x}", place.lease),
         lease_ttl_s: lease_ttl,
         alive,
@@ -206,7 +225,7 @@ fn view(
 
 fn table(report: &Report, colour: bool) -> String {
     let header = [
-        "RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE",
+        "RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE", "FENCE",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     let cell = |v: &Option<String>| v.as_deref().map_or("?".to_owned(), sanitize);
@@ -243,6 +262,7 @@ fn table(report: &Report, colour: bool) -> String {
                 cell(&h.user),
                 duration_cell(h.held_for_ms),
                 lease_cell(h),
+                h.fence.map_or_else(String::new, |f| f.to_string()),
             ]);
         }
         for w in &res.waiters {
@@ -268,6 +288,15 @@ fn table(report: &Report, colour: bool) -> String {
             "(no locks in etcd at {} under {PREFIX})\n",
             report.etcd.join(",")
         ));
+    }
+    let identity = match (&report.tls, &report.user) {
+        (Some(tls), user) => Some(tls.line(user.as_deref())),
+        (None, Some(user)) => Some(messages::plain_identity(user)),
+        (None, None) => None,
+    };
+    if let Some(line) = identity {
+        out.push_str(&line);
+        out.push('\n');
     }
     out
 }

@@ -9,17 +9,17 @@ use crate::etcd_server::{EtcdServer, Proxy, shared_etcd};
 use crate::harness::*;
 
 /// A resource name no other test (or earlier run on a shared server) uses.
-fn name(test: &str) -> String {
+pub(crate) fn name(test: &str) -> String {
     format!("{test}-{}", std::process::id())
 }
 
-fn devlock(s: &Scratch, url: &str) -> Command {
+pub(crate) fn devlock(s: &Scratch, url: &str) -> Command {
     let mut cmd = s.devlock();
     cmd.env("DEVLOCK_ETCD", url).env_remove("DEVLOCK_ETCD_USER");
     cmd
 }
 
-fn run(s: &Scratch, url: &str, args: &[&str]) -> Output {
+pub(crate) fn run(s: &Scratch, url: &str, args: &[&str]) -> Output {
     devlock(s, url)
         .args(args)
         .stdin(Stdio::null())
@@ -27,14 +27,14 @@ fn run(s: &Scratch, url: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn status(s: &Scratch, url: &str, resource: &str) -> serde_json::Value {
+pub(crate) fn status(s: &Scratch, url: &str, resource: &str) -> serde_json::Value {
     let out = run(s, url, &["status", "--json", resource]);
     assert!(out.status.success(), "status failed: {}", stderr(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     json["resources"][0].clone()
 }
 
-fn wait_for(
+pub(crate) fn wait_for(
     s: &Scratch,
     url: &str,
     resource: &str,
@@ -44,12 +44,12 @@ fn wait_for(
     poll_until(what, || status(s, url, resource), accept);
 }
 
-fn waiters(view: &serde_json::Value) -> usize {
+pub(crate) fn waiters(view: &serde_json::Value) -> usize {
     view["waiters"].as_array().map_or(0, Vec::len)
 }
 
 /// `etcdctl ARGS` against `url`, which must succeed; its stdout.
-fn etcdctl(url: &str, args: &[&str]) -> String {
+pub(crate) fn etcdctl(url: &str, args: &[&str]) -> String {
     let out = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .args(["--endpoints", url])
@@ -66,12 +66,12 @@ fn etcdctl(url: &str, args: &[&str]) -> String {
 
 /// Shell that writes `var` (`$$`, `$!`) to `path` in one rename, so a
 /// reader never sees it half written.
-fn write_pid(var: &str, path: &std::path::Path) -> String {
+pub(crate) fn write_pid(var: &str, path: &std::path::Path) -> String {
     format!("echo {var} > {p}.tmp; mv {p}.tmp {p}", p = path.display())
 }
 
 /// Starts `devlock ARGS -- sh -c SCRIPT` in the background.
-fn spawn(s: &Scratch, url: &str, args: &[&str], script: &str) -> std::process::Child {
+pub(crate) fn spawn(s: &Scratch, url: &str, args: &[&str], script: &str) -> std::process::Child {
     devlock(s, url)
         .args(args)
         .args(["--", "sh", "-c", script])
@@ -273,7 +273,7 @@ pub(crate) fn etcd_a_group_sigkill_ends_the_whole_job() {
 
 /// A shell test for "every pid in FILES is gone (or a zombie)", written to
 /// `verdict` by the next holder as its first act.
-fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path::Path) -> String {
+pub(crate) fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path::Path) -> String {
     let checks: Vec<String> = pid_files
         .iter()
         .map(|f| {
@@ -638,7 +638,7 @@ pub(crate) fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
     for (url, code) in [
         ("ftp://127.0.0.1:1", 2),
         ("127.0.0.1:port", 2),
-        ("https://127.0.0.1:2379", 2),
+        ("unix:///run/etcd.sock", 2),
         (dead.as_str(), 68),
         (not_etcd_url.as_str(), 68),
     ] {

@@ -28,6 +28,17 @@ impl EtcdServer {
 
     /// [`EtcdServer::start`] with more flags for etcd.
     pub fn start_with(extra: &[&str]) -> EtcdServer {
+        EtcdServer::start_serving("http", extra)
+    }
+
+    /// A server whose clients speak TLS; `extra` names its certificate
+    /// (`--cert-file`, `--key-file`, and `--client-cert-auth
+    /// --trusted-ca-file` to ask clients for theirs).
+    pub fn start_tls(extra: &[&str]) -> EtcdServer {
+        EtcdServer::start_serving("https", extra)
+    }
+
+    fn start_serving(scheme: &str, extra: &[&str]) -> EtcdServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // A free port can be taken between asking and binding: try again.
         for _ in 0..5 {
@@ -35,7 +46,7 @@ impl EtcdServer {
                 .prefix("devlock-etcd")
                 .tempdir()
                 .unwrap();
-            let url = format!("http://127.0.0.1:{}", free_port());
+            let url = format!("{scheme}://127.0.0.1:{}", free_port());
             let peer_url = format!("http://127.0.0.1:{}", free_port());
             if let Some(child) = spawn_etcd(&url, &peer_url, data.path(), &extra) {
                 return EtcdServer {
@@ -140,7 +151,7 @@ pub fn shared_etcd() -> (Option<EtcdServer>, String) {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

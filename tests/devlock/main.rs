@@ -27,7 +27,13 @@ mod display;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
+mod etcd_cluster;
+#[cfg(feature = "etcd")]
+mod etcd_ha;
+#[cfg(feature = "etcd")]
 mod etcd_server;
+#[cfg(feature = "etcd")]
+mod etcd_tls;
 mod generated;
 mod granularity;
 mod kills;
@@ -177,6 +183,20 @@ const TESTS: &[Test] = &[
     test!(etcd::etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace, needs: [Tool("etcd"), Tool("etcdctl")]),
     #[cfg(feature = "etcd")]
     test!(etcd::etcd_flags_it_cannot_honour_are_usage_errors, needs: [Tool("etcd"), Tool("etcdctl")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_ha::etcd_cluster_with_one_member_down_serves_every_take_wait_and_release, needs: [Tool("etcd"), Tool("etcdctl")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_ha::etcd_cluster_leader_killed_during_holds_and_waits_keeps_exclusion_and_order, needs: [Tool("etcd"), Tool("etcdctl")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_ha::etcd_cluster_leader_partitioned_during_holds_and_waits_keeps_exclusion_and_order, needs: [Tool("etcd"), Tool("etcdctl")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_ha::etcd_cluster_contenders_in_every_endpoint_order_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_ha::etcd_fencing_tokens_grow_with_every_holder_and_stop_a_stale_writer, needs: [Tool("etcd"), Tool("etcdctl"), Tool("python3")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_tls::etcd_tls_checks_the_servers_certificate_and_carries_a_password, needs: [Tool("etcd"), Tool("etcdctl"), Tool("openssl")]),
+    #[cfg(feature = "etcd")]
+    test!(etcd_tls::etcd_tls_client_certificates_are_checked_here_and_by_etcd, needs: [Tool("etcd"), Tool("etcdctl"), Tool("openssl")]),
     test!(generated::generated_files_are_up_to_date, needs: []),
     test!(generated::generated_output_is_deterministic, needs: []),
     test!(generated::man_page_has_every_section_and_exit_code, needs: []),
@@ -269,5 +289,8 @@ const TESTS: &[Test] = &[
 
 fn main() {
     let args = libtest_mimic::Arguments::from_args();
-    libtest_mimic::run(&args, harness::trials(TESTS)).exit();
+    let conclusion = libtest_mimic::run(&args, harness::trials(TESTS));
+    #[cfg(feature = "etcd")]
+    etcd_cluster::stop_shared();
+    conclusion.exit();
 }

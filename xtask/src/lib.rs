@@ -412,6 +412,7 @@ pub fn exit_codes() -> Vec<(ExitCode, String)> {
         ExitCode::LeaseLost,
         ExitCode::EtcdDenied,
         ExitCode::NoPermission,
+        ExitCode::EtcdTls,
         ExitCode::CannotExecute,
         ExitCode::NotFound,
         ExitCode::Signal(1),
@@ -430,6 +431,7 @@ pub fn exit_codes() -> Vec<(ExitCode, String)> {
             | ExitCode::LeaseLost
             | ExitCode::EtcdDenied
             | ExitCode::NoPermission
+            | ExitCode::EtcdTls
             | ExitCode::CannotExecute
             | ExitCode::NotFound => format!("\n.B {}\n", code.code()),
             ExitCode::Signal(_) => "\n.BI 128+ N\n".to_owned(),
