@@ -78,12 +78,12 @@ impl Job {
     }
 
     /// A taker of `resource` waiting in line outside the job, whose command
-    /// reports the state of `victims` the moment it starts.
+    /// reports the state and kernel flags of `victims` the moment it starts.
     fn waiter(&self, resource: &str, victims: &[u32], tag: &str) -> Waiter {
         let report = self.s.work(&format!("report{tag}"));
         let script = format!(
             "for p in {victims}; do \
-               if read -r line < /proc/$p/stat; then st=${{line##*) }}; echo \"$p ${{st%% *}}\"; \
+               if read -r line < /proc/$p/stat; then set -- ${{line##*) }}; echo \"$p $1 $7\"; \
                else echo \"$p gone\"; fi; \
              done > {report}.tmp 2>/dev/null; mv {report}.tmp {report}",
             victims = pid_list(victims),
@@ -105,6 +105,9 @@ impl Job {
     }
 }
 
+/// `PF_EXITING` in the flags of /proc/PID/stat: the process is in exit(2).
+const PF_EXITING: u64 = 0x4;
+
 struct Waiter {
     child: Killed,
     report: PathBuf,
@@ -118,9 +121,16 @@ impl Waiter {
         let after = killed.elapsed();
         let report = std::fs::read_to_string(&self.report).unwrap();
         for line in report.lines() {
-            let (pid, state) = line.split_once(' ').unwrap();
+            let mut words = line.split_whitespace();
+            let (pid, state) = (words.next().unwrap(), words.next().unwrap_or(""));
+            // Killed and past closing its files (the kernel's PF_EXITING):
+            // it runs no more of its own code and holds nothing.
+            let exiting = words
+                .next()
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|flags| flags & PF_EXITING != 0);
             assert!(
-                matches!(state, "gone" | "Z" | "X" | ""),
+                exiting || matches!(state, "gone" | "Z" | "X" | ""),
                 "{placement}: process {pid} of the killed job was still there ({state}) \
                  when the next waiter's command started: {report}"
             );
