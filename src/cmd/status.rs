@@ -27,16 +27,21 @@ pub(crate) fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Res
 pub(crate) fn print_report<R: serde::Serialize>(
     report: &R,
     json: bool,
-    table: fn(&R, bool) -> String,
+    table: fn(&R, table::Render) -> String,
 ) -> Result<ExitCode> {
     let text = if json {
         let mut json = serde_json::to_string_pretty(report)?;
         json.push('\n');
         json
     } else {
-        let colour = std::io::stdout().is_terminal()
-            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        table(report, colour)
+        let terminal = std::io::stdout().is_terminal();
+        let render = table::Render {
+            colour: terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            width: terminal
+                .then(|| crate::sys::tty::columns(std::io::stdout()))
+                .flatten(),
+        };
+        table(report, render)
     };
     // A reader that stops early (`| head`) is not an error.
     match std::io::stdout().lock().write_all(text.as_bytes()) {

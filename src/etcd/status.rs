@@ -15,7 +15,7 @@ use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
 use crate::messages::etcd as messages;
 use crate::resource::Resource;
-use crate::status::table::{align, duration_cell, paint_lock_cell};
+use crate::status::table::{Render, Row, align, duration_cell, paint_lock_cell};
 use crate::sys::procfs;
 use crate::text::sanitize;
 
@@ -223,7 +223,7 @@ fn view(
     }
 }
 
-fn table(report: &Report, colour: bool) -> String {
+fn table(report: &Report, render: Render) -> String {
     let header = [
         "RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE", "FENCE",
     ];
@@ -282,7 +282,8 @@ fn table(report: &Report, colour: bool) -> String {
             ]);
         }
     }
-    let mut out = align(&rows, colour, paint_lock_cell);
+    let rows: Vec<Row> = rows.into_iter().map(Row::Cells).collect();
+    let mut out = align(&rows, render, &[2, 3], paint_lock_cell);
     if report.resources.is_empty() {
         out.push_str(&format!(
             "(no locks in etcd at {} under {PREFIX})\n",

@@ -8,17 +8,34 @@ use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport};
 use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
 use crate::text::{sanitize, short_duration};
 
+/// How a table is drawn: in colour or not, and fitted to a terminal's
+/// width (the longest column shortened, cells cut with `…`, free text
+/// wrapped) or, in a pipe, whole: one record a line, for grep.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Render {
+    pub(crate) colour: bool,
+    pub(crate) width: Option<usize>,
+}
+
+/// A table's row: cells aligned in columns, or a line of text of its own
+/// (the budget figures under a device's holders) that widens no column.
+#[derive(Debug, Clone)]
+pub(crate) enum Row {
+    Cells(Vec<String>),
+    Line(String),
+}
+
 /// Renders the report: the locks, what another user could break, then the
 /// GPUs when the driver answered.
-pub(crate) fn table(report: &StatusReport, colour: bool) -> String {
-    let mut out = locks_table(report, colour);
+pub(crate) fn table(report: &StatusReport, render: Render) -> String {
+    let mut out = locks_table(report, render);
     out.push_str(&warnings(report));
     match &report.device_info {
         Some(DeviceReport::Unknown { reason }) => {
             out.push_str(&format!("\nGPUs: unknown ({})\n", sanitize(reason)));
         }
         Some(DeviceReport::Devices(devices)) => {
-            out.push_str(&devices_table(devices, colour));
+            out.push_str(&devices_table(devices, render));
             if let Some(source) = report.device_source {
                 out.push_str(&format!("(GPUs as {} reports them)\n", source.name()));
             }
@@ -28,16 +45,23 @@ pub(crate) fn table(report: &StatusReport, colour: bool) -> String {
     out
 }
 
-fn locks_table(report: &StatusReport, colour: bool) -> String {
+fn locks_table(report: &StatusReport, render: Render) -> String {
     let with_devices = report
         .resources
         .iter()
         .any(|r| r.holders.iter().any(|h| !h.devices.is_empty()));
+    let with_budgets = report.resources.iter().any(|r| {
+        r.holders.iter().any(|h| h.mem_mib.is_some())
+            || r.waiters.iter().any(|w| w.mem_mib.is_some())
+    });
     let mut header = vec!["RESOURCE", "STATE", "STEP", "PID", "USER", "FOR"];
+    if with_budgets {
+        header.push("BUDGET");
+    }
     if with_devices {
         header.push("ON GPU");
     }
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    let mut rows: Vec<Row> = vec![Row::Cells(header.iter().map(|h| h.to_string()).collect())];
     // Idle: free as far as status can tell, and nothing in its way. A lock
     // in an unknown state, or one that another user's lock or a renamed
     // file concerns, is never counted away.
@@ -73,7 +97,7 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                 (None, Some(r)) => format!("({r} record)"),
                 _ => String::new(),
             };
-            rows.push(vec![res.name.clone(), state.clone(), note]);
+            rows.push(Row::Cells(vec![res.name.clone(), state.clone(), note]));
         }
         for (i, h) in res.holders.iter().enumerate() {
             let name = h.name.as_deref().map_or(String::new(), sanitize);
@@ -105,9 +129,6 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
             if h.stopped {
                 step.push_str(" (stopped)");
             }
-            if let Some(mem) = h.mem_mib {
-                step.push_str(&budget_words(h, mem));
-            }
             if let Some(container) = &h.container {
                 step.push_str(&format!(" (in {})", sanitize(container)));
             }
@@ -124,6 +145,9 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                 h.user.as_deref().map_or("?".to_owned(), sanitize),
                 duration_cell(h.held_for_ms),
             ];
+            if with_budgets {
+                row.push(h.mem_mib.map_or(String::new(), |mem| budget_cell(h, mem)));
+            }
             if with_devices {
                 row.push(
                     h.devices
@@ -141,24 +165,21 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                         .join("; "),
                 );
             }
-            rows.push(row);
+            rows.push(Row::Cells(row));
         }
         if let Some(m) = &res.memory
             && res.holders.iter().any(|h| h.mem_mib.is_some())
         {
             use crate::gpu::memory::size;
-            rows.push(vec![
-                String::new(),
-                "memory".to_owned(),
-                format!(
-                    "{} of {} budgeted, {} used by them, {} outside the gate, {} room",
-                    size(m.budgets_mib),
-                    size(m.total_mib),
-                    size(m.used_inside_mib),
-                    size(m.used_outside_mib),
-                    size(m.room_mib)
-                ),
-            ]);
+            rows.push(Row::Line(format!(
+                "{} memory: {} of {} budgeted, {} used by them, {} outside the gate, {} room",
+                res.name,
+                size(m.budgets_mib),
+                size(m.total_mib),
+                size(m.used_inside_mib),
+                size(m.used_outside_mib),
+                size(m.room_mib)
+            )));
         }
         for w in &res.waiters {
             let stopped = if w.stopped { " (stopped)" } else { "" };
@@ -169,22 +190,26 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
                 }
                 (None, _) => "(no record)".to_owned(),
             };
-            let step = match w.mem_mib {
-                Some(mem) => format!("{step} (asks {})", crate::gpu::memory::size(mem)),
-                None => step,
-            };
-            rows.push(vec![
+            let mut row = vec![
                 String::new(),
                 format!("waits #{}{stopped}", w.position),
                 step,
                 w.pid.map_or("?".to_owned(), |p| p.to_string()),
                 w.user.as_deref().map_or("?".to_owned(), sanitize),
                 duration_cell(w.waiting_for_ms),
-            ]);
+            ];
+            if with_budgets {
+                row.push(w.mem_mib.map_or(String::new(), |mem| {
+                    format!("asks {}", crate::gpu::memory::size(mem))
+                }));
+            }
+            rows.push(Row::Cells(row));
         }
     }
     let mut out = if rows.len() > 1 {
-        align(&rows, colour, paint_lock_cell)
+        // STEP, PID and ON GPU give way first.
+        let last = 5 + usize::from(with_budgets) + usize::from(with_devices);
+        align(&rows, render, &[2, 3, last], paint_lock_cell)
     } else {
         String::new()
     };
@@ -204,10 +229,10 @@ fn locks_table(report: &StatusReport, colour: bool) -> String {
     out
 }
 
-/// ` (20 GiB budget, starting)`, ` (over budget: 27 GiB of 20 GiB)`
-fn budget_words(h: &crate::status::model::Holder, mem: u64) -> String {
+/// `20 GiB, starting`, `20 GiB, over budget: 27 GiB of 20 GiB`
+fn budget_cell(h: &crate::status::model::Holder, mem: u64) -> String {
     use crate::gpu::memory::size;
-    let mut words = vec![format!("{} budget", size(mem))];
+    let mut words = vec![size(mem)];
     if h.starting == Some(true) {
         words.push("starting".to_owned());
     }
@@ -219,7 +244,7 @@ fn budget_words(h: &crate::status::model::Holder, mem: u64) -> String {
             .unwrap_or(mem);
         words.push(format!("over budget: {} of {}", size(used), size(mem)));
     }
-    format!(" ({})", words.join(", "))
+    words.join(", ")
 }
 
 /// One line for each thing another user could break, each lock devlock did
@@ -283,7 +308,7 @@ fn warnings(report: &StatusReport) -> String {
     out
 }
 
-fn devices_table(devices: &[Device], colour: bool) -> String {
+fn devices_table(devices: &[Device], render: Render) -> String {
     let header = [
         "GPU", "NAME", "MEMORY", "UTIL", "PID", "PROCESS", "USER", "USED", "GATE",
     ];
@@ -352,7 +377,9 @@ fn devices_table(devices: &[Device], colour: bool) -> String {
             );
         }
     }
-    format!("\n{}{warnings}", align(&rows, colour, paint_device_cell))
+    let rows: Vec<Row> = rows.into_iter().map(Row::Cells).collect();
+    // NAME and PROCESS give way first.
+    format!("\n{}{warnings}", align(&rows, render, &[1, 5], paint_device_cell))
 }
 
 fn memory(used: Option<u64>, total: Option<u64>) -> String {
@@ -422,30 +449,58 @@ fn process_rows(
 }
 
 /// Pads every column to its widest cell; the last column is not padded.
+/// Lays `rows` out in columns. To fit a terminal, the columns in `flex`
+/// (free text: steps, pid lists, names) are shortened first, the rest
+/// only if that is not enough.
 pub(crate) fn align(
-    rows: &[Vec<String>],
-    colour: bool,
+    rows: &[Row],
+    render: Render,
+    flex: &[usize],
     paint: fn(usize, &str) -> Option<&'static str>,
 ) -> String {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let cells = || {
+        rows.iter().filter_map(|r| match r {
+            Row::Cells(cells) => Some(cells),
+            Row::Line(_) => None,
+        })
+    };
+    let columns = cells().map(Vec::len).max().unwrap_or(0);
     let mut widths = vec![0usize; columns];
-    for row in rows {
+    for row in cells() {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
+    if let Some(width) = render.width {
+        let header = cells().next().map_or(&[][..], |h| h.as_slice());
+        fit(&mut widths, header, width, Some(flex));
+        fit(&mut widths, header, width, None);
+    }
     let mut out = String::new();
     for (n, row) in rows.iter().enumerate() {
+        let row = match row {
+            Row::Cells(row) => row,
+            Row::Line(text) => {
+                for line in wrap(text, render.width) {
+                    out.push_str(&line);
+                    out.push('\n');
+                }
+                continue;
+            }
+        };
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
+            let cell = cut(cell, widths[i]);
+            let code = if n == 0 { Some("1") } else { paint(i, &cell) };
             let padded = if i + 1 == row.len() {
-                cell.clone()
+                cell
             } else {
                 format!("{cell:<width$}  ", width = widths[i])
             };
-            let code = if n == 0 { Some("1") } else { paint(i, cell) };
             match code {
-                Some(code) if colour => line.push_str(&format!("\x1b[{code}m{padded}\x1b[0m")),
+                Some(code) if render.colour => {
+                    line.push_str(&format!("\x1b[{code}m{padded}\x1b[0m"))
+                }
                 _ => line.push_str(&padded),
             }
         }
@@ -453,6 +508,66 @@ pub(crate) fn align(
         out.push('\n');
     }
     out
+}
+
+/// Shortens the widest of the columns `among` (all with `None`) until a
+/// row fits `width`, none below its header (or 8 characters, whichever is
+/// more).
+fn fit(widths: &mut [usize], header: &[String], width: usize, among: Option<&[usize]>) {
+    let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
+    let floor = |i: usize| header.get(i).map_or(0, |h| h.chars().count()).max(8);
+    let candidate = |i: usize| among.is_none_or(|a| a.contains(&i));
+    while total(widths) > width {
+        let Some(widest) = (0..widths.len())
+            .filter(|&i| candidate(i) && widths[i] > floor(i))
+            .max_by_key(|&i| widths[i])
+        else {
+            return;
+        };
+        let excess = total(widths) - width;
+        let next = (0..widths.len())
+            .filter(|&i| i != widest && candidate(i))
+            .map(|i| widths[i])
+            .max()
+            .unwrap_or(0);
+        // Down to the next widest (then both shrink in turn), or by the
+        // whole excess, never below the floor.
+        let step = excess.min(widths[widest] - next.max(floor(widest))).max(1);
+        widths[widest] = widths[widest].saturating_sub(step).max(floor(widest));
+    }
+}
+
+/// `cell` cut to `width` characters, its end replaced by `…`.
+fn cut(cell: &str, width: usize) -> String {
+    if cell.chars().count() <= width {
+        return cell.to_owned();
+    }
+    let mut short: String = cell.chars().take(width.saturating_sub(1)).collect();
+    short.push('…');
+    short
+}
+
+/// A line of text as it is printed: whole in a pipe; on a terminal wrapped
+/// at spaces to its width, continued under its second word.
+fn wrap(text: &str, width: Option<usize>) -> Vec<String> {
+    let Some(width) = width.filter(|&w| w > 20 && text.chars().count() > w) else {
+        return vec![text.to_owned()];
+    };
+    let indent = text.find(' ').map_or(2, |i| i + 1).min(width / 2);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let len = line.chars().count();
+        if len > 0 && len + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+            line = " ".repeat(indent);
+        } else if len > 0 {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
 }
 
 pub(crate) fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str> {

@@ -328,7 +328,7 @@ pub(crate) fn a_big_waiter_is_not_overtaken_by_later_small_ones() {
     let view = g.view("gpu:0");
     assert_eq!(view["waiters"][0]["mem_mib"], 50 * GIB, "{view}");
     let table = stdout(&g.run(&["status"]));
-    assert!(table.contains("big (asks 50 GiB)"), "{table}");
+    assert!(row_with(&table, &[" big ", "asks 50 GiB"]), "{table}");
     let mut a = held.remove(0);
     finish(&g, "a", &mut a);
     g.wait_ready("big");
@@ -392,7 +392,7 @@ pub(crate) fn a_starting_job_is_the_only_one_starting() {
     let mut second = g.job(&b, "second", 0, 0, false);
     g.wait_waiting("gpu:0", "second");
     let table = stdout(&g.run(&["status"]));
-    assert!(table.contains("first (20 GiB budget, starting)"), "{table}");
+    assert!(row_with(&table, &[" first ", "20 GiB, starting"]), "{table}");
     let out = g.run(&["-n", "--mem", "1GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(
@@ -435,7 +435,10 @@ pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
     });
     assert_eq!(view["holders"][0]["used_mib"], 15 * GIB);
     let table = stdout(&g.run(&["status"]));
-    assert!(table.contains("over budget: 15 GiB of 10 GiB"), "{table}");
+    assert!(
+        row_with(&table, &[" greedy ", "10 GiB, over budget: 15 GiB of 10 GiB"]),
+        "{table}"
+    );
     g.release("greedy");
     let out = {
         let mut stderr_text = String::new();
@@ -974,4 +977,56 @@ pub(crate) fn a_lock_on_a_started_budgets_ticket_is_shown_as_a_place_of_its_own(
     let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     finish(&g, "a", &mut job);
+}
+
+/// Whether one line of a status table holds every one of `words` (a
+/// holder's step, and its figures in the BUDGET column).
+fn row_with(table: &str, words: &[&str]) -> bool {
+    table.lines().any(|l| words.iter().all(|w| l.contains(w)))
+}
+
+/// `status` with a budget fits a terminal: the figures have a column
+/// (BUDGET) and a line of their own, the longest cells give way with `…`,
+/// and no line is wider than the terminal; in a pipe every row stays whole
+/// on one line, the memory figures on one greppable line of their own.
+pub(crate) fn status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line() {
+    let g = Gpus::new(&[140 * GIB]);
+    let long = "a-training-run-with-a-rather-long-step-name-for-the-table";
+    let a = mem_on(long, "20GiB", "0.2s", "gpu:0");
+    let mut holder = g.job(&a, "a", 0, GIB, false);
+    g.wait_ready("a");
+    g.wait_settled("gpu:0", 1);
+    let b = mem_on("big", "130GiB", "0.2s", "gpu:0");
+    let mut big = g.job(&b, "b", 0, 0, false);
+    g.wait_waiting("gpu:0", "big");
+    let piped = stdout(&g.run(&["status"]));
+    assert!(row_with(&piped, &[long, "20 GiB"]), "{piped}");
+    assert!(row_with(&piped, &[" big ", "asks 130 GiB"]), "{piped}");
+    let memory: Vec<&str> = piped.lines().filter(|l| l.contains("budgeted")).collect();
+    assert_eq!(memory.len(), 1, "{piped}");
+    assert!(
+        memory[0].starts_with("gpu:0 memory: 20 GiB of 140 GiB budgeted,")
+            && memory[0].ends_with(" room"),
+        "{piped}"
+    );
+    // The step column is as wide as the step, not as the figures.
+    let header = piped.lines().next().unwrap();
+    let step_width = header.find("PID").unwrap() - header.find("STEP").unwrap();
+    assert!(step_width < long.len() + 20, "{piped}");
+    let pty = Pty::new(80);
+    let mut status = pty.spawn(
+        g.devlock()
+            .env("NO_COLOR", "1")
+            .args(["status"])
+            .stdin(Stdio::null()),
+    );
+    assert!(wait_child(&mut status).success());
+    let shown = pty.wait_for("(GPUs as");
+    for line in shown.lines() {
+        assert!(line.trim_end_matches('\r').chars().count() <= 80, "{line:?} in:\n{shown}");
+    }
+    assert!(shown.contains('…'), "{shown}");
+    assert!(row_with(&shown, &[" big ", "asks 130 GiB"]), "{shown}");
+    finish(&g, "a", &mut holder);
+    finish(&g, "b", &mut big);
 }

@@ -73,6 +73,7 @@ const TESTS: &[Test] = &[
     test!(budgets::over_budget_is_said_once_and_strict_stops_the_job, needs: []),
     test!(budgets::any_mem_takes_the_first_device_with_room, needs: []),
     test!(budgets::the_job_learns_its_budget, needs: []),
+    test!(budgets::status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line, needs: []),
     test!(budgets::every_failure_is_one_line_with_its_code, needs: []),
     test!(budgets::a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []),
     test!(budgets::budgets_of_another_user_count_and_are_counted, needs: [Root, Tool("setpriv")]),
