@@ -111,6 +111,33 @@ pub struct Cli {
     pub etcd_key: Option<PathBuf>,
 }
 
+/// The flags of the etcd feature, marked in --help when the build left it
+/// out (they still parse, so that using one says how to get it).
+#[cfg(not(feature = "etcd"))]
+const ETCD_FLAGS: [&str; 7] = [
+    "etcd",
+    "etcd_user",
+    "etcd_ca",
+    "etcd_cert",
+    "etcd_key",
+    "ttl",
+    "kill_after",
+];
+
+/// The command line as this build takes it: flags of a feature the build
+/// left out say so in --help. (The man page and completions, made from
+/// [`Cli::command`], document every build.)
+fn for_this_build(command: clap::Command) -> clap::Command {
+    #[cfg(not(feature = "etcd"))]
+    let command = ETCD_FLAGS.iter().fold(command, |command, id| {
+        command.mut_arg(*id, |arg| {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            arg.help(format!("{help} {}", crate::messages::NOT_IN_THIS_BUILD))
+        })
+    });
+    command
+}
+
 /// A path that may be empty, so that an empty variable (unset, as
 /// `${VAR:-...}` has it) can be told from an empty flag (a mistake).
 fn path_parser() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
@@ -463,7 +490,7 @@ impl Cli {
         if let Some(cli) = common_run(&args) {
             return Ok(cli);
         }
-        let mut command = Cli::command();
+        let mut command = for_this_build(Cli::command());
         let matches = command.try_get_matches_from_mut(args)?;
         let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
         let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);

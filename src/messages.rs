@@ -631,3 +631,15 @@ pub(crate) fn no_guard(err: &std::io::Error) -> String {
         crate::sys::procfs::os_text(err)
     )
 }
+
+/// What `--help` adds to a flag of the etcd feature in a build without it.
+#[cfg(not(feature = "etcd"))]
+pub(crate) const NOT_IN_THIS_BUILD: &str =
+    "[not in this build: it was built without the etcd feature]";
+
+/// How to get a devlock that has the etcd backend, from where a user is:
+/// a checkout of devlock (the README's install), not the registry.
+#[cfg(not(feature = "etcd"))]
+pub(crate) const HOW_TO_GET_ETCD: &str = "this devlock was built without etcd support (--etcd, \
+     DEVLOCK_ETCD); in a checkout of devlock, build one that has it with `cargo install --locked \
+     --path . --features etcd` (needs protoc and a C compiler)";

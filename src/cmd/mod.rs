@@ -47,7 +47,6 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
 fn etcd(_cli: Cli) -> Result<ExitCode> {
     Err(crate::exit::coded(
         ExitCode::Usage,
-        "this devlock was built without etcd support (--etcd, DEVLOCK_ETCD); \
-         build it with `cargo install devlock --features etcd`",
+        crate::messages::HOW_TO_GET_ETCD,
     ))
 }

@@ -379,7 +379,10 @@ fn devices_table(devices: &[Device], render: Render) -> String {
     }
     let rows: Vec<Row> = rows.into_iter().map(Row::Cells).collect();
     // NAME and PROCESS give way first.
-    format!("\n{}{warnings}", align(&rows, render, &[1, 5], paint_device_cell))
+    format!(
+        "\n{}{warnings}",
+        align(&rows, render, &[1, 5], paint_device_cell)
+    )
 }
 
 fn memory(used: Option<u64>, total: Option<u64>) -> String {

@@ -392,7 +392,10 @@ pub(crate) fn a_starting_job_is_the_only_one_starting() {
     let mut second = g.job(&b, "second", 0, 0, false);
     g.wait_waiting("gpu:0", "second");
     let table = stdout(&g.run(&["status"]));
-    assert!(row_with(&table, &[" first ", "20 GiB, starting"]), "{table}");
+    assert!(
+        row_with(&table, &[" first ", "20 GiB, starting"]),
+        "{table}"
+    );
     let out = g.run(&["-n", "--mem", "1GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(
@@ -436,7 +439,10 @@ pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
     assert_eq!(view["holders"][0]["used_mib"], 15 * GIB);
     let table = stdout(&g.run(&["status"]));
     assert!(
-        row_with(&table, &[" greedy ", "10 GiB, over budget: 15 GiB of 10 GiB"]),
+        row_with(
+            &table,
+            &[" greedy ", "10 GiB, over budget: 15 GiB of 10 GiB"]
+        ),
         "{table}"
     );
     g.release("greedy");
@@ -1023,7 +1029,10 @@ pub(crate) fn status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line(
     assert!(wait_child(&mut status).success());
     let shown = pty.wait_for("(GPUs as");
     for line in shown.lines() {
-        assert!(line.trim_end_matches('\r').chars().count() <= 80, "{line:?} in:\n{shown}");
+        assert!(
+            line.trim_end_matches('\r').chars().count() <= 80,
+            "{line:?} in:\n{shown}"
+        );
     }
     assert!(shown.contains('…'), "{shown}");
     assert!(row_with(&shown, &[" big ", "asks 130 GiB"]), "{shown}");

@@ -696,7 +696,29 @@ pub(crate) fn etcd_without_the_feature_says_how_to_get_it() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--features etcd"), "{}", stderr(&out));
+    // The install that works from a checkout, as the README's, not the
+    // registry's.
+    assert!(
+        stderr(&out).contains("`cargo install --locked --path . --features etcd`"),
+        "{}",
+        stderr(&out)
+    );
+    // --help marks the flags this build cannot use, here and under setup.
+    for args in [&["--help"][..], &["setup", "--help"]] {
+        let help = stdout(&s.run(args));
+        for flag in ["--etcd <", "--etcd-user", "--etcd-ca", "--etcd-key"] {
+            let at = help
+                .find(flag)
+                .unwrap_or_else(|| panic!("{flag} in {help}"));
+            let entry = &help[at..];
+            let end = entry[2..].find("\n  -").map_or(entry.len(), |e| e + 2);
+            assert!(
+                entry[..end].contains("not in this build"),
+                "{args:?} {flag}: {}",
+                &entry[..end]
+            );
+        }
+    }
 }
 
 pub(crate) fn lease_flags_without_etcd_are_usage_errors() {

@@ -495,3 +495,26 @@ pub(crate) fn readme_exit_table_lists_every_exit_code() {
         );
     }
 }
+
+pub(crate) fn install_commands_build_what_was_tested() {
+    // Every `cargo install` the docs give builds from Cargo.lock, as the
+    // tests do (`--locked`), and the wheel's build is pinned likewise: its
+    // backend at one version, its Rust side from python/Cargo.lock.
+    for doc in ["README.md", "python/README.md", "doc/man/etcd.roff"] {
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        for line in text
+            .lines()
+            .map(|l| l.replace("\\-", "-"))
+            .filter(|l| l.contains("cargo install "))
+        {
+            assert!(line.contains("--locked"), "{doc}: {line}");
+        }
+    }
+    let pyproject = std::fs::read_to_string(repo().join("python/pyproject.toml")).unwrap();
+    let requires = pyproject
+        .lines()
+        .find(|l| l.starts_with("requires = "))
+        .expect("a build-system requires line");
+    assert!(requires.contains("\"maturin=="), "{requires}");
+    assert!(pyproject.contains("\nlocked = true\n"), "{pyproject}");
+}
