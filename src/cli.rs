@@ -670,7 +670,25 @@ pub fn usage_line(rendered: &str) -> String {
             ));
         }
     }
-    format!("{line} (see devlock --help)")
+    // One hint a message: a line that already says what to try gets no
+    // second one.
+    if line.contains("did you mean") || line.contains(" (") {
+        return line;
+    }
+    format!("{line} (see {} --help)", help_of(rendered))
+}
+
+/// The command whose --help a usage error should point to: `devlock
+/// status` for one of status's, from clap's usage line.
+fn help_of(rendered: &str) -> String {
+    let usage = rendered
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .unwrap_or("devlock");
+    match usage.split_whitespace().nth(1) {
+        Some(sub) if sub.chars().all(|c| c.is_ascii_lowercase()) => format!("devlock {sub}"),
+        _ => "devlock".to_owned(),
+    }
 }
 
 /// A memory size in MiB: `256`, `256MiB`, `1GiB`, `1.5G`.
@@ -707,8 +725,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
             .ok_or_else(|| format!("{trimmed} seconds is out of range (try 90s, 10m or 1h30m)"));
     }
-    humantime::parse_duration(trimmed)
-        .map_err(|e| format!("{e} (try 90, 90s, 10m or 1h30m; a bare number is seconds)"))
+    humantime::parse_duration(trimmed).map_err(|_| {
+        "not a duration (try 90, 90s, 10m or 1h30m; a bare number is seconds)".to_owned()
+    })
 }
 
 #[cfg(test)]
@@ -870,6 +889,12 @@ mod tests {
             "{line}"
         );
         assert_eq!(line.lines().count(), 1);
+        assert!(!line.contains("(see"), "one hint: {line}");
+        let err = Cli::try_parse_from(["devlock", "status", "-n"]).unwrap_err();
+        assert!(
+            usage_line(&err.render().to_string()).ends_with("(see devlock status --help)"),
+            "{err}"
+        );
         let listing =
             "error: the following required arguments were not provided:\n  --any\n\nUsage: x\n";
         assert_eq!(

@@ -82,6 +82,19 @@ pub(crate) fn every_usage_error_names_the_flag_and_the_fix() {
             vec!["-w", "soon", "r", "--", "true"],
             &["'soon'", "a bare number is seconds"],
         ),
+        (
+            vec!["-w", "5x", "r", "--", "true"],
+            &["'5x'", "not a duration"],
+        ),
+        (
+            vec!["status", "-n"],
+            &["'-n'", "(see devlock status --help)"],
+        ),
+        (vec!["setup", "--bogus"], &["(see devlock setup --help)"]),
+        (
+            vec!["--bogus", "r", "--", "true"],
+            &["(see devlock --help)"],
+        ),
     ];
     for (args, wants) in cases {
         let out = s.run(&args);
@@ -97,6 +110,14 @@ pub(crate) fn every_usage_error_names_the_flag_and_the_fix() {
         for want in wants {
             assert!(err.contains(want), "{args:?}: no {want:?} in {err}");
         }
+        // One hint a message, never stacked: at most one parenthesis at the
+        // end, and none beside a did-you-mean.
+        assert!(
+            err.matches(" (").count() <= 1
+                && !(err.contains("did you mean") && err.contains(" (see")),
+            "{args:?}: one hint: {err}"
+        );
+        assert!(!err.contains("few variations"), "{args:?}: {err}");
     }
     assert!(
         !s.dir().exists(),
