@@ -21,7 +21,7 @@ import devlock
 from dlhelp import HANG, Scratch, poll
 
 GIB = 1024
-FAKE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nvidia-smi" / "fake-gpu-memory"
+FAKE = Path(__file__).resolve().parents[2] / "contrib" / "fake-gpu" / "nvidia-smi"
 
 
 class Gpus:

@@ -70,7 +70,9 @@ pub(crate) fn device(report: &DeviceReport, index: u32) -> Result<&Device, Strin
     let device = match report {
         DeviceReport::NoInfo => {
             return Err(format!(
-                "--mem needs gpu:{index}'s memory, but no nvidia-smi was found (set DEVLOCK_NVIDIA_SMI)"
+                "--mem needs gpu:{index}'s memory, but no nvidia-smi was found; to try budgets \
+                 without a GPU, set DEVLOCK_NVIDIA_SMI to contrib/fake-gpu/nvidia-smi of a devlock \
+                 checkout (README: \"Try it without a GPU\")"
             ));
         }
         DeviceReport::Unknown { reason } => {

@@ -37,8 +37,7 @@ impl Gpus {
         let mut cmd = self.s.devlock();
         cmd.env(
             "DEVLOCK_NVIDIA_SMI",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures/nvidia-smi/fake-gpu-memory"),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
         )
         .env("FAKE_GPU_DIR", &self.state)
         .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
@@ -683,8 +682,7 @@ pub(crate) fn budgets_of_another_user_count_and_are_counted() {
             .env("DEVLOCK_DIR", g.s.dir())
             .env(
                 "DEVLOCK_NVIDIA_SMI",
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("tests/fixtures/nvidia-smi/fake-gpu-memory"),
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
             )
             .env("FAKE_GPU_DIR", &g.state)
             .stdin(Stdio::null());
@@ -887,8 +885,7 @@ pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
             .env("DEVLOCK_NVML", "none")
             .env(
                 "DEVLOCK_NVIDIA_SMI",
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("tests/fixtures/nvidia-smi/fake-gpu-memory"),
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
             )
             .env("FAKE_GPU_DIR", &g.state),
     );

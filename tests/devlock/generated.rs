@@ -518,3 +518,43 @@ pub(crate) fn install_commands_build_what_was_tested() {
     assert!(requires.contains("\"maturin=="), "{requires}");
     assert!(pyproject.contains("\nlocked = true\n"), "{pyproject}");
 }
+
+pub(crate) fn readme_try_without_a_gpu_runs_as_pasted() {
+    // The README's "Try it without a GPU" block, pasted into bash in a
+    // checkout with the freshly built devlock first on PATH: it runs to the
+    // end, shows the budgets, and leaves gpu:0 free.
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let block = readme
+        .split("<!-- try-without-a-gpu -->\n```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the README's try-without-a-gpu block");
+    let bin_dir = std::path::Path::new(crate::harness::BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", block])
+        .current_dir(repo())
+        .env("PATH", path)
+        .env("DEVLOCK_NVML", "none")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("BUDGET"), "{stdout}{stderr}");
+    let last = stdout.split("RESOURCE").last().unwrap();
+    assert!(
+        last.lines()
+            .any(|l| l.starts_with("gpu:0") && l.ends_with("free")),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("cannot"), "{stderr}");
+}

@@ -203,6 +203,7 @@ const TESTS: &[Test] = &[
     test!(generated::man_page_has_every_section_and_exit_code, needs: []),
     test!(generated::readme_exit_table_lists_every_exit_code, needs: []),
     test!(generated::install_commands_build_what_was_tested, needs: []),
+    test!(generated::readme_try_without_a_gpu_runs_as_pasted, needs: [Tool("bash")]),
     test!(generated::man_pages_render_without_warnings, needs: [Tool("groff"), Tool("man")]),
     test!(generated::bash_loads_the_completion_script, needs: [Tool("bash")]),
     test!(generated::bash_completes_resource_names_from_the_scratch_directory, needs: [Tool("bash"), BashCompletion]),
