@@ -313,6 +313,9 @@ fn holder_row(page: &mut String, h: &Holder, place: Place) {
     if place == Place::Group {
         notes.push("holds the whole group gpu".to_owned());
     }
+    if let Some(via) = &h.via {
+        notes.push(format!("for {}", esc(via)));
+    }
     if h.source == HolderSource::Inherited && h.step.is_some() {
         notes.push("inherited: its devlock is gone".to_owned());
     }

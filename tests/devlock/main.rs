@@ -33,6 +33,7 @@ mod granularity;
 mod manners;
 mod nvml;
 mod serve;
+mod serve_scene;
 mod shared_machine;
 mod signals;
 mod status;
@@ -216,6 +217,7 @@ const TESTS: &[Test] = &[
     test!(serve::listen_and_usage_errors_are_one_line, needs: []),
     test!(serve::every_metric_family_is_documented_and_every_documented_one_served, needs: []),
     test!(serve::the_prometheus_examples_pass_promtool, needs: [Tool("promtool")]),
+    test!(serve_scene::doc_screenshot, ignored: "writes doc/serve.png", needs: [Root, Tool("setpriv"), Tool("unshare"), Tool("faketime"), Tool("cc"), Tool("chromium-headless-shell")]),
     test!(shared_machine::a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it, needs: [Root, Tool("setpriv")]),
     test!(shared_machine::a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup, needs: [Root, Tool("setpriv")]),
     test!(shared_machine::setup_refuses_without_root_and_makes_group_only_gpu_locks, needs: [Root, Tool("setpriv")]),

@@ -230,10 +230,18 @@ impl Scene {
 }
 
 impl Drop for Scene {
-    /// Lets the commands end (killing a devlock leaves its command holding).
+    /// Lets the commands end, and waits for them before the scratch
+    /// directory (and the release files in it) goes: killing a devlock
+    /// would leave its command holding.
     fn drop(&mut self) {
         release(&self.s, "train");
         release(&self.s, "solver");
+        let deadline = Instant::now() + HANG;
+        for holder in [&mut self.holder, &mut self.solver] {
+            while holder.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
     }
 }
 
@@ -478,12 +486,12 @@ fn browser(chromium: &Path, user_data: &Path, args: &[&str]) -> Vec<u8> {
 }
 
 /// Where the test leaves its screenshot: the target directory's tmp.
-fn artefact(name: &str) -> PathBuf {
+pub fn artefact(name: &str) -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
 }
 
 /// Takes a screenshot of `url` into `png`, `width` by `height`.
-fn screenshot(chromium: &Path, user_data: &Path, url: &str, png: &Path, size: (u32, u32)) {
+pub fn screenshot(chromium: &Path, user_data: &Path, url: &str, png: &Path, size: (u32, u32)) {
     let _ = std::fs::remove_file(png);
     browser(
         chromium,
@@ -556,7 +564,7 @@ pub(crate) fn the_page_in_a_headless_browser_shows_the_holder_and_the_line() {
 }
 
 /// The full path of `program` on PATH.
-fn which(program: &str) -> PathBuf {
+pub fn which(program: &str) -> PathBuf {
     std::env::split_paths(&std::env::var_os("PATH").unwrap())
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
