@@ -45,8 +45,7 @@ fn uid(name: &str) -> u32 {
     USERS.iter().find(|(n, _)| *n == name).unwrap().1
 }
 
-/// The GPUs: index, used MiB and utilisation (as the server sees them), and
-/// the processes on each as `(gpu, worker tag, MiB, MIG gi ci)`.
+/// The GPUs: index, used MiB and utilisation, as the server sees them.
 const GPUS: [(u32, u64, u32); 8] = [
     (0, 134_656, 99),
     (1, 133_120, 98),
@@ -58,7 +57,11 @@ const GPUS: [(u32, u64, u32); 8] = [
     (7, 3_584, 2),
 ];
 
-const PROCESSES: [(u32, &str, u64, Option<(u32, u32)>); 9] = [
+/// A worker on a GPU: its GPU, the tag of its pid file, its MiB, and its
+/// MIG instance (GPU and compute instance ids).
+type Worker = (u32, &'static str, u64, Option<(u32, u32)>);
+
+const PROCESSES: [Worker; 9] = [
     (0, "alice-0", 134_144, None),
     (1, "alice-1", 132_608, None),
     (2, "carol", 59_392, None),
