@@ -83,9 +83,9 @@ fn judge(processes: &mut [DeviceProcess], mapped: &[&Gate]) {
         // lock's, whatever order the directory lists them in.
         let gate = (p.pid != 0)
             .then(|| {
-                let mut narrowest: Vec<&&Gate> = mapped.iter().collect();
-                narrowest.sort_by_key(|g| breadth(&g.resource));
-                narrowest.into_iter().find(|g| inside(p.pid, g))
+                (0..=2)
+                    .flat_map(|b| mapped.iter().filter(move |g| breadth(&g.resource) == b))
+                    .find(|g| inside(p.pid, g))
             })
             .flatten()
             .map(|g| g.resource.to_string());

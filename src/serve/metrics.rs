@@ -299,15 +299,17 @@ pub(crate) fn render(snapshot: &Snapshot) -> String {
         .map_or(f64::NAN, |d| d.as_secs_f64());
     out.family(&STATUS_TIMESTAMP, vec![(vec![], at)]);
     out.family(&DIR_MANAGED, vec![(vec![], flag(report.trust.managed))]);
-    let mut issues: Vec<&str> = report
+    let mut issues: Vec<&str> = Vec::new();
+    for issue in report
         .trust
         .issues
         .iter()
         .chain(report.resources.iter().flat_map(|r| r.trust.issues.iter()))
-        .map(|i| i.path.as_str())
-        .collect();
-    issues.sort_unstable();
-    issues.dedup();
+    {
+        if !issues.contains(&issue.path.as_str()) {
+            issues.push(&issue.path);
+        }
+    }
     out.family(&TRUST_ISSUES, vec![(vec![], issues.len() as f64)]);
     locks(&mut out, &report.resources);
     gpus(&mut out, &report.resources, report.device_info.as_ref());
