@@ -71,7 +71,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d '
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu, gpu:0 .. gpu:N-1 and their MIG instances for the GPUs the probe (NVML, nvidia-smi, amd-smi) lists'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c devlock -n "__fish_devlock_using_subcommand serve" -l listen -d 'Address to listen on: IP:PORT, [IPv6]:PORT, or a bare PORT on 127.0.0.1 (0 lets the kernel choose a free port)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l listen -d 'Address to listen on: IP:PORT (IPv6 in brackets), or a bare PORT on 127.0.0.1 (0 lets the kernel choose a free port)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f

@@ -212,7 +212,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:10425";
 /// Arguments of `devlock serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on: IP:PORT, [IPv6]:PORT, or a bare PORT on
+    /// Address to listen on: IP:PORT (IPv6 in brackets), or a bare PORT on
     /// 127.0.0.1 (0 lets the kernel choose a free port)
     #[arg(
         long,

@@ -14,6 +14,8 @@
 //! one sample, the larger value. devlock-serve(1) lists the families.
 //!
 //! No label is named `instance` or `job`: Prometheus sets those itself.
+//! Families of the usage records (idle time), once they exist, are written
+//! by [`render`] after the GPUs', from the [`Snapshot`].
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -11,6 +11,11 @@
 //! other lock held or waited for (a group's rows held for a member are
 //! shown on the member's card, not again); then what status warns about.
 //! Every text is status's (sanitised), escaped for HTML.
+//!
+//! What a card shows of a GPU's past (a day of its use, whether it is idle)
+//! belongs to the usage records, which do not exist yet: when they do,
+//! [`Snapshot`] carries them and [`gpu_card`] draws them, after the memory
+//! bar and beside the state.
 
 use std::fmt::Write as _;
 use std::time::Duration;
