@@ -159,12 +159,23 @@ impl Drop for Slot {
 }
 
 /// A 503 written without waiting (a fresh socket's buffer takes it whole),
-/// by the accepting thread.
+/// by the accepting thread, which then reads what of the request has come
+/// (closing over unread bytes would reset the connection, and the client
+/// might lose the 503) and closes.
 fn refuse_busy(mut stream: TcpStream) {
     let response = Response::text(503, words::too_busy(MAX_CONNECTIONS)).with("Retry-After", "1");
-    if stream.set_nonblocking(true).is_ok() {
-        let _ = stream.write_all(&head(&response, SystemTime::now()));
-        let _ = stream.write_all(&response.body);
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut answer = head(&response, SystemTime::now());
+    answer.extend_from_slice(&response.body);
+    let _ = stream.write_all(&answer);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut sink = [0u8; 2048];
+    for _ in 0..4 {
+        if !matches!(stream.read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
     }
 }
 
