@@ -22,6 +22,9 @@ _devlock() {
             devlock,help)
                 cmd="devlock__subcmd__help"
                 ;;
+            devlock,serve)
+                cmd="devlock__subcmd__serve"
+                ;;
             devlock,setup)
                 cmd="devlock__subcmd__setup"
                 ;;
@@ -30,6 +33,9 @@ _devlock() {
                 ;;
             devlock__subcmd__help,help)
                 cmd="devlock__subcmd__help__subcmd__help"
+                ;;
+            devlock__subcmd__help,serve)
+                cmd="devlock__subcmd__help__subcmd__serve"
                 ;;
             devlock__subcmd__help,setup)
                 cmd="devlock__subcmd__help__subcmd__setup"
@@ -44,7 +50,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -219,7 +225,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__help)
-            opts="status setup help"
+            opts="status setup serve help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -233,6 +239,20 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__help__subcmd__serve)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -267,6 +287,97 @@ _devlock() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__serve)
+            opts="-h --listen --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --listen)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --probe-timeout)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -469,21 +580,21 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --kill-after | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is an option whose value nothing completes (a duration, a number, a name).
 _devlock_value_is_free() {
     case $1 in
-        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --kill-after | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is a subcommand.
 _devlock_is_subcommand() {
     case $1 in
-        help | setup | status) return 0 ;;
+        help | serve | setup | status) return 0 ;;
     esac
     return 1
 }
@@ -496,7 +607,7 @@ _devlock_lists_resources() {
 }
 # Prints the subcommands.
 _devlock_subcommands() {
-    printf '%s\n' help setup status
+    printf '%s\n' help serve setup status
 }
 
 # Resource names, hand-written (doc/completions/devlock.bash): a RESOURCE is

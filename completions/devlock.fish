@@ -56,6 +56,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print hel
 complete -c devlock -n "__fish_devlock_needs_command" -s V -l version -d 'Print version'
 complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
+complete -c devlock -n "__fish_devlock_needs_command" -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
@@ -79,22 +80,32 @@ complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-key -d 'T
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu, gpu:0 .. gpu:N-1 and their MIG instances for the GPUs the probe (NVML, nvidia-smi, amd-smi) lists'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l listen -d 'Address to listen on: IP:PORT (IPv6 in brackets), or a bare PORT on 127.0.0.1 (0 lets the kernel choose a free port)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --kill-after --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --kill-after --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand
-    contains -- $argv[1] help setup status
+    contains -- $argv[1] help serve setup status
 end
 # Whether $argv[1] is a subcommand that takes RESOURCE arguments.
 function __devlock_lists_resources

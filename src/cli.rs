@@ -27,6 +27,7 @@ Examples:
   devlock --step nightly gpu -- ./run.sh         label the holder in status
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
+  devlock serve                                  the same for a browser and Prometheus
   sudo devlock setup --gpus                      a directory and GPU locks no user can break
   flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate
   devlock --etcd http://10.0.0.5:2379 licence -- ./solve.sh
@@ -41,7 +42,7 @@ Examples:
     long_about = LONG_ABOUT,
     after_long_help = EXAMPLES,
     subcommand_negates_reqs = true,
-    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]..."
+    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]...\n       devlock serve [OPTIONS]"
 )]
 #[allow(missing_docs)] // clap turns doc comments into help text
 pub struct Cli {
@@ -219,6 +220,58 @@ pub enum Command {
         instead, to make it again at every boot (/run is a tmpfs)."
     )]
     Setup(SetupArgs),
+
+    /// Serve the status read-only over HTTP: a page for a browser, /metrics
+    /// for Prometheus, /status.json for scripts
+    #[command(long_about = SERVE_ABOUT)]
+    Serve(ServeArgs),
+}
+
+/// `devlock serve --help`, and the DESCRIPTION of devlock-serve(1).
+const SERVE_ABOUT: &str = "\
+Serve what devlock status shows, read-only, over HTTP at ADDR: / is a status page \
+for a browser, which reloads itself every 5 seconds (HTML and CSS that devlock \
+serves itself; no script): each GPU with its holders and line, its memory \
+(budgeted, used by the gate's jobs, used outside the gate) and the processes \
+outside the gate, then every other lock in use; /metrics is the Prometheus text \
+format (version 0.0.4), its families listed under METRICS in devlock-serve(1); \
+/status.json is the document of devlock status --json.\n\n\
+Every answer comes from one snapshot of the status model, taken at most once a \
+second however many ask: the kernel's lock table, the lock files' records as \
+labels, and the GPUs from NVML, nvidia-smi or amd-smi within --probe-timeout. It \
+shows what devlock status shows the user it runs as, but never a command line \
+(command is null in /status.json): command lines can hold secrets, and serve \
+answers whoever can reach it. It takes no lock and writes nothing, except that, \
+as status does, it removes the registrations of waiters that died.\n\n\
+The default port, 10425, is outside Prometheus' list of exporter ports (full from \
+9100 to 9999, so any port there is another exporter's), outside the kernel's \
+range for ephemeral ports (32768-60999, where a client's port can take it first) \
+and clear of what GPU machines often run (Jupyter, TensorBoard, Ray, the kubelet \
+at 10250). A request is a GET or HEAD of one of those three paths, its request \
+line and headers at most 8 KiB and read within 5 seconds; 16 are answered at \
+once and more get 503. Listening on a loopback address, it answers only requests \
+for localhost or an IP address (Host), so that a web page elsewhere cannot read \
+it through DNS rebinding. To share it beyond this machine, put a reverse proxy \
+with authentication in front (see WHO CAN SEE WHAT in devlock-serve(1)). It exits 1 when it cannot \
+listen, and otherwise runs until it is stopped.";
+
+/// Where `devlock serve` listens unless `--listen` says otherwise (see
+/// SERVE_ABOUT for why this port).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10425";
+
+/// Arguments of `devlock serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on: IP:PORT (IPv6 in brackets), or a bare PORT on
+    /// 127.0.0.1 (0 lets the kernel choose a free port)
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = DEFAULT_LISTEN,
+        value_parser = parse_listen,
+        value_hint = clap::ValueHint::Other
+    )]
+    pub listen: std::net::SocketAddr,
 }
 
 /// Arguments of `devlock setup`.
@@ -351,7 +404,7 @@ pub struct RunArgs {
 
 /// devlock's subcommands (clap's `help` included): names a resource cannot
 /// have, since as the first word they are read as the subcommand.
-pub const SUBCOMMANDS: [&str; 3] = ["help", "setup", "status"];
+pub const SUBCOMMANDS: [&str; 4] = ["help", "serve", "setup", "status"];
 
 /// A resource named like a subcommand is a usage error with a hint: as the
 /// first word of a run it would be read as the subcommand, so nobody could
@@ -710,6 +763,27 @@ pub(crate) fn parse_mib(text: &str) -> Result<u64, String> {
     Ok((number * scale).round() as u64)
 }
 
+/// `--listen`: `IP:PORT`, `[IPv6]:PORT`, `localhost:PORT` (127.0.0.1), or a
+/// bare `PORT` on 127.0.0.1.
+pub(crate) fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    if let Some(port) = text.strip_prefix("localhost:")
+        && let Ok(port) = port.parse::<u16>()
+    {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    text.parse::<SocketAddr>().map_err(|_| {
+        format!(
+            "not an address to listen on: {text:?} (try {DEFAULT_LISTEN}, [::1]:10425, \
+             0.0.0.0:10425 for every interface, or a port)"
+        )
+    })
+}
+
 /// A duration: `90s`, `10m`, `1h30m`, `250ms`, or a bare number of seconds
 /// (`10`, `1.5`), as `flock -w 10` and `timeout 10` take it.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -778,6 +852,32 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Cli::try_parse_from(["devlock", "setup", "--slots", "0", "x"]).is_err());
+    }
+
+    #[test]
+    fn serve_listens_on_loopback_unless_told() {
+        let cli = Cli::try_parse_from(["devlock", "serve"]).unwrap();
+        match cli.subcommand {
+            Some(Command::Serve(args)) => assert_eq!(args.listen.to_string(), DEFAULT_LISTEN),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(parse_listen("8080").unwrap().to_string(), "127.0.0.1:8080");
+        assert_eq!(
+            parse_listen("localhost:0").unwrap().to_string(),
+            "127.0.0.1:0"
+        );
+        assert_eq!(parse_listen("[::1]:9").unwrap().to_string(), "[::1]:9");
+        assert_eq!(parse_listen("0.0.0.0:1").unwrap().to_string(), "0.0.0.0:1");
+        for bad in [
+            "",
+            ":10425",
+            "example.org:80",
+            "127.0.0.1",
+            "70000",
+            "[::1]",
+        ] {
+            assert!(parse_listen(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod gpu;
 mod interrupt;
 mod messages;
 mod request;
+mod serve;
 mod status;
 mod supervise;
 mod sys;

@@ -1,5 +1,6 @@
 //! Each subcommand's entry point: `devlock R -- CMD` ([`run`]), `devlock
-//! status` ([`status`]) and `devlock setup` ([`setup`]), for either backend.
+//! status` ([`status`]) and `devlock setup` ([`setup`]), for either backend;
+//! `devlock serve` is [`crate::serve`]'s, for the lock directory only.
 
 pub(crate) mod run;
 pub(crate) mod setup;
@@ -21,6 +22,7 @@ pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.subcommand {
         Some(Command::Status(args)) => status::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Setup(args)) => setup::run(&args, &cli.dir, cli.probe_timeout),
+        Some(Command::Serve(args)) => crate::serve::run(&args, &cli.dir, cli.probe_timeout),
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
 }
@@ -38,6 +40,10 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
         Some(Command::Setup(_)) => Err(crate::exit::coded(
             ExitCode::Usage,
             "devlock setup prepares the scratch directory; it has nothing to do with --etcd",
+        )),
+        Some(Command::Serve(_)) => Err(crate::exit::coded(
+            ExitCode::Usage,
+            crate::messages::serve::not_for_etcd(),
         )),
         None => crate::etcd::run::run(&cli.run, config),
     }

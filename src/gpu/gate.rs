@@ -78,8 +78,15 @@ fn judge(processes: &mut [DeviceProcess], mapped: &[&Gate]) {
     for p in processes {
         // Pid 0: a process outside this PID namespace, which no gate here
         // can be shown to hold.
+        // The narrowest lock first: a job under gpu:N (or a MIG instance)
+        // holds gpu:N and gpu too, shared, and its memory is the narrow
+        // lock's, whatever order the directory lists them in.
         let gate = (p.pid != 0)
-            .then(|| mapped.iter().find(|g| inside(p.pid, g)))
+            .then(|| {
+                (0..=2)
+                    .flat_map(|b| mapped.iter().filter(move |g| breadth(&g.resource) == b))
+                    .find(|g| inside(p.pid, g))
+            })
             .flatten()
             .map(|g| g.resource.to_string());
         p.gating = Some(Gating {
@@ -89,6 +96,18 @@ fn judge(processes: &mut [DeviceProcess], mapped: &[&Gate]) {
             gated: gate.is_some(),
             gate,
         });
+    }
+}
+
+/// How much of the machine a GPU lock covers: a MIG instance, a GPU, the
+/// group.
+fn breadth(resource: &Resource) -> u8 {
+    if resource.mig_parent().is_some() {
+        0
+    } else if resource.gpu_index().is_some() {
+        1
+    } else {
+        2
     }
 }
 
@@ -203,6 +222,31 @@ mod tests {
         assert_eq!(gpu_indices(&r("gpu"), &all), Some(vec![0, 1, 2]));
         assert_eq!(gpu_indices(&r("gpu:1"), &all), Some(vec![1]));
         assert_eq!(gpu_indices(&r("dataset"), &all), None);
+    }
+
+    #[test]
+    fn a_process_inside_a_member_and_its_group_counts_for_the_member() {
+        let me = std::process::id();
+        let gate = |name: &str| Gate {
+            resource: name.parse().unwrap(),
+            lock: FileId {
+                major: 0,
+                minor: 0,
+                ino: 0,
+            },
+            holder_pids: vec![me],
+        };
+        let (group, member, instance) = (gate("gpu"), gate("gpu:1"), gate("gpu:1:1g.18gb:gi9.ci0"));
+        let mut processes = vec![DeviceProcess {
+            pid: me,
+            ..Default::default()
+        }];
+        judge(&mut processes, &[&group, &member]);
+        assert_eq!(processes[0].gate(), Some("gpu:1"));
+        judge(&mut processes, &[&group, &member, &instance]);
+        assert_eq!(processes[0].gate(), Some("gpu:1:1g.18gb:gi9.ci0"));
+        judge(&mut processes, &[&group]);
+        assert_eq!(processes[0].gate(), Some("gpu"));
     }
 
     #[test]

@@ -230,7 +230,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
 }
 
 /// `20 GiB, starting`, `20 GiB, over budget: 27 GiB of 20 GiB`
-fn budget_cell(h: &crate::status::model::Holder, mem: u64) -> String {
+pub(crate) fn budget_cell(h: &crate::status::model::Holder, mem: u64) -> String {
     use crate::gpu::memory::size;
     let mut words = vec![size(mem)];
     if h.starting == Some(true) {
@@ -249,7 +249,7 @@ fn budget_cell(h: &crate::status::model::Holder, mem: u64) -> String {
 
 /// One line for each thing another user could break, each lock devlock did
 /// not take, and each holder whose lock file was renamed or removed.
-fn warnings(report: &StatusReport) -> String {
+pub(crate) fn warnings(report: &StatusReport) -> String {
     let mut out = String::new();
     let mut issues: Vec<&str> = report
         .trust

@@ -227,6 +227,7 @@ complete_line 'devlock -n -w 10m g'
 complete_line 'devlock gpu '
 complete_line 'devlock status '
 complete_line 'devlock status --json g'
+complete_line 'devlock serve '
 complete_line 'devlock --dir {other} '
 complete_line 'devlock --dir={other} status '
 complete_line 'devlock gpu:'
@@ -285,16 +286,18 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
     assert_eq!(reply("words-only"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(
         reply("devlock "),
-        ["gpu", "gpu:0", "gpu:1", "help", "setup", "status"]
+        ["gpu", "gpu:0", "gpu:1", "help", "serve", "setup", "status"]
     );
     assert_eq!(reply("devlock g"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(reply("devlock -n -w 10m g"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(reply("devlock gpu "), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(reply("devlock status "), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(reply("devlock status --json g"), ["gpu", "gpu:0", "gpu:1"]);
+    // serve takes no resource.
+    assert!(!reply("devlock serve ").contains(&"gpu"), "{stdout}");
     assert_eq!(
         reply(&format!("devlock --dir {other_dir} ")),
-        ["help", "setup", "status", "tpu"]
+        ["help", "serve", "setup", "status", "tpu"]
     );
     assert_eq!(
         reply(&format!("devlock --dir={other_dir} status ")),

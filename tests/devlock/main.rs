@@ -39,6 +39,8 @@ mod granularity;
 mod kills;
 mod manners;
 mod nvml;
+mod serve;
+mod serve_scene;
 mod shared_machine;
 mod signals;
 mod status;
@@ -242,6 +244,16 @@ const TESTS: &[Test] = &[
     test!(manners::a_wait_behind_a_queued_whole_group_request_names_it, needs: []),
     test!(manners::a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_group_row, needs: []),
     test!(manners::a_group_row_borrows_only_a_label_its_member_backs, needs: []),
+    test!(serve::status_json_is_status_json_without_command_lines, needs: [Tool("cc")]),
+    test!(serve::metrics_pass_promtool_and_carry_the_values, needs: [Tool("cc"), Tool("promtool")]),
+    test!(serve::the_page_in_a_headless_browser_shows_the_holder_and_the_line, needs: [Tool("cc"), Tool("chromium-headless-shell")]),
+    test!(serve::requests_are_bounded_and_only_get_and_head_are_answered, needs: []),
+    test!(serve::more_connections_than_the_limit_are_told_503_and_then_served, needs: []),
+    test!(serve::the_shipped_unit_serves_as_an_unprivileged_user_what_status_shows_that_user, needs: [Root, Tool("setpriv"), Tool("cc")]),
+    test!(serve::listen_and_usage_errors_are_one_line, needs: []),
+    test!(serve::every_metric_family_is_documented_and_every_documented_one_served, needs: []),
+    test!(serve::the_prometheus_examples_pass_promtool, needs: [Tool("promtool")]),
+    test!(serve_scene::doc_screenshot, ignored: "writes doc/serve.png", needs: [Root, Tool("setpriv"), Tool("unshare"), Tool("faketime"), Tool("cc"), Tool("chromium-headless-shell")]),
     test!(shared_machine::a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it, needs: [Root, Tool("setpriv")]),
     test!(shared_machine::a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup, needs: [Root, Tool("setpriv")]),
     test!(shared_machine::setup_refuses_without_root_and_makes_group_only_gpu_locks, needs: [Root, Tool("setpriv")]),

@@ -31,6 +31,19 @@ const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
     ("EXAMPLES", "examples.roff"),
 ];
 
+/// Sections of a subcommand's page that clap cannot know, after its
+/// generated OPTIONS: the subcommand, then its sections' titles and files
+/// under doc/man/, in page order.
+const SUBCOMMAND_SECTIONS: &[(&str, &[(&str, &str)])] = &[(
+    "serve",
+    &[
+        ("ENDPOINTS", "serve-endpoints.roff"),
+        ("METRICS", "serve-metrics.roff"),
+        ("WHO CAN SEE WHAT", "serve-access.roff"),
+        ("EXAMPLES", "serve-examples.roff"),
+    ],
+)];
+
 /// clap_complete's last lines for zsh, which the hand-written zsh part
 /// replaces so that its wrapper, not clap's `_devlock`, is registered.
 const CLAP_ZSH_ENDING: &str = "\
@@ -190,13 +203,21 @@ fn man_page(cmd: &clap::Command) -> String {
     page
 }
 
-/// The page of one subcommand (devlock-status(1)): all generated.
+/// The page of one subcommand (devlock-status(1)): generated, with the
+/// hand-written sections [`SUBCOMMAND_SECTIONS`] gives it.
 fn subcommand_man_page(parent: &clap::Command, sub: &clap::Command) -> String {
     let version = version(parent);
     let man = man_for(sub, &version);
     let mut page = page_head(&man);
     if sub.get_arguments().any(|a| !a.is_hide_set()) {
         page += &rendered(&man, clap_mangen::Man::render_options_section);
+    }
+    let own = SUBCOMMAND_SECTIONS
+        .iter()
+        .find(|(name, _)| *name == sub.get_name())
+        .map_or(&[][..], |(_, sections)| *sections);
+    for (title, file) in own {
+        page += &section(title, &doc(&format!("man/{file}")));
     }
     page += &section(
         "SEE ALSO",

@@ -1,0 +1,98 @@
+//! The status that `devlock serve` answers with: one snapshot of the status
+//! model at a time, shared by every request of the same second, with the
+//! command lines taken out.
+//!
+//! A snapshot is what `devlock status --json` gathers: every lock file in
+//! the directory, the kernel's lock table, and the GPUs within the probe's
+//! time limit. Requests that come while one is being taken wait for it
+//! rather than start their own, so a page left open in ten browsers and a
+//! Prometheus scraping every second cost one gather a second, and a GPU
+//! source that hangs is asked by one request at a time (NVML's own thread
+//! then answers "unknown" at once; see `gpu::nvml`). A failed gather (an
+//! unsafe directory, an unreadable `/proc/locks`) is not kept: the next
+//! request tries again.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Result;
+
+use crate::status::model::{self, StatusReport};
+
+/// How long a snapshot answers requests before the next is taken.
+pub(crate) const FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// One gather of the status, as served.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// `devlock status --json`'s model, every `command` withheld.
+    pub(crate) report: StatusReport,
+    /// When it was taken.
+    pub(crate) at: SystemTime,
+    /// How long it took, the GPU probe included.
+    pub(crate) took: Duration,
+}
+
+impl Snapshot {
+    /// `/status.json`: formatted as `devlock status --json` prints it.
+    pub(crate) fn json(&self) -> Result<String> {
+        let mut json = serde_json::to_string_pretty(&self.report)?;
+        json.push('\n');
+        Ok(json)
+    }
+}
+
+/// The snapshots of one directory.
+#[derive(Debug)]
+pub(crate) struct Snapshots {
+    dir: PathBuf,
+    probe_timeout: Duration,
+    latest: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+}
+
+impl Snapshots {
+    pub(crate) fn new(dir: PathBuf, probe_timeout: Duration) -> Snapshots {
+        Snapshots {
+            dir,
+            probe_timeout,
+            latest: Mutex::new(None),
+        }
+    }
+
+    /// The latest snapshot, or a new one when it is older than
+    /// [`FRESH_FOR`].
+    pub(crate) fn get(&self) -> Result<Arc<Snapshot>> {
+        // Held while gathering: whoever comes meanwhile waits for this one.
+        let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((taken, snapshot)) = latest.as_ref()
+            && taken.elapsed() < FRESH_FOR
+        {
+            return Ok(snapshot.clone());
+        }
+        let started = Instant::now();
+        let at = SystemTime::now();
+        let mut report = model::gather(&self.dir, &[], Some(self.probe_timeout))?;
+        withhold_commands(&mut report);
+        let snapshot = Arc::new(Snapshot {
+            report,
+            at,
+            took: started.elapsed(),
+        });
+        *latest = Some((started, snapshot.clone()));
+        Ok(snapshot)
+    }
+}
+
+/// Command lines are never served: they can carry secrets (a token passed
+/// as an argument), and serve answers whoever reaches it, not the users
+/// `/proc` would show them to.
+fn withhold_commands(report: &mut StatusReport) {
+    for holder in report
+        .resources
+        .iter_mut()
+        .flat_map(|r| r.holders.iter_mut())
+    {
+        holder.command = None;
+    }
+}
