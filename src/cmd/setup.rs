@@ -16,7 +16,7 @@ use crate::cli::SetupArgs;
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::kind_of;
-use crate::gpu::nvidia_smi::{DeviceReport, Probe};
+use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId, LockTable};

@@ -74,7 +74,7 @@ pub(crate) struct Ask {
     /// What the probe said as the run started (its check of the size), and
     /// when: the first look uses it while it is [`FRESH`], so an
     /// uncontended budget costs one probe, not two.
-    pub seen: Option<(Instant, crate::gpu::nvidia_smi::DeviceReport)>,
+    pub seen: Option<(Instant, crate::gpu::device::DeviceReport)>,
 }
 
 /// How long a probe's answer stands for the first look.
@@ -82,7 +82,7 @@ const FRESH: Duration = Duration::from_millis(250);
 
 impl Ask {
     /// The device now: the run's first answer while fresh, else a probe.
-    fn probe(&self) -> crate::gpu::nvidia_smi::DeviceReport {
+    fn probe(&self) -> crate::gpu::device::DeviceReport {
         match &self.seen {
             Some((at, report)) if at.elapsed() < FRESH => report.clone(),
             _ => memory::probe(self.probe_timeout),
@@ -575,7 +575,7 @@ pub(crate) fn check_usage(shape: &Shape) -> Result<()> {
 }
 
 /// A probe's answer and when it came.
-pub(crate) type Seen = (Instant, crate::gpu::nvidia_smi::DeviceReport);
+pub(crate) type Seen = (Instant, crate::gpu::device::DeviceReport);
 
 /// Each candidate's total memory (MiB), asked once before any wait, and
 /// the probe's answer (for the first look). A device whose memory cannot

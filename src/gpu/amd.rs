@@ -36,9 +36,8 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::gpu::nvidia_smi::{
-    Device, DeviceProcess, DeviceReport, Probe, deadline_in, lookup_tool, run_tool,
-};
+use crate::gpu::device::{Device, DeviceProcess, DeviceReport, Probe};
+use crate::gpu::tool::{deadline_in, lookup_tool, run_tool};
 
 /// `amd-smi list --json`: index, PCI address and UUID of each GPU.
 pub(crate) const LIST_ARGS: [&str; 2] = ["list", "--json"];

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport, Gating, format_mib};
+use crate::gpu::device::{Device, DeviceProcess, DeviceReport, Gating, format_mib};
 use crate::gpu::source::{self, Probed};
 use crate::resource::Resource;
 use crate::sys::procfs::{self, FileId};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::gpu::nvidia_smi::{Device, DeviceReport};
+use crate::gpu::device::{Device, DeviceReport};
 use crate::sys::procfs;
 
 /// One budget held on a device, as its registration labels it.
@@ -172,7 +172,7 @@ pub(crate) fn size(mib: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::nvidia_smi::DeviceProcess;
+    use crate::gpu::device::DeviceProcess;
 
     fn device(used: Option<u64>, processes: &[(u32, u64)]) -> Device {
         Device {

@@ -48,8 +48,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::gpu::device::{Device, DeviceProcess, MigInstance};
 use crate::gpu::mig;
-use crate::gpu::nvidia_smi::{Device, DeviceProcess, MigInstance};
 use crate::sys::nvml as ffi;
 use crate::text::human_duration;
 use ffi::{Code, Handle, Library, OpenError, ProcessInfo};
