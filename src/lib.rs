@@ -20,6 +20,7 @@ mod flock;
 mod gpu;
 mod interrupt;
 mod messages;
+mod proc;
 mod request;
 mod status;
 mod supervise;

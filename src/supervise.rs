@@ -309,7 +309,7 @@ fn cannot_wait(child: &Child, err: &std::io::Error) -> ExitCode {
     eprintln!(
         "devlock: cannot wait for the command (pid {}): {}; it may still be running and hold the lock",
         child.pid,
-        crate::sys::procfs::os_text(err)
+        crate::proc::os_text(err)
     );
     ExitCode::GeneralError
 }

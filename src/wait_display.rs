@@ -686,5 +686,5 @@ fn clear(drawn: &mut bool) {
 }
 
 fn is_ancestor(pid: u32) -> bool {
-    crate::sys::procfs::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
+    crate::proc::process::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
 }

@@ -18,10 +18,10 @@ use crate::flock::trust;
 use crate::gpu::device::DeviceReport;
 use crate::gpu::gate as devices;
 use crate::interrupt::{self, Stop};
+use crate::proc;
 use crate::request::Request;
 use crate::resource::Resource;
 use crate::supervise;
-use crate::sys::procfs;
 use crate::wait_display::WaitPlan;
 
 pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
@@ -171,7 +171,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     }
     let signal = pending.settle();
     record.child = Some(child.id());
-    record.child_start = procfs::start_time(child.id());
+    record.child_start = proc::process::start_time(child.id());
     for lock in &held {
         lock.label(&record);
     }
@@ -582,7 +582,7 @@ fn require_idle(
     threshold_mib: u64,
     probe_timeout: Duration,
 ) -> Result<()> {
-    let table = procfs::LockTable::read().unwrap_or_default();
+    let table = proc::locks::LockTable::read().unwrap_or_default();
     let me = std::process::id();
     let gates: Vec<devices::Gate> = taken
         .iter()

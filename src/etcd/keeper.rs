@@ -9,8 +9,8 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
+use crate::proc::process::{live_descendants, signal_descendants};
 use crate::sys::process::PidFd;
-use crate::sys::procfs::{live_descendants, signal_descendants};
 use crate::text::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the

@@ -117,11 +117,11 @@ fn wait_for_what_it_left(
     let mut signalled: Option<Instant> = None;
     let forward = |sig: Received, signalled: &mut Option<Instant>| {
         if signalled.is_some() {
-            crate::sys::procfs::signal_descendants(libc::SIGKILL);
+            crate::proc::process::signal_descendants(libc::SIGKILL);
             return;
         }
         let skip = (!sig.from_process).then_some(own_group);
-        crate::sys::procfs::signal_descendants_outside(sig.signo, skip);
+        crate::proc::process::signal_descendants_outside(sig.signo, skip);
         *signalled = Some(Instant::now());
     };
     let mut first = first;
@@ -136,7 +136,7 @@ fn wait_for_what_it_left(
             Err(e) => {
                 eprintln!(
                     "devlock: cannot wait for what the command left behind: {}",
-                    crate::sys::procfs::os_text(&e)
+                    crate::proc::os_text(&e)
                 );
                 return;
             }
@@ -145,7 +145,7 @@ fn wait_for_what_it_left(
             forward(sig, &mut signalled);
         }
         if !said && !lease_lost() {
-            let left = crate::sys::procfs::live_descendants(std::process::id());
+            let left = crate::proc::process::live_descendants(std::process::id());
             eprintln!(
                 "devlock: the command has exited; holding the lock until what it started has too (pid {})",
                 left.iter()
@@ -157,7 +157,7 @@ fn wait_for_what_it_left(
         }
         let timeout = signalled.map(|t| kill_after.saturating_sub(t.elapsed()));
         if timeout.is_some_and(|t| t.is_zero()) {
-            crate::sys::procfs::signal_descendants(libc::SIGKILL);
+            crate::proc::process::signal_descendants(libc::SIGKILL);
         }
         match supervise::wait_signal(timeout.filter(|t| !t.is_zero())) {
             Some(sig) if sig.signo != libc::SIGCHLD => forward(sig, &mut signalled),

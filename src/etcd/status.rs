@@ -12,9 +12,9 @@ use crate::cli::StatusArgs;
 use crate::cmd::status::print_report;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
+use crate::proc;
 use crate::resource::Resource;
 use crate::status::table::{align, duration_cell, paint_lock_cell};
-use crate::sys::procfs;
 use crate::text::sanitize;
 
 #[derive(Debug, Serialize)]
@@ -173,7 +173,7 @@ fn view(
     let entry = place.entry.as_ref();
     let alive = entry
         .filter(|e| e.host == here)
-        .map(|e| procfs::is_same_process(e.pid, e.pid_start));
+        .map(|e| proc::process::is_same_process(e.pid, e.pid_start));
     PlaceView {
         step: entry.map(|e| e.step.clone()),
         pid: entry.map(|e| e.pid),

@@ -42,10 +42,10 @@ use crate::flock::registration::{self, Kind, Registration};
 use crate::flock::take::{Context, Entry, Held, Taken, blocking, register, watch};
 use crate::gpu::memory::{self, Budget, Room};
 use crate::interrupt::Stop;
+use crate::proc::locks::{FileId, LockTable};
 use crate::request::Request;
 use crate::resource::Resource;
 use crate::sys::fs::{Flock, flock};
-use crate::sys::procfs::{FileId, LockTable};
 use crate::sys::signal::Thread;
 use crate::wait_display::Waited;
 
@@ -140,7 +140,7 @@ fn roots(record: &Record) -> Vec<u32> {
     let mut roots: Vec<u32> = alive.then_some(record.pid).into_iter().collect();
     roots.extend(record.child.filter(|&c| {
         record.names_child(c)
-            && (!alive || crate::sys::procfs::ancestors(c).any(|(p, _)| p == record.pid))
+            && (!alive || crate::proc::process::ancestors(c).any(|(p, _)| p == record.pid))
     }));
     roots
 }

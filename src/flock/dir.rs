@@ -84,7 +84,7 @@ impl ScratchDir {
                         format!(
                             "cannot open scratch directory {}: {}",
                             path.display(),
-                            crate::sys::procfs::os_text(&err)
+                            crate::proc::os_text(&err)
                         ),
                     )),
                 };
@@ -237,7 +237,7 @@ fn create(path: &Path) -> Result<bool> {
             format!(
                 "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
                 path.display(),
-                crate::sys::procfs::os_text(&e)
+                crate::proc::os_text(&e)
             ),
         )),
     }

@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
+use crate::proc::locks::FileId;
 use crate::sys::fs::{Flock, flock};
-use crate::sys::procfs::FileId;
 
 /// Mode every lock file gets, whatever the creator's umask: any user who can
 /// reach the directory must be able to open it and join the gate.
@@ -367,7 +367,7 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
         _ => format!(
             "cannot open lock file {}: {}",
             path.display(),
-            crate::sys::procfs::os_text(&err)
+            crate::proc::os_text(&err)
         ),
     };
     coded(ExitCode::IoError, message)

@@ -16,11 +16,11 @@ use crate::flock::registration::{Kind, Registration};
 use crate::flock::slots::{self, Slot};
 use crate::interrupt::Stop;
 use crate::messages::label_of;
+use crate::proc::locks::LockTable;
 use crate::request::Request;
 use crate::resource::Resource;
 use crate::status::model as status;
 use crate::supervise::Received;
-use crate::sys::procfs::LockTable;
 use crate::wait_display::{self as wait, WaitPlan, Waited};
 
 /// A lock we hold.

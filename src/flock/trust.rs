@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::flock::dir::ScratchDir;
+use crate::proc;
 use crate::resource::Resource;
-use crate::sys::procfs;
 use crate::text::sanitize;
 
 /// One thing that lets another user break exclusion (or the line's order).
@@ -59,7 +59,7 @@ pub(crate) fn foreign(owner: u32) -> bool {
 }
 
 fn user(uid: u32) -> String {
-    sanitize(&procfs::user_name(uid))
+    sanitize(&proc::process::user_name(uid))
 }
 
 /// What an owner of `name` (a file in the scratch directory) could do.

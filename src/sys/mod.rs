@@ -15,6 +15,10 @@ pub(crate) mod env;
 pub(crate) mod fs;
 pub(crate) mod nvml;
 pub(crate) mod process;
-pub(crate) mod procfs;
 pub(crate) mod signal;
 pub(crate) mod tty;
+
+/// The old path of [`crate::proc`] (which moved out of the `unsafe` layer),
+/// for branches written against it; remove once they are merged.
+#[allow(unused_imports)]
+pub(crate) use crate::proc as procfs;
