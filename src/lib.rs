@@ -14,17 +14,20 @@
 
 mod api;
 mod cmd;
+mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod flock;
 mod gpu;
 mod interrupt;
 mod messages;
+mod plan;
 mod proc;
 mod request;
 mod status;
 mod supervise;
 mod sys;
+mod take;
 mod text;
 mod tty;
 mod wait_display;
@@ -35,9 +38,10 @@ pub mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, Busy, Guard, HeldLock, Hold, Holder, Lock, NotSupported,
-    Options, Spec, Wait, exit_code, status_document,
+    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, Lock, Options, Spec, Wait,
+    status_document,
 };
+pub use error::{Busy, Error, Holder, NotSupported, Result};
 pub use resource::Resource;
 
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same
@@ -46,6 +50,6 @@ pub use resource::Resource;
 pub const DEFAULT_DIR: &str = flock::dir::DEFAULT_DIR;
 
 /// Runs a parsed command line and returns the exit code to end with.
-pub fn run(cli: cli::Cli) -> anyhow::Result<exit::ExitCode> {
-    cmd::dispatch(cli)
+pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
+    cmd::dispatch(cli).map_err(Error::from)
 }

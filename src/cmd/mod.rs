@@ -34,7 +34,10 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             ExitCode::Usage,
             "devlock setup prepares the scratch directory; it has nothing to do with --etcd",
         )),
-        None => crate::etcd::run::run(&cli.run, config),
+        None => {
+            let plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
+            crate::etcd::run::run(&plan, &cli.run, config)
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use super::keeper::GUARD;
 use super::session::{Acquired, Session, Settings};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
+use crate::plan::Plan;
 use crate::resource::Resource;
 use crate::supervise::{self, Received};
 
@@ -22,8 +23,9 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 
-pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
-    let resources = crate::cmd::run::validate(args)?;
+/// Runs `args`'s command under the locks of `plan` (built from `args`).
+pub(crate) fn run(plan: &Plan, args: &RunArgs, config: Config) -> Result<ExitCode> {
+    let resources = &plan.resources;
     let (ttl, kill_after) = check_margins(args)?;
     supervise::check_command(&args.command[0])?;
     let step = args.step_name();
@@ -42,7 +44,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         step: step.clone(),
         command: args.command_line(),
     };
-    let requests = crate::request::in_order(&resources, !args.shared, 0);
+    let requests = plan.in_order();
     let mut session = Session::start(settings, requests)?;
     let env: supervise::Env = vec![
         (
@@ -59,7 +61,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let (acquired, stopped) = session.wait_for_locks()?;
     if let Acquired::AllInherited = acquired {
         session.finish();
-        return Ok(crate::cmd::run::pass_through(&args.command, &env));
+        return Ok(supervise::pass_through(&args.command, &env));
     }
     if let Some(sig) = stopped.or_else(supervise::pending_stop) {
         session.release();

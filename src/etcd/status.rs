@@ -9,11 +9,11 @@ use serde::Serialize;
 
 use super::{Config, PREFIX, Place, blockers, hostname, line_of};
 use crate::cli::StatusArgs;
-use crate::cmd::status::print_report;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
 use crate::proc;
 use crate::resource::Resource;
+use crate::status::print::print_report;
 use crate::status::table::{align, duration_cell, paint_lock_cell};
 use crate::text::sanitize;
 

@@ -89,7 +89,7 @@ impl LockFile {
             let meta = file.metadata().map_err(|e| open_error(&path, e))?;
             check_plain_file(std::os::unix::fs::MetadataExt::mode(&meta), &path)?;
             let id = FileId::from_metadata(meta_dev(&meta), meta_ino(&meta));
-            crate::flock::trust::note_file(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
+            dir.opened(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
             return Ok(LockFile {
                 file,
                 path,
