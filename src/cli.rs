@@ -1,4 +1,5 @@
-//! The command line: every flag and subcommand, and the help text around them.
+//! The command line: every flag and subcommand, and the help text around them
+//! (for the binary: not part of the library's API).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

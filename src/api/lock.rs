@@ -26,7 +26,7 @@ pub enum Wait {
 /// Where and how to take a lock.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The scratch directory ([`crate::flock::dir::DEFAULT_DIR`] by default).
+    /// The scratch directory ([`crate::DEFAULT_DIR`] by default).
     pub dir: PathBuf,
     /// Whether and how long to wait when someone else holds the lock.
     pub wait: Wait,
