@@ -25,6 +25,7 @@ mod flock;
 mod gpu;
 mod interrupt;
 mod messages;
+mod names;
 mod plan;
 mod proc;
 mod request;

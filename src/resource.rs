@@ -9,12 +9,7 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Resource(String);
 
-/// Longest accepted resource name.
-pub(crate) const MAX_NAME_LEN: usize = 64;
-
-/// Largest GPU index a `gpu:N` name may carry: far above any machine's
-/// count, small enough for every consumer (`CUDA_VISIBLE_DEVICES`, u16).
-pub(crate) const MAX_GPU_INDEX: u32 = 65535;
+use crate::names::{MAX_GPU_INDEX, MAX_NAME_LEN};
 
 impl Resource {
     /// Checks a name as the user typed it.

@@ -405,20 +405,18 @@ impl Waited {
     }
 }
 
-impl Watch {
-    /// The figures a budget waits on, once it has looked.
-    fn room_text(&self) -> Option<String> {
-        let text = self.room.as_ref()?.lock().ok()?.clone();
-        (!text.is_empty()).then_some(text)
-    }
+/// The figures a budget waits on, once it has looked.
+fn room_text(watch: &Watch) -> Option<String> {
+    let text = watch.room.as_ref()?.lock().ok()?.clone();
+    (!text.is_empty()).then_some(text)
+}
 
-    /// The figures without the resource's name in front, where the line
-    /// has named it already.
-    fn unnamed<'t>(&self, room: &'t str) -> &'t str {
-        room.strip_prefix(self.resource.as_str())
-            .and_then(|r| r.strip_prefix(": "))
-            .unwrap_or(room)
-    }
+/// The figures without the resource's name in front, where the line has
+/// named it already.
+fn unnamed<'t>(watch: &Watch, room: &'t str) -> &'t str {
+    room.strip_prefix(watch.resource.as_str())
+        .and_then(|r| r.strip_prefix(": "))
+        .unwrap_or(room)
 }
 
 /// Who stands in the way of one watched lock, as of now.
@@ -430,35 +428,34 @@ struct Seen {
     place: Option<usize>,
 }
 
-impl Watch {
-    fn seen(&self) -> Seen {
-        let place = self.ticket.and_then(|ticket| {
-            let name = self.resource.file_name();
-            crate::flock::queue::count_ahead(&self.dir, &name, ticket)
-                .ok()
-                .map(|n| n + 1)
-        });
-        // Naming who is ahead needs the registrations; only read them when
-        // somebody is.
-        if place.is_some_and(|p| p > 1) {
-            let view = status::describe(&self.lock, &self.dir, &self.resource);
-            let me = std::process::id();
-            let ahead: Vec<WaiterView> = match view.waiters.iter().position(|w| w.pid == Some(me)) {
-                Some(mine) => view.waiters[..mine].to_vec(),
-                None => view
-                    .waiters
-                    .iter()
-                    .take(place.unwrap_or(1) - 1)
-                    .cloned()
-                    .collect(),
-            };
-            return Seen { view, ahead, place };
-        }
-        Seen {
-            view: status::describe_holders(&self.lock, &self.dir, &self.resource),
-            ahead: Vec::new(),
-            place,
-        }
+/// Who stands in the way of `watch` now.
+fn seen(watch: &Watch) -> Seen {
+    let place = watch.ticket.and_then(|ticket| {
+        let name = watch.resource.file_name();
+        crate::flock::queue::count_ahead(&watch.dir, &name, ticket)
+            .ok()
+            .map(|n| n + 1)
+    });
+    // Naming who is ahead needs the registrations; only read them when
+    // somebody is.
+    if place.is_some_and(|p| p > 1) {
+        let view = status::describe(&watch.lock, &watch.dir, &watch.resource);
+        let me = std::process::id();
+        let ahead: Vec<WaiterView> = match view.waiters.iter().position(|w| w.pid == Some(me)) {
+            Some(mine) => view.waiters[..mine].to_vec(),
+            None => view
+                .waiters
+                .iter()
+                .take(place.unwrap_or(1) - 1)
+                .cloned()
+                .collect(),
+        };
+        return Seen { view, ahead, place };
+    }
+    Seen {
+        view: status::describe_holders(&watch.lock, &watch.dir, &watch.resource),
+        ahead: Vec::new(),
+        place,
     }
 }
 
@@ -522,7 +519,7 @@ impl Board {
         let holder = shown
             .watches
             .iter()
-            .find_map(|w| w.seen().view.holders.first().cloned());
+            .find_map(|w| seen(w).view.holders.first().cloned());
         let resource = match &shown.watches[..] {
             [one] => one.resource.to_string(),
             _ => shown.label.clone(),
@@ -560,9 +557,9 @@ impl Shown {
         match &self.watches[..] {
             [] => {}
             [watch] => {
-                let seen = watch.seen();
-                if let Some(room) = watch.room_text() {
-                    parts.push((format!(" · {}", watch.unnamed(&room)), true));
+                let seen = seen(watch);
+                if let Some(room) = room_text(watch) {
+                    parts.push((format!(" · {}", unnamed(watch, &room)), true));
                 } else if let Some(h) = seen.view.holders.first() {
                     let ancestor = if h.pid.is_some_and(is_ancestor) {
                         " — an ancestor of this devlock: if it is the job this runs in, it did \
@@ -590,8 +587,8 @@ impl Shown {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
-                        let seen = watch.seen();
-                        if let Some(room) = watch.room_text() {
+                        let seen = seen(watch);
+                        if let Some(room) = room_text(watch) {
                             return room;
                         }
                         let who = match (seen.view.holders.first(), seen.ahead.first()) {
@@ -618,20 +615,20 @@ impl Shown {
         match &self.watches[..] {
             [] => String::new(),
             [watch] => {
-                if let Some(room) = watch.room_text() {
-                    return format!(": {}", watch.unnamed(&room));
+                if let Some(room) = room_text(watch) {
+                    return format!(": {}", unnamed(watch, &room));
                 }
-                let seen = watch.seen();
+                let seen = seen(watch);
                 in_the_way(&seen.view, &seen.ahead)
             }
             several => {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
-                        if let Some(room) = watch.room_text() {
+                        if let Some(room) = room_text(watch) {
                             return room;
                         }
-                        let seen = watch.seen();
+                        let seen = seen(watch);
                         let why = in_the_way(&seen.view, &seen.ahead);
                         format!("{} {}", watch.label, why.trim_start_matches(": "))
                     })

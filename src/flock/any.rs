@@ -4,11 +4,11 @@
 use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
-use crate::flock::entry::{Attempt, Context, Entry, Taken, register, watch};
+use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, register, watch};
 use crate::flock::file::LockFile;
 use crate::flock::nesting::inside_holder;
 use crate::flock::race::first_of;
-use crate::flock::wait::{Busy, Wait, blocking};
+use crate::flock::wait::{Busy, Wait};
 use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;

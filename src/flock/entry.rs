@@ -12,7 +12,7 @@ use crate::flock::queue::Ticket;
 use crate::flock::record::Record;
 use crate::flock::registration::{Kind, Registration};
 use crate::flock::slots::{self, Slot};
-use crate::flock::wait::{Observer, Watch};
+use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
 use crate::messages::label_of;
 use crate::proc::locks::LockTable;
@@ -415,4 +415,21 @@ pub(crate) fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<
 /// Whether the lock is held by anyone, from the kernel's table.
 fn in_use(lock: &LockFile) -> bool {
     LockTable::read().is_ok_and(|t| t.is_locked(lock.id()))
+}
+
+/// Runs `block` on this thread through the context's observer, and returns
+/// what it came to.
+pub(crate) fn blocking<T>(
+    ctx: &Context,
+    wait: Wait,
+    block: impl FnOnce(&Stop) -> Result<T>,
+) -> Result<T> {
+    let mut block = Some(block);
+    let mut out = None;
+    ctx.observer.wait(wait, &ctx.stop, &mut || {
+        let block = block.take().expect("a wait runs its block once");
+        out = Some(block(&ctx.stop)?);
+        Ok(())
+    })?;
+    Ok(out.expect("the observer ran the wait"))
 }

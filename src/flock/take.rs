@@ -6,11 +6,11 @@
 use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
-use crate::flock::entry::{Attempt, Context, Entry, Taken, hold, register, watch};
+use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, register, watch};
 use crate::flock::file::LockFile;
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
-use crate::flock::wait::{Busy, Wait, blocking};
+use crate::flock::wait::{Busy, Wait};
 use crate::messages::label_of;
 use crate::request::Request;
 

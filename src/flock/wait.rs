@@ -120,20 +120,3 @@ impl std::fmt::Display for Busy {
 }
 
 impl std::error::Error for Busy {}
-
-/// Runs `block` on this thread through the context's observer, and returns
-/// what it came to.
-pub(crate) fn blocking<T>(
-    ctx: &crate::flock::entry::Context,
-    wait: Wait,
-    block: impl FnOnce(&Stop) -> Result<T>,
-) -> Result<T> {
-    let mut block = Some(block);
-    let mut out = None;
-    ctx.observer.wait(wait, &ctx.stop, &mut || {
-        let block = block.take().expect("a wait runs its block once");
-        out = Some(block(&ctx.stop)?);
-        Ok(())
-    })?;
-    Ok(out.expect("the observer ran the wait"))
-}
