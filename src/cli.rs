@@ -523,7 +523,10 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
     let dir = dir.unwrap_or_else(|| {
         std::env::var_os("DEVLOCK_DIR")
             .filter(|d| !d.is_empty())
-            .map_or_else(|| PathBuf::from(crate::flock::dir::DEFAULT_DIR), PathBuf::from)
+            .map_or_else(
+                || PathBuf::from(crate::flock::dir::DEFAULT_DIR),
+                PathBuf::from,
+            )
     });
     Some(Cli {
         subcommand: None,
