@@ -1,4 +1,5 @@
-//! The command line: every flag and subcommand, and the help text around them.
+//! The command line: every flag and subcommand, and the help text around them
+//! (for the binary: not part of the library's API).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -59,7 +60,7 @@ pub struct Cli {
         global = true,
         value_name = "DIR",
         env = "DEVLOCK_DIR",
-        default_value = crate::DEFAULT_DIR,
+        default_value = crate::flock::dir::DEFAULT_DIR,
         // Not PathBufValueParser, which refuses an empty value before we can
         // tell an empty DEVLOCK_DIR (unset) from an empty --dir (a mistake).
         value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from),
@@ -555,7 +556,7 @@ impl Cli {
                      /run/lock/devlock)",
                 ));
             }
-            cli.dir = PathBuf::from(crate::DEFAULT_DIR);
+            cli.dir = PathBuf::from(crate::flock::dir::DEFAULT_DIR);
         }
         if from_env("etcd") && cli.etcd.iter().all(String::is_empty) {
             cli.etcd.clear();
@@ -639,7 +640,10 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
     let dir = dir.unwrap_or_else(|| {
         std::env::var_os("DEVLOCK_DIR")
             .filter(|d| !d.is_empty())
-            .map_or_else(|| PathBuf::from(crate::DEFAULT_DIR), PathBuf::from)
+            .map_or_else(
+                || PathBuf::from(crate::flock::dir::DEFAULT_DIR),
+                PathBuf::from,
+            )
     });
     Some(Cli {
         subcommand: None,
@@ -968,7 +972,7 @@ mod tests {
         set_var("DEVLOCK_ETCD", "");
         set_var("DEVLOCK_ETCD_USER", "");
         let cli = Cli::parse_from_args(["devlock", "r", "--", "true"]).unwrap();
-        assert_eq!(cli.dir, Path::new(crate::DEFAULT_DIR));
+        assert_eq!(cli.dir, Path::new(crate::flock::dir::DEFAULT_DIR));
         assert!(cli.etcd.is_empty());
         assert_eq!(cli.etcd_user, None);
         assert!(Cli::parse_from_args(["devlock", "--dir", "", "r", "--", "true"]).is_err());

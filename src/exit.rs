@@ -1,4 +1,5 @@
-//! The exit codes devlock itself uses, in one place.
+//! The exit codes devlock itself uses, in one place (for the binary and the
+//! bindings: not part of the library's API).
 
 /// How devlock ends when it does not pass on the command's own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,37 +7,50 @@
 //! command line's options as a [`Spec`], a wait that another thread
 //! watches, shows and stops, and a [`Busy`] that names the holder.
 //!
-//! [`cli`], [`exit`] and [`run`] are public for the binary; [`testing`] for
-//! the integration tests. Everything else is private to the crate.
+//! The library's API is [`Lock`], [`Acquiring`] and [`Hold`] with their
+//! options, the typed [`Error`], [`Resource`] and [`status_document`].
+//! `cli`, `exit` and `run` are public for the binary (and the bindings'
+//! exit codes), `testing` for the integration tests: none of them is part
+//! of the library's API (they are hidden from its documentation and may
+//! change in any release). Everything else is private to the crate.
 
 #![warn(missing_docs)]
 
 mod api;
 mod cmd;
+mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod flock;
 mod gpu;
 mod interrupt;
 mod messages;
+mod names;
+mod plan;
+mod proc;
 mod request;
 mod serve;
 mod status;
 mod supervise;
 mod sys;
+mod take;
 mod text;
 mod tty;
 mod wait_display;
 
+#[doc(hidden)]
 pub mod cli;
+#[doc(hidden)]
 pub mod exit;
-pub mod resource;
+mod resource;
+#[doc(hidden)]
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, Busy, Guard, HeldLock, Hold, Holder, Lock, NotSupported,
-    Options, Spec, Wait, exit_code, status_document,
+    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, Lock, Options, Spec, Wait,
+    status_document,
 };
+pub use error::{Busy, Error, Holder, NotSupported, Result};
 pub use resource::Resource;
 
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same
@@ -45,7 +58,9 @@ pub use resource::Resource;
 /// the same gate.
 pub const DEFAULT_DIR: &str = flock::dir::DEFAULT_DIR;
 
-/// Runs a parsed command line and returns the exit code to end with.
-pub fn run(cli: cli::Cli) -> anyhow::Result<exit::ExitCode> {
-    cmd::dispatch(cli)
+/// Runs a parsed command line and returns the exit code to end with (for
+/// the binary; not part of the library's API).
+#[doc(hidden)]
+pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
+    cmd::dispatch(cli).map_err(Error::from)
 }

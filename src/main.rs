@@ -10,7 +10,7 @@
 // The C entry point is the one place outside src/sys/ with `unsafe`.
 #![allow(unsafe_code)]
 
-use devlock::exit::{ExitCode, exit_code_of};
+use devlock::exit::ExitCode;
 
 // The one `main` symbol of the program, with the C signature the C
 // runtime calls it with.
@@ -25,16 +25,16 @@ extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) 
     };
     // -q keeps a busy lock or a timeout to the exit status; errors are said.
     let quiet = cli.subcommand.is_none() && cli.run.quiet;
-    let code = match devlock::run(cli) {
-        Ok(code) => code,
+    let conflict = i32::from(cli.run.conflict_exit_code);
+    match devlock::run(cli) {
+        Ok(code) => code.code(),
         Err(err) => {
-            if !(quiet && devlock::exit::is_busy(&err)) {
-                eprintln!("devlock: {err:#}");
+            if !(quiet && err.is_busy()) {
+                eprintln!("devlock: {err}");
             }
-            exit_code_of(&err)
+            err.exit_code_with(conflict)
         }
-    };
-    code.code()
+    }
 }
 
 /// Help and version go to stdout as clap renders them; real usage errors

@@ -24,23 +24,19 @@ pub(crate) fn label_of(request: &Request) -> String {
 /// `gpu:0 is busy: held by train (pid 4242, alice) for 5m03s`, naming
 /// whoever is in the way in `view`: the holders, and those already in line
 /// (who would go first), such as a request for the whole group queued
-/// ahead. Ends with `code` (the conflict exit code), unless `--quiet`.
-pub(crate) fn busy(request: &Request, view: &ResourceView, code: ExitCode) -> anyhow::Error {
+/// ahead.
+pub(crate) fn busy(request: &Request, view: &ResourceView) -> String {
     let who = busy_phrase(view);
     let what = match &request.via {
         Some(member) => format!("{member} is busy, through its group {}", request.name),
         None => format!("{} is busy", request.name),
     };
-    crate::exit::busy(code, format!("{what}{who}"))
+    format!("{what}{who}")
 }
 
 /// `all of gpu:0, gpu:1 are busy: gpu:0 held by ...; gpu:1 held by ...`,
 /// from each candidate's label and view.
-pub(crate) fn all_busy(
-    names: &[String],
-    each: &[(String, ResourceView)],
-    code: ExitCode,
-) -> anyhow::Error {
+pub(crate) fn all_busy(names: &[String], each: &[(String, ResourceView)]) -> String {
     let why: Vec<String> = each
         .iter()
         .map(|(label, view)| {
@@ -50,10 +46,7 @@ pub(crate) fn all_busy(
                 .to_owned()
         })
         .collect();
-    crate::exit::busy(
-        code,
-        format!("all of {} are busy: {}", names.join(", "), why.join("; ")),
-    )
+    format!("all of {} are busy: {}", names.join(", "), why.join("; "))
 }
 
 /// A job that holds a lock only shared, asked for it exclusively.
@@ -396,7 +389,7 @@ pub(crate) mod etcd {
         format!(
             "cannot read {}: {}",
             path.display(),
-            crate::sys::procfs::os_text(err)
+            crate::proc::os_text(err)
         )
     }
 
@@ -581,8 +574,8 @@ pub(crate) fn budget_figures(
 }
 
 /// `-n` with `--mem` on a device without room: what is in the way, in figures.
-pub(crate) fn no_room(figures: &str, code: ExitCode) -> anyhow::Error {
-    crate::exit::busy(code, format!("no room for this budget on {figures}"))
+pub(crate) fn no_room(figures: &str) -> String {
+    format!("no room for this budget on {figures}")
 }
 
 /// `warning: gpu:0: eval uses 27 GiB of its 20 GiB budget`
@@ -604,22 +597,15 @@ pub(crate) fn over_budget(
 /// `-n --mem` behind a job that is starting: `gpu:0 is busy: eval (pid
 /// 4242, alice) is starting under its 20 GiB budget; the next budget waits
 /// until its memory stops growing (at most --settle)`
-pub(crate) fn budget_starting(
-    resource: &crate::resource::Resource,
-    starter: &Holder,
-    code: ExitCode,
-) -> anyhow::Error {
+pub(crate) fn budget_starting(resource: &crate::resource::Resource, starter: &Holder) -> String {
     let budget = starter
         .mem_mib
         .map(|m| format!(" under its {} budget", crate::gpu::memory::size(m)))
         .unwrap_or_default();
-    crate::exit::busy(
-        code,
-        format!(
-            "{resource} is busy: {} is starting{budget}; the next budget waits until its memory \
-             stops growing (at most its --settle)",
-            holder_label(starter)
-        ),
+    format!(
+        "{resource} is busy: {} is starting{budget}; the next budget waits until its memory \
+         stops growing (at most its --settle)",
+        holder_label(starter)
     )
 }
 
@@ -628,7 +614,7 @@ pub(crate) fn budget_starting(
 pub(crate) fn no_guard(err: &std::io::Error) -> String {
     format!(
         "cannot start the job's guard ({}): if devlock is killed, the command runs on",
-        crate::sys::procfs::os_text(err)
+        crate::proc::os_text(err)
     )
 }
 

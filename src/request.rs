@@ -61,65 +61,6 @@ fn add(requests: &mut Vec<Request>, request: Request) {
     }
 }
 
-/// `--count K` (with `--any`): the rules the command line and the library
-/// both apply, in their words. `given` is whether the caller named a count
-/// at all (a count without `--any` says nothing the take could honour).
-pub(crate) fn check_count(
-    count: u8,
-    given: bool,
-    any: bool,
-    resources: &[Resource],
-) -> anyhow::Result<()> {
-    use crate::exit::{ExitCode, coded};
-    if given && !any {
-        return Err(coded(
-            ExitCode::Usage,
-            "--count needs --any: it says how many of the RESOURCEs --any takes \
-             (devlock --any --count 2 gpu:0 gpu:1 gpu:2 -- ...)"
-                .to_owned(),
-        ));
-    }
-    if count == 0 {
-        return Err(coded(
-            ExitCode::Usage,
-            "--count must be at least 1".to_owned(),
-        ));
-    }
-    if any && usize::from(count) > resources.len() {
-        return Err(coded(
-            ExitCode::Usage,
-            format!(
-                "--count {count} needs at least that many resources after --any, got {}",
-                resources.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// `--slots N`: one resource, a semaphore of at least one slot, neither
-/// `--any` nor `--shared`; the rules both the command line and the library
-/// apply.
-pub(crate) fn check_slots(
-    slots: Option<u16>,
-    any: bool,
-    shared: bool,
-    resources: &[Resource],
-) -> anyhow::Result<()> {
-    use crate::exit::{ExitCode, coded};
-    match slots {
-        Some(0) => Err(coded(
-            ExitCode::Usage,
-            "--slots must be at least 1".to_owned(),
-        )),
-        Some(_) if resources.len() != 1 || any || shared => Err(coded(
-            ExitCode::Usage,
-            "--slots takes exactly one resource, without --any or --shared".to_owned(),
-        )),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,12 +9,7 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Resource(String);
 
-/// Longest accepted resource name.
-pub const MAX_NAME_LEN: usize = 64;
-
-/// Largest GPU index a `gpu:N` name may carry: far above any machine's
-/// count, small enough for every consumer (`CUDA_VISIBLE_DEVICES`, u16).
-pub const MAX_GPU_INDEX: u32 = 65535;
+use crate::names::{MAX_GPU_INDEX, MAX_NAME_LEN};
 
 impl Resource {
     /// Checks a name as the user typed it.
@@ -64,7 +59,7 @@ impl Resource {
 
     /// Names from the command line, each checked; the first bad one is a
     /// usage error.
-    pub fn parse_all(names: &[std::ffi::OsString]) -> anyhow::Result<Vec<Resource>> {
+    pub(crate) fn parse_all(names: &[std::ffi::OsString]) -> anyhow::Result<Vec<Resource>> {
         names
             .iter()
             .map(|name| {
@@ -80,25 +75,25 @@ impl Resource {
     }
 
     /// The lock file's name inside the scratch directory.
-    pub fn file_name(&self) -> String {
+    pub(crate) fn file_name(&self) -> String {
         format!("{}.lock", self.0)
     }
 
     /// The group of a member `G:M`: `G`.
-    pub fn group(&self) -> Option<Resource> {
+    pub(crate) fn group(&self) -> Option<Resource> {
         let (group, _) = self.0.split_once(':')?;
         Resource::parse(OsStr::new(group)).ok()
     }
 
     /// N of a GPU member `gpu:N`: one number per device, as parsing
     /// admits only its canonical name.
-    pub fn gpu_index(&self) -> Option<u32> {
+    pub(crate) fn gpu_index(&self) -> Option<u32> {
         self.0.strip_prefix("gpu:")?.parse().ok()
     }
 
     /// The GPU `gpu:N` of a MIG instance `gpu:N:PROFILE:giG.ciC`
     /// (see the naming in the README); `None` for anything else.
-    pub fn mig_parent(&self) -> Option<Resource> {
+    pub(crate) fn mig_parent(&self) -> Option<Resource> {
         let parsed = crate::gpu::mig::parse(&self.0).ok()??;
         Some(Resource(format!("gpu:{}", parsed.gpu)))
     }
@@ -114,13 +109,8 @@ impl Resource {
         held
     }
 
-    /// The resource a lock file's path belongs to.
-    pub fn from_lock_path(path: &std::path::Path) -> Option<Resource> {
-        Resource::from_file_name(path.file_name()?.to_str()?)
-    }
-
     /// The resource a lock file name belongs to, if it is one of ours.
-    pub fn from_file_name(file_name: &str) -> Option<Resource> {
+    pub(crate) fn from_file_name(file_name: &str) -> Option<Resource> {
         let name = file_name.strip_suffix(".lock")?;
         Resource::parse(OsStr::new(name)).ok()
     }

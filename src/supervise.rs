@@ -437,7 +437,7 @@ fn cannot_wait(child: &Child, err: &std::io::Error) -> ExitCode {
     eprintln!(
         "devlock: cannot wait for the command (pid {}): {}; ending it",
         child.pid,
-        crate::sys::procfs::os_text(err)
+        crate::proc::os_text(err)
     );
     ExitCode::GeneralError
 }
@@ -713,4 +713,20 @@ fn supervise_loop(
     };
     child.take_terminal_back();
     (code, first, child.guard.take())
+}
+
+/// Replaces devlock with the command: an inherited lock already covers it
+/// (either backend's pass-through).
+pub(crate) fn pass_through(command: &[OsString], env: &Env) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    discard_wakes();
+    // An empty mask unblocks what block_handled_signals blocked.
+    signal::set_mask(&SigSet::empty());
+    let err = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .exec();
+    let err = cannot_start(&command[0], &err);
+    eprintln!("devlock: {err:#}");
+    crate::exit::exit_code_of(&err)
 }

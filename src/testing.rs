@@ -11,9 +11,8 @@ pub mod record {
 
 /// Kernel readings from `/proc`.
 pub mod procfs {
-    pub use crate::sys::procfs::{
-        FileId, KernelLock, LockTable, RangeLock, is_stopped, parse_locks, start_time, user_name,
-    };
+    pub use crate::proc::locks::{FileId, KernelLock, LockTable, RangeLock, parse_locks};
+    pub use crate::proc::process::{is_stopped, start_time, user_name};
 }
 
 /// Text measured as the waiting line measures it.

@@ -19,12 +19,11 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::exit::ExitCode;
-use crate::flock::dir::ScratchDir;
-use crate::flock::file::LockFile;
 use crate::flock::registration::Registration;
+use crate::flock::trust::Notes;
+use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
 use crate::messages::{self, holders_words, in_the_way, waiters_words};
-use crate::resource::Resource;
 use crate::status::model::{self as status, ResourceView, WaiterView};
 use crate::supervise::{self, Received};
 use crate::sys::signal::Thread;
@@ -120,7 +119,7 @@ pub(crate) fn say_back_in_line(plan: &WaitPlan, resources: &str) {
 /// so nothing is left running, and the kernel drops every lock and place in
 /// line. Settle the returned [`Waited`] to learn of a stopping signal that
 /// arrived at the very moment the locks were taken.
-pub(crate) fn wait_for<T>(
+fn wait_for<T>(
     label: String,
     watches: Vec<Watch>,
     registrations: Vec<Option<Registration>>,
@@ -250,6 +249,106 @@ pub(crate) fn wait_for<T>(
     ))
 }
 
+/// The command line's observer of its takes: each wait shown by
+/// [`wait_for`] by the rules of `plan`, the trust warnings said before a
+/// long wait, and the waits that are over kept until they are settled.
+#[derive(Debug)]
+pub(crate) struct WaitDisplay<'a> {
+    plan: &'a WaitPlan,
+    notes: &'a Notes,
+    /// The last wait, until its take is done.
+    current: Mutex<Option<Waited>>,
+    pending: Mutex<Pending>,
+}
+
+impl<'a> WaitDisplay<'a> {
+    pub(crate) fn new(plan: &'a WaitPlan, notes: &'a Notes) -> WaitDisplay<'a> {
+        WaitDisplay {
+            plan,
+            notes,
+            current: Mutex::default(),
+            pending: Mutex::default(),
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the last wait's display must be cleared before the command starts.
+    pub(crate) fn must_settle_before_spawn(&self) -> bool {
+        self.pending().must_settle_before_spawn()
+    }
+
+    /// Settles every wait; a stopping signal that arrived as the locks were
+    /// taken, for the command to hear.
+    pub(crate) fn settle(&self) -> Option<Received> {
+        std::mem::take(&mut *self.pending()).settle()
+    }
+}
+
+impl Observer for WaitDisplay<'_> {
+    fn shows(&self) -> bool {
+        !self.plan.quiet
+    }
+
+    fn wait(&self, wait: Wait, stop: &Stop, block: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        // What another user could break is said before a long wait, not
+        // only once the wait is over.
+        self.notes.flush(self.plan.quiet);
+        // Waited for on this thread, in lock calls a signal interrupts: the
+        // display may start late.
+        let lazy = wait.lazy.then_some(stop);
+        let ((), waited) = wait_for(
+            wait.label,
+            wait.watches,
+            wait.registrations,
+            self.plan,
+            lazy,
+            block,
+        )?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(waited);
+        Ok(())
+    }
+
+    fn took(&self) -> Result<()> {
+        let waited = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default();
+        self.pending().add(waited)
+    }
+}
+
+/// Waits that are over, and what their helpers caught as they ended.
+#[derive(Debug, Default)]
+struct Pending {
+    last: Waited,
+}
+
+impl Pending {
+    /// Notes a finished wait; the one before it is settled now (its display
+    /// must be gone before the next wait shows its own).
+    /// A stopping signal caught then ends the run: nothing has started.
+    fn add(&mut self, waited: Waited) -> Result<()> {
+        let before = std::mem::replace(&mut self.last, waited);
+        match before.settle() {
+            Some(sig) => Err(supervise::stopped_before_start(sig)),
+            None => Ok(()),
+        }
+    }
+
+    fn must_settle_before_spawn(&self) -> bool {
+        self.last.must_settle_before_spawn()
+    }
+
+    fn settle(self) -> Option<Received> {
+        self.last.settle()
+    }
+}
+
 /// Runs `job` once on the waiting thread, when its lock call is interrupted
 /// at or after `due`; at once when no alarm can be set. The alarm repeats
 /// every 20 ms after `due` (its first signal may land just before the
@@ -306,38 +405,18 @@ impl Waited {
     }
 }
 
-/// What the waiting display looks at: its own handles on one lock waited
-/// for (and its line), so a redraw costs a few reads, not a directory walk.
-#[derive(Debug)]
-pub(crate) struct Watch {
-    pub dir: ScratchDir,
-    pub resource: Resource,
-    pub lock: LockFile,
-    /// Our place in line, when we have one.
-    pub ticket: Option<u64>,
-    /// What the lines call it: the resource, or for a group taken on a
-    /// member's behalf, the member with its group.
-    pub label: String,
-    /// For a `--mem` request at the front of its line: the figures it waits
-    /// on (kept up to date by the waiting thread), shown instead of the
-    /// holders.
-    pub room: Option<Arc<Mutex<String>>>,
+/// The figures a budget waits on, once it has looked.
+fn room_text(watch: &Watch) -> Option<String> {
+    let text = watch.room.as_ref()?.lock().ok()?.clone();
+    (!text.is_empty()).then_some(text)
 }
 
-impl Watch {
-    /// The figures a budget waits on, once it has looked.
-    fn room_text(&self) -> Option<String> {
-        let text = self.room.as_ref()?.lock().ok()?.clone();
-        (!text.is_empty()).then_some(text)
-    }
-
-    /// The figures without the resource's name in front, where the line
-    /// has named it already.
-    fn unnamed<'t>(&self, room: &'t str) -> &'t str {
-        room.strip_prefix(self.resource.as_str())
-            .and_then(|r| r.strip_prefix(": "))
-            .unwrap_or(room)
-    }
+/// The figures without the resource's name in front, where the line has
+/// named it already.
+fn unnamed<'t>(watch: &Watch, room: &'t str) -> &'t str {
+    room.strip_prefix(watch.resource.as_str())
+        .and_then(|r| r.strip_prefix(": "))
+        .unwrap_or(room)
 }
 
 /// Who stands in the way of one watched lock, as of now.
@@ -349,35 +428,34 @@ struct Seen {
     place: Option<usize>,
 }
 
-impl Watch {
-    fn seen(&self) -> Seen {
-        let place = self.ticket.and_then(|ticket| {
-            let name = self.resource.file_name();
-            crate::flock::queue::count_ahead(&self.dir, &name, ticket)
-                .ok()
-                .map(|n| n + 1)
-        });
-        // Naming who is ahead needs the registrations; only read them when
-        // somebody is.
-        if place.is_some_and(|p| p > 1) {
-            let view = status::describe(&self.lock, &self.dir, &self.resource);
-            let me = std::process::id();
-            let ahead: Vec<WaiterView> = match view.waiters.iter().position(|w| w.pid == Some(me)) {
-                Some(mine) => view.waiters[..mine].to_vec(),
-                None => view
-                    .waiters
-                    .iter()
-                    .take(place.unwrap_or(1) - 1)
-                    .cloned()
-                    .collect(),
-            };
-            return Seen { view, ahead, place };
-        }
-        Seen {
-            view: status::describe_holders(&self.lock, &self.dir, &self.resource),
-            ahead: Vec::new(),
-            place,
-        }
+/// Who stands in the way of `watch` now.
+fn seen(watch: &Watch) -> Seen {
+    let place = watch.ticket.and_then(|ticket| {
+        let name = watch.resource.file_name();
+        crate::flock::queue::count_ahead(&watch.dir, &name, ticket)
+            .ok()
+            .map(|n| n + 1)
+    });
+    // Naming who is ahead needs the registrations; only read them when
+    // somebody is.
+    if place.is_some_and(|p| p > 1) {
+        let view = status::describe(&watch.lock, &watch.dir, &watch.resource);
+        let me = std::process::id();
+        let ahead: Vec<WaiterView> = match view.waiters.iter().position(|w| w.pid == Some(me)) {
+            Some(mine) => view.waiters[..mine].to_vec(),
+            None => view
+                .waiters
+                .iter()
+                .take(place.unwrap_or(1) - 1)
+                .cloned()
+                .collect(),
+        };
+        return Seen { view, ahead, place };
+    }
+    Seen {
+        view: status::describe_holders(&watch.lock, &watch.dir, &watch.resource),
+        ahead: Vec::new(),
+        place,
     }
 }
 
@@ -399,12 +477,12 @@ impl Board {
     }
 
     /// A wait begins: what it is for and the handles to watch it with.
-    pub(crate) fn post(&self, label: String, watches: Vec<Watch>) {
+    fn post(&self, label: String, watches: Vec<Watch>) {
         *self.shown() = Some(Shown { label, watches });
     }
 
     /// The wait is over.
-    pub(crate) fn clear(&self) {
+    fn clear(&self) {
         *self.shown() = None;
     }
 
@@ -441,12 +519,26 @@ impl Board {
         let holder = shown
             .watches
             .iter()
-            .find_map(|w| w.seen().view.holders.first().cloned());
+            .find_map(|w| seen(w).view.holders.first().cloned());
         let resource = match &shown.watches[..] {
             [one] => one.resource.to_string(),
             _ => shown.label.clone(),
         };
         Some((shown.label.clone(), shown.in_the_way(), holder, resource))
+    }
+}
+
+impl Observer for Board {
+    fn shows(&self) -> bool {
+        true
+    }
+
+    fn wait(&self, wait: Wait, _stop: &Stop, block: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.post(wait.label, wait.watches);
+        let result = block();
+        self.clear();
+        drop(wait.registrations);
+        result
     }
 }
 
@@ -465,9 +557,9 @@ impl Shown {
         match &self.watches[..] {
             [] => {}
             [watch] => {
-                let seen = watch.seen();
-                if let Some(room) = watch.room_text() {
-                    parts.push((format!(" · {}", watch.unnamed(&room)), true));
+                let seen = seen(watch);
+                if let Some(room) = room_text(watch) {
+                    parts.push((format!(" · {}", unnamed(watch, &room)), true));
                 } else if let Some(h) = seen.view.holders.first() {
                     let ancestor = if h.pid.is_some_and(is_ancestor) {
                         " — an ancestor of this devlock: if it is the job this runs in, it did \
@@ -495,8 +587,8 @@ impl Shown {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
-                        let seen = watch.seen();
-                        if let Some(room) = watch.room_text() {
+                        let seen = seen(watch);
+                        if let Some(room) = room_text(watch) {
                             return room;
                         }
                         let who = match (seen.view.holders.first(), seen.ahead.first()) {
@@ -523,20 +615,20 @@ impl Shown {
         match &self.watches[..] {
             [] => String::new(),
             [watch] => {
-                if let Some(room) = watch.room_text() {
-                    return format!(": {}", watch.unnamed(&room));
+                if let Some(room) = room_text(watch) {
+                    return format!(": {}", unnamed(watch, &room));
                 }
-                let seen = watch.seen();
+                let seen = seen(watch);
                 in_the_way(&seen.view, &seen.ahead)
             }
             several => {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
-                        if let Some(room) = watch.room_text() {
+                        if let Some(room) = room_text(watch) {
                             return room;
                         }
-                        let seen = watch.seen();
+                        let seen = seen(watch);
                         let why = in_the_way(&seen.view, &seen.ahead);
                         format!("{} {}", watch.label, why.trim_start_matches(": "))
                     })
@@ -686,5 +778,5 @@ fn clear(drawn: &mut bool) {
 }
 
 fn is_ancestor(pid: u32) -> bool {
-    crate::sys::procfs::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
+    crate::proc::process::ancestors(std::process::id()).any(|(ancestor, _)| ancestor == pid)
 }

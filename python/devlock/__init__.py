@@ -53,11 +53,23 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
 
 from . import _devlock as _native
+
+# The exception classes are the native module's, raised from the library's
+# typed error with the command line's line and exit code.
+from ._devlock import (
+    Busy,
+    DeviceUnknown,
+    Error,
+    Holder,
+    NotSupported,
+    Timeout,
+    UnsafeFile,
+    UsageError,
+)
 
 __all__ = [
     "DEFAULT_DIR",
@@ -91,35 +103,6 @@ _POLL = 0.05
 _REDRAW = 1.0
 
 
-class Error(Exception):
-    """Any failure of devlock; ``exit_code`` is what the command line would exit with."""
-
-    def __init__(self, message: str, *, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-
-
-class UsageError(Error, ValueError):
-    """A bad resource name or a bad combination of options (the command line's exit 2)."""
-
-
-class NotSupported(Error, NotImplementedError):
-    """An option that this build of devlock does not have yet."""
-
-
-class UnsafeFile(Error):
-    """The scratch directory or a lock file is unsafe or unusable (exit 74): a
-    symbolic link, a FIFO, a directory where a lock file belongs, a network
-    filesystem, a directory that cannot be created."""
-
-
-class DeviceUnknown(Error):
-    """A memory budget's device whose memory cannot be learned (no driver,
-    nvidia-smi missing, failed or timed out): the command line's exit 69 for
-    ``--mem``."""
-
-
 class OverBudget(KeyboardInterrupt):
     """With ``mem_strict=True``: the block's process tree stayed more than 10 %
     over its ``mem`` budget for ``settle`` seconds, and devlock stopped the
@@ -132,55 +115,6 @@ class OverBudget(KeyboardInterrupt):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lock, as ``devlock -n`` names them; None where nobody can tell."""
-
-    step: Optional[str] = None
-    pid: Optional[int] = None
-    user: Optional[str] = None
-
-
-class Busy(Error):
-    """Someone else holds the lock and the block was not to wait (``wait=False``,
-    the command line's ``-n``): ``holder`` names them, ``resource`` is the lock
-    in the way."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        resource: Optional[str] = None,
-        holder: Optional[Holder] = None,
-        exit_code: int = 75,
-    ) -> None:
-        super().__init__(message, exit_code=exit_code)
-        self.resource = resource
-        self.holder = holder if holder is not None else Holder()
-
-
-class Timeout(Busy):
-    """The wait ran out of time (``timeout=``, the command line's ``-w``); the
-    block left the line."""
-
-
-def _translate(err: BaseException) -> Error:
-    kind, message, resource, holder, code = err.args
-    if kind in ("busy", "timeout"):
-        cls = Timeout if kind == "timeout" else Busy
-        who = Holder(*holder) if holder is not None else None
-        return cls(message, resource=resource, holder=who, exit_code=code)
-    if kind == "unsafe":
-        return UnsafeFile(message, exit_code=code)
-    if kind == "usage":
-        return UsageError(message, exit_code=code)
-    if kind == "device":
-        return DeviceUnknown(message, exit_code=code)
-    if kind == "unsupported":
-        return NotSupported(message, exit_code=code)
-    return Error(message, exit_code=code)
 
 
 class Held(NamedTuple):
@@ -296,10 +230,7 @@ def status(
     for r in resources:
         if not isinstance(r, str):
             raise TypeError(f"resource names are str, not {type(r).__name__}")
-    try:
-        text = _native.status(_dir_of(dir), list(resources), probe_timeout)
-    except _native.NativeError as e:
-        raise _translate(e) from None
+    text = _native.status(_dir_of(dir), list(resources), probe_timeout)
     document: Dict[str, Any] = json.loads(text)
     return document
 
@@ -461,7 +392,7 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
-        raise UsageError(f"{name} must be between {low} and {high}, got {value}", exit_code=2)
+        raise UsageError(f"{name} must be between {low} and {high}, got {value}")
     return value
 
 
@@ -469,7 +400,7 @@ def _check_seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     if not value >= 0 or value == float("inf"):
-        raise UsageError(f"{name} must be a finite number of seconds >= 0, got {value}", exit_code=2)
+        raise UsageError(f"{name} must be a finite number of seconds >= 0, got {value}")
     return float(value)
 
 
@@ -556,12 +487,12 @@ class lock:
             if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int))):
                 raise TypeError(f"{name} must be a str such as '20GiB' or an int of MiB, not {type(size).__name__}")
         if not resources:
-            raise UsageError("name at least one resource to lock, as in devlock.lock('gpu')", exit_code=2)
+            raise UsageError("name at least one resource to lock, as in devlock.lock('gpu')")
         for r in resources:
             if not isinstance(r, str):
                 raise TypeError(f"resource names are str, not {type(r).__name__}")
         if not wait and timeout is not None:
-            raise UsageError("wait=False and timeout= exclude each other (as -n and -w do)", exit_code=2)
+            raise UsageError("wait=False and timeout= exclude each other (as -n and -w do)")
         if step is not None and not isinstance(step, str):
             raise TypeError(f"step must be a str, not {type(step).__name__}")
         self._resources = list(resources)
@@ -575,7 +506,7 @@ class lock:
         self._quiet = bool(quiet)
         self._report_every = _check_seconds("report_every", report_every)
         if self._report_every < 0.01:
-            raise UsageError("report_every must be at least 0.01 seconds", exit_code=2)
+            raise UsageError("report_every must be at least 0.01 seconds")
         self._dir = dir
         self._inheritable = bool(inheritable)
         # Passed as the command line's text; the native layer decides.
@@ -592,26 +523,23 @@ class lock:
     def __enter__(self) -> Held:
         step = self._step if self._step is not None else _default_step()
         inside = [lk for entry in _covering() for lk in entry.locks]
-        try:
-            acquiring = _native.start(
-                self._resources,
-                dir=_dir_of(self._dir),
-                step=step,
-                wait=self._wait,
-                timeout=self._timeout,
-                shared=self._shared,
-                slots=self._slots,
-                any=self._any,
-                count=self._count,
-                mem=self._mem,
-                mem_headroom=self._mem_headroom,
-                settle=self._settle,
-                mem_strict=self._mem_strict,
-                inside=inside,
-            )
-            hold = acquiring.wait(0.0)
-        except _native.NativeError as e:
-            raise _translate(e) from None
+        acquiring = _native.start(
+            self._resources,
+            dir=_dir_of(self._dir),
+            step=step,
+            wait=self._wait,
+            timeout=self._timeout,
+            shared=self._shared,
+            slots=self._slots,
+            any=self._any,
+            count=self._count,
+            mem=self._mem,
+            mem_headroom=self._mem_headroom,
+            settle=self._settle,
+            mem_strict=self._mem_strict,
+            inside=inside,
+        )
+        hold = acquiring.wait(0.0)
         if hold is None:
             hold = self._wait_for(acquiring)
         resources, locks, fds, slot, cuda, nested = hold.info()
@@ -643,10 +571,7 @@ class lock:
         try:
             display.tick(acquiring)
             while True:
-                try:
-                    hold = acquiring.wait(_POLL)
-                except _native.NativeError as e:
-                    raise _translate(e) from None
+                hold = acquiring.wait(_POLL)
                 if hold is not None:
                     break
                 # Back in Python between polls: a signal's handler

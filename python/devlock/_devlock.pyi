@@ -5,11 +5,33 @@ from typing import Callable, List, Optional, Tuple
 DEFAULT_DIR: str
 VERSION: str
 
-class NativeError(Exception):
-    """args: (kind, message, resource, holder, exit_code); kind is one of
-    "busy", "timeout", "unsupported", "unsafe", "usage", "device" (exit 69:
-    a budget's device memory unknown), "error"; holder is
-    (step, pid, user) or None."""
+class Holder:
+    """Who holds a lock, as ``devlock -n`` names them; None where nobody can tell."""
+
+    step: Optional[str]
+    pid: Optional[int]
+    user: Optional[str]
+    def __init__(
+        self, step: Optional[str] = None, pid: Optional[int] = None, user: Optional[str] = None
+    ) -> None: ...
+
+class Error(Exception):
+    """Any failure of devlock; ``exit_code`` is what the command line would exit with."""
+
+    exit_code: int
+    @property
+    def message(self) -> str: ...
+
+class UsageError(Error, ValueError): ...
+class NotSupported(Error, NotImplementedError): ...
+class UnsafeFile(Error): ...
+class DeviceUnknown(Error): ...
+
+class Busy(Error):
+    resource: Optional[str]
+    holder: Holder
+
+class Timeout(Busy): ...
 
 class Hold:
     def resources(self) -> List[str]: ...

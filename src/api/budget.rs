@@ -1,107 +1,21 @@
-//! The library's memory budget (`mem=`, the command line's `--mem`): its
-//! sizes read and checked as the command line reads them, the budget taken
-//! by the command line's own take ([`crate::flock::budget`]), and the watch
-//! of what this process's tree uses, on a thread of the library for the
-//! life of the hold (the command line's supervisor tick, without a command).
+//! The library's memory budget held (`mem=`, the command line's `--mem`,
+//! planned by [`crate::plan`] and taken by the one take): the watch of what
+//! this process's tree uses, on a thread of the library for the life of the
+//! hold (the command line's supervisor tick, without a command).
 
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use anyhow::Result;
-
-use crate::api::Spec;
-use crate::exit::{ExitCode, coded};
-use crate::flock::budget::{self, Action, Ask, Monitor, Seen, Shape, Watch};
+use crate::flock::budget::watch::{Action, Monitor, Watch};
+use crate::flock::entry::Held;
 use crate::flock::record::Record;
-use crate::flock::take::Held;
+use crate::plan;
 use crate::resource::Resource;
 use crate::sys::signal::{self, SigSet};
 
 /// How often the watch looks at what its monitor measured (the command
 /// line's supervisor looks once a second too).
 const TICK: Duration = Duration::from_secs(1);
-
-/// A budget a take asks for, its sizes read and checked.
-#[derive(Debug, Clone)]
-pub(crate) struct Planned {
-    pub mem_mib: u64,
-    pub headroom_mib: u64,
-    pub settle: Duration,
-    pub strict: bool,
-    /// Each candidate's total memory, MiB.
-    pub totals: Vec<(Resource, u64)>,
-    /// The probe that learned them (for the first look).
-    pub seen: Option<Seen>,
-}
-
-impl Planned {
-    /// What the budget asks of `resource` (`gpu:N`).
-    pub(crate) fn ask(&self, resource: &Resource, probe_timeout: Duration) -> Ask {
-        Ask {
-            index: resource.gpu_index().expect("checked: gpu:N"),
-            mem_mib: self.mem_mib,
-            headroom_mib: self.headroom_mib,
-            probe_timeout,
-            seen: self.seen.clone(),
-        }
-    }
-
-    fn total(&self, resource: &Resource) -> u64 {
-        self.totals
-            .iter()
-            .find(|(r, _)| r == resource)
-            .map_or(0, |(_, t)| *t)
-    }
-}
-
-/// A size as the command line reads `--mem` and `--mem-headroom` (`20GiB`,
-/// `512MiB`, `1.5G`, a bare number of MiB), failing in its words.
-fn size(flag: &str, text: &str) -> Result<u64> {
-    crate::cli::parse_mib(text).map_err(|why| {
-        coded(
-            ExitCode::Usage,
-            format!("invalid value '{text}' for '{flag} <SIZE>': {why}"),
-        )
-    })
-}
-
-/// The budget of `spec` on its (checked) `resources`, by the command line's
-/// rules and in its words: `None` without `mem`. Learns each device's
-/// memory first (unknown: exit 69; a budget that can never fit: usage).
-pub(crate) fn plan(
-    spec: &Spec,
-    resources: &[Resource],
-    probe_timeout: Duration,
-) -> Result<Option<Planned>> {
-    let mem = spec.mem.as_deref().map(|t| size("--mem", t)).transpose()?;
-    let headroom = spec
-        .mem_headroom
-        .as_deref()
-        .map(|t| size("--mem-headroom", t))
-        .transpose()?;
-    budget::check_usage(&Shape {
-        mem,
-        companions: headroom.is_some() || spec.settle.is_some() || spec.mem_strict,
-        shared: spec.shared,
-        slots: spec.slots.is_some(),
-        any: spec.any,
-        count: spec.count,
-        resources,
-    })?;
-    let Some(mem_mib) = mem else {
-        return Ok(None);
-    };
-    let headroom_mib = headroom.unwrap_or(crate::cli::DEFAULT_MEM_HEADROOM_MIB);
-    let (totals, seen) = budget::totals(mem_mib, headroom_mib, resources, probe_timeout)?;
-    Ok(Some(Planned {
-        mem_mib,
-        headroom_mib,
-        settle: spec.settle.unwrap_or(crate::cli::DEFAULT_SETTLE),
-        strict: spec.mem_strict,
-        totals,
-        seen: Some(seen),
-    }))
-}
 
 /// What the watch of a budget has to say, for the caller to say its own way
 /// (the command line writes these lines on stderr): the text is the
@@ -151,14 +65,19 @@ impl std::fmt::Debug for Budget {
 }
 
 impl Budget {
-    /// Starts the watch of `held`, the budget of `planned` on its resource,
+    /// Starts the watch of `held`, the budget `planned` on its resource,
     /// labelled for `step`: it measures this process's tree.
-    pub(crate) fn start(held: Held, planned: &Planned, step: &str) -> Budget {
+    pub(crate) fn start(
+        held: Held,
+        planned: &plan::Budget,
+        probe_timeout: Duration,
+        step: &str,
+    ) -> Budget {
         let resource = held.request.name.clone();
         let held = Arc::new(Mutex::new(Some(held)));
         let outbox = Arc::new(Mutex::new(Outbox::default()));
         let (quit, quit_rx) = mpsc::channel::<()>();
-        let ask = planned.ask(&resource, crate::api::take::PROBE_TIMEOUT);
+        let ask = planned.ask(&resource, probe_timeout, planned.seen.clone());
         let (settle, strict, step_name) = (planned.settle, planned.strict, step.to_owned());
         let watched = resource.clone();
         let record = Record::for_this_process(step);
@@ -237,7 +156,7 @@ impl Budget {
     /// What the work learns of its budget (`DEVLOCK_MEM_MIB`,
     /// `XLA_PYTHON_CLIENT_MEM_FRACTION` unless set already), as for a command.
     pub(crate) fn env(&self) -> Vec<(String, String)> {
-        budget::job_env(self.mem_mib, self.total_mib)
+        crate::flock::budget::job_env(self.mem_mib, self.total_mib)
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect()
@@ -286,7 +205,7 @@ fn watch_loop(
                 Action::Relabel(over) => {
                     let mut record = record.clone();
                     record.over_mib = *over;
-                    hold.label(&record);
+                    let _ = hold.label(&record);
                 }
                 Action::Stop => stop = true,
             }

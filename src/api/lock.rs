@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
-
+use crate::error::{Busy, Error, Result};
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
-use crate::flock::take::{self as acquire, Context, Held, Taken};
+use crate::flock::entry::{Context, Held, Taken};
+use crate::flock::wait::Quiet;
 use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -26,7 +26,7 @@ pub enum Wait {
 /// Where and how to take a lock.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The scratch directory ([`crate::flock::dir::DEFAULT_DIR`] by default).
+    /// The scratch directory ([`crate::DEFAULT_DIR`] by default).
     pub dir: PathBuf,
     /// Whether and how long to wait when someone else holds the lock.
     pub wait: Wait,
@@ -107,6 +107,10 @@ impl Lock {
     /// # Ok::<(), anyhow::Error>(())
     /// ```
     pub fn acquire(resource: &str, options: &Options) -> Result<Guard> {
+        Lock::take(resource, options).map_err(Error::from)
+    }
+
+    fn take(resource: &str, options: &Options) -> anyhow::Result<Guard> {
         let resource: Resource = resource
             .parse()
             .map_err(|e: String| coded(ExitCode::Usage, e))?;
@@ -115,9 +119,8 @@ impl Lock {
             dir: &dir,
             step: options.step.clone(),
             no_wait: options.wait == Wait::NoWait,
-            plan: None,
             stop: Stop::default(),
-            board: None,
+            observer: &Quiet,
         };
         let request = Request {
             name: resource.clone(),
@@ -126,17 +129,21 @@ impl Lock {
             slots: 0,
         };
         let taken = match options.wait {
-            Wait::Timeout(limit) => with_deadline(&ctx, limit, || acquire::take(&ctx, &request)),
-            _ => acquire::take(&ctx, &request),
+            Wait::Timeout(limit) => {
+                with_deadline(&ctx, limit, || crate::take::take_one(&ctx, &request))
+            }
+            _ => crate::take::take_one(&ctx, &request),
         };
         let taken = match taken {
-            Ok((taken, _waited)) => taken,
+            Ok(taken) => taken,
             // Interrupted because the deadline stopped the wait: the timeout.
             Err(e) if is_interrupted(&e) && ctx.stop.was_requested() => {
-                return Err(coded(
-                    ExitCode::Busy,
-                    format!("timed out waiting for {resource}"),
-                ));
+                return Err(anyhow::Error::new(Busy {
+                    resource: resource.to_string(),
+                    holder: None,
+                    timed_out: true,
+                    message: format!("timed out waiting for {resource}"),
+                }));
             }
             Err(e) if is_interrupted(&e) => {
                 return Err(e.context(format!("the wait for {resource} was interrupted")));
@@ -145,7 +152,7 @@ impl Lock {
         };
         let held = match taken {
             Taken::Held(held) => {
-                held.label(&ctx.record());
+                let _ = held.label(&ctx.record());
                 Some(held)
             }
             Taken::Inherited(_) => None,

@@ -2,11 +2,38 @@
 //! takes, over the same files, line and rules as the command line.
 
 mod budget;
+mod hold;
 mod lock;
+mod spec;
 mod take;
 
+use std::path::Path;
+use std::time::Duration;
+
+pub use crate::take::HeldLock;
 pub use budget::{BudgetEvent, BudgetSink};
+pub use hold::Hold;
 pub use lock::{Guard, Lock, Options, Wait};
-pub use take::{
-    Acquiring, Busy, HeldLock, Hold, Holder, NotSupported, Spec, exit_code, status_document,
-};
+pub use spec::Spec;
+pub use take::Acquiring;
+
+use crate::error::{Error, Result};
+use crate::resource::Resource;
+
+/// The same document as `devlock status --json [RESOURCE...]` (pretty JSON
+/// with a final newline); with `probe_timeout`, the GPUs too.
+pub fn status_document(
+    dir: &Path,
+    resources: &[String],
+    probe_timeout: Option<Duration>,
+) -> Result<String> {
+    let document = || -> anyhow::Result<String> {
+        let names: Vec<std::ffi::OsString> = resources.iter().map(Into::into).collect();
+        let wanted = Resource::parse_all(&names)?;
+        let report = crate::status::model::gather(dir, &wanted, probe_timeout)?;
+        let mut json = serde_json::to_string_pretty(&report)?;
+        json.push('\n');
+        Ok(json)
+    };
+    document().map_err(Error::from)
+}

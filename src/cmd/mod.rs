@@ -45,7 +45,10 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             ExitCode::Usage,
             crate::messages::serve::not_for_etcd(),
         )),
-        None => crate::etcd::run::run(&cli.run, config),
+        None => {
+            let plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
+            crate::etcd::run::run(&plan, &cli.run, config)
+        }
     }
 }
 

@@ -1,9 +1,7 @@
 //! `devlock RESOURCE... -- COMMAND`: take every lock, run the command, pass on
 //! how it ended.
 
-use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -11,45 +9,42 @@ use anyhow::Result;
 
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
-use crate::flock::budget;
+use crate::flock::budget::watch::{Action, Monitor, Watch};
 use crate::flock::dir::ScratchDir;
-use crate::flock::take::{self as acquire, Context, Pending, Taken};
-use crate::flock::trust;
+use crate::flock::entry::{Context, Held, Taken};
+use crate::flock::record::Record;
+use crate::flock::registration::{Kind, Registration};
+use crate::flock::trust::Notes;
+use crate::gpu::device::DeviceReport;
 use crate::gpu::gate as devices;
-use crate::gpu::nvidia_smi::DeviceReport;
 use crate::interrupt::{self, Stop};
-use crate::request::Request;
+use crate::plan::Plan;
+use crate::proc::locks::LockTable;
+use crate::proc::process::start_time;
 use crate::resource::Resource;
 use crate::supervise;
-use crate::sys::procfs;
-use crate::wait_display::WaitPlan;
+use crate::take::Takes;
+use crate::wait_display::{WaitDisplay, WaitPlan};
 
 pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
-    let resources = validate(args)?;
-    if args.ttl.is_some() || args.kill_after.is_some() {
-        return Err(coded(
-            ExitCode::Usage,
-            "--ttl and --kill-after apply only with --etcd",
-        ));
-    }
+    let mut plan = Plan::from_args(args, probe_timeout)?;
+    Plan::refuse_lease_flags(args)?;
     // A typo must not wait its turn first.
     let found = supervise::check_command(&args.command[0])?;
-    let resources = within_visible_devices(args, resources, probe_timeout)?;
-    crate::gpu::cuda::check_mig(&resources, args.any, usize::from(args.count()))?;
-    let (totals, seen) = budget_totals(args, &resources, probe_timeout)?;
+    plan.look()?;
+    let resources = plan.resources.clone();
     // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
-    let seen = std::cell::RefCell::new(seen);
+    let mut seen = plan.budget.as_ref().and_then(|b| b.seen.clone());
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
     // Before any lock file is open: the guard must never hold one.
     let guard = supervise::Guard::start();
     interrupt::hold_job_stops();
-    trust::enable();
-    trust::note_resources(&resources);
-    let dir = ScratchDir::open_or_create(dir_path)?;
-    trust::note_dir(&dir);
-    let plan = WaitPlan {
+    let mut dir = ScratchDir::open_or_create(dir_path)?;
+    let notes = Notes::new(&mut dir, &resources);
+    let dir = dir;
+    let wait_plan = WaitPlan {
         deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
         quiet: args.quiet,
@@ -58,56 +53,48 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
         step: step.clone(),
     };
-    let context = || Context {
-        dir: &dir,
-        step: step.clone(),
-        no_wait: args.no_wait,
-        plan: Some(&plan),
-        stop: Stop::default(),
-        board: None,
-    };
     // A job stop (Ctrl-Z) before the command starts gives up every place and
     // lock taken so far, stops, and once continued starts again at the back.
-    let (taken, pending) = loop {
-        let mut pending = Pending::default();
+    let (taken, display) = loop {
+        let display = WaitDisplay::new(&wait_plan, &notes);
+        let context = Context {
+            dir: &dir,
+            step: step.clone(),
+            no_wait: args.no_wait,
+            stop: Stop::default(),
+            observer: &display,
+        };
         // With --any --require-idle, the idle candidates as of this attempt
         // (one that rejoins the line later looks again).
-        let candidates = if args.require_idle && args.any {
-            idle_candidates(dir_path, resources.clone(), args, probe_timeout)
-        } else {
-            Ok(resources.clone())
+        let candidates = match plan.idle_threshold {
+            Some(threshold) if plan.any => {
+                idle_candidates(dir_path, resources.clone(), &plan, threshold)
+            }
+            _ => Ok(resources.clone()),
         };
         let attempt = candidates
-            .and_then(|candidates| match args.mem {
-                Some(_) => take_budget(
-                    &context(),
-                    args,
-                    &candidates,
-                    probe_timeout,
-                    seen.borrow_mut().take(),
-                    &mut pending,
-                ),
-                None => take_all(&context(), args, &candidates, &mut pending),
-            })
+            .and_then(|candidates| Takes::new(&plan, &candidates, &[]))
+            .and_then(|takes| takes.take(&context, seen.take(), false))
             .and_then(|taken| {
                 // On a terminal the waiting line must be gone before anything
                 // else is said or the command writes; otherwise the command
                 // starts first and the display finishes beside it.
-                if pending.must_settle_before_spawn()
-                    && let Some(sig) = std::mem::take(&mut pending).settle()
+                if display.must_settle_before_spawn()
+                    && let Some(sig) = display.settle()
                 {
                     return Err(supervise::stopped_before_start(sig));
                 }
-                if args.require_idle {
-                    require_idle(&taken, args.idle_threshold(), probe_timeout)?;
+                if let Some(threshold) = plan.idle_threshold {
+                    require_idle(&taken, threshold, probe_timeout)?;
                 }
                 Ok(taken)
             });
+        drop(context);
         let sig = match attempt {
             Ok(taken) => match interrupt::take_job_stop() {
-                None => break (taken, pending),
+                None => break (taken, display),
                 Some(sig) => {
-                    if let Some(stop) = pending.settle() {
+                    if let Some(stop) = display.settle() {
                         return Err(supervise::stopped_before_start(stop));
                     }
                     drop(taken);
@@ -116,25 +103,25 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
             },
             Err(e) => match interrupt::suspended() {
                 Some(_) => {
-                    drop(pending);
+                    drop(display);
                     interrupt::take_job_stop().unwrap_or(libc::SIGTSTP)
                 }
                 None => return Err(e),
             },
         };
-        trust::flush(args.quiet);
+        notes.flush(args.quiet);
         interrupt::stop_as(sig);
-        crate::wait_display::say_back_in_line(&plan, &names_of(&resources));
+        crate::wait_display::say_back_in_line(&wait_plan, &names_of(&resources));
     };
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }
     let mut env = child_env(&taken, dir_path, &step, probe_timeout)?;
-    let budget_of = budget_held(&taken, args, &totals);
+    let budget_of = budget_held(&taken, &plan);
     if let Some((_, mem, total)) = &budget_of {
         env.extend(budget_env(*mem, *total));
     }
-    let held: Vec<acquire::Held> = taken
+    let held: Vec<Held> = taken
         .into_iter()
         .filter_map(|(_, took)| match took {
             Taken::Held(held) => Some(held),
@@ -142,21 +129,18 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         })
         .collect();
     if held.is_empty() {
-        trust::flush(args.quiet);
+        notes.flush(args.quiet);
         drop(guard);
-        return Ok(pass_through(&args.command, &env));
+        return Ok(supervise::pass_through(&args.command, &env));
     }
-    let fds: Vec<_> = held
-        .iter()
-        .flat_map(acquire::Held::inheritable_fds)
-        .collect();
+    let fds: Vec<_> = held.iter().flat_map(Held::inheritable_fds).collect();
     // The label is there before the command runs (status and anyone who
     // waits see who holds it at once), and names the command once it runs.
-    let mut record = context().record();
+    let mut record = Record::for_this_process(&step);
     for lock in &held {
-        lock.label(&record);
+        notes.line(lock.label(&record));
     }
-    trust::flush(args.quiet);
+    notes.flush(args.quiet);
     let child = supervise::spawn(
         &args.command,
         Some(&found),
@@ -173,22 +157,21 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     if let Some(sig) = held_stop {
         child.pass_on_job_stop(sig);
     }
-    let signal = pending.settle();
+    let signal = display.settle();
+    drop(display);
     record.child = Some(child.id());
-    record.child_start = procfs::start_time(child.id());
+    record.child_start = start_time(child.id());
     for lock in &held {
-        lock.label(&record);
+        let _ = lock.label(&record);
     }
     let mut budget_watch = budget_of.map(|(resource, mem, _)| {
-        let monitor = budget::Monitor::start(
-            &ask_of(args, &resource, probe_timeout),
-            vec![child.id()],
-            args.settle(),
-        );
-        budget::Watch {
-            strict: args.mem_strict,
+        let b = plan.budget.as_ref().expect("a budget held was planned");
+        let ask = b.ask(&resource, probe_timeout, None);
+        let monitor = Monitor::start(&ask, vec![child.id()], b.settle);
+        Watch {
+            strict: b.strict,
             quiet: args.quiet,
-            ..budget::Watch::new(monitor, resource, step.clone(), mem, args.settle())
+            ..Watch::new(monitor, resource, step.clone(), mem, b.settle)
         }
     });
     let mut watch = PathWatch {
@@ -221,23 +204,19 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
 
 /// The budget a run holds, if any: its resource, budget and the device's
 /// total (none when it runs inside a holder, passing through).
-fn budget_held(
-    taken: &[(Resource, Taken)],
-    args: &RunArgs,
-    totals: &[(Resource, u64)],
-) -> Option<(Resource, u64, u64)> {
-    let mem = args.mem?;
+fn budget_held(taken: &[(Resource, Taken)], plan: &Plan) -> Option<(Resource, u64, u64)> {
+    let budget = plan.budget.as_ref()?;
     let (resource, _) = taken.iter().find(|(r, took)| {
         r.gpu_index().is_some() && matches!(took, Taken::Held(h) if h.request.via.is_none())
     })?;
-    let total = totals.iter().find(|(r, _)| r == resource)?.1;
-    Some((resource.clone(), mem, total))
+    let total = budget.totals.iter().find(|(r, _)| r == resource)?.1;
+    Some((resource.clone(), budget.mem_mib, total))
 }
 
 /// What a budget's job learns ([`budget::job_env`]).
 fn budget_env(mem: u64, total: u64) -> supervise::Env {
     let mut env = supervise::Env::new();
-    for (name, value) in budget::job_env(mem, total) {
+    for (name, value) in crate::flock::budget::job_env(mem, total) {
         env.push((name.into(), value.into()));
     }
     env
@@ -247,12 +226,7 @@ fn budget_env(mem: u64, total: u64) -> supervise::Env {
 /// mark it over budget (or back under) in its registration, stop it under
 /// `--mem-strict` as a signal to devlock would (the first stopping signal
 /// goes on to the command).
-fn act_on_budget(
-    budget: &budget::Watch,
-    actions: Vec<budget::Action>,
-    held: &[acquire::Held],
-    record: &crate::flock::record::Record,
-) {
+fn act_on_budget(budget: &Watch, actions: Vec<Action>, held: &[Held], record: &Record) {
     let Some(hold) = held
         .iter()
         .find(|h| h.request.name == budget.resource && h.request.via.is_none())
@@ -261,13 +235,13 @@ fn act_on_budget(
     };
     for action in actions {
         match action {
-            budget::Action::StepAside => hold.step_aside(),
-            budget::Action::Relabel(over) => {
+            Action::StepAside => hold.step_aside(),
+            Action::Relabel(over) => {
                 let mut record = record.clone();
                 record.over_mib = over;
-                hold.label(&record);
+                let _ = hold.label(&record);
             }
-            budget::Action::Stop => crate::sys::signal::raise(libc::SIGTERM),
+            Action::Stop => crate::sys::signal::raise(libc::SIGTERM),
         }
     }
 }
@@ -288,10 +262,10 @@ fn names_of(resources: &[Resource]) -> String {
 /// status to show as long as this devlock lives.
 struct PathWatch<'a> {
     dir: &'a ScratchDir,
-    held: &'a [acquire::Held],
-    record: &'a crate::flock::record::Record,
+    held: &'a [Held],
+    record: &'a Record,
     warned: bool,
-    lost: Vec<crate::flock::registration::Registration>,
+    lost: Vec<Registration>,
 }
 
 impl PathWatch<'_> {
@@ -311,12 +285,7 @@ impl PathWatch<'_> {
                      removed it); another devlock may now take {name} beside this one\n",
                     file.path().display()
                 ));
-                if let Ok(reg) = crate::flock::registration::Registration::create(
-                    self.dir,
-                    name,
-                    self.record,
-                    crate::flock::registration::Kind::Lost,
-                ) {
+                if let Ok(reg) = Registration::create(self.dir, name, self.record, Kind::Lost) {
                     self.lost.push(reg);
                 }
                 return;
@@ -325,220 +294,6 @@ impl PathWatch<'_> {
     }
 }
 
-/// The resources, checked against the caller's CUDA_VISIBLE_DEVICES: a GPU
-/// outside it is a usage error, and `--any` skips the candidates outside it.
-fn within_visible_devices(
-    args: &RunArgs,
-    resources: Vec<Resource>,
-    probe_timeout: Duration,
-) -> Result<Vec<Resource>> {
-    if !crate::gpu::cuda::concerns(&resources) {
-        return Ok(resources);
-    }
-    let Some(visible) = crate::gpu::cuda::Visible::from_env(probe_timeout)? else {
-        return Ok(resources);
-    };
-    if args.any {
-        return visible.filter_candidates(&resources, usize::from(args.count()));
-    }
-    visible.check(&resources)?;
-    Ok(resources)
-}
-
-/// The locks a command line asks for, in the one global order (sorted lock
-/// file names) whatever order the user wrote, so two jobs naming the same
-/// resources can never each hold what the other waits for. A member `G:M`
-/// also takes its group `G` shared, so a holder of the whole group excludes
-/// every member and members run side by side.
-fn take_all(
-    ctx: &Context,
-    args: &RunArgs,
-    resources: &[Resource],
-    pending: &mut Pending,
-) -> Result<Vec<(Resource, Taken)>> {
-    let exclusive = !args.shared;
-    let slots = u64::from(args.slots.unwrap_or(0));
-    // An --any candidate's group comes with the candidate that wins.
-    let (fixed, candidates): (Vec<Request>, Vec<Request>) = if args.any {
-        let candidates = resources
-            .iter()
-            .map(|resource| Request {
-                name: resource.clone(),
-                exclusive,
-                via: None,
-                slots,
-            })
-            .collect();
-        (Vec::new(), candidates)
-    } else {
-        (
-            crate::request::in_order(resources, exclusive, slots),
-            Vec::new(),
-        )
-    };
-    let mut taken = Vec::new();
-    for request in &fixed {
-        let (took, waited) = acquire::take(ctx, request)?;
-        pending.add(waited)?;
-        taken.push((request.name.clone(), took));
-    }
-    if args.any {
-        let chosen =
-            crate::flock::any::take_any(ctx, &candidates, usize::from(args.count()), pending)?;
-        for took in chosen {
-            let name = match &took {
-                Taken::Held(held) => held.request.name.clone(),
-                Taken::Inherited(lock) => {
-                    Resource::from_lock_path(lock.path()).expect("a lock file of ours")
-                }
-            };
-            taken.push((name, took));
-        }
-    }
-    Ok(taken)
-}
-
-/// What a `--mem` request asks of `gpu:N`.
-fn ask_of(args: &RunArgs, resource: &Resource, probe_timeout: Duration) -> budget::Ask {
-    budget::Ask {
-        index: resource.gpu_index().expect("validated: gpu:N"),
-        mem_mib: args.mem.unwrap_or(0),
-        headroom_mib: args.mem_headroom(),
-        probe_timeout,
-        seen: None,
-    }
-}
-
-/// [`take_all`] with a memory budget: the group `gpu` shared as for any
-/// member, then the budget on `gpu:N` (with `--any`, on the first
-/// candidate that admits it).
-fn take_budget(
-    ctx: &Context,
-    args: &RunArgs,
-    resources: &[Resource],
-    probe_timeout: Duration,
-    seen: Option<Seen>,
-    pending: &mut Pending,
-) -> Result<Vec<(Resource, Taken)>> {
-    let ask = |r: &Resource| budget::Ask {
-        seen: seen.clone(),
-        ..ask_of(args, r, probe_timeout)
-    };
-    let mut taken = Vec::new();
-    if args.any {
-        let asks: Vec<(Request, budget::Ask)> = resources
-            .iter()
-            .map(|r| (budget_request(r), ask(r)))
-            .collect();
-        for (name, took) in budget::take_any(ctx, &asks, pending)? {
-            taken.push((name, took));
-        }
-        return Ok(taken);
-    }
-    for request in crate::request::in_order(resources, false, 0) {
-        let (took, waited) = if request.via.is_none() {
-            budget::take(ctx, &request, &ask(&request.name))?
-        } else {
-            acquire::take(ctx, &request)?
-        };
-        pending.add(waited)?;
-        taken.push((request.name.clone(), took));
-    }
-    Ok(taken)
-}
-
-/// A budget's request on `gpu:N`: the lock shared.
-fn budget_request(resource: &Resource) -> Request {
-    Request {
-        name: resource.clone(),
-        exclusive: false,
-        via: None,
-        slots: 0,
-    }
-}
-
-pub(crate) fn validate(args: &RunArgs) -> Result<Vec<Resource>> {
-    let usage = |message: &str| Err(coded(ExitCode::Usage, message.to_owned()));
-    if args.resources.is_empty() {
-        return usage("missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...");
-    }
-    if args.command.is_empty() {
-        return usage(
-            "missing `-- COMMAND`: put the command after `--`, as in `devlock gpu -- python train.py`",
-        );
-    }
-    let mut resources = Resource::parse_all(&args.resources)?;
-    crate::cli::refuse_subcommand_names(&resources)?;
-    resources.sort();
-    resources.dedup();
-    if args.no_wait && args.timeout.is_some() {
-        return usage(
-            "--no-wait and --timeout contradict each other: -n fails at once, -w DURATION \
-             waits up to DURATION; give one of them",
-        );
-    }
-    crate::request::check_count(args.count(), args.count.is_some(), args.any, &resources)?;
-    if args.idle_threshold.is_some() && !args.require_idle {
-        return usage(
-            "--idle-threshold needs --require-idle: it is the memory --require-idle lets a \
-             process outside the gate hold",
-        );
-    }
-    if args.conflict_exit_code == 0 {
-        return usage(
-            "--conflict-exit-code 0 would report a busy lock as success; give 1-255 \
-             (75 by default)",
-        );
-    }
-    if args.report_every < Duration::from_millis(10) {
-        return usage("--report-every must be at least 10ms");
-    }
-    crate::request::check_slots(args.slots, args.any, args.shared, &resources)?;
-    validate_mem(args, &resources)?;
-    if args.require_idle
-        && !resources
-            .iter()
-            .any(|r| devices::gpu_indices(r, &[]).is_some())
-    {
-        return usage("--require-idle needs a GPU resource (gpu or gpu:N) to check");
-    }
-    Ok(resources)
-}
-
-/// `--mem` and its companions, by the rules the library shares
-/// ([`budget::check_usage`]).
-fn validate_mem(args: &RunArgs, resources: &[Resource]) -> Result<()> {
-    budget::check_usage(&budget::Shape {
-        mem: args.mem,
-        companions: args.mem_headroom.is_some() || args.settle.is_some() || args.mem_strict,
-        shared: args.shared,
-        slots: args.slots.is_some(),
-        any: args.any,
-        count: args.count(),
-        resources,
-    })
-}
-
-/// With `--mem`: each candidate's total memory, asked once before any wait
-/// ([`budget::totals`]).
-fn budget_totals(
-    args: &RunArgs,
-    resources: &[Resource],
-    probe_timeout: Duration,
-) -> Result<(Totals, Option<Seen>)> {
-    let Some(mem) = args.mem else {
-        return Ok((Vec::new(), None));
-    };
-    let (totals, seen) = budget::totals(mem, args.mem_headroom(), resources, probe_timeout)?;
-    Ok((totals, Some(seen)))
-}
-
-/// A probe's answer and when it came.
-type Seen = budget::Seen;
-
-/// Each `--mem` candidate's total memory, MiB.
-type Totals = Vec<(Resource, u64)>;
-
 /// With `--any --require-idle`: the candidates whose GPUs run no work
 /// outside the gate now, so that the first of them to be free is taken, not
 /// the first free one. Too few idle is exit 69, naming why for each; the
@@ -546,20 +301,20 @@ type Totals = Vec<(Resource, u64)>;
 fn idle_candidates(
     dir_path: &Path,
     candidates: Vec<Resource>,
-    args: &RunArgs,
-    probe_timeout: Duration,
+    plan: &Plan,
+    threshold_mib: u64,
 ) -> Result<Vec<Resource>> {
-    let report = crate::status::model::gather(dir_path, &[], Some(probe_timeout))?;
+    let report = crate::status::model::gather(dir_path, &[], Some(plan.probe_timeout))?;
     let info = report.device_info.unwrap_or(DeviceReport::NoInfo);
     let mut idle = Vec::new();
     let mut reasons = Vec::new();
     for candidate in &candidates {
-        match devices::not_idle_reason(&info, candidate, args.idle_threshold()) {
+        match devices::not_idle_reason(&info, candidate, threshold_mib) {
             Some(reason) => reasons.push(reason),
             None => idle.push(candidate.clone()),
         }
     }
-    let count = usize::from(args.count());
+    let count = usize::from(plan.count);
     if idle.len() >= count {
         return Ok(idle);
     }
@@ -587,7 +342,7 @@ fn require_idle(
     threshold_mib: u64,
     probe_timeout: Duration,
 ) -> Result<()> {
-    let table = procfs::LockTable::read().unwrap_or_default();
+    let table = LockTable::read().unwrap_or_default();
     let me = std::process::id();
     let gates: Vec<devices::Gate> = taken
         .iter()
@@ -618,20 +373,6 @@ fn require_idle(
         }
     }
     Ok(())
-}
-
-/// Replaces devlock with the command: the inherited lock already covers it.
-pub(crate) fn pass_through(command: &[OsString], env: &supervise::Env) -> ExitCode {
-    supervise::discard_wakes();
-    // An empty mask unblocks what block_handled_signals blocked.
-    crate::sys::signal::set_mask(&crate::sys::signal::SigSet::empty());
-    let err = std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .exec();
-    let err = supervise::cannot_start(&command[0], &err);
-    eprintln!("devlock: {err:#}");
-    crate::exit::exit_code_of(&err)
 }
 
 /// What the command learns about its locks: the resources it got (the

@@ -16,10 +16,11 @@ use crate::cli::SetupArgs;
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::kind_of;
-use crate::gpu::nvidia_smi::{DeviceReport, Probe};
+use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
+use crate::proc;
+use crate::proc::locks::{FileId, LockTable};
 use crate::resource::Resource;
-use crate::sys::procfs::{self, FileId, LockTable};
 use crate::text::sanitize;
 
 /// How many times a step that someone races is tried again.
@@ -269,7 +270,7 @@ fn same_file(dir: &ScratchDir, st: &libc::stat) -> bool {
 }
 
 fn owner_name(uid: u32) -> String {
-    sanitize(&procfs::user_name(uid))
+    sanitize(&proc::process::user_name(uid))
 }
 
 /// Gives an open file or directory to root (and the group), with `mode`,
@@ -369,7 +370,8 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
                 .holders(id)
                 .chain(table.blocked(id))
                 .map(|l| {
-                    let user = procfs::uid_of(l.pid).map_or("user unknown".to_owned(), owner_name);
+                    let user =
+                        proc::process::uid_of(l.pid).map_or("user unknown".to_owned(), owner_name);
                     format!("pid {}, {user}", l.pid)
                 })
                 .collect();

@@ -10,8 +10,8 @@ use etcd_client::{EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
 use super::Cluster;
+use crate::proc::process::{live_descendants, signal_descendants};
 use crate::sys::process::PidFd;
-use crate::sys::procfs::{live_descendants, signal_descendants};
 use crate::text::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the

@@ -12,6 +12,7 @@ use super::keeper::GUARD;
 use super::session::{Acquired, Session, Settings};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
+use crate::plan::Plan;
 use crate::resource::Resource;
 use crate::supervise::{self, Received};
 
@@ -27,8 +28,9 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 /// unnoticed, and the vote.
 const ELECTION: Duration = Duration::from_secs(2);
 
-pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
-    let resources = crate::cmd::run::validate(args)?;
+/// Runs `args`'s command under the locks of `plan` (built from `args`).
+pub(crate) fn run(plan: &Plan, args: &RunArgs, config: Config) -> Result<ExitCode> {
+    let resources = &plan.resources;
     let (ttl, kill_after) = check_margins(args, config.endpoints.len())?;
     supervise::check_command(&args.command[0])?;
     let step = args.step_name();
@@ -49,7 +51,7 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
         step: step.clone(),
         command: args.command_line(),
     };
-    let requests = crate::request::in_order(&resources, !args.shared, 0);
+    let requests = plan.in_order();
     let mut session = Session::start(settings, requests)?;
     let mut env: supervise::Env = vec![
         (
@@ -66,12 +68,12 @@ pub(crate) fn run(args: &RunArgs, config: Config) -> Result<ExitCode> {
     let (acquired, stopped) = session.wait_for_locks()?;
     env.push((
         "DEVLOCK_FENCE".into(),
-        fences(&resources, acquired.fences()).into(),
+        fences(resources, acquired.fences()).into(),
     ));
     if let Acquired::AllInherited(_) = acquired {
         session.finish();
         drop(guard);
-        return Ok(crate::cmd::run::pass_through(&args.command, &env));
+        return Ok(supervise::pass_through(&args.command, &env));
     }
     if let Some(sig) = stopped.or_else(supervise::pending_stop) {
         session.release();
@@ -140,11 +142,11 @@ fn wait_for_what_it_left(
     let mut signalled: Option<Instant> = None;
     let forward = |sig: Received, signalled: &mut Option<Instant>| {
         if signalled.is_some() {
-            crate::sys::procfs::signal_descendants(libc::SIGKILL);
+            crate::proc::process::signal_descendants(libc::SIGKILL);
             return;
         }
         let skip = (!sig.from_process).then_some(own_group);
-        crate::sys::procfs::signal_descendants_outside(sig.signo, skip);
+        crate::proc::process::signal_descendants_outside(sig.signo, skip);
         *signalled = Some(Instant::now());
     };
     let mut first = first;
@@ -159,7 +161,7 @@ fn wait_for_what_it_left(
             Err(e) => {
                 eprintln!(
                     "devlock: cannot wait for what the command left behind: {}",
-                    crate::sys::procfs::os_text(&e)
+                    crate::proc::os_text(&e)
                 );
                 return;
             }
@@ -168,7 +170,7 @@ fn wait_for_what_it_left(
             forward(sig, &mut signalled);
         }
         if !said && !lease_lost() {
-            let left = crate::sys::procfs::live_descendants(std::process::id());
+            let left = crate::proc::process::live_descendants(std::process::id());
             eprintln!(
                 "devlock: the command has exited; holding the lock until what it started has too (pid {})",
                 left.iter()
@@ -180,7 +182,7 @@ fn wait_for_what_it_left(
         }
         let timeout = signalled.map(|t| kill_after.saturating_sub(t.elapsed()));
         if timeout.is_some_and(|t| t.is_zero()) {
-            crate::sys::procfs::signal_descendants(libc::SIGKILL);
+            crate::proc::process::signal_descendants(libc::SIGKILL);
         }
         match supervise::wait_signal(timeout.filter(|t| !t.is_zero())) {
             Some(sig) if sig.signo != libc::SIGCHLD => forward(sig, &mut signalled),

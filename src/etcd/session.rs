@@ -14,10 +14,10 @@ use super::keeper::{self, LeaseState, boot_now};
 use super::{Cluster, Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
 use crate::exit::{ExitCode, coded, exit_code_of};
 use crate::flock::record::{Record, now_ms};
+use crate::proc;
 use crate::request::Request;
 use crate::supervise::{self, Received};
 use crate::sys::process::PidFd;
-use crate::sys::procfs;
 use crate::sys::signal::Thread;
 use crate::text::human_duration;
 
@@ -370,7 +370,7 @@ async fn inherited(
 /// ancestor runs a program called devlock, or the kernel will not say what
 /// it runs. Usually there is none, which spares asking etcd.
 fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
-    let ancestors: Vec<(u32, u64)> = procfs::ancestors(std::process::id())
+    let ancestors: Vec<(u32, u64)> = proc::process::ancestors(std::process::id())
         .map(|(pid, stat)| (pid, stat.start))
         .collect();
     let maybe_nested = std::env::var_os("DEVLOCK_RESOURCES").is_some()
@@ -408,7 +408,7 @@ async fn take_in_order(
     // gives it, else the uid's.
     let user = std::env::var("USER")
         .ok()
-        .unwrap_or_else(|| procfs::user_name(nix::unistd::getuid().as_raw()));
+        .unwrap_or_else(|| proc::process::user_name(nix::unistd::getuid().as_raw()));
     let host = super::hostname();
     for request in requests {
         let key = key_of(&request.name, lease);

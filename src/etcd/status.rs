@@ -10,13 +10,13 @@ use serde::Serialize;
 use super::tls::TlsView;
 use super::{Cluster, Config, PREFIX, Place, blockers, hostname, line_of};
 use crate::cli::StatusArgs;
-use crate::cmd::status::print_report;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
 use crate::messages::etcd as messages;
+use crate::proc;
 use crate::resource::Resource;
+use crate::status::print::print_report;
 use crate::status::table::{Render, Row, align, duration_cell, paint_lock_cell};
-use crate::sys::procfs;
 use crate::text::sanitize;
 
 #[derive(Debug, Serialize)]
@@ -191,7 +191,7 @@ fn view(
     let entry = place.entry.as_ref();
     let alive = entry
         .filter(|e| e.host == here)
-        .map(|e| procfs::is_same_process(e.pid, e.pid_start));
+        .map(|e| proc::process::is_same_process(e.pid, e.pid_start));
     PlaceView {
         step: entry.map(|e| e.step.clone()),
         pid: entry.map(|e| e.pid),

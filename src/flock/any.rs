@@ -1,22 +1,17 @@
 //! `--any`: the first of several candidates that is or becomes free, each
 //! waited for in its own line, racing on threads of their own.
 
-use std::sync::Mutex;
-use std::sync::mpsc;
-
 use anyhow::Result;
 
-use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
+use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, register, watch};
 use crate::flock::file::LockFile;
 use crate::flock::nesting::inside_holder;
-use crate::flock::take::{Attempt, Context, Entry, Pending, Taken, blocking, register, watch};
+use crate::flock::race::first_of;
+use crate::flock::wait::{Busy, Wait};
 use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;
-use crate::status::model as status;
-use crate::sys::signal::Thread;
-use crate::wait_display::Waited;
 
 /// Takes `count` of `candidates` (sorted), the first that are or become
 /// free, in line with everyone else waiting for them. Picks are made in
@@ -24,13 +19,13 @@ use crate::wait_display::Waited;
 /// enough for the rest, so holding one while waiting for another never goes
 /// against the global lock order, and cannot deadlock. A member's group is
 /// taken (shared) with the member, by the candidate that wins, and once.
+/// Each lock comes with its resource.
 pub(crate) fn take_any(
     ctx: &Context,
     candidates: &[Request],
     count: usize,
-    pending: &mut Pending,
-) -> Result<Vec<Taken>> {
-    let mut taken: Vec<Taken> = Vec::new();
+) -> Result<Vec<(Resource, Taken)>> {
+    let mut taken = Vec::new();
     let mut groups_held: Vec<Resource> = Vec::new();
     let mut start = 0;
     for pick in 0..count {
@@ -54,8 +49,8 @@ pub(crate) fn take_any(
                 unit
             })
             .collect();
-        let (index, took, waited) = take_first(ctx, &units)?;
-        pending.add(waited)?;
+        let (index, took) = take_first(ctx, &units)?;
+        ctx.observer.took()?;
         groups_held.extend(window[index].name.held_shared());
         taken.extend(took);
         start += index + 1;
@@ -119,20 +114,26 @@ impl Unit {
         (entry.request == *self.requests.last()?).then_some(entry)
     }
 
-    fn into_taken(self, ctx: &Context) -> Vec<Taken> {
+    fn into_taken(self, ctx: &Context) -> Vec<(Resource, Taken)> {
         self.held
             .into_iter()
-            .map(|entry| Taken::Held(entry.into_held(ctx, None)))
+            .map(|entry| {
+                (
+                    entry.request.name.clone(),
+                    Taken::Held(entry.into_held(ctx, None)),
+                )
+            })
             .collect()
     }
 }
 
-fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken>, Waited)> {
+/// The first unit that is or becomes complete: its index and its locks.
+fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Resource, Taken)>)> {
     let mut joined = Vec::new();
     for requests in units {
         let unit = Unit::join(ctx, requests)?;
         if unit.complete() {
-            return Ok((joined.len(), unit.into_taken(ctx), Waited::default()));
+            return Ok((joined.len(), unit.into_taken(ctx)));
         }
         joined.push(unit);
     }
@@ -141,7 +142,8 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
             && inside_holder(&member.lock, &member.request)?
         {
             let lock = member.lock.try_clone()?;
-            return Ok((i, vec![Taken::Inherited(lock)], Waited::default()));
+            let name = member.request.name.clone();
+            return Ok((i, vec![(name, Taken::Inherited(lock))]));
         }
     }
     let names: Vec<String> = units
@@ -170,12 +172,7 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
             })
             .collect();
         drop(joined);
-        let each: Vec<(String, status::ResourceView)> = locks
-            .into_iter()
-            .map(|(label, resource, lock)| (label, status::describe(&lock, ctx.dir, &resource)))
-            .collect();
-        let code = ctx.plan.map_or(ExitCode::Busy, |p| p.conflict_code);
-        return Err(crate::messages::all_busy(&names, &each, code));
+        return Err(anyhow::Error::new(Busy::Any { names, each: locks }));
     }
     let registrations = joined
         .iter()
@@ -203,94 +200,15 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<Taken
     } else {
         Vec::new()
     };
-    let ((index, unit), waited) = blocking(ctx, label, watches, registrations, false, |stop| {
-        first_of(joined, stop, |unit, stop| unit.block(ctx.dir, stop))
+    let wait = Wait {
+        label,
+        watches,
+        registrations,
+        lazy: false,
+    };
+    let (index, unit) = blocking(ctx, wait, |stop| {
+        first_of(joined, stop, None, |unit, stop| unit.block(ctx.dir, stop))?
+            .ok_or_else(|| anyhow::anyhow!("interrupted"))
     })?;
-    Ok((index, unit.into_taken(ctx), waited))
-}
-
-/// Runs one blocking job per item in its own thread; the first to succeed
-/// wins and the others are interrupted and dropped (which leaves their lines
-/// and lets go of anything they took in the meantime).
-pub(crate) fn first_of<I: Send, T: Send>(
-    items: Vec<I>,
-    outer: &Stop,
-    job: impl Fn(I, &Stop) -> Result<T> + Sync,
-) -> Result<(usize, T)> {
-    crate::interrupt::install();
-    let (tx, rx) = mpsc::channel::<(usize, Result<T>)>();
-    let stops: Vec<Stop> = items.iter().map(|_| Stop::default()).collect();
-    let threads: Mutex<Vec<Option<Thread>>> = Mutex::new(vec![None; items.len()]);
-    let started = std::sync::Barrier::new(items.len() + 1);
-    std::thread::scope(|scope| {
-        let mut handles = Vec::new();
-        for (index, item) in items.into_iter().enumerate() {
-            let tx = tx.clone();
-            let stop = stops[index].clone();
-            let (job, threads, started) = (&job, &threads, &started);
-            handles.push(scope.spawn(move || {
-                crate::interrupt::unblock_here();
-                crate::interrupt::let_job_stops_in_here();
-                threads.lock().unwrap()[index] = Some(Thread::current());
-                started.wait();
-                let result = {
-                    // However the job ends, a panic included, so that the
-                    // decider's stop never waits for it forever.
-                    let _finished = stop.finished_on_drop();
-                    job(item, &stop)
-                };
-                let _ = tx.send((index, result));
-            }));
-        }
-        started.wait();
-        drop(tx);
-        // This thread sleeps in no lock call while its racers do: a stop of
-        // the outer wait (a library's cancel or timeout) must reach them.
-        let _adopted = outer.adopt(
-            stops
-                .iter()
-                .cloned()
-                .zip(
-                    threads
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .map(|t| t.expect("every thread said who it is")),
-                )
-                .collect(),
-        );
-        // A job stop must reach a thread asleep in a lock call, not this one.
-        let mask = crate::interrupt::keep_job_stops_off_here();
-        let mut winner = None;
-        let mut first_error = None;
-        // Wait for the first success (or for every job to fail).
-        while let Ok((index, result)) = rx.recv() {
-            match result {
-                Ok(value) => {
-                    winner = Some((index, value));
-                    break;
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-            if !outer.keep_waiting() {
-                break;
-            }
-        }
-        for (stop, thread) in stops.iter().zip(threads.lock().unwrap().iter()) {
-            stop.stop(thread.expect("every thread said who it is"));
-        }
-        crate::interrupt::restore(&mask);
-        // Late winners are dropped here, releasing what they took.
-        drop(rx);
-        for handle in handles {
-            let _ = handle.join();
-        }
-        match (winner, first_error) {
-            (Some(w), _) => Ok(w),
-            (None, Some(e)) => Err(e),
-            (None, None) => Err(anyhow::anyhow!("interrupted")),
-        }
-    })
+    Ok((index, unit.into_taken(ctx)))
 }

@@ -26,7 +26,12 @@ const CREATED_DIR_MODE: u32 = 0o1777;
 pub(crate) struct ScratchDir {
     path: PathBuf,
     fd: OwnedFd,
+    /// Where the files opened in it are logged, for a run's trust notes.
+    opens: Option<OpenLog>,
 }
+
+/// The files opened in a scratch directory: path, owner and name of each.
+pub(crate) type OpenLog = std::sync::Arc<std::sync::Mutex<Vec<(PathBuf, u32, String)>>>;
 
 impl ScratchDir {
     /// Opens the directory, creating it (sticky, world-writable) when missing.
@@ -84,7 +89,7 @@ impl ScratchDir {
                         format!(
                             "cannot open scratch directory {}: {}",
                             path.display(),
-                            crate::sys::procfs::os_text(&err)
+                            crate::proc::os_text(&err)
                         ),
                     )),
                 };
@@ -93,6 +98,7 @@ impl ScratchDir {
         let dir = ScratchDir {
             path: path.to_owned(),
             fd,
+            opens: None,
         };
         dir.refuse_network_filesystem()?;
         Ok(Some(dir))
@@ -106,7 +112,30 @@ impl ScratchDir {
                 .fd
                 .try_clone()
                 .context("duplicating directory handle")?,
+            opens: self.opens.clone(),
         })
+    }
+
+    /// From now on, every file opened in the directory that another user
+    /// owns is logged in `log` (its owner from the fstat its opener makes
+    /// anyway: free on the fast path).
+    pub(crate) fn log_opens(&mut self, log: OpenLog) {
+        self.opens = Some(log);
+    }
+
+    /// Logs a file opened in the directory that a user other than root and
+    /// us owns, if opens are logged.
+    pub(crate) fn opened(&self, path: &Path, owner: u32, name: &str) {
+        if let Some(log) = &self.opens
+            && owner != 0
+            && owner != crate::sys::process::effective_uid()
+        {
+            log.lock().unwrap_or_else(|e| e.into_inner()).push((
+                path.to_owned(),
+                owner,
+                name.to_owned(),
+            ));
+        }
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -237,7 +266,7 @@ fn create(path: &Path) -> Result<bool> {
             format!(
                 "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
                 path.display(),
-                crate::sys::procfs::os_text(&e)
+                crate::proc::os_text(&e)
             ),
         )),
     }

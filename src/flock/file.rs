@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
+use crate::proc::locks::FileId;
 use crate::sys::fs::{Flock, flock};
-use crate::sys::procfs::FileId;
 
 /// Mode every lock file gets, whatever the creator's umask: any user who can
 /// reach the directory must be able to open it and join the gate.
@@ -89,7 +89,7 @@ impl LockFile {
             let meta = file.metadata().map_err(|e| open_error(&path, e))?;
             check_plain_file(std::os::unix::fs::MetadataExt::mode(&meta), &path)?;
             let id = FileId::from_metadata(meta_dev(&meta), meta_ino(&meta));
-            crate::flock::trust::note_file(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
+            dir.opened(&path, std::os::unix::fs::MetadataExt::uid(&meta), name);
             return Ok(LockFile {
                 file,
                 path,
@@ -367,7 +367,7 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
         _ => format!(
             "cannot open lock file {}: {}",
             path.display(),
-            crate::sys::procfs::os_text(&err)
+            crate::proc::os_text(&err)
         ),
     };
     coded(ExitCode::IoError, message)

@@ -148,11 +148,14 @@
 pub(crate) mod any;
 pub(crate) mod budget;
 pub(crate) mod dir;
+pub(crate) mod entry;
 pub(crate) mod file;
 pub(crate) mod nesting;
 pub(crate) mod queue;
+pub(crate) mod race;
 pub(crate) mod record;
 pub(crate) mod registration;
 pub(crate) mod slots;
 pub(crate) mod take;
 pub(crate) mod trust;
+pub(crate) mod wait;

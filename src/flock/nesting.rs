@@ -7,8 +7,8 @@ use std::os::fd::RawFd;
 use anyhow::Result;
 
 use crate::flock::file::LockFile;
+use crate::proc;
 use crate::request::Request;
-use crate::sys::procfs;
 
 /// Whether we run inside a job that holds the lock already (then the take
 /// passes through); an error when that job holds it only shared and this
@@ -86,12 +86,12 @@ fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
             continue;
         };
         let same = crate::sys::fs::file_id_of(number)
-            .is_some_and(|(dev, ino)| procfs::FileId::from_metadata(dev, ino) == lock.id());
+            .is_some_and(|(dev, ino)| proc::locks::FileId::from_metadata(dev, ino) == lock.id());
         if !same {
             continue;
         }
         modes.extend(
-            procfs::locks_of_fd("self", &name)
+            proc::locks::locks_of_fd("self", &name)
                 .iter()
                 .filter(|l| l.file == lock.id() && !l.blocked)
                 .map(|l| (number, l.exclusive)),
@@ -105,8 +105,8 @@ fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
 /// closed its copy does not).
 pub(crate) fn fd_holds(fd: RawFd, lock: &LockFile) -> bool {
     crate::sys::fs::file_id_of(fd)
-        .is_some_and(|(dev, ino)| procfs::FileId::from_metadata(dev, ino) == lock.id())
-        && procfs::locks_of_fd("self", &fd.to_string())
+        .is_some_and(|(dev, ino)| proc::locks::FileId::from_metadata(dev, ino) == lock.id())
+        && proc::locks::locks_of_fd("self", &fd.to_string())
             .iter()
             .any(|l| l.file == lock.id() && !l.blocked)
 }

@@ -29,7 +29,7 @@ use anyhow::{Context, Result};
 use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
-use crate::sys::procfs::{FileId, LockTable, RangeLock};
+use crate::proc::locks::{FileId, LockTable, RangeLock};
 
 /// Where the agreement bytes start: `AGREE_BASE + N` for `--slots N`.
 const AGREE_BASE: i64 = 4096;
@@ -364,7 +364,7 @@ fn line_blocked(
 pub(crate) fn owner_words(lock: &RangeLock) -> String {
     let owners: Vec<u32> = match lock.pid {
         Some(pid) => vec![pid],
-        None => crate::sys::procfs::range_lock_owners(lock.file)
+        None => crate::proc::locks::range_lock_owners(lock.file)
             .into_iter()
             .filter(|(_, l)| l.start == lock.start && l.end == lock.end)
             .map(|(pid, _)| pid)
@@ -376,8 +376,8 @@ pub(crate) fn owner_words(lock: &RangeLock) -> String {
     owners
         .iter()
         .map(|&pid| {
-            let user = crate::sys::procfs::uid_of(pid)
-                .map_or("user unknown".to_owned(), crate::sys::procfs::user_name);
+            let user = crate::proc::process::uid_of(pid)
+                .map_or("user unknown".to_owned(), crate::proc::process::user_name);
             format!("pid {pid}, {}", crate::text::sanitize(&user))
         })
         .collect::<Vec<_>>()
@@ -501,7 +501,7 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
 pub(crate) fn holds_place(table: &LockTable, queue: FileId, ticket: u64, pid: u32) -> bool {
     let at = SLOT_BASE as u64 + ticket;
     let place = |l: &RangeLock| !l.blocked && l.exclusive && l.start == at && l.end == Some(at);
-    match crate::sys::procfs::range_locks_of(pid, queue) {
+    match crate::proc::locks::range_locks_of(pid, queue) {
         Some(own) => own.iter().any(place),
         None => table.ranges(queue).iter().any(|l| l.ofd && place(l)),
     }

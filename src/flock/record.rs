@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::sys::procfs;
+use crate::proc;
 
 /// Largest record a reader accepts; anything longer is not ours.
 pub const MAX_RECORD_BYTES: usize = 16 * 1024;
@@ -109,7 +109,9 @@ impl Record {
 
     /// Whether `pid` is the very process this record's `pid` names.
     pub fn names(&self, pid: u32) -> bool {
-        self.pid == pid && self.this_boot() && procfs::start_time(pid) == Some(self.pid_start)
+        self.pid == pid
+            && self.this_boot()
+            && proc::process::start_time(pid) == Some(self.pid_start)
     }
 
     /// Whether `pid` is the very process this record's `child` names.
@@ -118,7 +120,7 @@ impl Record {
             && self.this_boot()
             && self
                 .child_start
-                .is_some_and(|start| procfs::start_time(pid) == Some(start))
+                .is_some_and(|start| proc::process::start_time(pid) == Some(start))
     }
 
     /// The record as bytes: one JSON object whose first members are the
@@ -178,13 +180,13 @@ pub(crate) fn is_ours_to_write(start: &[u8]) -> bool {
 /// This process's start time, read once.
 fn own_start_time() -> Option<u64> {
     static START: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *START.get_or_init(|| procfs::start_time(std::process::id()))
+    *START.get_or_init(|| proc::process::start_time(std::process::id()))
 }
 
 /// The boot id, read once.
 fn boot_id() -> Option<String> {
     static BOOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    BOOT.get_or_init(procfs::boot_id).clone()
+    BOOT.get_or_init(proc::process::boot_id).clone()
 }
 
 /// What a reader made of a record.

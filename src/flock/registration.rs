@@ -12,9 +12,9 @@ use anyhow::{Context, Result};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::open_checked;
 use crate::flock::record::{self, Record};
+use crate::proc::locks::{FileId, LockTable};
 use crate::resource::Resource;
 use crate::sys::fs::{Flock, flock};
-use crate::sys::procfs::{FileId, LockTable};
 use nix::fcntl::OFlag;
 
 /// What a registration stands for.
@@ -246,7 +246,7 @@ pub(crate) fn live_waiters(
         let inherited = own
             && !alive_in_kernel
             && record.child.is_some_and(|c| {
-                record.names_child(c) && crate::sys::procfs::holds_flock(c, id) == Some(true)
+                record.names_child(c) && crate::proc::locks::holds_flock(c, id) == Some(true)
             });
         if alive_in_kernel || inherited || (own && kind == Kind::Hold) {
             waiters.push(Waiter {

@@ -4,9 +4,9 @@
 
 use anyhow::Result;
 
-use crate::flock::any::first_of;
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::{LockFile, TryLock};
+use crate::flock::race::first_of;
 use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -40,10 +40,11 @@ pub(crate) fn wait_for_slot(dir: &ScratchDir, request: &Request, stop: &Stop) ->
             Ok(Slot { number, lock })
         })
         .collect::<Result<_>>()?;
-    let (_, taken) = first_of(slots, stop, |slot, stop| {
+    let raced = first_of(slots, stop, None, |slot, stop| {
         slot.lock.lock(true, &|| stop.keep_waiting())?;
         Ok(slot)
     })?;
+    let (_, taken) = raced.ok_or_else(|| anyhow::anyhow!("interrupted"))?;
     Ok(taken)
 }
 

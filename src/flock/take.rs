@@ -1,401 +1,18 @@
-//! Taking locks in line: a queue ticket, the turn, the kernel lock, and a
-//! check that the path still names the locked file. Shared by the command
-//! line (with a waiting display) and the library (quietly).
-
-use std::os::fd::{AsFd, BorrowedFd};
+//! Taking one request in line: the uncontended take that skips the line,
+//! then a queue ticket, the turn, the kernel lock, and a check that the path
+//! still names the locked file. Shared by the command line and the library;
+//! a wait is shown by the context's observer, a busy lock returned typed.
 
 use anyhow::Result;
 
-use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
-use crate::flock::file::{LockFile, TryLock};
+use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, register, watch};
+use crate::flock::file::LockFile;
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
-use crate::flock::queue::{Agreement, Ticket};
-use crate::flock::record::Record;
-use crate::flock::registration::{Kind, Registration};
-use crate::flock::slots::{self, Slot};
-use crate::interrupt::Stop;
+use crate::flock::queue::Agreement;
+use crate::flock::wait::{Busy, Wait};
 use crate::messages::label_of;
 use crate::request::Request;
-use crate::resource::Resource;
-use crate::status::model as status;
-use crate::supervise::Received;
-use crate::sys::procfs::LockTable;
-use crate::wait_display::{self as wait, WaitPlan, Waited};
-
-/// A lock we hold.
-#[derive(Debug)]
-pub(crate) struct Held {
-    pub(crate) request: Request,
-    /// What the hold keeps, let go in the order [`Held`]'s `Drop` gives.
-    keep: Option<Keep>,
-    /// Whether the lock file may hold our record (decided once, at the
-    /// first label), and whether one was written (to clear on release).
-    record_ok: std::cell::OnceCell<bool>,
-    wrote: std::cell::Cell<bool>,
-    /// How long the lock file is now, as far as we know (what was there
-    /// at the first label, then what we wrote).
-    len: std::cell::Cell<u64>,
-    /// A memory budget (`--mem`), MiB: its registration says so.
-    mem_mib: Option<u64>,
-}
-
-/// The parts of a hold.
-#[derive(Debug)]
-struct Keep {
-    lock: LockFile,
-    slot: Option<Slot>,
-    /// Kept while holding: exclusively, the place in line, so the line
-    /// behind waits for us; always, the agreement on the slot count.
-    ticket: Option<Ticket>,
-    /// A shared holder's label (there is no single record in a shared file).
-    label_file: Option<Registration>,
-}
-
-impl Held {
-    fn new(
-        request: Request,
-        lock: LockFile,
-        slot: Option<Slot>,
-        ticket: Option<Ticket>,
-        label_file: Option<Registration>,
-    ) -> Held {
-        Held {
-            request,
-            keep: Some(Keep {
-                lock,
-                slot,
-                ticket,
-                label_file,
-            }),
-            record_ok: std::cell::OnceCell::new(),
-            wrote: std::cell::Cell::new(false),
-            len: std::cell::Cell::new(u64::MAX),
-            mem_mib: None,
-        }
-    }
-
-    /// A memory budget's hold (`--mem`): the lock shared, labelled by a
-    /// registration that carries the budget, and the place in line kept
-    /// until [`Held::step_aside`] (the job is starting).
-    pub(crate) fn budget(
-        request: Request,
-        lock: LockFile,
-        ticket: Ticket,
-        label: Registration,
-        mem_mib: u64,
-    ) -> Held {
-        let mut held = Held::new(request, lock, None, Some(ticket), Some(label));
-        held.mem_mib = Some(mem_mib);
-        held
-    }
-
-    /// Lets the line behind move on while keeping the hold (a budget's job
-    /// has started).
-    pub(crate) fn step_aside(&self) {
-        if let Some(ticket) = &self.keep().ticket {
-            let _ = ticket.step_aside();
-        }
-    }
-
-    fn keep(&self) -> &Keep {
-        self.keep
-            .as_ref()
-            .expect("a hold keeps its parts until dropped")
-    }
-
-    /// The lock file held.
-    pub(crate) fn lock(&self) -> &LockFile {
-        &self.keep().lock
-    }
-
-    /// The semaphore slot held, with `--slots`.
-    pub(crate) fn slot(&self) -> Option<&Slot> {
-        self.keep().slot.as_ref()
-    }
-
-    /// Descriptors the command must inherit to keep holding (and a shared
-    /// holder's registration, so its label lives as long as the hold).
-    pub(crate) fn inheritable_fds(&self) -> Vec<BorrowedFd<'_>> {
-        let keep = self.keep();
-        let mut fds = vec![keep.lock.file().as_fd()];
-        fds.extend(keep.slot.as_ref().map(|s| s.lock.file().as_fd()));
-        fds.extend(keep.label_file.as_ref().map(Registration::fd));
-        fds
-    }
-
-    /// Whether the holder record goes into the lock file itself.
-    fn owns_record(&self) -> bool {
-        self.request.exclusive && self.request.slots == 0
-    }
-
-    /// The lock files this hold keeps, with the path each was opened at:
-    /// the lock, and the slot's.
-    pub(crate) fn files(&self) -> impl Iterator<Item = &LockFile> {
-        let keep = self.keep();
-        std::iter::once(&keep.lock).chain(keep.slot.as_ref().map(|s| &s.lock))
-    }
-
-    /// Writes the holder's label, now naming the running command: into the
-    /// lock file for an exclusive hold, into the registration for a shared
-    /// one. A lock file that holds anything but a devlock record is held
-    /// without one (and the run says so once).
-    pub(crate) fn label(&self, record: &Record) {
-        let keep = self.keep();
-        let mut record = record.clone();
-        record.ticket = keep.ticket.as_ref().map(|t| t.number);
-        record.slot = keep.slot.as_ref().map(|s| s.number);
-        record.via = self.request.via.as_ref().map(Resource::to_string);
-        record.mem_mib = self.mem_mib;
-        if self.mem_mib.is_none() {
-            record.over_mib = None;
-        }
-        if self.owns_record() {
-            let ok = *self
-                .record_ok
-                .get_or_init(|| match keep.lock.may_hold_record() {
-                    Ok(len) => {
-                        self.len.set(len);
-                        true
-                    }
-                    Err(why) => {
-                        crate::flock::trust::note_line(why);
-                        false
-                    }
-                });
-            // A label only: a failure to write it must not stop the work.
-            if ok && let Ok(len) = record.write_over(keep.lock.file(), self.len.get()) {
-                self.len.set(len);
-                self.wrote.set(true);
-            }
-        } else if let Some(label) = &keep.label_file {
-            let _ = label.rewrite(&record);
-        }
-    }
-}
-
-impl Held {
-    /// In a forked child of the taker: closes this process's copies of the
-    /// hold's descriptors and nothing else. The record, the place in line and
-    /// a shared holder's label stay with the taker (and the lock with
-    /// whoever still has a descriptor to it).
-    pub(crate) fn close_copy(mut self) {
-        self.wrote.set(false);
-        if let Some(Keep {
-            lock,
-            slot,
-            ticket,
-            label_file,
-        }) = self.keep.take()
-        {
-            drop((lock, slot, ticket));
-            if let Some(label) = label_file {
-                label.close_copy();
-            }
-        }
-    }
-}
-
-impl Drop for Held {
-    /// Lets go in this order, each step for a reason:
-    ///
-    /// 1. The record is cleared while the lock is still ours: no step
-    ///    outlives the hold (the file itself stays, so nobody can slip in
-    ///    on a fresh one).
-    /// 2. The lock file and then the slot are closed. The kernel drops a
-    ///    lock when its last descriptor closes; the command's closed when it
-    ///    exited, so this is the release.
-    /// 3. Only then the place in line (and the agreement on the slot
-    ///    count): the next in line wakes when it goes, and must find the
-    ///    lock free rather than sleep again behind a holder that is
-    ///    leaving; and nobody ever sees the lock held through the line
-    ///    without the agreement that says how it is used.
-    /// 4. A shared holder's label last: it names the hold as long as the
-    ///    hold is there.
-    fn drop(&mut self) {
-        let Some(keep) = self.keep.take() else {
-            return;
-        };
-        if self.wrote.get() {
-            let _ = keep.lock.file().set_len(0);
-        }
-        let Keep {
-            lock,
-            slot,
-            ticket,
-            label_file,
-        } = keep;
-        drop(lock);
-        drop(slot);
-        drop(ticket);
-        drop(label_file);
-    }
-}
-
-/// What taking one request came to.
-// A handful per run, moved rarely: boxing would buy nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub(crate) enum Taken {
-    Held(Held),
-    /// An inherited descriptor already holds it: we run inside its holder.
-    /// The file is open (not locked by us) only to name the lock.
-    Inherited(LockFile),
-}
-
-/// How a run waits: shared by all its requests.
-pub(crate) struct Context<'a> {
-    pub(crate) dir: &'a ScratchDir,
-    /// The label registrations and holds carry.
-    pub(crate) step: String,
-    pub(crate) no_wait: bool,
-    /// The display and deadline of the command line; `None` waits quietly.
-    pub(crate) plan: Option<&'a WaitPlan>,
-    /// Lets another thread stop a quiet wait (the library's timeout).
-    pub(crate) stop: Stop,
-    /// Without a plan: where a wait posts what it waits for, for a caller
-    /// that shows the wait itself (the Python package's waiting line).
-    pub(crate) board: Option<&'a wait::Board>,
-}
-
-/// What a try without waiting came to.
-pub(crate) enum Attempt {
-    /// Taken, with the semaphore slot if any.
-    Taken(Option<Slot>),
-    Busy,
-}
-
-impl Context<'_> {
-    /// Whether a wait gathers handles for a display: the command line's
-    /// (unless quiet), or a board's.
-    pub(crate) fn shows(&self) -> bool {
-        self.plan.map_or(self.board.is_some(), |p| !p.quiet)
-    }
-
-    /// A fresh record for this process; built only when a label is written,
-    /// so an uncontended take reads nothing it does not need.
-    pub(crate) fn record(&self) -> Record {
-        Record::for_this_process(&self.step)
-    }
-}
-
-/// A request at the front of its line or about to wait in it.
-pub(crate) struct Entry {
-    pub(crate) request: Request,
-    pub(crate) lock: LockFile,
-    pub(crate) ticket: Ticket,
-}
-
-impl Entry {
-    pub(crate) fn join(dir: &ScratchDir, request: &Request) -> Result<Entry> {
-        let lock = LockFile::open(dir, &request.name.file_name())?;
-        Entry::join_with(dir, request, lock)
-    }
-
-    /// Joins the line with a lock file already open (the fast path's).
-    fn join_with(dir: &ScratchDir, request: &Request, lock: LockFile) -> Result<Entry> {
-        let name = request.name.file_name();
-        let ticket = Ticket::take(
-            dir,
-            &name,
-            request.slots,
-            &|| in_use(&lock),
-            request.name.as_str(),
-        )?;
-        Ok(Entry {
-            request: request.clone(),
-            lock,
-            ticket,
-        })
-    }
-
-    /// Takes the lock without waiting, if nobody is ahead and it is free.
-    pub(crate) fn try_now(&mut self, dir: &ScratchDir) -> Result<Attempt> {
-        let attempt = self.try_now_in_line(dir)?;
-        if matches!(attempt, Attempt::Taken(_)) {
-            self.step_aside_if_shared();
-        }
-        Ok(attempt)
-    }
-
-    /// A shared hold lets the line move on at once: the next reader may join
-    /// in, and a writer behind waits for the lock itself. (Keeping the place
-    /// would make even this run's own next take wait for it.)
-    fn step_aside_if_shared(&self) {
-        if !self.request.exclusive || self.request.slots > 0 {
-            let _ = self.ticket.step_aside();
-        }
-    }
-
-    fn try_now_in_line(&mut self, dir: &ScratchDir) -> Result<Attempt> {
-        if self.ticket.has_anyone_ahead()? {
-            return Ok(Attempt::Busy);
-        }
-        if self.request.slots > 0 {
-            let Some(slot) = slots::try_any(dir, &self.request)? else {
-                return Ok(Attempt::Busy);
-            };
-            if self.lock.try_lock(false)? == TryLock::Taken {
-                return Ok(Attempt::Taken(Some(slot)));
-            }
-            return Ok(Attempt::Busy);
-        }
-        Ok(
-            match self.lock.try_lock_at_path(dir, self.request.exclusive)? {
-                true => Attempt::Taken(None),
-                false => Attempt::Busy,
-            },
-        )
-    }
-
-    /// Sleeps for the turn and the lock. Every sleep is a kernel call that
-    /// `stop` can interrupt.
-    pub(crate) fn block(mut self, dir: &ScratchDir, stop: &Stop) -> Result<(Entry, Option<Slot>)> {
-        let keep = || stop.keep_waiting();
-        self.ticket.wait_turn(&keep)?;
-        let slot = if self.request.slots > 0 {
-            let slot = slots::wait_for_slot(dir, &self.request, stop)?;
-            self.lock.lock(false, &keep)?;
-            Some(slot)
-        } else {
-            self.lock.lock_at_path(dir, self.request.exclusive, &keep)?;
-            None
-        };
-        self.step_aside_if_shared();
-        Ok((self, slot))
-    }
-
-    /// Turns a taken entry into a hold.
-    pub(crate) fn into_held(self, ctx: &Context, slot: Option<Slot>) -> Held {
-        hold(ctx, self.request, self.lock, Some(self.ticket), slot)
-    }
-}
-
-/// A hold: an exclusive holder keeps its place so the line behind waits; a
-/// shared holder steps aside so the line moves on, and labels itself in a
-/// registration, as a shared lock file has no room for everyone's record.
-/// Both keep the agreement on the slot count their ticket holds.
-fn hold(
-    ctx: &Context,
-    request: Request,
-    lock: LockFile,
-    ticket: Option<Ticket>,
-    slot: Option<Slot>,
-) -> Held {
-    if request.exclusive && request.slots == 0 {
-        return Held::new(request, lock, slot, ticket, None);
-    }
-    let number = ticket.as_ref().map(|t| t.number);
-    if let Some(ticket) = &ticket {
-        let _ = ticket.step_aside();
-    }
-    let mut record = ctx.record();
-    record.ticket = number;
-    record.slot = slot.as_ref().map(|s| s.number);
-    record.via = request.via.as_ref().map(Resource::to_string);
-    let label = Registration::create(ctx.dir, &request.name, &record, Kind::Hold).ok();
-    Held::new(request, lock, slot, ticket, label)
-}
 
 /// What the uncontended take came to.
 enum Fast {
@@ -420,11 +37,11 @@ fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Fast> {
 }
 
 /// Takes one request: at once when free, else waiting in line.
-pub(crate) fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> {
+pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
     let opened = match take_if_nobody_waits(ctx.dir, request)? {
         Fast::Held(lock) => {
             let held = hold(ctx, request.clone(), lock, None, None);
-            return Ok((Taken::Held(held), Waited::default()));
+            return Ok(Taken::Held(held));
         }
         Fast::No(opened) => opened,
     };
@@ -447,22 +64,22 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> 
         }
         inside_holder(&lock, request)?;
         if inherited(&lock, request.exclusive) == Inherited::Yes {
-            return Ok((Taken::Inherited(lock), Waited::default()));
+            return Ok(Taken::Inherited(lock));
         }
-        return Err(busy(ctx, request, &lock));
+        return Err(busy(request, lock));
     }
     let mut entry = Entry::join_with(ctx.dir, request, open_lock(opened)?)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
-        return Ok((Taken::Held(entry.into_held(ctx, slot)), Waited::default()));
+        return Ok(Taken::Held(entry.into_held(ctx, slot)));
     }
     if inside_holder(&entry.lock, request)? {
-        return Ok((Taken::Inherited(entry.lock), Waited::default()));
+        return Ok(Taken::Inherited(entry.lock));
     }
     if ctx.no_wait {
         let Entry { lock, ticket, .. } = entry;
         // Out of line before looking, so we are not among those ahead.
         drop(ticket);
-        return Err(busy(ctx, request, &lock));
+        return Err(busy(request, lock));
     }
     let registration = register(ctx, request, entry.ticket.number);
     let label = label_of(request);
@@ -474,107 +91,22 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<(Taken, Waited)> 
         .collect();
     // A semaphore's slots are raced on threads of their own.
     let lazy = request.slots == 0;
-    let ((entry, slot), waited) =
-        blocking(ctx, label, watches, vec![registration], lazy, |stop| {
-            entry.block(ctx.dir, stop)
-        })?;
-    Ok((Taken::Held(entry.into_held(ctx, slot)), waited))
+    let wait = Wait {
+        label,
+        watches,
+        registrations: vec![registration],
+        lazy,
+    };
+    let (entry, slot) = blocking(ctx, wait, |stop| entry.block(ctx.dir, stop))?;
+    Ok(Taken::Held(entry.into_held(ctx, slot)))
 }
 
-/// Waits that are over, and what their helpers caught as they ended.
-#[derive(Debug, Default)]
-pub(crate) struct Pending {
-    last: Waited,
-}
-
-impl Pending {
-    /// Notes a finished wait; the one before it is settled now (its display
-    /// must be gone before the next wait shows its own).
-    /// A stopping signal caught then ends the run: nothing has started.
-    pub(crate) fn add(&mut self, waited: Waited) -> Result<()> {
-        let before = std::mem::replace(&mut self.last, waited);
-        match before.settle() {
-            Some(sig) => Err(crate::supervise::stopped_before_start(sig)),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether the last wait's display must be cleared before the command starts.
-    pub(crate) fn must_settle_before_spawn(&self) -> bool {
-        self.last.must_settle_before_spawn()
-    }
-
-    /// Settles everything; a stopping signal that arrived as the locks were
-    /// taken, for the command to hear.
-    pub(crate) fn settle(self) -> Option<Received> {
-        self.last.settle()
-    }
-}
-
-/// Runs `block` on this thread; with a plan, beside the waiting display,
-/// the deadline and the signal watch of the command line.
-pub(crate) fn blocking<T>(
-    ctx: &Context,
-    label: String,
-    watches: Vec<wait::Watch>,
-    registrations: Vec<Option<Registration>>,
-    lazy: bool,
-    block: impl FnOnce(&Stop) -> Result<T>,
-) -> Result<(T, Waited)> {
-    match ctx.plan {
-        Some(plan) => {
-            // What another user could break is said before a long wait, not
-            // only once the wait is over.
-            crate::flock::trust::flush(plan.quiet);
-            // Waited for on this thread, in lock calls a signal interrupts:
-            // the display may start late.
-            let lazy = lazy.then_some(&ctx.stop);
-            wait::wait_for(label, watches, registrations, plan, lazy, || {
-                block(&ctx.stop)
-            })
-        }
-        None => {
-            if let Some(board) = ctx.board {
-                board.post(label, watches);
-            }
-            let result = block(&ctx.stop);
-            if let Some(board) = ctx.board {
-                board.clear();
-            }
-            drop(registrations);
-            Ok((result?, Waited::default()))
-        }
-    }
-}
-
-/// Handles of its own for the waiting display (not needed when it shows nothing).
-pub(crate) fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Option<wait::Watch> {
-    Some(wait::Watch {
-        dir: dir.try_clone().ok()?,
-        resource: request.name.clone(),
-        lock: entry.lock.try_clone().ok()?,
-        ticket: Some(entry.ticket.number),
-        label: label_of(request),
-        room: None,
+/// The error of a busy lock (`-n`), with the lock file to name whoever is in
+/// the way.
+fn busy(request: &Request, lock: LockFile) -> anyhow::Error {
+    anyhow::Error::new(Busy::Lock {
+        request: request.clone(),
+        lock,
+        budget: false,
     })
-}
-
-pub(crate) fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<Registration> {
-    let mut record = ctx.record();
-    record.ticket = Some(ticket);
-    record.since_ms = crate::flock::record::now_ms();
-    record.via = request.via.as_ref().map(Resource::to_string);
-    Registration::create(ctx.dir, &request.name, &record, Kind::Wait).ok()
-}
-
-/// Whether the lock is held by anyone, from the kernel's table.
-fn in_use(lock: &LockFile) -> bool {
-    LockTable::read().is_ok_and(|t| t.is_locked(lock.id()))
-}
-
-/// The error of a busy lock (`-n`), naming whoever is in the way.
-fn busy(ctx: &Context, request: &Request, lock: &LockFile) -> anyhow::Error {
-    let view = status::describe(lock, ctx.dir, &request.name);
-    let code = ctx.plan.map_or(ExitCode::Busy, |p| p.conflict_code);
-    crate::messages::busy(request, &view, code)
 }

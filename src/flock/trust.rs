@@ -11,9 +11,9 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::flock::dir::ScratchDir;
+use crate::flock::dir::{OpenLog, ScratchDir};
+use crate::proc;
 use crate::resource::Resource;
-use crate::sys::procfs;
 use crate::text::sanitize;
 
 /// One thing that lets another user break exclusion (or the line's order).
@@ -59,7 +59,7 @@ pub(crate) fn foreign(owner: u32) -> bool {
 }
 
 fn user(uid: u32) -> String {
-    sanitize(&procfs::user_name(uid))
+    sanitize(&proc::process::user_name(uid))
 }
 
 /// What an owner of `name` (a file in the scratch directory) could do.
@@ -263,115 +263,108 @@ pub(crate) fn of_resource(
     Trust::from_issues(issues, root_owned)
 }
 
-/// The issues this run met, for its one warning line.
-#[derive(Default)]
-struct Notes {
-    enabled: bool,
+/// What one run met that another user could break, for its one warning
+/// line: owned by the run (the command line; the library stays silent),
+/// fed by its scratch directory's opens ([`ScratchDir::log_opens`]) and by
+/// what its takes return, said by [`Notes::flush`].
+#[derive(Debug)]
+pub(crate) struct Notes(Mutex<Found>);
+
+#[derive(Debug, Default)]
+struct Found {
     issues: Vec<Issue>,
     resources: BTreeSet<String>,
     lines: Vec<String>,
     dir: Option<PathBuf>,
     run_resources: Vec<String>,
+    opens: Option<OpenLog>,
 }
 
-static NOTES: Mutex<Notes> = Mutex::new(Notes {
-    enabled: false,
-    issues: Vec::new(),
-    resources: BTreeSet::new(),
-    lines: Vec::new(),
-    dir: None,
-    run_resources: Vec::new(),
-});
+impl Notes {
+    /// The notes of a run that uses `resources` in `dir`: the directory's
+    /// issues now, and from now on every file opened in it.
+    pub(crate) fn new(dir: &mut ScratchDir, resources: &[Resource]) -> Notes {
+        let opens = OpenLog::default();
+        dir.log_opens(opens.clone());
+        let mut found = Found {
+            dir: Some(dir.path().to_owned()),
+            run_resources: resources.iter().map(Resource::to_string).collect(),
+            opens: Some(opens),
+            ..Found::default()
+        };
+        for issue in dir_issues(dir) {
+            if !found.issues.contains(&issue) {
+                found.issues.push(issue);
+            }
+        }
+        Notes(Mutex::new(found))
+    }
 
-fn notes() -> std::sync::MutexGuard<'static, Notes> {
-    NOTES.lock().unwrap_or_else(|e| e.into_inner())
-}
+    fn found(&self) -> std::sync::MutexGuard<'_, Found> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
-/// Makes this process collect what it meets for [`flush`] (the command
-/// line does; the library stays silent).
-pub(crate) fn enable() {
-    notes().enabled = true;
-}
+    /// Notes another one-line warning (a file held without a record, say).
+    pub(crate) fn line(&self, line: Option<String>) {
+        let Some(line) = line else { return };
+        let mut found = self.found();
+        if !found.lines.contains(&line) {
+            found.lines.push(line);
+        }
+    }
 
-/// Notes the directory's issues (found when it was opened).
-pub(crate) fn note_dir(dir: &ScratchDir) {
-    {
-        let mut n = notes();
-        if !n.enabled {
+    /// Prints what was noted since the last flush, unless `quiet`: the trust
+    /// issues as one line with the fix, then any other warning.
+    pub(crate) fn flush(&self, quiet: bool) {
+        let mut found = self.found();
+        found.take_opens();
+        let issues = std::mem::take(&mut found.issues);
+        let lines = std::mem::take(&mut found.lines);
+        let mut resources: Vec<String> = std::mem::take(&mut found.resources).into_iter().collect();
+        if resources.is_empty() {
+            resources = found.run_resources.clone();
+        }
+        if quiet {
             return;
         }
-        n.dir = Some(dir.path().to_owned());
-    }
-    let issues = dir_issues(dir);
-    let mut notes = notes();
-    for issue in issues {
-        if !notes.issues.contains(&issue) {
-            notes.issues.push(issue);
+        let mut out = String::new();
+        if !issues.is_empty() {
+            let reasons: Vec<&str> = issues.iter().map(|i| i.reason.as_str()).collect();
+            out.push_str(&format!(
+                "devlock: warning: {}; to make them root's: {}\n",
+                reasons.join("; "),
+                fix_command(found.dir.as_deref(), resources.iter().map(String::as_str))
+            ));
+        }
+        for line in lines {
+            out.push_str(&format!("devlock: warning: {line}\n"));
+        }
+        if !out.is_empty() {
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(out.as_bytes());
         }
     }
 }
 
-/// Notes a file of the scratch directory that was opened (its owner from
-/// the fstat its opener made anyway: free on the fast path).
-pub(crate) fn note_file(path: &Path, owner: u32, name: &str) {
-    if !foreign(owner) {
-        return;
-    }
-    let mut notes = notes();
-    if !notes.enabled {
-        return;
-    }
-    let issue = file_issue(path, owner, name);
-    if !notes.issues.contains(&issue) {
-        notes.issues.push(issue);
-        if let Some(r) = resource_of(name) {
-            notes.resources.insert(r.to_string());
+impl Found {
+    /// The files opened since the last look that another user owns.
+    fn take_opens(&mut self) {
+        let opened = match &self.opens {
+            Some(log) => std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner())),
+            None => return,
+        };
+        for (path, owner, name) in opened {
+            if !foreign(owner) {
+                continue;
+            }
+            let issue = file_issue(&path, owner, &name);
+            if !self.issues.contains(&issue) {
+                self.issues.push(issue);
+                if let Some(r) = resource_of(&name) {
+                    self.resources.insert(r.to_string());
+                }
+            }
         }
-    }
-}
-
-/// Notes another one-line warning (a file held without a record, say).
-pub(crate) fn note_line(line: String) {
-    let mut notes = notes();
-    if notes.enabled && !notes.lines.contains(&line) {
-        notes.lines.push(line);
-    }
-}
-
-/// Names the resources this run uses, for the fix a directory issue needs.
-pub(crate) fn note_resources(resources: &[Resource]) {
-    let mut notes = notes();
-    notes.run_resources = resources.iter().map(Resource::to_string).collect();
-}
-
-/// Prints what was noted since the last flush, unless `quiet`: the trust
-/// issues as one line with the fix, then any other warning.
-pub(crate) fn flush(quiet: bool) {
-    let mut notes = notes();
-    let issues = std::mem::take(&mut notes.issues);
-    let lines = std::mem::take(&mut notes.lines);
-    let mut resources: Vec<String> = std::mem::take(&mut notes.resources).into_iter().collect();
-    if resources.is_empty() {
-        resources = notes.run_resources.clone();
-    }
-    if quiet {
-        return;
-    }
-    let mut out = String::new();
-    if !issues.is_empty() {
-        let reasons: Vec<&str> = issues.iter().map(|i| i.reason.as_str()).collect();
-        out.push_str(&format!(
-            "devlock: warning: {}; to make them root's: {}\n",
-            reasons.join("; "),
-            fix_command(notes.dir.as_deref(), resources.iter().map(String::as_str))
-        ));
-    }
-    for line in lines {
-        out.push_str(&format!("devlock: warning: {line}\n"));
-    }
-    if !out.is_empty() {
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(out.as_bytes());
     }
 }
 

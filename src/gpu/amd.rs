@@ -36,9 +36,8 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::gpu::nvidia_smi::{
-    Device, DeviceProcess, DeviceReport, Probe, deadline_in, lookup_tool, run_tool,
-};
+use crate::gpu::device::{Device, DeviceProcess, DeviceReport, Probe};
+use crate::gpu::tool::{deadline_in, lookup_tool, run_tool};
 
 /// `amd-smi list --json`: index, PCI address and UUID of each GPU.
 pub(crate) const LIST_ARGS: [&str; 2] = ["list", "--json"];
@@ -559,10 +558,10 @@ fn device_of(gpu: AmdGpu) -> Device {
 /// A process on a GPU: `pid` is the host's (amd-smi) or this namespace's
 /// (our own /proc scan).
 fn process(pid: u32, host: bool, name: Option<String>, used_mib: Option<u64>) -> DeviceProcess {
-    use crate::sys::procfs;
+    use crate::proc;
     let host_pid = pid;
     let local = if host {
-        procfs::local_pid(pid)
+        proc::container::local_pid(pid)
     } else {
         Some(pid)
     };
@@ -571,11 +570,11 @@ fn process(pid: u32, host: bool, name: Option<String>, used_mib: Option<u64>) ->
             pid,
             name: name
                 .filter(|n| n != "N/A")
-                .or_else(|| procfs::comm_of(pid))
+                .or_else(|| proc::process::comm_of(pid))
                 .unwrap_or_else(|| "[unknown]".to_owned()),
             used_mib,
             gating: None,
-            container: procfs::container_of(pid),
+            container: proc::container::container_of(pid),
         },
         None => DeviceProcess {
             pid: 0,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::exit::{ExitCode, coded};
-use crate::gpu::nvidia_smi::{DeviceReport, Probe};
+use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::resource::Resource;
 use crate::text::sanitize;
@@ -394,7 +394,7 @@ pub(crate) fn mig_env(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::nvidia_smi::Device;
+    use crate::gpu::device::Device;
 
     fn device(index: u32, uuid: &str) -> Device {
         Device {
@@ -483,7 +483,7 @@ mod tests {
         assert!(check_mig(&[a.clone(), b.clone()], true, 1).is_ok());
         assert!(check_mig(&[a.clone(), b], true, 2).is_err());
         let mut gpu = device(0, "GPU-aaaa-1");
-        gpu.mig_instances.push(crate::gpu::nvidia_smi::MigInstance {
+        gpu.mig_instances.push(crate::gpu::device::MigInstance {
             name: Some(a.to_string()),
             uuid: "MIG-c1d2".to_owned(),
             ..Default::default()

@@ -4,10 +4,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport, Gating, format_mib};
+use crate::gpu::device::{Device, DeviceProcess, DeviceReport, Gating, format_mib};
 use crate::gpu::source::{self, Probed};
+use crate::proc;
+use crate::proc::locks::FileId;
 use crate::resource::Resource;
-use crate::sys::procfs::{self, FileId};
 
 /// The group name whose members map to NVIDIA device indices.
 pub(crate) const GPU_GROUP: &str = "gpu";
@@ -91,7 +92,7 @@ fn judge(processes: &mut [DeviceProcess], mapped: &[&Gate]) {
             .map(|g| g.resource.to_string());
         p.gating = Some(Gating {
             user: (p.pid != 0)
-                .then(|| procfs::uid_of(p.pid).map(procfs::user_name))
+                .then(|| proc::process::uid_of(p.pid).map(proc::process::user_name))
                 .flatten(),
             gated: gate.is_some(),
             gate,
@@ -115,11 +116,11 @@ fn breadth(resource: &Resource) -> u8 {
 /// (as the kernel reports it), or descends from a holder.
 fn inside(pid: u32, gate: &Gate) -> bool {
     let holders: HashSet<u32> = gate.holder_pids.iter().copied().collect();
-    let mut line = std::iter::once(pid).chain(procfs::ancestors(pid).map(|(p, _)| p));
+    let mut line = std::iter::once(pid).chain(proc::process::ancestors(pid).map(|(p, _)| p));
     if line.any(|p| holders.contains(&p)) {
         return true;
     }
-    procfs::fd_locks(&pid.to_string())
+    proc::locks::fd_locks(&pid.to_string())
         .unwrap_or_default()
         .iter()
         .any(|(_, l)| l.file == gate.lock && !l.blocked)
@@ -252,7 +253,7 @@ mod tests {
     #[test]
     fn descendants_of_a_holder_are_inside_the_gate() {
         let me = std::process::id();
-        let parent = procfs::parent_pid(me).unwrap();
+        let parent = proc::process::parent_pid(me).unwrap();
         let gate = Gate {
             resource: "gpu:0".parse().unwrap(),
             lock: FileId {

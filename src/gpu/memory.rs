@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::gpu::nvidia_smi::{Device, DeviceReport};
-use crate::sys::procfs;
+use crate::gpu::device::{Device, DeviceReport};
+use crate::proc;
 
 /// One budget held on a device, as its registration labels it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub(crate) fn probe(timeout: Duration) -> DeviceReport {
 
 /// Whether `pid` is one of `roots` or descends from one.
 fn under(pid: u32, roots: &[u32]) -> bool {
-    roots.contains(&pid) || procfs::ancestors(pid).any(|(p, _)| roots.contains(&p))
+    roots.contains(&pid) || proc::process::ancestors(pid).any(|(p, _)| roots.contains(&p))
 }
 
 /// What the processes under `roots` use on the device, measured (a process
@@ -120,7 +120,7 @@ pub(crate) fn tree_use(device: &Device, roots: &[u32]) -> u64 {
 /// counted once, for the inner budget, not for both.
 fn owner(pid: u32, budgets: &[Budget]) -> Option<usize> {
     std::iter::once(pid)
-        .chain(procfs::ancestors(pid).map(|(p, _)| p))
+        .chain(proc::process::ancestors(pid).map(|(p, _)| p))
         .find_map(|p| budgets.iter().position(|b| b.roots.contains(&p)))
 }
 
@@ -174,7 +174,7 @@ pub(crate) fn size(mib: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::nvidia_smi::DeviceProcess;
+    use crate::gpu::device::DeviceProcess;
 
     fn device(used: Option<u64>, processes: &[(u32, u64)]) -> Device {
         Device {

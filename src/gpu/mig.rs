@@ -65,7 +65,7 @@
 
 use std::fmt;
 
-use crate::resource::{MAX_GPU_INDEX, MAX_NAME_LEN};
+use crate::names::{MAX_GPU_INDEX, MAX_NAME_LEN};
 
 /// A MIG instance's resource name, taken apart.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

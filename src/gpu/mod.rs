@@ -1,15 +1,17 @@
-//! GPUs: the probes ([`nvml`] in-process, [`nvidia_smi`] as a subprocess,
-//! [`amd`] for AMD GPUs; one device type) and the choice between them
-//! ([`source`]), MIG instances as devices ([`mig`]), which processes work
-//! inside a lock's gate and whether a device is idle ([`gate`]), the
-//! caller's `CUDA_VISIBLE_DEVICES` ([`cuda`]), and device memory for `--mem`
-//! budgets ([`memory`]).
+//! GPUs: one device model ([`device`]) that every source fills: [`nvml`]
+//! in-process, [`nvidia_smi`] and [`amd`] as vendor tools run under a
+//! deadline ([`tool`]); the choice between them ([`source`]), MIG instances
+//! as devices ([`mig`]), which processes work inside a lock's gate and
+//! whether a device is idle ([`gate`]), the caller's `CUDA_VISIBLE_DEVICES`
+//! ([`cuda`]), and device memory for `--mem` budgets ([`memory`]).
 
 pub(crate) mod amd;
 pub(crate) mod cuda;
+pub(crate) mod device;
 pub(crate) mod gate;
 pub(crate) mod memory;
 pub(crate) mod mig;
 pub(crate) mod nvidia_smi;
 pub(crate) mod nvml;
 pub(crate) mod source;
+pub(crate) mod tool;

@@ -48,8 +48,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::gpu::device::{Device, DeviceProcess, MigInstance};
 use crate::gpu::mig;
-use crate::gpu::nvidia_smi::{Device, DeviceProcess, MigInstance};
 use crate::sys::nvml as ffi;
 use crate::text::human_duration;
 use ffi::{Code, Handle, Library, OpenError, ProcessInfo};
@@ -722,7 +722,7 @@ fn split_memory(memory: &Result<Memory, Unknown>) -> (Option<u64>, Option<u64>) 
 /// NVML names no process, and its pids are the host's: outside a
 /// container each is named by the kernel's `comm` (and the container it
 /// runs in, if any); inside one, where a host pid cannot be mapped
-/// ([`crate::sys::procfs::local_pid`]), it is pid 0, named by its host pid:
+/// ([`crate::proc::container::local_pid`]), it is pid 0, named by its host pid:
 /// listed, never dropped, never inside a gate.
 fn processes_for(list: Result<Vec<Process>, Unknown>) -> (Vec<DeviceProcess>, Option<String>) {
     let list = match list {
@@ -732,10 +732,10 @@ fn processes_for(list: Result<Vec<Process>, Unknown>) -> (Vec<DeviceProcess>, Op
     let processes = list
         .into_iter()
         .map(|p| {
-            let (pid, name) = match crate::sys::procfs::local_pid(p.pid) {
+            let (pid, name) = match crate::proc::container::local_pid(p.pid) {
                 Some(pid) => (
                     pid,
-                    crate::sys::procfs::comm_of(pid).unwrap_or_else(|| "[unknown]".to_owned()),
+                    crate::proc::process::comm_of(pid).unwrap_or_else(|| "[unknown]".to_owned()),
                 ),
                 None => (
                     0,
@@ -745,7 +745,7 @@ fn processes_for(list: Result<Vec<Process>, Unknown>) -> (Vec<DeviceProcess>, Op
             DeviceProcess {
                 pid,
                 container: (pid != 0)
-                    .then(|| crate::sys::procfs::container_of(pid))
+                    .then(|| crate::proc::container::container_of(pid))
                     .flatten(),
                 name,
                 used_mib: p.used_mib,

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::gpu::amd::{AmdSmi, drm_devices};
-use crate::gpu::nvidia_smi::{DeviceReport, NvidiaSmi, Probe};
+use crate::gpu::device::{DeviceReport, Probe};
+use crate::gpu::nvidia_smi::NvidiaSmi;
 use crate::gpu::nvml;
 
 /// The source that answered.

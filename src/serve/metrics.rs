@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::gpu::nvidia_smi::{Device, DeviceReport};
+use crate::gpu::device::{Device, DeviceReport};
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
 use crate::status::model::{ResourceView, State};

@@ -20,8 +20,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::gpu::device::{Device, DeviceProcess, DeviceReport, MigInstance};
 use crate::gpu::memory::size;
-use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport, MigInstance};
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
 use crate::status::model::{Holder, HolderSource, ResourceView, State, WaiterSource, WaiterView};

@@ -2,4 +2,5 @@
 //! first and the records as labels) apart from its renderings ([`table`]).
 
 pub(crate) mod model;
+pub(crate) mod print;
 pub(crate) mod table;

@@ -15,10 +15,11 @@ use crate::flock::file::LockFile;
 use crate::flock::record::{self, ReadRecord, Record};
 use crate::flock::registration::{self as waiters, Kind, Waiter};
 use crate::flock::trust::{self, Trust};
+use crate::gpu::device::{Device, DeviceReport};
 use crate::gpu::gate as devices;
-use crate::gpu::nvidia_smi::{Device, DeviceReport};
+use crate::proc;
+use crate::proc::locks::{FileId, LockTable, RangeLock};
 use crate::resource::Resource;
-use crate::sys::procfs::{self, FileId, LockTable, RangeLock};
 use crate::text::clean;
 
 /// A lock's state, as status says it.
@@ -583,8 +584,8 @@ fn build_view(
             Kind::Wait => waiting.push(w),
             Kind::Lost => view.conflicts.push(Conflict {
                 pid: w.record.pid,
-                user: procfs::uid_of(w.record.pid)
-                    .map(procfs::user_name)
+                user: proc::process::uid_of(w.record.pid)
+                    .map(proc::process::user_name)
                     .map(|u| clean(&u)),
                 step: clean(&w.record.step),
                 since: humantime::format_rfc3339_seconds(w.record.since()).to_string(),
@@ -615,7 +616,7 @@ fn build_view(
     }
     let record = read.valid();
     view.holders = holders_of(id, &kernel_holders, record.as_ref(), &holds, now, sharers);
-    if view.holders.is_empty() && procfs::in_child_pid_namespace() {
+    if view.holders.is_empty() && proc::container::in_child_pid_namespace() {
         // /proc/locks here leaves out every holder outside this namespace,
         // and nothing else shows them: ask the lock itself, shared, for an
         // instant (see `probe_from_inside`).
@@ -709,7 +710,7 @@ fn invisible_holder(note: &'static str) -> Holder {
 
 fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> ForeignLock {
     let pid = lock.pid.or_else(|| {
-        procfs::range_lock_owners(lock.file)
+        proc::locks::range_lock_owners(lock.file)
             .into_iter()
             .find(|(_, l)| {
                 l.start == lock.start && l.end == lock.end && l.exclusive == lock.exclusive
@@ -732,8 +733,8 @@ fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> For
         exclusive: lock.exclusive,
         pid,
         user: pid
-            .and_then(procfs::uid_of)
-            .map(procfs::user_name)
+            .and_then(proc::process::uid_of)
+            .map(proc::process::user_name)
             .map(|u| clean(&u)),
         effect,
     }
@@ -746,7 +747,7 @@ fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> For
 /// descriptor it passed down holds it, as far as this user can see.
 pub(crate) fn holders_of(
     id: FileId,
-    kernel_holders: &[procfs::KernelLock],
+    kernel_holders: &[proc::locks::KernelLock],
     record: Option<&Record>,
     holds: &[Record],
     now: SystemTime,
@@ -761,8 +762,8 @@ pub(crate) fn holders_of(
             } else {
                 holds.iter().find(|r| r.pid == taker)
             };
-            let alive = procfs::start_time(taker).is_some();
-            let fd_says = if alive { procfs::holds_flock(taker, id) } else { None };
+            let alive = proc::process::start_time(taker).is_some();
+            let fd_says = if alive { proc::locks::holds_flock(taker, id) } else { None };
             // Without its descriptors to look at, a live process with the
             // taker's pid is taken for another only on the kernel's word: a
             // record naming that pid with another start time, whose command
@@ -778,7 +779,7 @@ pub(crate) fn holders_of(
                 let mut pids = vec![taker];
                 let child = r.and_then(|r| {
                     let c = r.child?;
-                    let descends = procfs::ancestors(c).any(|(p, _)| p == taker);
+                    let descends = proc::process::ancestors(c).any(|(p, _)| p == taker);
                     (descends && r.names_child(c)).then_some(c)
                 });
                 pids.extend(child);
@@ -827,12 +828,12 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         step: None,
         pid: first,
         user: first
-            .and_then(procfs::uid_of)
-            .map(procfs::user_name)
+            .and_then(proc::process::uid_of)
+            .map(proc::process::user_name)
             .map(|u| clean(&u)),
-        command: command_of.or(first).and_then(procfs::cmdline_of),
-        name: first.and_then(procfs::comm_of).map(|c| clean(&c)),
-        stopped: pids.iter().any(|&p| procfs::is_stopped(p)),
+        command: command_of.or(first).and_then(proc::process::cmdline_of),
+        name: first.and_then(proc::process::comm_of).map(|c| clean(&c)),
+        stopped: pids.iter().any(|&p| proc::process::is_stopped(p)),
         pids,
         since: None,
         held_for_ms: None,
@@ -848,7 +849,7 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         over_budget: None,
         over_mib: None,
         ticket: None,
-        container: first.and_then(procfs::container_of),
+        container: first.and_then(proc::container::container_of),
     }
 }
 
@@ -888,14 +889,14 @@ fn waiter_views(
         .map(|w| WaiterView {
             step: Some(clean(&w.record.step)),
             pid: Some(w.record.pid),
-            user: procfs::uid_of(w.record.pid)
-                .map(procfs::user_name)
+            user: proc::process::uid_of(w.record.pid)
+                .map(proc::process::user_name)
                 .map(|u| clean(&u)),
             since: Some(humantime::format_rfc3339_seconds(w.record.since()).to_string()),
             waiting_for_ms: Some(elapsed_ms(w.record.since(), now)),
             position: 0,
             ticket: w.record.ticket,
-            stopped: procfs::is_stopped(w.record.pid),
+            stopped: proc::process::is_stopped(w.record.pid),
             source: WaiterSource::Registration,
             mem_mib: w.record.mem_mib,
         })
@@ -913,7 +914,9 @@ fn waiter_views(
         .filter(|t| !known.contains(t))
         .collect();
     if !unexplained.is_empty() {
-        let owners = queue.map(procfs::range_lock_owners).unwrap_or_default();
+        let owners = queue
+            .map(proc::locks::range_lock_owners)
+            .unwrap_or_default();
         for t in unexplained {
             let at = (1u64 << 20) + t;
             let pid = owners
@@ -924,14 +927,14 @@ fn waiter_views(
                 step: None,
                 pid,
                 user: pid
-                    .and_then(procfs::uid_of)
-                    .map(procfs::user_name)
+                    .and_then(proc::process::uid_of)
+                    .map(proc::process::user_name)
                     .map(|u| clean(&u)),
                 since: None,
                 waiting_for_ms: None,
                 position: 0,
                 ticket: Some(t),
-                stopped: pid.is_some_and(procfs::is_stopped),
+                stopped: pid.is_some_and(proc::process::is_stopped),
                 source: WaiterSource::Unregistered,
                 mem_mib: None,
             });
@@ -943,14 +946,14 @@ fn waiter_views(
             views.push(WaiterView {
                 step: None,
                 pid: Some(pid),
-                user: procfs::uid_of(pid)
-                    .map(procfs::user_name)
+                user: proc::process::uid_of(pid)
+                    .map(proc::process::user_name)
                     .map(|u| clean(&u)),
                 since: None,
                 waiting_for_ms: None,
                 position: 0,
                 ticket: None,
-                stopped: procfs::is_stopped(pid),
+                stopped: proc::process::is_stopped(pid),
                 source: WaiterSource::Flock,
                 mem_mib: None,
             });
@@ -979,7 +982,9 @@ impl Sharers {
     /// Processes holding `id` through a lock that `taker` took.
     fn of(&mut self, id: FileId, taker: u32) -> Vec<u32> {
         // One scan answers for every file: it reads all processes anyway.
-        let map = self.scanned.get_or_insert_with(procfs::all_flock_holders);
+        let map = self
+            .scanned
+            .get_or_insert_with(proc::locks::all_flock_holders);
         map.get(&id)
             .into_iter()
             .flatten()

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::gpu::nvidia_smi::format_mib;
-use crate::gpu::nvidia_smi::{Device, DeviceProcess, DeviceReport};
+use crate::gpu::device::format_mib;
+use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
 use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
 use crate::text::{sanitize, short_duration};
 

@@ -16,6 +16,5 @@ pub(crate) mod fs;
 pub(crate) mod guard;
 pub(crate) mod nvml;
 pub(crate) mod process;
-pub(crate) mod procfs;
 pub(crate) mod signal;
 pub(crate) mod tty;

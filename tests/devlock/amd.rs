@@ -20,6 +20,7 @@ fn with_amd(s: &Scratch, scenario: &str, pids: &[u32]) -> Command {
     cmd
 }
 
+test!(status_and_require_idle_through_amd_smi, needs: []);
 pub(crate) fn status_and_require_idle_through_amd_smi() {
     let s = Scratch::new();
     let ready = s.work("ready");
@@ -85,6 +86,7 @@ pub(crate) fn status_and_require_idle_through_amd_smi() {
     let _ = stranger.wait();
 }
 
+test!(a_hanging_amd_smi_is_killed_at_the_timeout, needs: []);
 pub(crate) fn a_hanging_amd_smi_is_killed_at_the_timeout() {
     let s = Scratch::new();
     let pidfile = s.work("amd-pids");
@@ -122,6 +124,7 @@ pub(crate) fn a_hanging_amd_smi_is_killed_at_the_timeout() {
     );
 }
 
+test!(gpus_on_an_amd_machine_are_given_with_the_rocm_variables, needs: []);
 pub(crate) fn gpus_on_an_amd_machine_are_given_with_the_rocm_variables() {
     let s = Scratch::new();
     let out = with_amd(&s, "several", &[])

@@ -216,6 +216,7 @@ fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+test!(three_budgets_share_a_device_and_a_fourth_is_refused_with_figures, needs: []);
 pub(crate) fn three_budgets_share_a_device_and_a_fourth_is_refused_with_figures() {
     let g = Gpus::new(&[80 * GIB]);
     let mut jobs = Vec::new();
@@ -269,6 +270,7 @@ pub(crate) fn three_budgets_share_a_device_and_a_fourth_is_refused_with_figures(
     assert!(flock_is_free(&g.s.lock_path("gpu:0")));
 }
 
+test!(the_whole_device_waits_for_budgets_and_budgets_wait_for_it, needs: [Tool("flock")]);
 pub(crate) fn the_whole_device_waits_for_budgets_and_budgets_wait_for_it() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("small", "10GiB", "0.2s", "gpu:0");
@@ -304,6 +306,7 @@ pub(crate) fn the_whole_device_waits_for_budgets_and_budgets_wait_for_it() {
     assert!(wait_child(&mut flock).success());
 }
 
+test!(a_big_waiter_is_not_overtaken_by_later_small_ones, needs: []);
 pub(crate) fn a_big_waiter_is_not_overtaken_by_later_small_ones() {
     let g = Gpus::new(&[80 * GIB]);
     let mut held = Vec::new();
@@ -342,6 +345,7 @@ pub(crate) fn a_big_waiter_is_not_overtaken_by_later_small_ones() {
     finish(&g, "small", &mut small);
 }
 
+test!(memory_outside_the_gate_is_counted, needs: []);
 pub(crate) fn memory_outside_the_gate_is_counted() {
     let g = Gpus::new(&[80 * GIB]);
     let stranger = Stranger::start();
@@ -364,6 +368,7 @@ pub(crate) fn memory_outside_the_gate_is_counted() {
     finish(&g, "after", &mut after);
 }
 
+test!(kill_9_of_a_holder_returns_its_budget_to_a_waiter, needs: []);
 pub(crate) fn kill_9_of_a_holder_returns_its_budget_to_a_waiter() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("victim", "60GiB", "0.2s", "gpu:0");
@@ -379,6 +384,7 @@ pub(crate) fn kill_9_of_a_holder_returns_its_budget_to_a_waiter() {
     finish(&g, "next", &mut next);
 }
 
+test!(a_starting_job_is_the_only_one_starting, needs: []);
 pub(crate) fn a_starting_job_is_the_only_one_starting() {
     let g = Gpus::new(&[80 * GIB]);
     // --settle far away: only its memory settling lets the next in.
@@ -427,6 +433,7 @@ pub(crate) fn a_starting_job_is_the_only_one_starting() {
     finish(&g, "third", &mut third);
 }
 
+test!(over_budget_is_said_once_and_strict_stops_the_job, needs: []);
 pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("greedy", "10GiB", "0.2s", "gpu:0");
@@ -485,6 +492,7 @@ pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
     );
 }
 
+test!(any_mem_takes_the_first_device_with_room, needs: []);
 pub(crate) fn any_mem_takes_the_first_device_with_room() {
     let g = Gpus::new(&[80 * GIB, 80 * GIB]);
     let stranger = Stranger::start();
@@ -530,6 +538,7 @@ pub(crate) fn any_mem_takes_the_first_device_with_room() {
     drop(stranger);
 }
 
+test!(the_job_learns_its_budget, needs: []);
 pub(crate) fn the_job_learns_its_budget() {
     let g = Gpus::new(&[80 * GIB]);
     let out = g.run(&[
@@ -560,6 +569,7 @@ pub(crate) fn the_job_learns_its_budget() {
     assert_eq!(stdout(&out), "0.9\n", "the caller's setting stays");
 }
 
+test!(every_failure_is_one_line_with_its_code, needs: []);
 pub(crate) fn every_failure_is_one_line_with_its_code() {
     let g = Gpus::new(&[80 * GIB]);
     let cases: &[(&[&str], i32, &str)] = &[
@@ -628,6 +638,7 @@ pub(crate) fn every_failure_is_one_line_with_its_code() {
     assert!(stderr(&out).contains("cannot run"), "{}", stderr(&out));
 }
 
+test!(a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []);
 pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("orphan", "60GiB", "0.2s", "gpu:0");
@@ -659,10 +670,8 @@ pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
     finish(&g, "next", &mut next);
 }
 
+test!(budgets_of_another_user_count_and_are_counted, needs: [Root, Tool("setpriv")]);
 pub(crate) fn budgets_of_another_user_count_and_are_counted() {
-    if !can_play_users("budgets across users", &[]) {
-        return;
-    }
     let g = Gpus::new(&[80 * GIB]);
     std::fs::set_permissions(
         &g.state,
@@ -770,6 +779,7 @@ fn forged_record(members: &str) -> String {
     format!("{{\"magic\":\"devlock-record\",\"v\":2,\"check\":\"{check:016x}\",{members}}}\n")
 }
 
+test!(a_forged_budget_cannot_claim_another_holders_job, needs: []);
 pub(crate) fn a_forged_budget_cannot_claim_another_holders_job() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("theirs", "20GiB", "0.2s", "gpu:0");
@@ -870,10 +880,8 @@ impl Drop for Forger {
     }
 }
 
+test!(a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start, needs: [Tool("bash")]);
 pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
-    if !have_tool("bash") {
-        return;
-    }
     let g = Gpus::new(&[80 * GIB]);
     let pty = Pty::new(120);
     let mut shell = pty.spawn(
@@ -933,6 +941,7 @@ pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
     wait_child(&mut shell);
 }
 
+test!(a_lock_on_a_started_budgets_ticket_is_shown_as_a_place_of_its_own, needs: []);
 pub(crate) fn a_lock_on_a_started_budgets_ticket_is_shown_as_a_place_of_its_own() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("theirs", "20GiB", "0.2s", "gpu:0");
@@ -988,6 +997,7 @@ fn row_with(table: &str, words: &[&str]) -> bool {
     table.lines().any(|l| words.iter().all(|w| l.contains(w)))
 }
 
+test!(status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line, needs: []);
 /// `status` with a budget fits a terminal: the figures have a column
 /// (BUDGET) and a line of their own, the longest cells give way with `…`,
 /// and no line is wider than the terminal; in a pipe every row stays whole

@@ -114,6 +114,7 @@ fn hold_in_container(s: &Scratch, resource: &str, tag: &str) -> Contained {
     held
 }
 
+test!(a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides, needs: [Root, Tool("unshare")]);
 pub(crate) fn a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides() {
     let s = Scratch::new();
     // A holder inside: the host cannot take it, and names the container.
@@ -165,6 +166,7 @@ pub(crate) fn a_lock_dir_shared_with_a_container_is_one_gate_named_on_both_sides
     assert!(s.run(&["-n", "gpu:0", "--", "true"]).status.success());
 }
 
+test!(nvml_host_pids_are_named_with_their_container_and_never_guessed_inside_one, needs: [Root, Tool("unshare"), Tool("nsenter"), Tool("cc")]);
 pub(crate) fn nvml_host_pids_are_named_with_their_container_and_never_guessed_inside_one() {
     let s = Scratch::new();
     let library = fake_nvml(

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 
 use crate::harness::*;
 
+test!(many_processes_never_overlap_in_a_read_modify_write, needs: []);
 pub(crate) fn many_processes_never_overlap_in_a_read_modify_write() {
     let s = Scratch::new();
     let counter = s.work("counter");
@@ -33,6 +34,7 @@ pub(crate) fn many_processes_never_overlap_in_a_read_modify_write() {
     assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "60");
 }
 
+test!(flock_holder_blocks_devlock_and_is_named, needs: []);
 pub(crate) fn flock_holder_blocks_devlock_and_is_named() {
     let s = Scratch::new();
     std::fs::create_dir(s.dir()).unwrap();
@@ -66,6 +68,7 @@ pub(crate) fn flock_holder_blocks_devlock_and_is_named() {
     assert!(s.run(&["-n", "r", "--", "true"]).status.success());
 }
 
+test!(devlock_holder_blocks_flock, needs: []);
 pub(crate) fn devlock_holder_blocks_flock() {
     let s = Scratch::new();
     let ready = s.work("ready");
@@ -85,6 +88,7 @@ pub(crate) fn devlock_holder_blocks_flock() {
     assert!(flock_is_free(&s.lock_path("r")));
 }
 
+test!(exit_status_is_passed_on, needs: []);
 pub(crate) fn exit_status_is_passed_on() {
     let s = Scratch::new();
     let code = |args: &[&str]| s.run(args).status.code();
@@ -108,6 +112,7 @@ pub(crate) fn exit_status_is_passed_on() {
     assert!(flock_is_free(&s.lock_path("r")));
 }
 
+test!(command_learns_what_it_holds, needs: []);
 pub(crate) fn command_learns_what_it_holds() {
     let s = Scratch::new();
     let out = s.run(&[
@@ -171,14 +176,17 @@ fn signal_reaches_command_once_and_lock_outlives_cleanup(sig: i32) {
     );
 }
 
+test!(sigterm_reaches_the_command_once_and_the_next_waits_for_cleanup, needs: []);
 pub(crate) fn sigterm_reaches_the_command_once_and_the_next_waits_for_cleanup() {
     signal_reaches_command_once_and_lock_outlives_cleanup(libc::SIGTERM);
 }
 
+test!(sigint_reaches_the_command_once_and_the_next_waits_for_cleanup, needs: []);
 pub(crate) fn sigint_reaches_the_command_once_and_the_next_waits_for_cleanup() {
     signal_reaches_command_once_and_lock_outlives_cleanup(libc::SIGINT);
 }
 
+test!(sighup_and_sigquit_are_passed_on, needs: []);
 pub(crate) fn sighup_and_sigquit_are_passed_on() {
     for (sig, code) in [(libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
         let s = Scratch::new();
@@ -193,6 +201,7 @@ pub(crate) fn sighup_and_sigquit_are_passed_on() {
     }
 }
 
+test!(terminal_ctrl_c_is_not_delivered_twice, needs: []);
 pub(crate) fn terminal_ctrl_c_is_not_delivered_twice() {
     // Under `script` the command runs on a pty; writing ^C to it makes the
     // line discipline signal the whole foreground group (SI_KERNEL), as a
@@ -218,6 +227,7 @@ pub(crate) fn terminal_ctrl_c_is_not_delivered_twice() {
     assert_eq!(std::fs::read_to_string(s.work("got")).unwrap(), "sig\n");
 }
 
+test!(a_command_whose_devlock_and_guard_are_killed_holds_the_lock_on, needs: []);
 pub(crate) fn a_command_whose_devlock_and_guard_are_killed_holds_the_lock_on() {
     let s = Scratch::new();
     let ready = s.work("ready");
@@ -254,6 +264,7 @@ pub(crate) fn a_command_whose_devlock_and_guard_are_killed_holds_the_lock_on() {
     assert!(s.run(&["-n", "r", "--", "true"]).status.success());
 }
 
+test!(nested_take_passes_through_instead_of_deadlocking, needs: []);
 pub(crate) fn nested_take_passes_through_instead_of_deadlocking() {
     let s = Scratch::new();
     let out = s
@@ -285,6 +296,7 @@ pub(crate) fn nested_take_passes_through_instead_of_deadlocking() {
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
 }
 
+test!(a_copied_environment_is_not_mistaken_for_holding, needs: []);
 pub(crate) fn a_copied_environment_is_not_mistaken_for_holding() {
     // Another job holds r; a process that merely copied a holder's
     // environment must still wait.
@@ -327,6 +339,7 @@ fn assert_refused(s: &Scratch, victim: &std::path::Path, what: &str) {
     );
 }
 
+test!(planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written, needs: []);
 pub(crate) fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written() {
     let s = Scratch::new();
     std::fs::create_dir(s.dir()).unwrap();
@@ -366,6 +379,7 @@ pub(crate) fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_writ
     assert_refused(&s, &victim, "fifo");
 }
 
+test!(a_symlinked_scratch_directory_is_refused, needs: []);
 pub(crate) fn a_symlinked_scratch_directory_is_refused() {
     let s = Scratch::new();
     let real = s.work("real");
@@ -377,6 +391,7 @@ pub(crate) fn a_symlinked_scratch_directory_is_refused() {
     assert!(std::fs::read_dir(&real).unwrap().next().is_none());
 }
 
+test!(lock_files_and_directory_are_usable_by_everyone_whatever_the_umask, needs: []);
 pub(crate) fn lock_files_and_directory_are_usable_by_everyone_whatever_the_umask() {
     let s = Scratch::new();
     let out = Command::new("sh")
@@ -392,6 +407,7 @@ pub(crate) fn lock_files_and_directory_are_usable_by_everyone_whatever_the_umask
     );
 }
 
+test!(bad_input_is_refused_before_any_file_is_touched, needs: []);
 pub(crate) fn bad_input_is_refused_before_any_file_is_touched() {
     let s = Scratch::new();
     let long = "x".repeat(65);
@@ -442,6 +458,7 @@ pub(crate) fn bad_input_is_refused_before_any_file_is_touched() {
     assert!(!s.dir().exists());
 }
 
+test!(an_unusable_directory_is_one_clear_line, needs: []);
 pub(crate) fn an_unusable_directory_is_one_clear_line() {
     let s = Scratch::new();
     let file = s.work("plain-file");
@@ -469,6 +486,7 @@ pub(crate) fn an_unusable_directory_is_one_clear_line() {
     );
 }
 
+test!(no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holder, needs: []);
 pub(crate) fn no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holder() {
     let s = Scratch::new();
     let ready = s.work("ready");
@@ -511,6 +529,7 @@ pub(crate) fn no_wait_and_timeout_fail_with_the_conflict_code_and_name_the_holde
     wait_child(&mut holder);
 }
 
+test!(a_waiter_starts_once_the_holder_ends_and_says_so, needs: []);
 pub(crate) fn a_waiter_starts_once_the_holder_ends_and_says_so() {
     let s = Scratch::new();
     let ready = s.work("ready");
@@ -545,6 +564,7 @@ pub(crate) fn a_waiter_starts_once_the_holder_ends_and_says_so() {
     wait_child(&mut holder);
 }
 
+test!(a_replaced_lock_file_is_noticed, needs: []);
 pub(crate) fn a_replaced_lock_file_is_noticed() {
     // Someone deletes the lock file while a holder holds it and a waiter has
     // the old inode open; a newcomer then creates a new file. The waiter
@@ -593,6 +613,7 @@ pub(crate) fn a_replaced_lock_file_is_noticed() {
     assert!(s.lock_path("r").exists(), "the lock file is there again");
 }
 
+test!(a_nested_take_whose_parent_closed_the_lock_says_why_it_waits, needs: []);
 pub(crate) fn a_nested_take_whose_parent_closed_the_lock_says_why_it_waits() {
     // Python's subprocess and sudo close inherited descriptors; the nested
     // devlock then does not hold the lock and must not pretend to (the
@@ -614,6 +635,7 @@ pub(crate) fn a_nested_take_whose_parent_closed_the_lock_says_why_it_waits() {
     );
 }
 
+test!(an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself, needs: []);
 pub(crate) fn an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_for_itself() {
     let s = Scratch::new();
     let out = s.run(&["gpu:0", "--", BIN, "-n", "gpu", "--", "echo", "ran"]);
@@ -633,6 +655,7 @@ pub(crate) fn an_exclusive_take_inside_a_shared_hold_fails_instead_of_waiting_fo
     );
 }
 
+test!(an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm, needs: []);
 pub(crate) fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() {
     let s = Scratch::new();
     let mut child = Command::new("sh")
@@ -673,6 +696,7 @@ pub(crate) fn an_ignored_sigchld_or_closed_stdio_from_the_parent_does_no_harm() 
     );
 }
 
+test!(signals_the_caller_ignored_stay_ignored_for_the_command, needs: []);
 pub(crate) fn signals_the_caller_ignored_stay_ignored_for_the_command() {
     let s = Scratch::new();
     let out = Command::new("sh")
@@ -686,6 +710,8 @@ pub(crate) fn signals_the_caller_ignored_stay_ignored_for_the_command() {
     assert_eq!(stdout(&out).trim(), "survived", "{}", stderr(&out));
 }
 
+#[cfg(not(feature = "etcd"))]
+test!(etcd_without_the_feature_says_how_to_get_it, needs: []);
 #[cfg(not(feature = "etcd"))]
 pub(crate) fn etcd_without_the_feature_says_how_to_get_it() {
     let s = Scratch::new();
@@ -721,6 +747,7 @@ pub(crate) fn etcd_without_the_feature_says_how_to_get_it() {
     }
 }
 
+test!(lease_flags_without_etcd_are_usage_errors, needs: []);
 pub(crate) fn lease_flags_without_etcd_are_usage_errors() {
     let s = Scratch::new();
     for flag in ["--ttl", "--kill-after"] {
@@ -739,6 +766,7 @@ pub(crate) fn lease_flags_without_etcd_are_usage_errors() {
     }
 }
 
+test!(the_binary_does_not_load_libgcc_s, needs: [Tool("readelf")]);
 pub(crate) fn the_binary_does_not_load_libgcc_s() {
     // build.rs links the unwinder statically: libgcc_s's constructor runs
     // dozens of cpuid instructions, each a trap to the hypervisor on a VM,

@@ -22,6 +22,7 @@ fn with_smi(s: &Scratch, scenario: &str, pids: &[u32]) -> Command {
     cmd
 }
 
+test!(status_shows_each_gpu_and_who_is_inside_the_gate, needs: []);
 pub(crate) fn status_shows_each_gpu_and_who_is_inside_the_gate() {
     let s = Scratch::new();
     let ready = s.work("ready");
@@ -106,6 +107,7 @@ pub(crate) fn status_shows_each_gpu_and_who_is_inside_the_gate() {
     wait_child(&mut holder);
 }
 
+test!(unknown_fields_stay_unknown, needs: []);
 pub(crate) fn unknown_fields_stay_unknown() {
     let s = Scratch::new();
     let json = json_of(
@@ -132,6 +134,7 @@ pub(crate) fn unknown_fields_stay_unknown() {
     assert!(table.contains("? / "), "{table}");
 }
 
+test!(idle_gpus_list_no_processes, needs: []);
 pub(crate) fn idle_gpus_list_no_processes() {
     let s = Scratch::new();
     let json = json_of(
@@ -149,6 +152,7 @@ pub(crate) fn idle_gpus_list_no_processes() {
     );
 }
 
+test!(a_failing_probe_makes_devices_unknown_not_free, needs: []);
 pub(crate) fn a_failing_probe_makes_devices_unknown_not_free() {
     let s = Scratch::new();
     let json = json_of(
@@ -172,6 +176,7 @@ pub(crate) fn a_failing_probe_makes_devices_unknown_not_free() {
     );
 }
 
+test!(a_hanging_probe_is_killed_at_the_timeout, needs: []);
 pub(crate) fn a_hanging_probe_is_killed_at_the_timeout() {
     let s = Scratch::new();
     let pidfile = s.work("smi-pids");
@@ -199,6 +204,7 @@ pub(crate) fn a_hanging_probe_is_killed_at_the_timeout() {
     }
 }
 
+test!(without_nvidia_smi_there_is_quietly_no_device_information, needs: []);
 pub(crate) fn without_nvidia_smi_there_is_quietly_no_device_information() {
     let s = Scratch::new();
     let empty = s.work("empty-path");
@@ -223,6 +229,7 @@ pub(crate) fn without_nvidia_smi_there_is_quietly_no_device_information() {
     assert!(!stdout(&out).contains("GPU"), "{}", stdout(&out));
 }
 
+test!(require_idle_refuses_a_gpu_with_work_outside_the_gate, needs: []);
 pub(crate) fn require_idle_refuses_a_gpu_with_work_outside_the_gate() {
     let s = Scratch::new();
     let stranger = Stranger::start();
@@ -250,6 +257,7 @@ pub(crate) fn require_idle_refuses_a_gpu_with_work_outside_the_gate() {
     );
 }
 
+test!(require_idle_passes_an_idle_gpu_and_small_users_under_the_threshold, needs: []);
 pub(crate) fn require_idle_passes_an_idle_gpu_and_small_users_under_the_threshold() {
     let s = Scratch::new();
     let stranger = Stranger::start();
@@ -289,6 +297,7 @@ pub(crate) fn require_idle_passes_an_idle_gpu_and_small_users_under_the_threshol
     assert_eq!(whole.status.code(), Some(69), "the group maps to every GPU");
 }
 
+test!(require_idle_fails_when_the_gpu_cannot_be_checked, needs: []);
 pub(crate) fn require_idle_fails_when_the_gpu_cannot_be_checked() {
     let s = Scratch::new();
     for (scenario, want) in [("fail", "status 9"), ("hang", "within 200ms")] {
@@ -333,6 +342,7 @@ pub(crate) fn require_idle_fails_when_the_gpu_cannot_be_checked() {
     assert_eq!(not_gpu.status.code(), Some(2));
 }
 
+test!(work_inside_the_gate_does_not_count_against_idle, needs: []);
 pub(crate) fn work_inside_the_gate_does_not_count_against_idle() {
     // The outer job holds gpu:0 and has a process on it; a nested devlock
     // with --require-idle sees that process as its own.
@@ -351,6 +361,7 @@ pub(crate) fn work_inside_the_gate_does_not_count_against_idle() {
     assert!(ran.exists());
 }
 
+test!(acquiring_without_require_idle_never_runs_the_probe, needs: []);
 pub(crate) fn acquiring_without_require_idle_never_runs_the_probe() {
     let s = Scratch::new();
     let pidfile = s.work("smi-pids");
@@ -379,6 +390,7 @@ fn under_visible(s: &Scratch, visible: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+test!(the_callers_cuda_visible_devices_is_respected, needs: []);
 pub(crate) fn the_callers_cuda_visible_devices_is_respected() {
     let s = Scratch::new();
     // --any skips the candidates outside the caller's set.
@@ -439,6 +451,7 @@ pub(crate) fn the_callers_cuda_visible_devices_is_respected() {
     );
 }
 
+test!(several_gpus_are_exported_in_numeric_order, needs: []);
 pub(crate) fn several_gpus_are_exported_in_numeric_order() {
     let s = Scratch::new();
     let out = s.run(&[
@@ -452,6 +465,7 @@ pub(crate) fn several_gpus_are_exported_in_numeric_order() {
     assert_eq!(stdout(&out).trim(), "2,10", "{}", stderr(&out));
 }
 
+test!(indices_in_cuda_visible_devices_never_run_the_probe, needs: []);
 pub(crate) fn indices_in_cuda_visible_devices_never_run_the_probe() {
     let s = Scratch::new();
     let pidfile = s.work("smi-pids");
@@ -465,6 +479,7 @@ pub(crate) fn indices_in_cuda_visible_devices_never_run_the_probe() {
     assert!(!pidfile.exists(), "nvidia-smi was started");
 }
 
+test!(a_nested_devlock_stays_inside_the_gpus_its_job_was_given, needs: []);
 pub(crate) fn a_nested_devlock_stays_inside_the_gpus_its_job_was_given() {
     let s = Scratch::new();
     let out = s.run(&["gpu:3", "--", BIN, "-n", "gpu:2", "--", "echo", "ran"]);
@@ -488,6 +503,7 @@ pub(crate) fn a_nested_devlock_stays_inside_the_gpus_its_job_was_given() {
     assert_eq!(stdout(&same).trim(), "3", "{}", stderr(&same));
 }
 
+test!(require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle, needs: []);
 pub(crate) fn require_idle_with_any_takes_the_first_candidate_that_is_free_and_idle() {
     let s = Scratch::new();
     let stranger = Stranger::start();

@@ -18,6 +18,7 @@ fn redraws(out: &str, end: &str) -> Vec<String> {
         .collect()
 }
 
+test!(the_live_line_fits_a_narrow_terminal_and_follows_a_resize, needs: []);
 pub(crate) fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
     let s = Scratch::new();
     let step = "a-step-name-far-longer-than-sixty-columns-of-terminal-width";
@@ -72,6 +73,7 @@ pub(crate) fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
     );
 }
 
+test!(devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end, needs: []);
 pub(crate) fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the_end() {
     // make -j, xargs -P, a script: one process group on the terminal, so
     // no devlock of it owns the line.
@@ -129,6 +131,7 @@ pub(crate) fn devlocks_sharing_a_terminal_say_one_line_each_at_the_start_and_the
     }
 }
 
+test!(a_waiter_in_the_background_never_draws_over_the_prompt, needs: []);
 pub(crate) fn a_waiter_in_the_background_never_draws_over_the_prompt() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
@@ -149,6 +152,7 @@ pub(crate) fn a_waiter_in_the_background_never_draws_over_the_prompt() {
     assert!(out.contains("devlock: got r after "), "{out:?}");
 }
 
+test!(every_line_in_a_log_names_the_waiters_step, needs: []);
 pub(crate) fn every_line_in_a_log_names_the_waiters_step() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
@@ -201,6 +205,7 @@ fn ctrl_z(s: &Scratch, waiter: &std::process::Child) {
     assert_eq!(registered_waiters(&view), 0, "it left the line: {view}");
 }
 
+test!(back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines, needs: []);
 pub(crate) fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines() {
     use std::os::unix::process::CommandExt;
     let s = Scratch::new();
@@ -259,10 +264,8 @@ pub(crate) fn back_in_line_after_ctrl_z_follows_the_rules_of_the_waiting_lines()
     assert_eq!(String::from_utf8_lossy(&out.stderr), "", "-q says nothing");
 }
 
+test!(back_in_line_fits_a_narrow_terminal, needs: [Tool("bash")]);
 pub(crate) fn back_in_line_fits_a_narrow_terminal() {
-    if !have_tool("bash") {
-        return;
-    }
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "holder", "r"], "h");
     let pty = Pty::new(40);

@@ -82,6 +82,7 @@ pub(crate) fn spawn(s: &Scratch, url: &str, args: &[&str], script: &str) -> std:
         .unwrap()
 }
 
+test!(etcd_holders_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_holders_exclude_each_other() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -110,6 +111,7 @@ pub(crate) fn etcd_holders_exclude_each_other() {
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
+test!(etcd_waiters_are_served_in_arrival_order, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_waiters_are_served_in_arrival_order() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -141,6 +143,7 @@ pub(crate) fn etcd_waiters_are_served_in_arrival_order() {
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "1\n2\n3\n4\n");
 }
 
+test!(etcd_busy_names_the_holder_and_leaves_no_trace, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_busy_names_the_holder_and_leaves_no_trace() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -190,6 +193,7 @@ pub(crate) fn etcd_busy_names_the_holder_and_leaves_no_trace() {
     assert!(holder.wait_with_output().unwrap().status.success());
 }
 
+test!(etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after_the_ttl() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -227,6 +231,7 @@ pub(crate) fn etcd_kill_9_of_a_holder_kills_its_command_and_frees_the_lock_after
     );
 }
 
+test!(etcd_a_group_sigkill_ends_the_whole_job, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// A supervisor's SIGKILL of an etcd holder's process group ends the
 /// command's whole group, its child included, as with the file backend
 /// (the parent-death signal alone would reach the command only).
@@ -303,6 +308,7 @@ fn waiter_checking(
     (waiter, verdict)
 }
 
+test!(etcd_holder_cut_off_stops_its_work_before_the_next_one_starts, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// The holder talks to etcd through a proxy that the test cuts: its
 /// command, and what the command left running, must be dead before the
 /// waiter (on the direct address) starts.
@@ -338,6 +344,7 @@ pub(crate) fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
 }
 
+test!(etcd_a_stuck_stderr_does_not_delay_the_stop, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// devlock's stderr is a pipe nobody reads, filled by the command: saying
 /// that the lease is lost must not hold up stopping the command.
 pub(crate) fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
@@ -379,6 +386,7 @@ pub(crate) fn etcd_a_stuck_stderr_does_not_delay_the_stop() {
     assert!(String::from_utf8_lossy(&err).contains("lost the etcd lease"));
 }
 
+test!(etcd_what_the_command_leaves_running_keeps_the_lock, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_what_the_command_leaves_running_keeps_the_lock() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -396,6 +404,7 @@ pub(crate) fn etcd_what_the_command_leaves_running_keeps_the_lock() {
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
+test!(etcd_a_revoked_lease_stops_the_command_at_once, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// Somebody revokes the holder's lease: etcd frees the lock at once, so the
 /// command (which ignores SIGTERM) must be killed at once, not at the next
 /// renewal or the holder's own deadline.
@@ -426,6 +435,7 @@ pub(crate) fn etcd_a_revoked_lease_stops_the_command_at_once() {
     assert!(wait_child(&mut waiter).success());
 }
 
+test!(etcd_a_waiter_whose_key_is_removed_does_not_run, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -450,6 +460,7 @@ pub(crate) fn etcd_a_waiter_whose_key_is_removed_does_not_run() {
     assert!(!ran.exists());
 }
 
+test!(etcd_waiters_ride_out_an_etcd_restart, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_waiters_ride_out_an_etcd_restart() {
     let mut server = EtcdServer::start();
     let url = server.url.clone();
@@ -478,6 +489,7 @@ pub(crate) fn etcd_waiters_ride_out_an_etcd_restart() {
     assert!(ran.exists());
 }
 
+test!(etcd_shared_holders_run_together_and_a_waiting_writer_goes_first, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_shared_holders_run_together_and_a_waiting_writer_goes_first() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -526,6 +538,7 @@ pub(crate) fn etcd_shared_holders_run_together_and_a_waiting_writer_goes_first()
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "w\ns3\n");
 }
 
+test!(etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw() {
     let server = EtcdServer::start();
     let url = server.url.clone();
@@ -569,6 +582,7 @@ pub(crate) fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+test!(etcd_nested_take_passes_through, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_nested_take_passes_through() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -589,6 +603,7 @@ pub(crate) fn etcd_nested_take_passes_through() {
     );
 }
 
+test!(etcd_signals_while_waiting_leave_the_line_and_reach_the_command_while_holding, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_signals_while_waiting_leave_the_line_and_reach_the_command_while_holding() {
     let (_server, url) = shared_etcd();
     let s = Scratch::new();
@@ -620,6 +635,7 @@ pub(crate) fn etcd_signals_while_waiting_leave_the_line_and_reach_the_command_wh
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
+test!(etcd_bad_urls_and_dead_endpoints_fail_in_one_line, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
     let s = Scratch::new();
     let dead = {
@@ -659,6 +675,7 @@ pub(crate) fn etcd_bad_urls_and_dead_endpoints_fail_in_one_line() {
     assert!(stderr(&out).contains("too short"), "{}", stderr(&out));
 }
 
+test!(etcd_refused_credentials_fail_in_one_line_and_leave_nothing, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_refused_credentials_fail_in_one_line_and_leave_nothing() {
     // Tokens that expire after a second: a hold that outlives its token
     // must still renew and give back its lease.
@@ -729,6 +746,7 @@ fn nix_hostname() -> String {
         .to_owned()
 }
 
+test!(etcd_a_key_removed_after_a_compaction_still_stops_the_holder, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// etcd compacts away the history a holder's watch of its own key starts
 /// from: the watch is cancelled, and devlock must still see its key go.
 pub(crate) fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
@@ -765,6 +783,7 @@ pub(crate) fn etcd_a_key_removed_after_a_compaction_still_stops_the_holder() {
     wait_gone(command_pid);
 }
 
+test!(etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// What the command left running ignores SIGTERM: devlock passes the
 /// signal on, then SIGKILLs it --kill-after later, and ends with the
 /// command's own status.
@@ -793,6 +812,7 @@ pub(crate) fn etcd_leftovers_that_ignore_sigterm_are_killed_after_the_grace() {
     assert_eq!(status(&s, &url, &r)["state"], "free");
 }
 
+test!(etcd_flags_it_cannot_honour_are_usage_errors, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_flags_it_cannot_honour_are_usage_errors() {
     let s = Scratch::new();
     let url = "http://127.0.0.1:1";

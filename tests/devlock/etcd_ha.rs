@@ -66,6 +66,7 @@ fn wait_in_line(s: &Scratch, urls: &str, r: &str, n: usize) {
     poll_until(&format!("{n} in line for {r}"), count, |&c| c == n as i64);
 }
 
+test!(etcd_cluster_with_one_member_down_serves_every_take_wait_and_release, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// With any one member down, named anywhere in the list (first included),
 /// every take, wait and release succeeds by moving to the next endpoint.
 pub(crate) fn etcd_cluster_with_one_member_down_serves_every_take_wait_and_release() {
@@ -168,6 +169,7 @@ fn holds_and_waits_through(disrupt: impl FnOnce(&mut EtcdCluster, usize)) {
     assert_eq!(status(&s, &after, &r)["state"], "free");
 }
 
+test!(etcd_cluster_leader_killed_during_holds_and_waits_keeps_exclusion_and_order, needs: [Tool("etcd"), Tool("etcdctl")]);
 pub(crate) fn etcd_cluster_leader_killed_during_holds_and_waits_keeps_exclusion_and_order() {
     holds_and_waits_through(|cluster, leader| {
         cluster.kill(leader);
@@ -175,6 +177,7 @@ pub(crate) fn etcd_cluster_leader_killed_during_holds_and_waits_keeps_exclusion_
     });
 }
 
+test!(etcd_cluster_leader_partitioned_during_holds_and_waits_keeps_exclusion_and_order, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// The leader cut off from clients and peers alike (a black hole: nothing
 /// is refused, nothing gets through).
 pub(crate) fn etcd_cluster_leader_partitioned_during_holds_and_waits_keeps_exclusion_and_order() {
@@ -184,6 +187,7 @@ pub(crate) fn etcd_cluster_leader_partitioned_during_holds_and_waits_keeps_exclu
     });
 }
 
+test!(etcd_cluster_contenders_in_every_endpoint_order_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// The shared cluster, every endpoint named in three orders by contenders
 /// in separate processes: one holder at a time, fences ever larger.
 pub(crate) fn etcd_cluster_contenders_in_every_endpoint_order_exclude_each_other() {
@@ -225,6 +229,7 @@ pub(crate) fn etcd_cluster_contenders_in_every_endpoint_order_exclude_each_other
     assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
 }
 
+test!(etcd_fencing_tokens_grow_with_every_holder_and_stop_a_stale_writer, needs: [Tool("etcd"), Tool("etcdctl"), Tool("python3")]);
 /// `DEVLOCK_FENCE`: one number per resource, in `DEVLOCK_RESOURCES`'
 /// order, larger for each new holder, the same as status shows, the outer
 /// holder's inside a nested take; and the README's store that refuses a

@@ -169,6 +169,7 @@ fn server_files(ca: &TestCa) -> Vec<String> {
     ]
 }
 
+test!(etcd_tls_checks_the_servers_certificate_and_carries_a_password, needs: [Tool("etcd"), Tool("etcdctl"), Tool("openssl")]);
 pub(crate) fn etcd_tls_checks_the_servers_certificate_and_carries_a_password() {
     let s = Scratch::new();
     let ca = TestCa::new(&s.work("pki"));
@@ -304,6 +305,7 @@ pub(crate) fn etcd_tls_checks_the_servers_certificate_and_carries_a_password() {
     );
 }
 
+test!(etcd_tls_client_certificates_are_checked_here_and_by_etcd, needs: [Tool("etcd"), Tool("etcdctl"), Tool("openssl")]);
 pub(crate) fn etcd_tls_client_certificates_are_checked_here_and_by_etcd() {
     let s = Scratch::new();
     let ca = TestCa::new(&s.work("pki"));

@@ -27,24 +27,18 @@ fn fresh_copy(path: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, file)
 }
 
-/// Runs a program, or says why not when it is not installed.
-fn run_if_installed(program: &str, args: &[&str], env: &[(&str, &str)]) -> Option<Output> {
+/// Runs a program (one the test `needs:`).
+fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(program);
     cmd.args(args);
     for (key, value) in env {
         cmd.env(key, value);
     }
-    match cmd.output() {
-        Ok(output) => Some(output),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Fails under DEVLOCK_TEST_REQUIRE_TOOLS=1, else says it skips.
-            assert!(!crate::harness::have_tool(program), "{program}: {e}");
-            None
-        }
-        Err(e) => panic!("running {program}: {e}"),
-    }
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"))
 }
 
+test!(generated_files_are_up_to_date, needs: []);
 pub(crate) fn generated_files_are_up_to_date() {
     let regenerate = std::env::var_os("DEVLOCK_REGENERATE").is_some_and(|v| !v.is_empty());
     let mut stale = Vec::new();
@@ -67,6 +61,7 @@ pub(crate) fn generated_files_are_up_to_date() {
     assert!(stale.is_empty(), "{}", stale.join("\n"));
 }
 
+test!(generated_output_is_deterministic, needs: []);
 pub(crate) fn generated_output_is_deterministic() {
     assert_eq!(generated_files(), generated_files());
     let page = generated("man/devlock.1");
@@ -83,6 +78,7 @@ pub(crate) fn generated_output_is_deterministic() {
     assert!(!looks_like_a_date, "no date in the title line: {title}");
 }
 
+test!(man_page_has_every_section_and_exit_code, needs: []);
 pub(crate) fn man_page_has_every_section_and_exit_code() {
     let page = generated("man/devlock.1");
     let sections = sections(&page);
@@ -144,6 +140,7 @@ pub(crate) fn man_page_has_every_section_and_exit_code() {
     assert!(!page.contains(".SH EXTRA"), "after_long_help stays out");
 }
 
+test!(man_pages_render_without_warnings, needs: [Tool("groff"), Tool("man")]);
 pub(crate) fn man_pages_render_without_warnings() {
     let pages: Vec<String> = generated_files()
         .into_iter()
@@ -153,37 +150,34 @@ pub(crate) fn man_pages_render_without_warnings() {
     for path in &pages {
         let (_dir, file) = fresh_copy(path);
         let file = file.to_str().unwrap();
-        if let Some(out) = run_if_installed("groff", &["-ww", "-man", "-Tutf8", file], &[]) {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success() && stderr.is_empty(),
-                "groff -ww on {path}: {stderr}"
-            );
-        }
+        let out = run("groff", &["-ww", "-man", "-Tutf8", file], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "groff -ww on {path}: {stderr}"
+        );
         let env = [("MANWIDTH", "80")];
-        if let Some(out) = run_if_installed("man", &["-l", file], &env) {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success() && stderr.is_empty(),
-                "man -l on {path}: {stderr}"
-            );
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(text.contains("SYNOPSIS"), "man -l on {path}: {text}");
-        }
+        let out = run("man", &["-l", file], &env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "man -l on {path}: {stderr}"
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("SYNOPSIS"), "man -l on {path}: {text}");
     }
 }
 
 /// Runs bash with the fresh completion script sourced first.
-fn bash_with_completions(script: &str, env: &[(&str, &str)]) -> Option<Output> {
+fn bash_with_completions(script: &str, env: &[(&str, &str)]) -> Output {
     let (_dir, file) = fresh_copy("completions/devlock.bash");
     let full = format!("source '{}' || exit 99\n{script}", file.display());
-    run_if_installed("bash", &["--norc", "--noprofile", "-c", &full], env)
+    run("bash", &["--norc", "--noprofile", "-c", &full], env)
 }
 
+test!(bash_loads_the_completion_script, needs: [Tool("bash")]);
 pub(crate) fn bash_loads_the_completion_script() {
-    let Some(out) = bash_with_completions("complete -p devlock", &[]) else {
-        return;
-    };
+    let out = bash_with_completions("complete -p devlock", &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && out.stderr.is_empty(),
@@ -196,6 +190,7 @@ pub(crate) fn bash_loads_the_completion_script() {
     );
 }
 
+test!(bash_completes_resource_names_from_the_scratch_directory, needs: [Tool("bash"), BashCompletion]);
 pub(crate) fn bash_completes_resource_names_from_the_scratch_directory() {
     let locks = tempfile::tempdir().unwrap();
     let other = tempfile::tempdir().unwrap();
@@ -255,9 +250,7 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
         "{}complete -W 'alpha beta' devlock-test-tool\n{script}",
         bash_completion_prelude()
     );
-    let Some(out) = bash_with_completions(&script, &[("DEVLOCK_DIR", dir), ("PATH", &path)]) else {
-        return;
-    };
+    let out = bash_with_completions(&script, &[("DEVLOCK_DIR", dir), ("PATH", &path)]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -316,52 +309,29 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
         reply("devlock gpu -- devlock-test-t"),
         ["devlock-test-tool"]
     );
-    if have_bash_completion() {
-        assert_eq!(reply("devlock -n gpu:0 -- devlock-test-tool a"), ["alpha"]);
-    }
+    assert_eq!(reply("devlock -n gpu:0 -- devlock-test-tool a"), ["alpha"]);
 }
 
 const BASH_COMPLETION: &str = "/usr/share/bash-completion/bash_completion";
 
-/// Whether bash-completion, whose command-offset completion devlock's
-/// uses after `--`, is installed (required under
-/// DEVLOCK_TEST_REQUIRE_TOOLS=1).
-fn have_bash_completion() -> bool {
-    let found = Path::new(BASH_COMPLETION).exists();
-    if !found {
-        let required = std::env::var_os("DEVLOCK_TEST_REQUIRE_TOOLS").is_some_and(|v| v == "1");
-        assert!(
-            !required,
-            "bash-completion is not installed ({BASH_COMPLETION})"
-        );
-        eprintln!("skipped: bash-completion is not installed; only the fallback is tested");
-    }
-    found
-}
-
-/// Sources bash-completion first when it is installed.
+/// Sources bash-completion, whose command-offset completion devlock's uses
+/// after `--` (the test needs it).
 fn bash_completion_prelude() -> String {
-    if have_bash_completion() {
-        format!("source {BASH_COMPLETION}\n")
-    } else {
-        String::new()
-    }
+    format!("source {BASH_COMPLETION}\n")
 }
 
+test!(zsh_and_fish_accept_their_completions, needs: [Tool("zsh"), Tool("fish")]);
 pub(crate) fn zsh_and_fish_accept_their_completions() {
     let (_zdir, zsh_file) = fresh_copy("completions/_devlock");
-    if let Some(out) = run_if_installed("zsh", &["-n", zsh_file.to_str().unwrap()], &[]) {
-        assert!(
-            out.status.success() && out.stderr.is_empty(),
-            "zsh -n: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let out = run("zsh", &["-n", zsh_file.to_str().unwrap()], &[]);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "zsh -n: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (_fdir, fish_file) = fresh_copy("completions/devlock.fish");
     let fish_file = fish_file.to_str().unwrap();
-    let Some(out) = run_if_installed("fish", &["-n", fish_file], &[]) else {
-        return;
-    };
+    let out = run("fish", &["-n", fish_file], &[]);
     assert!(
         out.status.success() && out.stderr.is_empty(),
         "fish -n: {}",
@@ -389,13 +359,11 @@ pub(crate) fn zsh_and_fish_accept_their_completions() {
         tools.path().display(),
         std::env::var("PATH").unwrap()
     );
-    let Some(out) = run_if_installed(
+    let out = run(
         "fish",
         &["--no-config", "-c", &script],
         &[("DEVLOCK_DIR", dir), ("HOME", dir), ("PATH", &path)],
-    ) else {
-        return;
-    };
+    );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let parts: Vec<Vec<&str>> = stdout
         .split("==\n")
@@ -420,6 +388,7 @@ pub(crate) fn zsh_and_fish_accept_their_completions() {
     assert_eq!(parts[5], ["alpha", "beta"], "{stdout}");
 }
 
+test!(zsh_completes_the_command_after_the_double_dash, needs: [Tool("zsh")]);
 pub(crate) fn zsh_completes_the_command_after_the_double_dash() {
     // zsh's completion system runs inside its line editor; the test runs
     // the real zsh on devlock's function with the completion builtins it
@@ -443,9 +412,7 @@ try devlock -w ''
         file = zsh_file.display()
     );
     let dir = locks.path().to_str().unwrap();
-    let Some(out) = run_if_installed("zsh", &["-f", "-c", &script], &[("DEVLOCK_DIR", dir)]) else {
-        return;
-    };
+    let out = run("zsh", &["-f", "-c", &script], &[("DEVLOCK_DIR", dir)]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -462,6 +429,7 @@ try devlock -w ''
     assert_eq!(parts[3], "clap", "{stdout}");
 }
 
+test!(readme_exit_table_lists_every_exit_code, needs: []);
 pub(crate) fn readme_exit_table_lists_every_exit_code() {
     // The README's "Exit status" table, checked like the man page's: every
     // code devlock itself ends with has its row, and no row names a code
@@ -499,6 +467,7 @@ pub(crate) fn readme_exit_table_lists_every_exit_code() {
     }
 }
 
+test!(install_commands_build_what_was_tested, needs: []);
 pub(crate) fn install_commands_build_what_was_tested() {
     // Every `cargo install` the docs give builds from Cargo.lock, as the
     // tests do (`--locked`), and the wheel's build is pinned likewise: its
@@ -522,6 +491,7 @@ pub(crate) fn install_commands_build_what_was_tested() {
     assert!(pyproject.contains("\nlocked = true\n"), "{pyproject}");
 }
 
+test!(readme_try_without_a_gpu_runs_as_pasted, needs: [Tool("bash")]);
 pub(crate) fn readme_try_without_a_gpu_runs_as_pasted() {
     // The README's "Try it without a GPU" block, pasted into bash in a
     // checkout with the freshly built devlock first on PATH: it runs to the

@@ -38,6 +38,7 @@ fn waiters_of(s: &Scratch, name: &str) -> usize {
         .map_or(0, Vec::len)
 }
 
+test!(a_whole_group_excludes_its_members_and_members_share_the_box, needs: []);
 pub(crate) fn a_whole_group_excludes_its_members_and_members_share_the_box() {
     let s = Scratch::new();
     let mut whole = hold_until_released(&s, &["gpu"], "g");
@@ -76,6 +77,7 @@ pub(crate) fn a_whole_group_excludes_its_members_and_members_share_the_box() {
     wait_child(&mut member);
 }
 
+test!(opposite_orders_never_deadlock, needs: []);
 pub(crate) fn opposite_orders_never_deadlock() {
     let s = Scratch::new();
     let rounds = 150;
@@ -95,6 +97,7 @@ pub(crate) fn opposite_orders_never_deadlock() {
     assert!(wait_child(&mut ba).success());
 }
 
+test!(no_wait_and_timeout_release_what_they_took, needs: []);
 pub(crate) fn no_wait_and_timeout_release_what_they_took() {
     let s = Scratch::new();
     let mut b = hold_until_released(&s, &["b"], "b");
@@ -110,6 +113,7 @@ pub(crate) fn no_wait_and_timeout_release_what_they_took() {
     wait_child(&mut b);
 }
 
+test!(any_takes_a_free_member_and_tells_the_command, needs: []);
 pub(crate) fn any_takes_a_free_member_and_tells_the_command() {
     let s = Scratch::new();
     let mut busy = hold_until_released(&s, &["gpu:0"], "0");
@@ -141,6 +145,7 @@ pub(crate) fn any_takes_a_free_member_and_tells_the_command() {
     wait_child(&mut busy);
 }
 
+test!(any_waits_for_the_first_to_come_free_in_arrival_order, needs: []);
 pub(crate) fn any_waits_for_the_first_to_come_free_in_arrival_order() {
     let s = Scratch::new();
     let mut h0 = hold_until_released(&s, &["gpu:0"], "0");
@@ -166,6 +171,7 @@ pub(crate) fn any_waits_for_the_first_to_come_free_in_arrival_order() {
     wait_child(&mut h0);
 }
 
+test!(shared_holders_run_together_and_an_exclusive_one_alone, needs: []);
 pub(crate) fn shared_holders_run_together_and_an_exclusive_one_alone() {
     let s = Scratch::new();
     let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
@@ -203,6 +209,7 @@ pub(crate) fn shared_holders_run_together_and_an_exclusive_one_alone() {
     wait_child(&mut writer);
 }
 
+test!(a_waiting_writer_is_not_starved_by_new_readers, needs: []);
 pub(crate) fn a_waiting_writer_is_not_starved_by_new_readers() {
     let s = Scratch::new();
     let mut reader = hold_until_released(&s, &["-s", "dataset"], "r");
@@ -226,6 +233,7 @@ pub(crate) fn a_waiting_writer_is_not_starved_by_new_readers() {
     assert_eq!(log(&s), "writer\nreader\n");
 }
 
+test!(a_waiter_is_not_overtaken_by_a_tight_retry_loop, needs: []);
 pub(crate) fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -249,6 +257,7 @@ pub(crate) fn a_waiter_is_not_overtaken_by_a_tight_retry_loop() {
     assert!(log(&s).starts_with("waiter\n"), "overtaken: {:?}", log(&s));
 }
 
+test!(a_waiter_killed_in_line_never_blocks_the_line, needs: []);
 pub(crate) fn a_waiter_killed_in_line_never_blocks_the_line() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -265,6 +274,7 @@ pub(crate) fn a_waiter_killed_in_line_never_blocks_the_line() {
     assert_eq!(log(&s), "next\n");
 }
 
+test!(slots_admit_up_to_n_and_everyone_must_agree_on_n, needs: []);
 pub(crate) fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
     let s = Scratch::new();
     let slot_of = |tag: &str| s.work(&format!("slot-{tag}"));
@@ -344,6 +354,7 @@ pub(crate) fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
     assert_eq!(no_wait(&s, &["--slots", "3", "gpu:0"]), Some(0));
 }
 
+test!(bad_combinations_are_usage_errors, needs: []);
 pub(crate) fn bad_combinations_are_usage_errors() {
     let s = Scratch::new();
     for args in [
@@ -360,6 +371,7 @@ pub(crate) fn bad_combinations_are_usage_errors() {
     }
 }
 
+test!(any_takes_a_members_group_only_with_the_member_it_picks, needs: []);
 pub(crate) fn any_takes_a_members_group_only_with_the_member_it_picks() {
     let s = Scratch::new();
     let mut b = hold_until_released(&s, &["b"], "b");
@@ -388,6 +400,7 @@ pub(crate) fn any_takes_a_members_group_only_with_the_member_it_picks() {
     }
 }
 
+test!(any_count_and_ordered_jobs_do_not_deadlock, needs: []);
 pub(crate) fn any_count_and_ordered_jobs_do_not_deadlock() {
     let s = Scratch::new();
     let rounds = 40;

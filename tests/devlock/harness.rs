@@ -302,32 +302,6 @@ pub fn flock_is_free(path: &Path) -> bool {
 pub const USER_A: u32 = 65534;
 pub const USER_B: u32 = 65533;
 
-/// Whether the cross-user tests can run here: as root, with setpriv and
-/// each of `tools`. When they cannot, the test fails if
-/// `DEVLOCK_TEST_REQUIRE_TOOLS=1` (CI sets it), else it says why it skips.
-pub fn can_play_users(what: &str, tools: &[&str]) -> bool {
-    let mut missing = Vec::new();
-    if !nix::unistd::getuid().is_root() {
-        missing.push("root".to_owned());
-    }
-    for tool in std::iter::once(&"setpriv").chain(tools) {
-        let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .any(|dir| dir.join(tool).is_file());
-        if !found {
-            missing.push((*tool).to_owned());
-        }
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let why = format!("{what}: needs {}", missing.join(", "));
-    if std::env::var("DEVLOCK_TEST_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
-        panic!("{why} (DEVLOCK_TEST_REQUIRE_TOOLS=1)");
-    }
-    eprintln!("skipping {why}");
-    false
-}
-
 /// `program` run as `uid` (group `uid`, no supplementary groups).
 pub fn as_user(uid: u32, program: &str) -> Command {
     let mut cmd = Command::new("setpriv");
@@ -483,29 +457,8 @@ impl Pty {
     }
 }
 
-/// Fails when `DEVLOCK_TEST_REQUIRE_TOOLS=1` (CI installs every tool the
-/// tests use), else says why the test does not run; true when `program`
-/// can be run.
-pub fn have_tool(program: &str) -> bool {
-    let found = std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            std::fs::metadata(dir.join(program))
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-    });
-    if !found {
-        let required = std::env::var_os("DEVLOCK_TEST_REQUIRE_TOOLS").is_some_and(|v| v == "1");
-        assert!(
-            !required,
-            "{program} is not installed, and DEVLOCK_TEST_REQUIRE_TOOLS=1"
-        );
-        eprintln!("skipped: {program} is not installed");
-    }
-    found
-}
-
 // ----------------------------------------------------------------------------
-// The test list's runner (see main.rs): what a test needs, decided at start-up.
+// The tests' runner (see main.rs): what a test needs, decided at start-up.
 
 /// Something a test needs to test anything.
 #[derive(Debug, Clone, Copy)]
@@ -540,13 +493,25 @@ fn can_make_cgroup() -> bool {
     std::fs::create_dir(&probe).is_ok() && std::fs::remove_dir(&probe).is_ok()
 }
 
-/// One test: its name (`module::function`), its body, its needs.
+/// One test, as `test!` registers it beside its function: its module
+/// (`devlock::core`) and name, its body, its needs.
 pub struct Test {
+    pub module: &'static str,
     pub name: &'static str,
     pub run: fn(),
     pub needs: &'static [Need],
     /// Run only on request (`--ignored`), for this reason.
     pub ignored: Option<&'static str>,
+}
+
+inventory::collect!(Test);
+
+impl Test {
+    /// `core::exit_status_is_passed_on`: the module within the test binary.
+    fn full_name(&self) -> String {
+        let module = self.module.split_once("::").map_or(self.module, |(_, m)| m);
+        format!("{module}::{}", self.name)
+    }
 }
 
 /// Whether a test whose tool is missing must fail (CI) rather than be
@@ -582,26 +547,29 @@ fn missing(needs: &[Need]) -> Vec<String> {
 /// The libtest-mimic trials: a test that cannot test anything here is
 /// ignored (its reason shown as the trial's kind, `[needs groff]`), or
 /// under `DEVLOCK_TEST_REQUIRE_TOOLS=1` fails, saying what is missing.
-pub fn trials(tests: &[Test]) -> Vec<libtest_mimic::Trial> {
+pub fn trials() -> Vec<libtest_mimic::Trial> {
     let required = tools_required();
+    let mut tests: Vec<&Test> = inventory::iter::<Test>.into_iter().collect();
+    tests.sort_by_key(|t| t.full_name());
     tests
-        .iter()
+        .into_iter()
         .map(|test| {
+            let name = test.full_name();
             let lacking = missing(test.needs);
             let run = test.run;
             let why = format!("needs {}", lacking.join(", "));
             if lacking.is_empty() {
-                libtest_mimic::Trial::test(test.name, move || {
+                libtest_mimic::Trial::test(name, move || {
                     run();
                     Ok(())
                 })
                 .with_ignored_flag(test.ignored.is_some())
             } else if required {
-                libtest_mimic::Trial::test(test.name, move || {
+                libtest_mimic::Trial::test(name, move || {
                     Err(format!("{why}, and DEVLOCK_TEST_REQUIRE_TOOLS=1").into())
                 })
             } else {
-                libtest_mimic::Trial::test(test.name, || Ok(()))
+                libtest_mimic::Trial::test(name, || Ok(()))
                     .with_kind(why)
                     .with_ignored_flag(true)
             }

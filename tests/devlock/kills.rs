@@ -187,6 +187,7 @@ fn ends_the_job(job: &Job, placement: &str, victims: &[u32], waiter: Waiter, kil
     );
 }
 
+test!(a_group_sigkill_ends_the_job_in_a_group_of_its_own, needs: []);
 /// devlock started by the test as the leader of a process group of its
 /// own (a shell job, a CI runner's step), then `kill -9 -- -PGID`.
 pub(crate) fn a_group_sigkill_ends_the_job_in_a_group_of_its_own() {
@@ -207,6 +208,7 @@ pub(crate) fn a_group_sigkill_ends_the_job_in_a_group_of_its_own() {
     ends_the_job(&job, "own group", &victims, waiter, killed);
 }
 
+test!(kill_9_of_devlock_alone_ends_the_job, needs: []);
 /// `kill -9 PID` of devlock alone: its guard ends the job too (the chosen
 /// behaviour: a wrapper's death is its job's).
 pub(crate) fn kill_9_of_devlock_alone_ends_the_job() {
@@ -227,6 +229,7 @@ pub(crate) fn kill_9_of_devlock_alone_ends_the_job() {
     ends_the_job(&job, "devlock's pid alone", &victims, waiter, killed);
 }
 
+test!(a_session_leaders_group_or_session_sigkill_ends_the_job, needs: []);
 /// `setsid devlock ...` (a session leader), then SIGKILL of its group (the
 /// session's id), and in a second round of every process of its session.
 pub(crate) fn a_session_leaders_group_or_session_sigkill_ends_the_job() {
@@ -269,6 +272,7 @@ pub(crate) fn a_session_leaders_group_or_session_sigkill_ends_the_job() {
     }
 }
 
+test!(timeout_kill_after_ends_the_job, needs: [Tool("timeout")]);
 /// `timeout -s TERM -k 1 3 devlock r -- ...`: the SIGTERM reaches the
 /// command once (it logs it and goes on), then timeout's SIGKILL of its
 /// whole group ends everything (timeout with it: 137 to its shell).
@@ -302,6 +306,7 @@ pub(crate) fn timeout_kill_after_ends_the_job() {
     ends_the_job(&job, "timeout -k", &victims, waiter, killed);
 }
 
+test!(python_killpg_after_start_new_session_ends_the_job, needs: [Tool("python3")]);
 /// Airflow, Celery, supervisord's killasgroup: Python starts devlock with
 /// `start_new_session=True` and ends it with `os.killpg(p.pid, SIGKILL)`.
 pub(crate) fn python_killpg_after_start_new_session_ends_the_job() {
@@ -345,6 +350,7 @@ pub(crate) fn python_killpg_after_start_new_session_ends_the_job() {
     ends_the_job(&job, "Python os.killpg", &victims, waiter, killed);
 }
 
+test!(make_j_cancelled_by_a_group_sigkill_ends_every_job, needs: [Tool("make")]);
 /// `make -j2` with two devlock jobs, cancelled by SIGKILL of make's group
 /// (a CI runner's cancel): both jobs end.
 pub(crate) fn make_j_cancelled_by_a_group_sigkill_ends_every_job() {
@@ -382,6 +388,7 @@ pub(crate) fn make_j_cancelled_by_a_group_sigkill_ends_every_job() {
     assert!(flock_is_free(&job.s.lock_path("r2")));
 }
 
+test!(in_a_terminals_shared_group_a_kill_ends_the_job_and_spares_the_others, needs: []);
 /// A terminal's foreground job shared with a script (`sh -c 'devlock ...;
 /// ...'`): the command stays in that group, so a group SIGKILL reaches it
 /// directly; and a `kill -9` of devlock alone there has the guard end the
@@ -429,6 +436,7 @@ pub(crate) fn in_a_terminals_shared_group_a_kill_ends_the_job_and_spares_the_oth
     }
 }
 
+test!(a_process_the_command_detached_keeps_the_lock_after_the_kill, needs: [Tool("setsid")]);
 /// A background process the command deliberately detached (setsid) keeps
 /// the lock until it exits, after a group SIGKILL as before; status shows
 /// it as a holder whose devlock is gone.
@@ -516,6 +524,7 @@ impl Drop for Unit {
     }
 }
 
+test!(systemd_stop_with_either_kill_mode_ends_the_job, needs: [Root, Cgroup]);
 /// systemd's stop of a unit whose main process is devlock: SIGTERM to
 /// every process of the unit's cgroup (`KillMode=control-group`) or to the
 /// main process alone (`mixed`), then, the job still running, SIGKILL to
@@ -578,6 +587,7 @@ fn marked(marker: &str) -> Vec<u32> {
         .collect()
 }
 
+test!(a_group_sigkill_at_any_moment_of_the_start_leaves_nothing, needs: []);
 /// A supervisor's SIGKILL can land at any moment, the command's start
 /// included: kills spread over devlock's first milliseconds (the spread is
 /// chaos, not a handshake) never leave a process of the job behind, nor

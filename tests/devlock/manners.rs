@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 
 use crate::harness::*;
 
+test!(a_bare_number_is_seconds_wherever_a_duration_is_taken, needs: []);
 pub(crate) fn a_bare_number_is_seconds_wherever_a_duration_is_taken() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "long", "r"], "h");
@@ -35,6 +36,7 @@ pub(crate) fn a_bare_number_is_seconds_wherever_a_duration_is_taken() {
     wait_child(&mut holder);
 }
 
+test!(every_usage_error_names_the_flag_and_the_fix, needs: []);
 pub(crate) fn every_usage_error_names_the_flag_and_the_fix() {
     let s = Scratch::new();
     let cases: Vec<(Vec<&str>, &[&str])> = vec![
@@ -125,6 +127,7 @@ pub(crate) fn every_usage_error_names_the_flag_and_the_fix() {
     );
 }
 
+test!(an_empty_devlock_variable_counts_as_unset, needs: []);
 pub(crate) fn an_empty_devlock_variable_counts_as_unset() {
     let s = Scratch::new();
     let out = s
@@ -148,6 +151,7 @@ pub(crate) fn an_empty_devlock_variable_counts_as_unset() {
     assert_eq!(json["dir"], devlock::DEFAULT_DIR);
 }
 
+test!(devlock_dir_is_exported_absolute_and_byte_exact, needs: []);
 pub(crate) fn devlock_dir_is_exported_absolute_and_byte_exact() {
     let s = Scratch::new();
     // A relative --dir whose name is not UTF-8.
@@ -177,6 +181,7 @@ pub(crate) fn devlock_dir_is_exported_absolute_and_byte_exact() {
     );
 }
 
+test!(quiet_keeps_a_busy_lock_to_the_exit_status_but_says_errors, needs: []);
 pub(crate) fn quiet_keeps_a_busy_lock_to_the_exit_status_but_says_errors() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -196,6 +201,7 @@ pub(crate) fn quiet_keeps_a_busy_lock_to_the_exit_status_but_says_errors() {
     wait_child(&mut holder);
 }
 
+test!(a_missing_or_unrunnable_command_fails_before_joining_the_line, needs: []);
 pub(crate) fn a_missing_or_unrunnable_command_fails_before_joining_the_line() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -241,6 +247,7 @@ fn reporting_waiter(
     (child, err)
 }
 
+test!(any_failures_and_waits_name_every_holder, needs: []);
 pub(crate) fn any_failures_and_waits_name_every_holder() {
     let s = Scratch::new();
     let mut train = hold_until_released(&s, &["--step", "train", "gpu:0"], "t");
@@ -276,6 +283,7 @@ pub(crate) fn any_failures_and_waits_name_every_holder() {
     wait_child(&mut eval);
 }
 
+test!(a_wait_behind_a_queued_whole_group_request_names_it, needs: []);
 pub(crate) fn a_wait_behind_a_queued_whole_group_request_names_it() {
     let s = Scratch::new();
     // train holds gpu:0, and so gpu shared; `whole` waits for all of gpu.
@@ -311,6 +319,7 @@ pub(crate) fn a_wait_behind_a_queued_whole_group_request_names_it() {
     assert!(wait_child(&mut waiter).success());
 }
 
+test!(a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_group_row, needs: []);
 pub(crate) fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and_in_the_group_row()
 {
     let s = Scratch::new();
@@ -364,6 +373,7 @@ pub(crate) fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and
     wait_gone(command);
 }
 
+test!(a_group_row_borrows_only_a_label_its_member_backs, needs: []);
 pub(crate) fn a_group_row_borrows_only_a_label_its_member_backs() {
     let s = Scratch::new();
     let ready = s.work("ready");

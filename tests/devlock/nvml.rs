@@ -90,6 +90,7 @@ fn let_go(s: &Scratch, tag: &str, holder: &mut Child) {
     wait_child(holder);
 }
 
+test!(status_through_nvml_names_the_source_and_who_is_inside_the_gate, needs: [Tool("cc")]);
 pub(crate) fn status_through_nvml_names_the_source_and_who_is_inside_the_gate() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario("several"));
@@ -145,6 +146,7 @@ pub(crate) fn status_through_nvml_names_the_source_and_who_is_inside_the_gate() 
     let_go(&s, "train", &mut holder);
 }
 
+test!(a_hung_nvml_call_never_hangs_devlock, needs: [Tool("cc")]);
 pub(crate) fn a_hung_nvml_call_never_hangs_devlock() {
     let s = Scratch::new();
     let mut text = scenario("several");
@@ -190,6 +192,7 @@ pub(crate) fn a_hung_nvml_call_never_hangs_devlock() {
     );
 }
 
+test!(nvidia_smi_answers_when_nvml_is_off_or_fails, needs: [Tool("cc")]);
 pub(crate) fn nvidia_smi_answers_when_nvml_is_off_or_fails() {
     let s = Scratch::new();
     let smi = format!("{FIXTURES}/nvidia-smi/fake-nvidia-smi");
@@ -225,6 +228,7 @@ pub(crate) fn nvidia_smi_answers_when_nvml_is_off_or_fails() {
     assert_eq!(json_of(&out)["device_source"], "nvidia-smi");
 }
 
+test!(a_process_list_nvml_refuses_is_unknown_not_idle, needs: [Tool("cc")]);
 pub(crate) fn a_process_list_nvml_refuses_is_unknown_not_idle() {
     let s = Scratch::new();
     let text = format!(
@@ -268,6 +272,7 @@ const GI10: &str = "gpu:0:1g.18gb:gi10.ci0";
 const GI1_CI0: &str = "gpu:0:1c.3g.71gb:gi1.ci0";
 const GI10_UUID: &str = "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0";
 
+test!(mig_instances_are_devices_with_their_own_processes, needs: [Tool("cc")]);
 pub(crate) fn mig_instances_are_devices_with_their_own_processes() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario("mig"));
@@ -367,6 +372,7 @@ pub(crate) fn mig_instances_are_devices_with_their_own_processes() {
     let_go(&s, "small", &mut holder);
 }
 
+test!(an_instance_holds_its_gpu_shared_and_the_gpu_excludes_it, needs: [Tool("cc")]);
 pub(crate) fn an_instance_holds_its_gpu_shared_and_the_gpu_excludes_it() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario("mig"));
@@ -420,6 +426,7 @@ pub(crate) fn an_instance_holds_its_gpu_shared_and_the_gpu_excludes_it() {
     assert!(wait_child(&mut whole).success());
 }
 
+test!(two_mig_instances_for_one_command_are_refused_with_the_reason, needs: []);
 pub(crate) fn two_mig_instances_for_one_command_are_refused_with_the_reason() {
     let s = Scratch::new();
     for args in [
@@ -456,6 +463,7 @@ pub(crate) fn two_mig_instances_for_one_command_are_refused_with_the_reason() {
     );
 }
 
+test!(setup_gpus_declares_the_mig_instances, needs: [Root, Tool("cc")]);
 pub(crate) fn setup_gpus_declares_the_mig_instances() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario("mig"));
@@ -476,6 +484,7 @@ pub(crate) fn setup_gpus_declares_the_mig_instances() {
     }
 }
 
+test!(the_systems_nvml_is_found_as_the_loader_finds_it_and_a_named_nvidia_smi_wins, needs: [Tool("cc")]);
 pub(crate) fn the_systems_nvml_is_found_as_the_loader_finds_it_and_a_named_nvidia_smi_wins() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario("idle"));

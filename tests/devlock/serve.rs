@@ -286,6 +286,7 @@ fn holders(doc: &serde_json::Value) -> Vec<&serde_json::Value> {
         .collect()
 }
 
+test!(status_json_is_status_json_without_command_lines, needs: [Tool("cc")]);
 pub(crate) fn status_json_is_status_json_without_command_lines() {
     let scene = Scene::new();
     let server = scene.serve();
@@ -361,6 +362,7 @@ fn promtool_check(text: &str) {
     );
 }
 
+test!(metrics_pass_promtool_and_carry_the_values, needs: [Tool("cc"), Tool("promtool")]);
 pub(crate) fn metrics_pass_promtool_and_carry_the_values() {
     let scene = Scene::new();
     let server = scene.serve();
@@ -529,6 +531,7 @@ pub fn screenshot(chromium: &Path, user_data: &Path, url: &str, png: &Path, size
 
 const CHROMIUM: &str = "chromium-headless-shell";
 
+test!(the_page_in_a_headless_browser_shows_the_holder_and_the_line, needs: [Tool("cc"), Tool("chromium-headless-shell")]);
 pub(crate) fn the_page_in_a_headless_browser_shows_the_holder_and_the_line() {
     let scene = Scene::new();
     let server = scene.serve();
@@ -588,6 +591,7 @@ pub fn which(program: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{program} is not on PATH"))
 }
 
+test!(requests_are_bounded_and_only_get_and_head_are_answered, needs: []);
 pub(crate) fn requests_are_bounded_and_only_get_and_head_are_answered() {
     let s = Scratch::new();
     let server = Server::start(&mut s.devlock(), &[]);
@@ -646,6 +650,7 @@ pub(crate) fn requests_are_bounded_and_only_get_and_head_are_answered() {
     assert!(server.alive());
 }
 
+test!(more_connections_than_the_limit_are_told_503_and_then_served, needs: []);
 pub(crate) fn more_connections_than_the_limit_are_told_503_and_then_served() {
     let s = Scratch::new();
     let server = Server::start(&mut s.devlock(), &[]);
@@ -677,6 +682,7 @@ fn unit_arguments() -> Vec<String> {
     words.map(str::to_owned).collect()
 }
 
+test!(the_shipped_unit_serves_as_an_unprivileged_user_what_status_shows_that_user, needs: [Root, Tool("setpriv"), Tool("cc")]);
 pub(crate) fn the_shipped_unit_serves_as_an_unprivileged_user_what_status_shows_that_user() {
     let scene = Scene::new();
     let args = unit_arguments();
@@ -717,6 +723,7 @@ pub(crate) fn the_shipped_unit_serves_as_an_unprivileged_user_what_status_shows_
     }
 }
 
+test!(listen_and_usage_errors_are_one_line, needs: []);
 pub(crate) fn listen_and_usage_errors_are_one_line() {
     let s = Scratch::new();
     let out = s.run(&["serve", "--listen", "nowhere"]);
@@ -769,6 +776,7 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     names
 }
 
+test!(every_metric_family_is_documented_and_every_documented_one_served, needs: []);
 pub(crate) fn every_metric_family_is_documented_and_every_documented_one_served() {
     let s = Scratch::new();
     let server = Server::start(&mut s.devlock(), &[]);
@@ -817,6 +825,7 @@ pub(crate) fn every_metric_family_is_documented_and_every_documented_one_served(
     assert!(!dashboard["panels"].as_array().unwrap().is_empty());
 }
 
+test!(the_prometheus_examples_pass_promtool, needs: [Tool("promtool")]);
 pub(crate) fn the_prometheus_examples_pass_promtool() {
     let config = format!("{REPO}/contrib/prometheus/prometheus.yml");
     let out = Command::new("promtool")

@@ -158,10 +158,8 @@ fn array_len(v: &serde_json::Value) -> usize {
 // ----------------------------------------------------------------------------
 // 1. Exclusion broken by a rename; a squatted directory and file.
 
+test!(a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it, needs: [Root, Tool("setpriv")]);
 pub(crate) fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_shows_it() {
-    if !can_play_users("rename", &[]) {
-        return;
-    }
     let s = Scratch::new();
     open_dir(&s);
     // User A makes r.lock: it is A's to rename.
@@ -227,10 +225,8 @@ pub(crate) fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_s
     assert_eq!(array_len(&s.resource_status("r")["conflicts"]), 0);
 }
 
+test!(a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup, needs: [Root, Tool("setpriv")]);
 pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_setup() {
-    if !can_play_users("squat", &[]) {
-        return;
-    }
     let s = Scratch::new();
     // User A made the directory before root ever ran devlock.
     let dir = s.work("squat");
@@ -345,10 +341,8 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
     assert!(wait_child(&mut a_holds.0).success());
 }
 
+test!(setup_refuses_without_root_and_makes_group_only_gpu_locks, needs: [Root, Tool("setpriv")]);
 pub(crate) fn setup_refuses_without_root_and_makes_group_only_gpu_locks() {
-    if !can_play_users("setup", &[]) {
-        return;
-    }
     let s = Scratch::new();
     let out = run_as(&s, USER_A, &["setup", "gpu"]);
     assert_eq!(out.status.code(), Some(77), "{}", stderr(&out));
@@ -407,10 +401,8 @@ pub(crate) fn setup_refuses_without_root_and_makes_group_only_gpu_locks() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
+test!(the_shipped_tmpfiles_snippet_makes_a_managed_directory, needs: [Root, Tool("setpriv"), Tool("systemd-tmpfiles")]);
 pub(crate) fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
-    if !can_play_users("tmpfiles", &["systemd-tmpfiles"]) {
-        return;
-    }
     let shipped =
         std::fs::read_to_string(fixture("../../contrib/tmpfiles.d/devlock.conf")).unwrap();
     let mut args = vec!["setup", "--print-tmpfiles", "gpu"];
@@ -473,10 +465,8 @@ pub(crate) fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
 // ----------------------------------------------------------------------------
 // 2. One write or one `ln` must not disable a resource.
 
+test!(a_hard_link_to_a_lock_file_disables_nothing, needs: [Root, Tool("setpriv")]);
 pub(crate) fn a_hard_link_to_a_lock_file_disables_nothing() {
-    if !can_play_users("hard link", &[]) {
-        return;
-    }
     let s = Scratch::new();
     assert!(s.run(&["setup", "r"]).status.success());
     let link = s.work("link");
@@ -498,10 +488,8 @@ pub(crate) fn a_hard_link_to_a_lock_file_disables_nothing() {
     assert!(wait_child(&mut h.0).success());
 }
 
+test!(a_corrupt_queue_header_changes_nothing, needs: [Root, Tool("setpriv")]);
 pub(crate) fn a_corrupt_queue_header_changes_nothing() {
-    if !can_play_users("queue header", &[]) {
-        return;
-    }
     let s = Scratch::new();
     open_dir(&s);
     // A waiter once made the queue file; a stranger then writes the old
@@ -548,10 +536,8 @@ pub(crate) fn a_corrupt_queue_header_changes_nothing() {
     assert!(wait_child(&mut waiter.0).success());
 }
 
+test!(files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out, needs: [Root, Tool("setpriv")]);
 pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
-    if !can_play_users("planted files", &[]) {
-        return;
-    }
     let victim_dir = Scratch::new();
     let victim = victim_dir.work("victim");
     std::fs::write(&victim, "precious").unwrap();
@@ -679,10 +665,8 @@ pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_o
 // ----------------------------------------------------------------------------
 // 3. A stranger's locks: named, and every wait stays bounded.
 
+test!(strangers_locks_on_the_queue_are_named_and_waits_stay_bounded, needs: [Root, Tool("setpriv")]);
 pub(crate) fn strangers_locks_on_the_queue_are_named_and_waits_stay_bounded() {
-    if !can_play_users("stranger's OFD locks", &[]) {
-        return;
-    }
     let s = Scratch::new();
     assert!(s.run(&["setup", "r", "r2"]).status.success());
     let queue = s.dir().join(".r.queue");
@@ -825,10 +809,8 @@ fn forged_record(pid: u32, edit: impl FnOnce(&mut Record)) -> Vec<u8> {
     r.to_bytes()
 }
 
+test!(forged_and_replayed_records_and_registrations_are_not_believed, needs: [Root, Tool("setpriv")]);
 pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
-    if !can_play_users("forged records", &[]) {
-        return;
-    }
     let s = Scratch::new();
     assert!(s.run(&["setup", "gpu", "gpu:0"]).status.success());
     let (script, ready) = hold_script(&s, "h");
@@ -962,10 +944,8 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let _ = notebook.0.kill();
 }
 
+test!(records_keep_no_command_line_and_release_clears_the_label, needs: [Root, Tool("setpriv")]);
 pub(crate) fn records_keep_no_command_line_and_release_clears_the_label() {
-    if !can_play_users("secrets", &[]) {
-        return;
-    }
     let s = Scratch::new();
     let (script, ready) = hold_script(&s, "h");
     let mut holder = Killed(
@@ -1142,20 +1122,16 @@ fn wait_until_true(what: &str, ok: impl Fn() -> bool) {
     poll_until(what, || if ok() { "yes" } else { "no" }, |v| *v == "yes");
 }
 
+test!(ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back, needs: [Root, Tool("setpriv"), Tool("script"), Tool("bash")]);
 pub(crate) fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
-    if !can_play_users("Ctrl-Z", &["script", "bash"]) {
-        return;
-    }
     ctrl_z_round(false, &[]);
     ctrl_z_round(true, &[]);
     ctrl_z_round(false, &["--slots", "1"]);
     ctrl_z_round(true, &["--slots", "1"]);
 }
 
+test!(sigstop_of_a_waiter_or_a_holder_shows_as_stopped, needs: [Root, Tool("setpriv")]);
 pub(crate) fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
-    if !can_play_users("SIGSTOP", &[]) {
-        return;
-    }
     let s = Scratch::new();
     open_dir(&s);
     let (mut holder, command) = hold_as(&s, USER_A, &["r"], "h");
@@ -1275,10 +1251,8 @@ fn pid_reuse_round(shared: bool) {
     wait_gone(command);
 }
 
+test!(pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated, needs: [Root, Tool("setpriv")]);
 pub(crate) fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
-    if !can_play_users("pid reuse", &[]) {
-        return;
-    }
     pid_reuse_round(true);
     pid_reuse_round(false);
 }
@@ -1286,6 +1260,7 @@ pub(crate) fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
 // ----------------------------------------------------------------------------
 // 7. One name per device; no data lost; nothing hidden.
 
+test!(a_gpu_has_one_name_in_run_status_and_setup, needs: []);
 pub(crate) fn a_gpu_has_one_name_in_run_status_and_setup() {
     let s = Scratch::new();
     for name in ["gpu:00", "gpu:+1", "gpu:x", "gpu:4294967296", "gpu:01"] {
@@ -1305,6 +1280,7 @@ pub(crate) fn a_gpu_has_one_name_in_run_status_and_setup() {
     assert!(!s.dir().exists(), "nothing touched");
 }
 
+test!(dir_dot_with_a_cargo_lock_loses_no_data, needs: []);
 pub(crate) fn dir_dot_with_a_cargo_lock_loses_no_data() {
     let s = Scratch::new();
     let project = s.work("project");
@@ -1343,10 +1319,8 @@ pub(crate) fn dir_dot_with_a_cargo_lock_loses_no_data() {
     );
 }
 
+test!(a_private_lock_file_held_by_plain_flock_shows_as_held, needs: [Root, Tool("setpriv"), Tool("flock")]);
 pub(crate) fn a_private_lock_file_held_by_plain_flock_shows_as_held() {
-    if !can_play_users("mode 0600", &["flock"]) {
-        return;
-    }
     let s = Scratch::new();
     open_dir(&s);
     let lock = s.lock_path("p");
@@ -1381,10 +1355,8 @@ pub(crate) fn a_private_lock_file_held_by_plain_flock_shows_as_held() {
     assert!(wait_child(&mut flock.0).success());
 }
 
+test!(status_inside_a_pid_namespace_says_held_by_unknown, needs: [Root, Tool("setpriv"), Tool("unshare")]);
 pub(crate) fn status_inside_a_pid_namespace_says_held_by_unknown() {
-    if !can_play_users("PID namespace", &["unshare"]) {
-        return;
-    }
     let s = Scratch::new();
     let (mut holder, _) = hold_as(&s, 0, &["r"], "h");
     let inside = |args: &[&str]| {

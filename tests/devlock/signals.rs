@@ -150,6 +150,7 @@ fn once(heard: &[String], what: &str, path: &str) {
     assert_eq!(heard, [what], "{path}: the command heard {heard:?}");
 }
 
+test!(a_signal_sent_to_devlocks_pid_reaches_the_command_once, needs: []);
 pub(crate) fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
     for (sig, name) in [(libc::SIGINT, "INT"), (libc::SIGTERM, "TERM")] {
         let s = Scratch::new();
@@ -168,6 +169,7 @@ pub(crate) fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
 /// add one are tried a few times.
 const ROUNDS: usize = 8;
 
+test!(a_signal_sent_to_devlocks_process_group_reaches_the_command_once, needs: []);
 pub(crate) fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once() {
     // As a shell runs a job, CI runners and Slurm stop one: the whole
     // process group devlock was started in.
@@ -183,13 +185,11 @@ pub(crate) fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once()
     }
 }
 
+test!(timeout_reaches_the_command_once, needs: [Tool("timeout")]);
 pub(crate) fn timeout_reaches_the_command_once() {
     // timeout(1) signals its child and then its whole process group. It
     // does so when its time is up, or when it is itself told to stop,
     // which lets the test pick the moment instead of guessing a duration.
-    if !have_tool("timeout") {
-        return;
-    }
     for round in 0..ROUNDS {
         let s = Scratch::new();
         let counter = Counter::new(&s, "timeout");
@@ -207,6 +207,7 @@ pub(crate) fn timeout_reaches_the_command_once() {
     }
 }
 
+test!(ctrl_c_at_a_terminal_reaches_the_command_once, needs: []);
 pub(crate) fn ctrl_c_at_a_terminal_reaches_the_command_once() {
     // devlock as the terminal's job, and devlock under a shell that shares
     // its process group (as make and scripts do).
@@ -232,10 +233,8 @@ pub(crate) fn ctrl_c_at_a_terminal_reaches_the_command_once() {
     }
 }
 
+test!(ctrl_c_under_make_j_reaches_each_command_once, needs: [Tool("make")]);
 pub(crate) fn ctrl_c_under_make_j_reaches_each_command_once() {
-    if !have_tool("make") {
-        return;
-    }
     let s = Scratch::new();
     let a = Counter::new(&s, "a");
     let b = Counter::new(&s, "b");
@@ -284,6 +283,7 @@ fn sh_line(args: &[String]) -> String {
         .join(" ")
 }
 
+test!(a_command_reading_the_terminal_works_in_the_foreground, needs: []);
 pub(crate) fn a_command_reading_the_terminal_works_in_the_foreground() {
     let s = Scratch::new();
     let pty = Pty::new(80);
@@ -300,10 +300,8 @@ pub(crate) fn a_command_reading_the_terminal_works_in_the_foreground() {
     assert!(wait_child(&mut devlock).success());
 }
 
+test!(ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again, needs: [Tool("bash")]);
 pub(crate) fn ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again() {
-    if !have_tool("bash") {
-        return;
-    }
     let s = Scratch::new();
     let pty = Pty::new(120);
     let mut shell = pty.spawn(
@@ -375,6 +373,7 @@ fn writing_to(pid: u32, fd: u32) -> bool {
         && words.next() == Some(&format!("{fd:#x}"))
 }
 
+test!(a_ctrl_z_just_before_the_command_starts_stops_the_whole_job, needs: [Root, Tool("setpriv"), Tool("bash"), Tool("mkdir")]);
 pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     // devlock holds job stops back from the moment it starts until the
     // command runs (a stopped devlock must not keep a place in line). A
@@ -383,9 +382,6 @@ pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     // and fg gives it the terminal again. The moment is made to last: the
     // one line devlock says before it starts the command (a directory
     // another user made) goes into a pipe that is full.
-    if !can_play_users("a Ctrl-Z just before the start", &["bash", "mkdir"]) {
-        return;
-    }
     let s = Scratch::new();
     let dir = s.work("squat");
     let d = dir.to_str().unwrap().to_owned();
@@ -489,14 +485,12 @@ pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     assert!(flock_is_free(&dir.join("r.lock")));
 }
 
+test!(a_warning_while_the_command_has_the_terminal_does_not_stop_the_job, needs: [Tool("bash")]);
 pub(crate) fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job() {
     // With `stty tostop`, a process outside the terminal's foreground group
     // that writes to it is stopped. While the command runs it has the
     // terminal and devlock does not, yet devlock may have to say that its
     // lock file was renamed away.
-    if !have_tool("bash") {
-        return;
-    }
     let s = Scratch::new();
     let pty = Pty::new(200);
     let mut shell = pty.spawn(
@@ -538,6 +532,7 @@ pub(crate) fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job
     wait_child(&mut shell);
 }
 
+test!(a_signal_the_command_sends_devlock_is_not_passed_back, needs: []);
 pub(crate) fn a_signal_the_command_sends_devlock_is_not_passed_back() {
     let s = Scratch::new();
     let mut counter = Counter::new(&s, "self");
@@ -570,6 +565,7 @@ extern "C" fn count(sig: libc::c_int) {
     };
 }
 
+test!(signal_counter, ignored: "the command the signal tests run", needs: []);
 /// Not a test: the command of the tests above (see [`Counter`]); it does
 /// nothing unless they run it.
 pub(crate) fn signal_counter() {

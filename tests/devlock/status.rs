@@ -33,6 +33,7 @@ fn waiter_count(view: &serde_json::Value) -> usize {
     view["waiters"].as_array().map_or(0, Vec::len)
 }
 
+test!(status_names_the_holder_in_both_forms, needs: []);
 pub(crate) fn status_names_the_holder_in_both_forms() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "trainer", "gpu"], "h");
@@ -77,6 +78,7 @@ fn whoami() -> String {
     devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw())
 }
 
+test!(waiters_show_in_arrival_order_and_vanish_when_killed, needs: []);
 pub(crate) fn waiters_show_in_arrival_order_and_vanish_when_killed() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -131,6 +133,7 @@ pub(crate) fn waiters_show_in_arrival_order_and_vanish_when_killed() {
     );
 }
 
+test!(a_killed_holder_leaves_nothing_behind, needs: []);
 pub(crate) fn a_killed_holder_leaves_nothing_behind() {
     let s = Scratch::new();
     let pidfile = s.work("pid");
@@ -154,6 +157,7 @@ pub(crate) fn a_killed_holder_leaves_nothing_behind() {
     assert!(view["holders"].as_array().unwrap().is_empty());
 }
 
+test!(plain_flock_holder_shows_as_the_pid_the_kernel_names, needs: []);
 pub(crate) fn plain_flock_holder_shows_as_the_pid_the_kernel_names() {
     let s = Scratch::new();
     let mut holder = flock_holder(&s, "r", "f");
@@ -182,6 +186,7 @@ fn plant_record(s: &Scratch, resource: &str, record: &Record) {
     record.write_to(&file).unwrap();
 }
 
+test!(a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder, needs: []);
 pub(crate) fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
     let s = Scratch::new();
     // A dead pid.
@@ -213,6 +218,7 @@ pub(crate) fn a_record_of_a_dead_or_recycled_pid_is_stale_never_the_holder() {
     wait_child(&mut holder);
 }
 
+test!(escapes_and_garbage_in_records_never_reach_the_terminal, needs: []);
 pub(crate) fn escapes_and_garbage_in_records_never_reach_the_terminal() {
     let s = Scratch::new();
     let mut holder = flock_holder(&s, "evil", "e");
@@ -248,6 +254,7 @@ pub(crate) fn escapes_and_garbage_in_records_never_reach_the_terminal() {
     wait_child(&mut holder);
 }
 
+test!(a_waiter_reports_every_interval_when_not_on_a_terminal, needs: []);
 pub(crate) fn a_waiter_reports_every_interval_when_not_on_a_terminal() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "long", "r"], "h");
@@ -283,6 +290,7 @@ fn wakeups(pid: u32, tid: u32) -> u64 {
         .unwrap()
 }
 
+test!(a_long_wait_sleeps_between_reports, needs: []);
 pub(crate) fn a_long_wait_sleeps_between_reports() {
     // The waiting thread sleeps in the kernel; once the display has started
     // nothing may interrupt it (an alarm that kept repeating woke it 50
@@ -311,6 +319,7 @@ pub(crate) fn a_long_wait_sleeps_between_reports() {
     wait_child(&mut holder);
 }
 
+test!(quiet_waiters_print_nothing, needs: []);
 pub(crate) fn quiet_waiters_print_nothing() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -329,6 +338,7 @@ pub(crate) fn quiet_waiters_print_nothing() {
     assert_eq!(text, "");
 }
 
+test!(the_live_line_is_cleared_before_the_command_owns_the_terminal, needs: []);
 pub(crate) fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["--step", "first", "r"], "h");
@@ -371,26 +381,21 @@ pub(crate) fn the_live_line_is_cleared_before_the_command_owns_the_terminal() {
     );
 }
 
-/// Runs `args` as the unprivileged user `nobody`, or says why not.
-fn as_nobody(args: &[&str]) -> Option<Command> {
-    if !can_play_users("cross-user check", &[]) {
-        return None;
-    }
+/// Runs `args` as the unprivileged user `nobody` (the test needs root and
+/// setpriv).
+fn as_nobody(args: &[&str]) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .args(args);
-    Some(cmd)
+    cmd
 }
 
+test!(locks_of_one_user_are_seen_and_shared_by_another, needs: [Root, Tool("setpriv")]);
 pub(crate) fn locks_of_one_user_are_seen_and_shared_by_another() {
     let s = Scratch::new();
     // Root holds, nobody looks and waits.
     let mut holder = hold_until_released(&s, &["--step", "root-job", "r"], "h");
-    let Some(mut status_as_nobody) = as_nobody(&[BIN, "status", "--json", "r"]) else {
-        release(&s, "h");
-        wait_child(&mut holder);
-        return;
-    };
+    let mut status_as_nobody = as_nobody(&[BIN, "status", "--json", "r"]);
     let out = status_as_nobody
         .env("DEVLOCK_DIR", s.dir())
         .output()
@@ -403,8 +408,7 @@ pub(crate) fn locks_of_one_user_are_seen_and_shared_by_another() {
         (Some("root-job"), Some("root")),
         "{json}"
     );
-    let mut nobody_waits =
-        as_nobody(&[BIN, "-q", "--step", "nobody-job", "r", "--", "true"]).unwrap();
+    let mut nobody_waits = as_nobody(&[BIN, "-q", "--step", "nobody-job", "r", "--", "true"]);
     let mut nobody_waits = nobody_waits.env("DEVLOCK_DIR", s.dir()).spawn().unwrap();
     let view = s.wait_for_status("r", "nobody waiting", |v| registered_waiters(v) == 1);
     assert_eq!(view["waiters"][0]["user"], "nobody");
@@ -433,7 +437,6 @@ pub(crate) fn locks_of_one_user_are_seen_and_shared_by_another() {
         "-c",
         &script,
     ])
-    .unwrap()
     .env("DEVLOCK_DIR", s.dir())
     .spawn()
     .unwrap();
@@ -447,6 +450,7 @@ pub(crate) fn locks_of_one_user_are_seen_and_shared_by_another() {
     assert!(s.run(&["-n", "fresh", "--", "true"]).status.success());
 }
 
+test!(colour_only_on_a_terminal_and_never_with_no_color, needs: []);
 pub(crate) fn colour_only_on_a_terminal_and_never_with_no_color() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
@@ -469,6 +473,7 @@ pub(crate) fn colour_only_on_a_terminal_and_never_with_no_color() {
     wait_child(&mut holder);
 }
 
+test!(the_table_shows_locks_in_use_and_counts_the_idle_ones, needs: []);
 pub(crate) fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     let s = Scratch::new();
     for typo in ["gup", "gpu0", "gpu-0"] {
@@ -511,6 +516,7 @@ pub(crate) fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     wait_child(&mut holder);
 }
 
+test!(the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle, needs: []);
 pub(crate) fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle() {
     let s = Scratch::new();
     assert!(s.run(&["idle", "--", "true"]).status.success());

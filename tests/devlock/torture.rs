@@ -474,6 +474,7 @@ fn check_section(run: &SectionRun, log: &SectionLog, rmws: u32, errors: &mut Vec
     }
 }
 
+test!(chaos_never_admits_two_holders, needs: []);
 pub(crate) fn chaos_never_admits_two_holders() {
     let (jobs, sections, rmws) = if soak() { (24, 150, 3) } else { (12, 20, 3) };
     let s = Scratch::new();
@@ -707,6 +708,7 @@ fn read_records(path: &Path, written: &[Record], done: &AtomicBool, raw: bool) -
     stats
 }
 
+test!(torn_records_are_never_accepted, needs: []);
 pub(crate) fn torn_records_are_never_accepted() {
     let writes = if soak() { 300_000 } else { 10_000 };
     // tmpfs where there is one, as /run/lock is: hundreds of thousands of
@@ -1014,6 +1016,7 @@ fn inode_split_round(round: usize, procs: &Procs) {
     });
 }
 
+test!(inode_split_never_admits_two_holders, needs: []);
 pub(crate) fn inode_split_never_admits_two_holders() {
     let procs = Procs::default();
     let _cleanup = Cleanup(procs.clone());
@@ -1144,6 +1147,7 @@ fn signal_round(round: usize, procs: &Procs) {
     assert!(cleaned < lines.len(), "{what}: no cleanup: {lines:?}");
 }
 
+test!(signals_to_supervisors_under_load, needs: []);
 pub(crate) fn signals_to_supervisors_under_load() {
     let procs = Procs::default();
     let _cleanup = Cleanup(procs.clone());

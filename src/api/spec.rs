@@ -1,0 +1,49 @@
+//! The library's input: the command line's options as a [`Spec`], planned
+//! by the command line's rules ([`crate::plan::Plan::from_spec`]).
+
+use std::time::Duration;
+
+/// What to take: the command line's `RESOURCE...` with `--shared`,
+/// `--slots N`, `--any`/`--count K` and `--mem`, by the same rules (a
+/// member `G:M` also takes its group `G` shared).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// The resources, as the user wrote them (checked as the command line
+    /// checks them).
+    pub resources: Vec<String>,
+    /// `--shared`.
+    pub shared: bool,
+    /// `--slots N`.
+    pub slots: Option<u16>,
+    /// `--any`.
+    pub any: bool,
+    /// `--count K` (with `any`).
+    pub count: u8,
+    /// `--mem` (the memory budget on `gpu:N`), as the command line's text
+    /// (`20GiB`, `512MiB`, a bare number of MiB).
+    pub mem: Option<String>,
+    /// `--mem-headroom`, as the command line's text.
+    pub mem_headroom: Option<String>,
+    /// `--settle`.
+    pub settle: Option<Duration>,
+    /// `--mem-strict`: once over budget for `settle`, the hold's
+    /// [`crate::BudgetEvent::Stop`] tells the caller to stop its work.
+    pub mem_strict: bool,
+}
+
+impl Spec {
+    /// An exclusive take of every resource named.
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(resources: I) -> Spec {
+        Spec {
+            resources: resources.into_iter().map(Into::into).collect(),
+            shared: false,
+            slots: None,
+            any: false,
+            count: 1,
+            mem: None,
+            mem_headroom: None,
+            settle: None,
+            mem_strict: false,
+        }
+    }
+}

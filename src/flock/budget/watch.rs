@@ -1,0 +1,326 @@
+//! The watch of a budget's job while it runs: a thread samples what the
+//! job's process tree uses on its device ([`Monitor`]), and once a tick the
+//! [`Watch`] decides: step aside once the job settled, say (and mark) it
+//! over budget, and with `--mem-strict` stop it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{Ask, SAMPLE_HELD, SAMPLE_STARTING, settle_delta};
+use crate::gpu::memory;
+use crate::resource::Resource;
+
+/// What the monitor thread measured.
+#[derive(Debug, Default)]
+struct Measures {
+    /// The job's use, MiB, once sampled.
+    used_mib: AtomicU64,
+    sampled: AtomicBool,
+    settled: AtomicBool,
+    quit: AtomicBool,
+}
+
+/// Watches a budget's job while it runs: a thread samples what its process
+/// tree uses on the device (every [`SAMPLE_STARTING`] while it starts, then
+/// every [`SAMPLE_HELD`]); the supervisor's tick reads what it found.
+#[derive(Debug)]
+pub(crate) struct Monitor {
+    measures: Arc<Measures>,
+}
+
+impl Monitor {
+    pub(crate) fn start(ask: &Ask, roots: Vec<u32>, settle: Duration) -> Monitor {
+        let measures = Arc::new(Measures::default());
+        let (m, ask) = (measures.clone(), ask.clone());
+        let spawned = std::thread::Builder::new()
+            .name("devlock-mem".into())
+            .stack_size(256 * 1024)
+            .spawn(move || sample(&m, &ask, &roots, settle));
+        if spawned.is_err() {
+            // Nothing to measure with: the job starts alone for --settle.
+            measures.sampled.store(false, Ordering::Release);
+        }
+        Monitor { measures }
+    }
+
+    /// The job's measured use, once sampled.
+    pub(crate) fn used_mib(&self) -> Option<u64> {
+        self.measures
+            .sampled
+            .load(Ordering::Acquire)
+            .then(|| self.measures.used_mib.load(Ordering::Acquire))
+    }
+
+    /// Whether its memory stopped growing.
+    pub(crate) fn settled(&self) -> bool {
+        self.measures.settled.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.measures.quit.store(true, Ordering::Release);
+    }
+}
+
+fn sample(m: &Measures, ask: &Ask, roots: &[u32], settle: Duration) {
+    let started = Instant::now();
+    let mut last: VecDeque<u64> = VecDeque::new();
+    while !m.quit.load(Ordering::Acquire) {
+        let settled = m.settled.load(Ordering::Acquire);
+        // Past --settle the job no longer starts: sample as for one held.
+        std::thread::sleep(if settled || started.elapsed() >= settle {
+            SAMPLE_HELD
+        } else {
+            SAMPLE_STARTING
+        });
+        let report = memory::probe(ask.probe_timeout);
+        let Ok(device) = memory::device(&report, ask.index) else {
+            continue;
+        };
+        let used = memory::tree_use(device, roots);
+        m.used_mib.store(used, Ordering::Release);
+        m.sampled.store(true, Ordering::Release);
+        if settled {
+            continue;
+        }
+        if used == 0 && last.is_empty() {
+            continue;
+        }
+        last.push_back(used);
+        if last.len() > 3 {
+            last.pop_front();
+        }
+        let (lo, hi) = (
+            last.iter().min().copied().unwrap_or(0),
+            last.iter().max().copied().unwrap_or(0),
+        );
+        if last.len() == 3 && hi - lo <= settle_delta(ask.mem_mib) {
+            m.settled.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The supervisor's part, once a second while the job runs: the starting
+/// job steps aside once settled (or at `--settle`), and a job over its
+/// budget by more than a tenth is said once, marked in its registration,
+/// and with `--mem-strict` stopped once it has stayed over for `--settle`.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    pub monitor: Monitor,
+    pub resource: Resource,
+    pub step: String,
+    pub mem_mib: u64,
+    pub settle: Duration,
+    pub strict: bool,
+    pub quiet: bool,
+    pub started: Instant,
+    pub stepped_aside: bool,
+    pub warned: bool,
+    pub over_since: Option<Instant>,
+    pub stopped: bool,
+    /// Where what the watch says goes: `None`, on stderr beside the
+    /// command (the command line); else kept here for the caller to pass
+    /// on (the library, whose caller says it its own way).
+    pub told: Option<Vec<String>>,
+}
+
+/// What the tick should do to the hold.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    StepAside,
+    /// Relabel with this over-budget figure (`None`: back under).
+    Relabel(Option<u64>),
+    Stop,
+}
+
+impl Watch {
+    /// The watch of a hold whose command just started: not strict, saying
+    /// on stderr, nothing said or stepped aside yet (callers set the rest
+    /// with struct update syntax).
+    pub(crate) fn new(
+        monitor: Monitor,
+        resource: Resource,
+        step: String,
+        mem_mib: u64,
+        settle: Duration,
+    ) -> Watch {
+        Watch {
+            monitor,
+            resource,
+            step,
+            mem_mib,
+            settle,
+            strict: false,
+            quiet: false,
+            started: Instant::now(),
+            stepped_aside: false,
+            warned: false,
+            over_since: None,
+            stopped: false,
+            told: None,
+        }
+    }
+
+    fn say(&mut self, text: String) {
+        match self.told.as_mut() {
+            None => crate::tty::say_while_command_runs(&text),
+            Some(told) => told.push(text),
+        }
+    }
+
+    /// Whether `used` is over the budget by more than a tenth.
+    fn over(&self, used: u64) -> bool {
+        used.saturating_mul(10) > self.mem_mib.saturating_mul(11)
+    }
+
+    /// The job stopped (Ctrl-Z): a stopped job allocates nothing, and
+    /// devlock, stopped with it, would keep the next budget on the device
+    /// waiting for as long as the job stays stopped, past `--settle`.
+    pub(crate) fn stopped(&mut self) -> Vec<Action> {
+        if self.stepped_aside {
+            return Vec::new();
+        }
+        self.stepped_aside = true;
+        vec![Action::StepAside]
+    }
+
+    /// Looks once; returns what to do (at most a few per tick).
+    pub(crate) fn check(&mut self) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if !self.stepped_aside && (self.monitor.settled() || self.started.elapsed() >= self.settle)
+        {
+            self.stepped_aside = true;
+            actions.push(Action::StepAside);
+        }
+        let Some(used) = self.monitor.used_mib() else {
+            return actions;
+        };
+        match (self.over(used), self.over_since) {
+            (true, None) => {
+                self.over_since = Some(Instant::now());
+                if !self.warned && !self.quiet {
+                    self.say(crate::messages::over_budget(
+                        &self.resource,
+                        &self.step,
+                        used,
+                        self.mem_mib,
+                    ));
+                }
+                self.warned = true;
+                actions.push(Action::Relabel(Some(used)));
+            }
+            (true, Some(since)) => {
+                if self.strict && !self.stopped && since.elapsed() >= self.settle {
+                    self.stopped = true;
+                    self.say(format!(
+                        "devlock: --mem-strict: {}: stopping {}: over budget ({} of {}) for {}\n",
+                        self.resource,
+                        crate::text::sanitize(&self.step),
+                        memory::size(used),
+                        memory::size(self.mem_mib),
+                        humantime::format_duration(self.settle)
+                    ));
+                    actions.push(Action::Stop);
+                }
+            }
+            (false, Some(_)) => {
+                self.over_since = None;
+                actions.push(Action::Relabel(None));
+            }
+            (false, None) => {}
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watch(strict: bool, settle: Duration) -> Watch {
+        let monitor = Monitor {
+            measures: Arc::new(Measures::default()),
+        };
+        Watch {
+            strict,
+            quiet: true,
+            ..Watch::new(
+                monitor,
+                "gpu:0".parse().unwrap(),
+                "job".into(),
+                10_000,
+                settle,
+            )
+        }
+    }
+
+    fn measure(w: &Watch, used: u64, settled: bool) {
+        let m = &w.monitor.measures;
+        m.used_mib.store(used, Ordering::Release);
+        m.sampled.store(true, Ordering::Release);
+        m.settled.store(settled, Ordering::Release);
+    }
+
+    #[test]
+    fn a_job_steps_aside_once_settled_and_is_marked_over_past_a_tenth() {
+        let mut w = watch(false, Duration::from_secs(3600));
+        assert_eq!(w.check(), [], "nothing measured, not settled");
+        measure(&w, 11_000, false);
+        assert_eq!(w.check(), [], "10 % over is within");
+        measure(&w, 11_001, true);
+        assert_eq!(
+            w.check(),
+            [Action::StepAside, Action::Relabel(Some(11_001))]
+        );
+        assert_eq!(w.check(), [], "said once, stepped aside once");
+        measure(&w, 9_000, true);
+        assert_eq!(w.check(), [Action::Relabel(None)], "back under");
+    }
+
+    #[test]
+    fn strict_stops_a_job_that_stays_over_for_the_settle_time() {
+        let mut w = watch(true, Duration::ZERO);
+        measure(&w, 20_000, false);
+        assert_eq!(
+            w.check(),
+            [Action::StepAside, Action::Relabel(Some(20_000))]
+        );
+        assert_eq!(w.check(), [Action::Stop]);
+        assert_eq!(w.check(), [], "stopped once");
+        let mut lenient = watch(false, Duration::ZERO);
+        measure(&lenient, 20_000, false);
+        lenient.check();
+        assert_eq!(lenient.check(), [], "without --mem-strict, only said");
+    }
+
+    #[test]
+    fn for_the_library_what_the_watch_says_is_kept_not_written() {
+        let mut w = watch(true, Duration::ZERO);
+        w.quiet = false;
+        w.told = Some(Vec::new());
+        measure(&w, 20_000, false);
+        w.check();
+        w.check();
+        let told = w.told.take().unwrap();
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(
+            told[0].starts_with("devlock: warning: gpu:0: job uses "),
+            "{}",
+            told[0]
+        );
+        assert!(
+            told[1].starts_with("devlock: --mem-strict: gpu:0: stopping job: over budget ("),
+            "{}",
+            told[1]
+        );
+    }
+
+    #[test]
+    fn settling_allows_allocator_chunks() {
+        assert_eq!(settle_delta(1024), 128);
+        assert_eq!(settle_delta(20_480), 409);
+    }
+}

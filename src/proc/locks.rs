@@ -1,0 +1,389 @@
+//! The kernel's lock tables: `/proc/locks` (every flock and byte-range lock
+//! of this pid namespace, by file) and the `lock:` lines of
+//! `/proc/PID/fdinfo/FD` (which name every process sharing a lock). A fresh
+//! reading each time: callers check records against it, never the other way.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+
+use super::read_small;
+
+/// Identity of a file as the kernel's lock tables name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Major and minor number of the filesystem's device.
+    pub major: u32,
+    /// (see `major`)
+    pub minor: u32,
+    /// The inode number.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The id of a file with these `st_dev` and `st_ino`.
+    pub fn from_metadata(st_dev: u64, st_ino: u64) -> FileId {
+        FileId {
+            major: libc::major(st_dev),
+            minor: libc::minor(st_dev),
+            ino: st_ino,
+        }
+    }
+}
+
+/// One line of `/proc/locks` (or a `lock:` line of `/proc/PID/fdinfo/FD`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelLock {
+    /// The locked file.
+    pub file: FileId,
+    /// The pid the kernel recorded when the lock was taken (or the waiter's pid).
+    pub pid: u32,
+    /// `WRITE` (exclusive) or `READ` (shared).
+    pub exclusive: bool,
+    /// A `->` line: a process blocked waiting for this lock.
+    pub blocked: bool,
+}
+
+/// A byte-range lock (POSIX `fcntl` or open-file-description) from
+/// `/proc/locks` or an fdinfo `lock:` line. devlock's queue files use OFD
+/// locks; anything else on them is somebody else's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeLock {
+    /// The locked file.
+    pub file: FileId,
+    /// POSIX locks name their process; OFD locks belong to an open file
+    /// description, and the kernel shows them with pid -1 (`None`).
+    pub pid: Option<u32>,
+    /// An OFD lock (`OFDLCK`), not a POSIX one.
+    pub ofd: bool,
+    /// A write lock.
+    pub exclusive: bool,
+    /// A `->` line: a request blocked waiting for this range.
+    pub blocked: bool,
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive; `None` to the end of the file (`EOF`).
+    pub end: Option<u64>,
+}
+
+impl RangeLock {
+    /// Whether the lock covers exactly the one byte at `at`.
+    pub fn is_byte(&self, at: u64) -> bool {
+        self.start == at && self.end == Some(at)
+    }
+
+    /// `1048577-1048580` or `1048577-EOF`.
+    pub fn range_text(&self) -> String {
+        match self.end {
+            Some(end) if end == self.start => self.start.to_string(),
+            Some(end) => format!("{}-{end}", self.start),
+            None => format!("{}-EOF", self.start),
+        }
+    }
+}
+
+enum Entry {
+    Flock(KernelLock),
+    Range(RangeLock),
+}
+
+/// Parses the flock(2) entries of `/proc/locks`; byte-range entries are left
+/// out (they never conflict with flock on local filesystems).
+pub fn parse_locks(text: &str) -> Vec<KernelLock> {
+    text.lines()
+        .filter_map(|l| match parse_entry(l)? {
+            Entry::Flock(lock) => Some(lock),
+            Entry::Range(_) => None,
+        })
+        .collect()
+}
+
+/// The byte-range entries of `/proc/locks` (POSIX and OFD).
+pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
+    text.lines()
+        .filter_map(|l| match parse_entry(l)? {
+            Entry::Range(lock) => Some(lock),
+            Entry::Flock(_) => None,
+        })
+        .collect()
+}
+
+fn parse_lock_line(line: &str) -> Option<KernelLock> {
+    match parse_entry(line)? {
+        Entry::Flock(lock) => Some(lock),
+        Entry::Range(_) => None,
+    }
+}
+
+/// `1: FLOCK  ADVISORY  WRITE 3023 fe:00:10010754 0 EOF`, or with `->`
+/// after the number for a blocked request; POSIX and OFDLCK lines alike.
+fn parse_entry(line: &str) -> Option<Entry> {
+    let mut words = line.split_whitespace();
+    words.next()?; // "1:"
+    let mut kind = words.next()?;
+    let blocked = kind == "->";
+    if blocked {
+        kind = words.next()?;
+    }
+    if !matches!(kind, "FLOCK" | "POSIX" | "OFDLCK") {
+        return None;
+    }
+    words.next()?; // ADVISORY / MANDATORY
+    let exclusive = match words.next()? {
+        "WRITE" => true,
+        "READ" => false,
+        _ => return None,
+    };
+    let pid: i64 = words.next()?.parse().ok()?;
+    let mut dev = words.next()?.split(':');
+    let major = u32::from_str_radix(dev.next()?, 16).ok()?;
+    let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
+    let ino = dev.next()?.parse().ok()?;
+    let file = FileId { major, minor, ino };
+    if kind == "FLOCK" {
+        return Some(Entry::Flock(KernelLock {
+            file,
+            pid: u32::try_from(pid).ok()?,
+            exclusive,
+            blocked,
+        }));
+    }
+    let start = words.next()?.parse().ok()?;
+    let end = match words.next()? {
+        "EOF" => None,
+        n => Some(n.parse().ok()?),
+    };
+    Some(Entry::Range(RangeLock {
+        file,
+        pid: u32::try_from(pid).ok().filter(|&p| p > 0),
+        ofd: kind == "OFDLCK",
+        exclusive,
+        blocked,
+        start,
+        end,
+    }))
+}
+
+/// All lock entries of the machine (of this pid namespace), by file.
+#[derive(Debug, Default)]
+pub struct LockTable {
+    by_file: HashMap<FileId, Vec<KernelLock>>,
+    ranges: HashMap<FileId, Vec<RangeLock>>,
+}
+
+impl LockTable {
+    /// Reads the table. The kernel fills each read(2) of `/proc/locks` in
+    /// one pass over its list, but only a page at a time, so on a busy
+    /// machine an entry that moves between two reads can be skipped or
+    /// repeated (two shared holders shown as one). When the table spans
+    /// several reads, it is read again until two readings agree.
+    pub fn read() -> std::io::Result<LockTable> {
+        let (mut locks, pieces) = read_locks()?;
+        if pieces > 1 {
+            for _ in 0..5 {
+                let (again, _) = read_locks()?;
+                if again == locks {
+                    break;
+                }
+                locks = again;
+            }
+        }
+        let (flocks, ranges) = locks;
+        let mut table = LockTable::from_locks(flocks);
+        for lock in ranges {
+            table.ranges.entry(lock.file).or_default().push(lock);
+        }
+        Ok(table)
+    }
+
+    /// A table of these flock entries (no byte-range locks).
+    pub fn from_locks(locks: Vec<KernelLock>) -> LockTable {
+        let mut by_file: HashMap<FileId, Vec<KernelLock>> = HashMap::new();
+        for lock in locks {
+            by_file.entry(lock.file).or_default().push(lock);
+        }
+        LockTable {
+            by_file,
+            ranges: HashMap::new(),
+        }
+    }
+
+    /// Granted locks on the file (one for an exclusive holder, several when shared).
+    pub fn holders(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
+        self.entries(file).filter(|l| !l.blocked)
+    }
+
+    /// Processes blocked in flock() on the file.
+    pub fn blocked(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
+        self.entries(file).filter(|l| l.blocked)
+    }
+
+    /// Whether anyone holds a flock on the file.
+    pub fn is_locked(&self, file: FileId) -> bool {
+        self.holders(file).next().is_some()
+    }
+
+    /// Byte-range locks and requests on the file.
+    pub fn ranges(&self, file: FileId) -> &[RangeLock] {
+        self.ranges.get(&file).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether any lock of any kind, granted or requested, is on the file.
+    pub fn any_on(&self, file: FileId) -> bool {
+        self.entries(file).next().is_some() || !self.ranges(file).is_empty()
+    }
+
+    fn entries(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
+        self.by_file.get(&file).into_iter().flatten()
+    }
+}
+
+type Locks = (Vec<KernelLock>, Vec<RangeLock>);
+
+/// The entries of `/proc/locks`, and how many reads it took.
+fn read_locks() -> std::io::Result<(Locks, usize)> {
+    let mut file = fs::File::open("/proc/locks")?;
+    let mut text = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut pieces = 0;
+    loop {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        pieces += 1;
+        text.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&text);
+    Ok(((parse_locks(&text), parse_range_locks(&text)), pieces))
+}
+
+/// Whether `pid` holds a granted flock on `file` through one of its
+/// descriptors, from its fdinfo; `None` when its descriptors cannot be read
+/// (another user's process, without privilege).
+pub(crate) fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
+    let locks = fd_locks(&pid.to_string())?;
+    Some(locks.iter().any(|(_, l)| l.file == file && !l.blocked))
+}
+
+/// The processes whose descriptors hold byte-range locks on `file`, found
+/// by scanning the fdinfo of every process this user may inspect (root:
+/// all). OFD locks show no pid in `/proc/locks`; this is the only way to
+/// name their owners. Expensive: used only to explain a lock nobody owns.
+pub(crate) fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
+    let mut found = Vec::new();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc_dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Some(info) = read_small(fd.path()) else {
+                continue;
+            };
+            for line in info.lines() {
+                let Some(rest) = line.strip_prefix("lock:") else {
+                    continue;
+                };
+                if let Some(Entry::Range(lock)) = parse_entry(rest.trim_start())
+                    && lock.file == file
+                {
+                    found.push((pid, lock));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The byte-range locks `pid`'s descriptors hold on `file`, from its fdinfo
+/// (`None` when this user may not read it): one process's share of what
+/// [`range_lock_owners`] finds, at the cost of its descriptors alone.
+pub(crate) fn range_locks_of(pid: u32, file: FileId) -> Option<Vec<RangeLock>> {
+    let fds = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    let mut found = Vec::new();
+    for fd in fds.flatten() {
+        let Some(info) = read_small(fd.path()) else {
+            continue;
+        };
+        for line in info.lines() {
+            if let Some(rest) = line.strip_prefix("lock:")
+                && let Some(Entry::Range(lock)) = parse_entry(rest.trim_start())
+                && lock.file == file
+            {
+                found.push(lock);
+            }
+        }
+    }
+    Some(found)
+}
+
+/// The file ids on which one process's descriptor holds a flock, read from the
+/// `lock:` lines of `/proc/PID/fdinfo/*` (Linux 4.1+). Unlike `/proc/locks`,
+/// these name every process that shares a lock through an inherited descriptor.
+/// Returns `None` when the process's descriptors cannot be read (another user's
+/// process, without privilege).
+pub(crate) fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
+    let dir = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    let mut found = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(fd) = name.to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        found.extend(
+            locks_of_fd(pid, name.to_str().unwrap_or_default())
+                .into_iter()
+                .map(|l| (fd, l)),
+        );
+    }
+    Some(found)
+}
+
+/// The locks one descriptor holds, from the `lock:` lines of its fdinfo.
+pub(crate) fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
+    let Some(info) = read_small(format!("/proc/{pid}/fdinfo/{fd}")) else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|line| parse_lock_line(line.strip_prefix("lock:")?.trim_start()))
+        .collect()
+}
+
+/// Every process holding a granted flock, by file, each with the pid its
+/// `lock:` line names (the process that took the lock: a command that
+/// inherited devlock's descriptor shows devlock's pid there), found by
+/// scanning the descriptors of all processes this user may inspect.
+/// Expensive on a big machine: used only when `/proc/locks` names a pid that
+/// is gone, or is not the holder any more.
+pub(crate) fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
+    let mut found: HashMap<FileId, Vec<(u32, u32)>> = HashMap::new();
+    let Ok(proc_dir) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc_dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        for (_, lock) in fd_locks(&pid.to_string()).unwrap_or_default() {
+            if lock.blocked {
+                continue;
+            }
+            let pids = found.entry(lock.file).or_default();
+            if !pids.contains(&(pid, lock.pid)) {
+                pids.push((pid, lock.pid));
+            }
+        }
+    }
+    found
+}

@@ -1,0 +1,193 @@
+//! Processes as `/proc` shows them: start times (pid plus start time name
+//! one process), parents and descendants, users, command lines, whether one
+//! is stopped, and the boot id.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+
+use super::read_small;
+
+/// The fields of `/proc/PID/stat` devlock uses, from one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stat {
+    /// `R`, `S`, `D`, `Z`, ... (field 3).
+    pub state: char,
+    /// Parent pid (field 4).
+    pub ppid: u32,
+    /// Start time in clock ticks since boot (field 22). Together with the pid
+    /// this names one process for the life of the machine, so a recycled pid
+    /// is not mistaken for the process a record describes.
+    pub start: u64,
+}
+
+pub(crate) fn stat(pid: u32) -> Option<Stat> {
+    let text = read_small(format!("/proc/{pid}/stat"))?;
+    Some(Stat {
+        state: stat_field(&text, 3)?.chars().next()?,
+        ppid: stat_field(&text, 4)?.parse().ok()?,
+        start: stat_field(&text, 22)?.parse().ok()?,
+    })
+}
+
+/// Start time of a process in clock ticks since boot (see [`Stat::start`]).
+pub fn start_time(pid: u32) -> Option<u64> {
+    stat(pid).map(|s| s.start)
+}
+
+/// Parent pid.
+pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
+    stat(pid).map(|s| s.ppid)
+}
+
+/// The ancestors of `pid`, nearest first, each with its stat, up to but not
+/// including init (at most 64: a loop in /proc cannot hang a caller).
+pub(crate) fn ancestors(pid: u32) -> impl Iterator<Item = (u32, Stat)> {
+    let mut next = parent_pid(pid);
+    std::iter::from_fn(move || {
+        let parent = next.filter(|&p| p > 1)?;
+        let stat = stat(parent)?;
+        next = Some(stat.ppid);
+        Some((parent, stat))
+    })
+    .take(64)
+}
+
+/// Field `n` (1-based, as in proc(5)) of a stat line; the command name may hold
+/// spaces and parentheses, so counting starts after its last `)`.
+pub(super) fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(n.checked_sub(3)?)
+}
+
+/// Whether `pid` is the very process that had `start` as its start time.
+#[cfg(any(test, feature = "etcd"))]
+pub(crate) fn is_same_process(pid: u32, start: Option<u64>) -> bool {
+    match (start_time(pid), start) {
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// Real uid of a live process, from `/proc/PID/status` (readable for every user).
+pub(crate) fn uid_of(pid: u32) -> Option<u32> {
+    let status = read_small(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Short command name of a live process (`/proc/PID/comm`).
+pub(crate) fn comm_of(pid: u32) -> Option<String> {
+    Some(
+        read_small(format!("/proc/{pid}/comm"))?
+            .trim_end()
+            .to_owned(),
+    )
+}
+
+/// The command line of a live process, read now (so `hidepid` is
+/// respected); `None` when it cannot be read or is empty (a zombie, a
+/// kernel thread). Each argument is cleaned of control and format
+/// characters.
+pub(crate) fn cmdline_of(pid: u32) -> Option<Vec<String>> {
+    let mut file = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut buf = Vec::with_capacity(256);
+    file.by_ref().take(8 * 1024).read_to_end(&mut buf).ok()?;
+    let args: Vec<String> = buf
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| crate::text::clean(&String::from_utf8_lossy(a)))
+        .collect();
+    (!args.is_empty()).then_some(args)
+}
+
+/// Whether a live process is stopped (`T`, by a signal, or `t`, by a tracer).
+pub fn is_stopped(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| matches!(s.state, 'T' | 't'))
+}
+
+/// The boot id, which tells records written before the last reboot apart.
+pub(crate) fn boot_id() -> Option<String> {
+    Some(
+        read_small("/proc/sys/kernel/random/boot_id")?
+            .trim()
+            .to_owned(),
+    )
+}
+
+/// User name for a uid, or the number when the passwd database has none.
+/// Cached: a lookup can cost a round of NSS (files, nscd, LDAP).
+pub fn user_name(uid: u32) -> String {
+    static NAMES: std::sync::Mutex<Option<HashMap<u32, String>>> = std::sync::Mutex::new(None);
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .get_or_insert_with(HashMap::new)
+        .entry(uid)
+        .or_insert_with(
+            || match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+                Ok(Some(user)) => user.name,
+                _ => uid.to_string(),
+            },
+        )
+        .clone()
+}
+
+/// Sends `signal` to every process under devlock.
+#[cfg(feature = "etcd")]
+pub(crate) fn signal_descendants(signal: libc::c_int) {
+    signal_descendants_outside(signal, None);
+}
+
+/// Sends `signal` to every process under devlock but those in process
+/// group `skip` (which a terminal's signal has reached already).
+#[cfg(feature = "etcd")]
+pub(crate) fn signal_descendants_outside(signal: libc::c_int, skip: Option<libc::pid_t>) {
+    for pid in descendants(std::process::id()) {
+        let pid = pid as libc::pid_t;
+        if skip.is_some() && crate::sys::process::group_of(pid) == skip {
+            continue;
+        }
+        // A process under us (ours until reaped); one gone meanwhile gets ESRCH.
+        crate::sys::process::kill(pid, signal);
+    }
+}
+
+/// The processes under `root` that have not ended (zombies left out).
+#[cfg(feature = "etcd")]
+pub(crate) fn live_descendants(root: u32) -> Vec<u32> {
+    tree_under(root)
+        .into_iter()
+        .filter(|(_, stat)| stat.state != 'Z')
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Every process under `root`.
+#[cfg(any(test, feature = "etcd"))]
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
+    tree_under(root).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// Every process under `root` with its stat, from one read of each process
+/// in /proc.
+#[cfg(any(test, feature = "etcd"))]
+fn tree_under(root: u32) -> Vec<(u32, Stat)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let all: Vec<(u32, Stat)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, stat(pid)?)))
+        .collect();
+    let mut found: Vec<(u32, Stat)> = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for &(pid, stat) in all.iter().filter(|(_, stat)| stat.ppid == parent) {
+            found.push((pid, stat));
+            parents.push(pid);
+        }
+    }
+    found
+}

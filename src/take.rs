@@ -1,0 +1,256 @@
+//! One take for both front ends: a [`Plan`]'s locks in the one global order
+//! (a member `G:M` with its group `G` shared), `--any`'s picks and `--mem`
+//! budgets, taken by the flock backend with the caller's observer; and a
+//! busy lock worded once, from the typed busy the backend returns, in the
+//! command line's words.
+
+use anyhow::Result;
+
+use crate::error::{Busy, Holder};
+use crate::flock::dir::ScratchDir;
+use crate::flock::entry::{Context, Taken};
+use crate::flock::wait::Busy as BusyLock;
+use crate::plan::{Budget, Plan, Seen};
+use crate::request::Request;
+use crate::resource::Resource;
+use crate::status::model as status;
+
+/// One lock an enclosing hold keeps or passed through: a take made inside
+/// that hold by this process passes through it instead of waiting for
+/// itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The lock's resource (a group taken on a member's behalf is one too).
+    pub resource: String,
+    /// Held exclusively (a `--slots` or `--shared` hold is not).
+    pub exclusive: bool,
+}
+
+/// The requests a plan stands for, in the one global order, less what an
+/// enclosing hold covers.
+#[derive(Debug, Clone)]
+pub(crate) struct Takes {
+    /// Taken in order, each waiting in its line.
+    pub(crate) fixed: Vec<Request>,
+    /// `--any`'s candidates (not passed through), and how many to pick.
+    pub(crate) candidates: Vec<Request>,
+    pub(crate) count: usize,
+    /// The resources asked for, or an `--any`'s picks that passed through.
+    pub(crate) members: Vec<Resource>,
+    /// What an enclosing hold covers.
+    pub(crate) passed: Vec<HeldLock>,
+    /// A memory budget on the one `gpu:N` of `fixed`, or on each candidate.
+    pub(crate) budget: Option<Budget>,
+    pub(crate) probe_timeout: std::time::Duration,
+}
+
+impl Takes {
+    /// The takes of `plan` for `resources` (its resources, or with `--any
+    /// --require-idle` the idle ones among them), leaving out what an
+    /// enclosing hold in `inside` covers.
+    pub(crate) fn new(plan: &Plan, resources: &[Resource], inside: &[HeldLock]) -> Result<Takes> {
+        let exclusive = plan.exclusive();
+        let slots = u64::from(plan.slots.unwrap_or(0));
+        let mut takes = Takes {
+            fixed: Vec::new(),
+            candidates: Vec::new(),
+            count: 0,
+            members: Vec::new(),
+            passed: Vec::new(),
+            budget: plan.budget.clone(),
+            probe_timeout: plan.probe_timeout,
+        };
+        if plan.any {
+            let mut count = usize::from(plan.count);
+            for resource in resources {
+                let request = Request {
+                    name: resource.clone(),
+                    exclusive,
+                    via: None,
+                    slots,
+                };
+                // A candidate an enclosing hold keeps is a pick that passes through.
+                if count > 0 && covered(&request, inside)? {
+                    count -= 1;
+                    takes.passed.push(HeldLock {
+                        resource: resource.to_string(),
+                        exclusive: exclusive && slots == 0,
+                    });
+                    takes.members.push(resource.clone());
+                } else {
+                    takes.candidates.push(request);
+                }
+            }
+            takes.count = count;
+            return Ok(takes);
+        }
+        for request in crate::request::in_order(resources, exclusive, slots) {
+            if covered(&request, inside)? {
+                takes.passed.push(HeldLock {
+                    resource: request.name.to_string(),
+                    exclusive: request.exclusive && request.slots == 0,
+                });
+            } else {
+                takes.fixed.push(request);
+            }
+        }
+        takes.members = resources.to_vec();
+        Ok(takes)
+    }
+
+    /// What the waiting lines call the whole take, before any wait names a part.
+    pub(crate) fn label(&self) -> String {
+        match self.fixed.last() {
+            Some(last) => crate::messages::label_of(last),
+            None => {
+                let names: Vec<&str> = self.candidates.iter().map(|r| r.name.as_str()).collect();
+                format!("any of {}", names.join(" "))
+            }
+        }
+    }
+
+    /// Takes every lock, in order, each in its line (a budget's `gpu:N` by
+    /// admission), then `--any`'s picks; `seen` is the probe's first answer
+    /// for a budget's first look. With `label`, each lock is labelled with
+    /// this process's record as soon as it is held. A lock that is busy for
+    /// a take that may not wait is a [`Busy`] in the command line's words.
+    pub(crate) fn take(
+        &self,
+        ctx: &Context,
+        seen: Option<Seen>,
+        label: bool,
+    ) -> Result<Vec<(Resource, Taken)>> {
+        let worded = |e| worded(ctx.dir, e);
+        let labelled = |took: &Taken| {
+            if let (true, Taken::Held(held)) = (label, took) {
+                held.label(&ctx.record());
+            }
+        };
+        let mut taken = Vec::new();
+        for request in &self.fixed {
+            let took = match &self.budget {
+                Some(b) if request.via.is_none() => {
+                    let ask = b.ask(&request.name, self.probe_timeout, seen.clone());
+                    crate::flock::budget::admit::take(ctx, request, &ask)
+                }
+                _ => crate::flock::take::take(ctx, request),
+            }
+            .map_err(worded)?;
+            ctx.observer.took()?;
+            labelled(&took);
+            taken.push((request.name.clone(), took));
+        }
+        if self.count == 0 {
+            return Ok(taken);
+        }
+        let chosen = match &self.budget {
+            Some(b) => {
+                let asks: Vec<_> = self
+                    .candidates
+                    .iter()
+                    .map(|r| {
+                        let ask = b.ask(&r.name, self.probe_timeout, seen.clone());
+                        (r.clone(), ask)
+                    })
+                    .collect();
+                crate::flock::budget::admit::take_any(ctx, &asks)
+            }
+            None => crate::flock::any::take_any(ctx, &self.candidates, self.count),
+        }
+        .map_err(worded)?;
+        for (name, took) in chosen {
+            labelled(&took);
+            taken.push((name, took));
+        }
+        Ok(taken)
+    }
+}
+
+/// Takes one request (the library's [`crate::Lock`]): a busy lock is a
+/// [`Busy`] in the command line's words.
+pub(crate) fn take_one(ctx: &Context, request: &Request) -> Result<Taken> {
+    crate::flock::take::take(ctx, request).map_err(|e| worded(ctx.dir, e))
+}
+
+/// Whether an enclosing hold of this process covers `request`: the same
+/// lock held in a mode at least as strong, or the request's group held
+/// exclusively. The same lock held only shared while this asks for it
+/// exclusively is refused: waiting would wait for ourselves.
+fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
+    let wants_exclusive = request.exclusive && request.slots == 0;
+    let group_exclusive = request.name.group().is_some_and(|g| {
+        inside
+            .iter()
+            .any(|h| h.exclusive && h.resource == g.as_str())
+    });
+    if group_exclusive {
+        return Ok(true);
+    }
+    match inside.iter().find(|h| h.resource == request.name.as_str()) {
+        None => Ok(false),
+        Some(h) if h.exclusive || !wants_exclusive => Ok(true),
+        Some(_) => Err(crate::messages::held_only_shared_here(&request.name)),
+    }
+}
+
+/// A busy lock from the backend, in the command line's words, naming the
+/// first holder in the way; anything else as it is.
+fn worded(dir: &ScratchDir, err: anyhow::Error) -> anyhow::Error {
+    let busy = match err.downcast::<BusyLock>() {
+        Ok(busy) => busy,
+        Err(err) => return err,
+    };
+    let first = |view: &status::ResourceView| view.holders.first().map(holder_of);
+    let (resource, holder, message) = match busy {
+        BusyLock::Lock {
+            request,
+            lock,
+            budget,
+        } => {
+            let view = status::describe(&lock, dir, &request.name);
+            let starter = view.holders.iter().find(|h| h.starting == Some(true));
+            let message = match starter {
+                Some(starter) if budget => crate::messages::budget_starting(&request.name, starter),
+                _ => crate::messages::busy(&request, &view),
+            };
+            (request.name.to_string(), first(&view), message)
+        }
+        BusyLock::Any { names, each } => {
+            let each: Vec<(String, status::ResourceView)> = each
+                .into_iter()
+                .map(|(label, resource, lock)| (label, status::describe(&lock, dir, &resource)))
+                .collect();
+            let message = crate::messages::all_busy(&names, &each);
+            (names.join(" "), None, message)
+        }
+        BusyLock::NoRoom {
+            figures,
+            lock,
+            names,
+        } => {
+            let message = crate::messages::no_room(&figures);
+            match lock {
+                Some((request, lock)) => {
+                    let view = status::describe(&lock, dir, &request.name);
+                    (request.name.to_string(), first(&view), message)
+                }
+                None => (names.join(" "), None, message),
+            }
+        }
+    };
+    anyhow::Error::new(Busy {
+        resource,
+        holder,
+        timed_out: false,
+        message,
+    })
+}
+
+/// Who holds a lock, as a [`Busy`] names them.
+pub(crate) fn holder_of(h: &status::Holder) -> Holder {
+    Holder {
+        step: h.step.clone(),
+        pid: h.pid,
+        user: h.user.clone(),
+    }
+}
