@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -128,17 +128,4 @@ impl ServerCertVerifier for SawCertificate {
             .signature_verification_algorithms
             .supported_schemes()
     }
-}
-
-/// The client's certificate chain and key, parsed again for a probe.
-pub(super) fn identity(
-    cert_pem: &[u8],
-    key_pem: &[u8],
-) -> Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    use rustls::pki_types::pem::PemObject;
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .ok()?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).ok()?;
-    Some((chain, key))
 }

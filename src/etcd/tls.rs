@@ -134,7 +134,7 @@ impl Tls {
         .with_root_certificates(roots);
         let mut config = match &self.client {
             Some(client) => {
-                let (chain, key) = super::probe::identity(&client.cert_pem, &client.key_pem)?;
+                let (chain, key) = identity(&client.cert_pem, &client.key_pem)?;
                 builder.with_client_auth_cert(chain, key).ok()?
             }
             None => builder.with_no_client_auth(),
@@ -415,4 +415,17 @@ fn chain_find<'a, T: std::error::Error + 'static>(
         };
     }
     None
+}
+
+/// The client's certificate chain and key, parsed again for a probe.
+fn identity(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    use rustls::pki_types::pem::PemObject;
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).ok()?;
+    Some((chain, key))
 }
