@@ -531,3 +531,23 @@ pub(crate) fn readme_try_without_a_gpu_runs_as_pasted() {
     );
     assert!(!stderr.contains("cannot"), "{stderr}");
 }
+
+test!(the_listing_shows_nothing_ignored_without_its_reason, needs: []);
+pub(crate) fn the_listing_shows_nothing_ignored_without_its_reason() {
+    // What CI's log calls ignored is a test skipped for a reason it names
+    // (a missing tool, or run on request); the signal tests' command is not
+    // listed at all.
+    let exe = std::env::current_exe().unwrap();
+    let all = Command::new(&exe).arg("--list").output().unwrap();
+    let all = String::from_utf8_lossy(&all.stdout);
+    assert!(!all.contains("signal_counter"), "{all}");
+    let ignored = Command::new(&exe)
+        .args(["--list", "--ignored"])
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&ignored.stdout).lines() {
+        if line.ends_with(": test") {
+            assert!(line.starts_with('['), "ignored without a reason: {line}");
+        }
+    }
+}

@@ -559,15 +559,21 @@ pub fn trials() -> Vec<libtest_mimic::Trial> {
             let run = test.run;
             let why = format!("needs {}", lacking.join(", "));
             if lacking.is_empty() {
-                libtest_mimic::Trial::test(name, move || {
+                let trial = libtest_mimic::Trial::test(name, move || {
                     run();
                     Ok(())
-                })
-                .with_ignored_flag(test.ignored.is_some())
+                });
+                // A test run only on request says why in its line.
+                match test.ignored {
+                    Some(why) => trial.with_kind(why).with_ignored_flag(true),
+                    None => trial,
+                }
             } else if required {
+                // (One run only on request fails only when asked for.)
                 libtest_mimic::Trial::test(name, move || {
                     Err(format!("{why}, and DEVLOCK_TEST_REQUIRE_TOOLS=1").into())
                 })
+                .with_ignored_flag(test.ignored.is_some())
             } else {
                 libtest_mimic::Trial::test(name, || Ok(()))
                     .with_kind(why)

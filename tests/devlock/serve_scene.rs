@@ -192,7 +192,7 @@ impl Drop for Stage<'_> {
     }
 }
 
-test!(doc_screenshot, ignored: "writes doc/serve.png", needs: [Root, Tool("setpriv"), Tool("unshare"), Tool("faketime"), Tool("cc"), Tool("chromium-headless-shell")]);
+test!(doc_screenshot, ignored: "on request: writes doc/serve.png", needs: [Root, Tool("setpriv"), Tool("unshare"), Tool("faketime"), Tool("cc"), Tool("chromium-headless-shell")]);
 pub(crate) fn doc_screenshot() {
     let s = Scratch::new();
     let library = fake_nvml(&s, &scenario(false));
