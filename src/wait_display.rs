@@ -142,14 +142,20 @@ fn wait_for<T>(
         return Ok((held?, Waited::default()));
     }
     let state = Arc::new(AtomicU8::new(WAITING));
+    let got = Arc::new(GotLine::default());
     let started = Instant::now();
     // What the helper takes once it starts; the display is asked for then
     // too (on a terminal that costs a look at the process group).
     let parts = Arc::new(Mutex::new(Some((Shown { label, watches }, registrations))));
     let helper: Arc<Mutex<Option<Helper>>> = Arc::default();
     let start = {
-        let (state, plan, parts, helper) =
-            (state.clone(), plan.clone(), parts.clone(), helper.clone());
+        let (state, plan, parts, helper, got) = (
+            state.clone(),
+            plan.clone(),
+            parts.clone(),
+            helper.clone(),
+            got.clone(),
+        );
         move || {
             let Some((shown, registrations)) = parts.lock().ok().and_then(|mut p| p.take()) else {
                 return;
@@ -163,7 +169,9 @@ fn wait_for<T>(
             let spawned = std::thread::Builder::new()
                 .name("devlock-wait".into())
                 .stack_size(256 * 1024)
-                .spawn(move || helper_thread(shown, registrations, state, started, plan, display));
+                .spawn(move || {
+                    helper_thread(shown, registrations, state, started, plan, display, &got)
+                });
             if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
                 *slot = Some(Helper {
                     handle,
@@ -245,8 +253,54 @@ fn wait_for<T>(
         Waited {
             helper: Some(handle),
             on_terminal,
+            got: Some(got),
         },
     ))
+}
+
+/// The last line of a wait that is over (`got gpu:0 after 4s (train)`):
+/// said only as the command is about to start, by whichever comes second,
+/// the helper with its line or the run's go-ahead; never for a run that a
+/// signal (a Ctrl-C under make -j) stops before its command starts.
+#[derive(Debug, Default)]
+pub(crate) struct GotLine(Mutex<Got>);
+
+#[derive(Debug, Default)]
+enum Got {
+    #[default]
+    Waiting,
+    Line(String),
+    Go,
+    Said,
+}
+
+impl GotLine {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Got> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The helper's line: said now if the command is starting, else kept.
+    fn offer(&self, line: String) {
+        let mut got = self.lock();
+        match *got {
+            Got::Go => {
+                say(&line);
+                *got = Got::Said;
+            }
+            Got::Waiting => *got = Got::Line(line),
+            Got::Line(_) | Got::Said => {}
+        }
+    }
+
+    /// The command is about to start: the line, if the helper has it.
+    fn go(&self) {
+        let mut got = self.lock();
+        match std::mem::replace(&mut *got, Got::Said) {
+            Got::Line(line) => say(&line),
+            Got::Waiting => *got = Got::Go,
+            Got::Go | Got::Said => {}
+        }
+    }
 }
 
 /// The command line's observer of its takes: each wait shown by
@@ -283,7 +337,16 @@ impl<'a> WaitDisplay<'a> {
     /// Settles every wait; a stopping signal that arrived as the locks were
     /// taken, for the command to hear.
     pub(crate) fn settle(&self) -> Option<Received> {
-        std::mem::take(&mut *self.pending()).settle()
+        self.pending().settle()
+    }
+
+    /// The command is about to start: each wait's `got` line is said (now,
+    /// or by its helper as it finishes).
+    pub(crate) fn command_starts(&self) {
+        let pending = self.pending();
+        for got in pending.got.iter().chain(pending.last.got.as_ref()) {
+            got.go();
+        }
     }
 }
 
@@ -326,6 +389,8 @@ impl Observer for WaitDisplay<'_> {
 #[derive(Debug, Default)]
 struct Pending {
     last: Waited,
+    /// The last lines of the waits settled so far.
+    got: Vec<Arc<GotLine>>,
 }
 
 impl Pending {
@@ -334,7 +399,9 @@ impl Pending {
     /// A stopping signal caught then ends the run: nothing has started.
     fn add(&mut self, waited: Waited) -> Result<()> {
         let before = std::mem::replace(&mut self.last, waited);
-        match before.settle() {
+        let (signal, got) = before.settle();
+        self.got.extend(got);
+        match signal {
             Some(sig) => Err(supervise::stopped_before_start(sig)),
             None => Ok(()),
         }
@@ -344,8 +411,10 @@ impl Pending {
         self.last.must_settle_before_spawn()
     }
 
-    fn settle(self) -> Option<Received> {
-        self.last.settle()
+    fn settle(&mut self) -> Option<Received> {
+        let (signal, got) = std::mem::take(&mut self.last).settle();
+        self.got.extend(got);
+        signal
     }
 }
 
@@ -388,6 +457,7 @@ struct Helper {
 pub(crate) struct Waited {
     helper: Option<std::thread::JoinHandle<Option<Received>>>,
     on_terminal: bool,
+    got: Option<Arc<GotLine>>,
 }
 
 impl Waited {
@@ -399,9 +469,10 @@ impl Waited {
     }
 
     /// Joins the helper; returns a stopping signal it caught at the moment
-    /// the locks were taken, for the command to hear.
-    pub(crate) fn settle(self) -> Option<Received> {
-        self.helper.and_then(|h| h.join().unwrap_or(None))
+    /// the locks were taken, for the command to hear, and the wait's last
+    /// line, for when the command starts.
+    pub(crate) fn settle(self) -> (Option<Received>, Option<Arc<GotLine>>) {
+        (self.helper.and_then(|h| h.join().unwrap_or(None)), self.got)
     }
 }
 
@@ -646,6 +717,7 @@ fn helper_thread(
     started: Instant,
     plan: WaitPlan,
     display: Display,
+    got: &GotLine,
 ) -> Option<Received> {
     let tick = match display {
         Display::Live => Duration::from_secs(1),
@@ -742,7 +814,7 @@ fn helper_thread(
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear(&mut drawn);
             if !plan.quiet && said && (display != Display::Live || lost) {
-                say(&messages::got(&shown.label, started.elapsed(), &plan.step));
+                got.offer(messages::got(&shown.label, started.elapsed(), &plan.step));
             }
             return stop;
         }

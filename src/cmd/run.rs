@@ -116,6 +116,8 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }
+    // Nothing stops it now: `got ...` may be said.
+    display.command_starts();
     let mut env = child_env(&taken, dir_path, &step, probe_timeout)?;
     let budget_of = budget_held(&taken, &plan);
     if let Some((_, mem, total)) = &budget_of {

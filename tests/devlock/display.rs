@@ -308,3 +308,54 @@ pub(crate) fn back_in_line_fits_a_narrow_terminal() {
     pty.type_in(b"exit\n");
     wait_child(&mut shell);
 }
+
+test!(got_is_said_only_when_the_command_is_about_to_start, needs: []);
+/// A waiter whose turn comes and that is then stopped before its command
+/// starts (here: Ctrl-C's SIGINT during --require-idle's look at the GPU,
+/// which a fake nvidia-smi holds until the signal is sent) never says `got`
+/// in the log, only that it was stopped.
+pub(crate) fn got_is_said_only_when_the_command_is_about_to_start() {
+    let s = Scratch::new();
+    let state = s.work("gpus");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(state.join("gpus"), "0 81920\n").unwrap();
+    let (probing, go) = (s.work("probing"), s.work("go"));
+    let fake = s.work("slow-nvidia-smi");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\ntouch {probing}\nwhile [ ! -e {go} ]; do sleep 0.01; done\nexec {real} \"$@\"\n",
+            probing = probing.display(),
+            go = go.display(),
+            real = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("contrib/fake-gpu/nvidia-smi")
+                .display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut holder = hold_until_released(&s, &["gpu:0"], "h");
+    let mut waiter = s
+        .devlock()
+        .args(["--step", "c", "--require-idle", "gpu:0", "--", "true"])
+        .env("DEVLOCK_NVIDIA_SMI", &fake)
+        .env("FAKE_GPU_DIR", &state)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(waiter.stderr.take().unwrap());
+    // The wait is shown (its first line), so a `got` would be due.
+    wait_for_line(&mut err, "waiting");
+    release(&s, "h");
+    assert!(wait_child(&mut holder).success());
+    wait_for_file(&probing);
+    signal(waiter.id(), libc::SIGINT);
+    std::fs::write(&go, "").unwrap();
+    let status = wait_child(&mut waiter);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    assert!(!rest.contains("got gpu:0"), "said got though the command never ran: {rest}");
+    assert!(rest.contains("stopped by signal 2 before the command started"), "{rest}");
+}
