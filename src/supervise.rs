@@ -67,11 +67,6 @@ pub(crate) fn stopped_before_start(sig: Received) -> anyhow::Error {
     )
 }
 
-/// Lets the stopping signals end devlock by their default action again.
-pub(crate) fn unblock_stop_signals() {
-    signal::unblock(&SigSet::of(&STOP_SIGNALS));
-}
-
 /// Takes any wake signal still pending off the queue: unblocked before an
 /// exec, it would end the process (a real-time signal's default action).
 pub(crate) fn discard_wakes() {

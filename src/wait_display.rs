@@ -58,6 +58,9 @@ pub(crate) struct WaitPlan {
     pub conflict_code: ExitCode,
     /// The waiter's own step, which every line that stays names.
     pub step: String,
+    /// What the run registered in the scratch directory, removed before a
+    /// timeout or a signal ends the run from the display's thread.
+    pub made: crate::flock::registration::Made,
 }
 
 /// How a wait is shown.
@@ -127,20 +130,6 @@ fn wait_for<T>(
     lazy: Option<&Stop>,
     block: impl FnOnce() -> Result<T>,
 ) -> Result<(T, Waited)> {
-    if plan.quiet && plan.deadline.is_none() {
-        // Nothing to show and no deadline: no helper thread. A stopping
-        // signal may simply end devlock while it waits (nothing has started,
-        // and the kernel drops every lock and place in line); it is blocked
-        // again before anything starts.
-        supervise::unblock_stop_signals();
-        let held = {
-            let _stops = crate::interrupt::CatchJobStops::new();
-            block()
-        };
-        supervise::block_handled_signals();
-        drop(registrations);
-        return Ok((held?, Waited::default()));
-    }
     let state = Arc::new(AtomicU8::new(WAITING));
     let got = Arc::new(GotLine::default());
     let started = Instant::now();
@@ -788,6 +777,7 @@ fn helper_thread(
                 ));
             }
             drop(registration);
+            plan.made.remove_all_before_exit();
             std::process::exit(plan.conflict_code.code());
         }
         let mut until = if plan.quiet {
@@ -822,6 +812,7 @@ fn helper_thread(
             if give_up(&state) {
                 clear(&mut drawn);
                 drop(registration);
+                plan.made.remove_all_before_exit();
                 std::process::exit(ExitCode::Signal(sig.signo).code());
             }
             // The locks were taken at this very moment: the command must hear it.

@@ -52,6 +52,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         report_every: args.report_every,
         conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
         step: step.clone(),
+        made: dir.made().clone(),
     };
     // A job stop (Ctrl-Z) before the command starts gives up every place and
     // lock taken so far, stops, and once continued starts again at the back.

@@ -28,6 +28,8 @@ pub(crate) struct ScratchDir {
     fd: OwnedFd,
     /// Where the files opened in it are logged, for a run's trust notes.
     opens: Option<OpenLog>,
+    /// The registrations this process made here that are still there.
+    made: crate::flock::registration::Made,
 }
 
 /// The files opened in a scratch directory: path, owner and name of each.
@@ -99,6 +101,7 @@ impl ScratchDir {
             path: path.to_owned(),
             fd,
             opens: None,
+            made: Default::default(),
         };
         dir.refuse_network_filesystem()?;
         Ok(Some(dir))
@@ -113,7 +116,14 @@ impl ScratchDir {
                 .try_clone()
                 .context("duplicating directory handle")?,
             opens: self.opens.clone(),
+            made: self.made.clone(),
         })
+    }
+
+    /// The registrations made here that are still there (shared by every
+    /// clone of this handle).
+    pub(crate) fn made(&self) -> &crate::flock::registration::Made {
+        &self.made
     }
 
     /// From now on, every file opened in the directory that another user

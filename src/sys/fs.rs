@@ -211,3 +211,21 @@ pub(crate) fn open_std_descriptors() {
         unsafe { libc::dup2(null.as_raw_fd(), fd) };
     }
 }
+
+/// Empties the file open as `fd`, a descriptor the caller keeps open.
+pub(crate) fn truncate_fd(fd: RawFd) -> io::Result<()> {
+    // SAFETY: the caller keeps `fd` open for the length of this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    Ok(nix::unistd::ftruncate(fd, 0)?)
+}
+
+/// `unlinkat(dir, name, 0)`, `dir` a descriptor the caller keeps open.
+pub(crate) fn unlinkat_raw(dir: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: the caller keeps `dir` open for the length of this call.
+    let dir = unsafe { BorrowedFd::borrow_raw(dir) };
+    Ok(nix::unistd::unlinkat(
+        dir,
+        name,
+        nix::unistd::UnlinkatFlags::NoRemoveDir,
+    )?)
+}

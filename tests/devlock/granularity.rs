@@ -421,3 +421,57 @@ pub(crate) fn any_count_and_ordered_jobs_do_not_deadlock() {
         assert!(wait_child(child).success());
     }
 }
+
+/// The files in the scratch directory a process named `pid` made (its
+/// registrations: `.NAME@PID.K.KIND`).
+fn made_by(s: &Scratch, pid: u32) -> Vec<String> {
+    std::fs::read_dir(s.dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&format!("@{pid}.")))
+        .collect()
+}
+
+test!(every_exit_before_the_command_removes_what_the_run_made, needs: []);
+/// A run that ends before its command starts — `-w` running out, `-n`,
+/// SIGINT or SIGTERM while it waits (with and without `-q`), for one
+/// resource or several (a member and, shared, its group) — leaves nothing
+/// behind it but lock files.
+pub(crate) fn every_exit_before_the_command_removes_what_the_run_made() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["gpu:0"], "h");
+    let cases: Vec<(Vec<&str>, Option<i32>)> = vec![
+        (vec!["-q", "-w", "0.5", "gpu:0"], None),
+        (vec!["-w", "0.5", "gpu:1", "gpu:0"], None),
+        (vec!["-n", "gpu:1", "gpu:0"], None),
+        (vec!["-q", "gpu:0"], Some(libc::SIGINT)),
+        (vec!["gpu:1", "gpu:0"], Some(libc::SIGTERM)),
+        (vec!["-q", "-w", "1h", "gpu:0"], Some(libc::SIGHUP)),
+    ];
+    for (args, sig) in cases {
+        let mut run = s
+            .devlock()
+            .args(&args)
+            .args(["--", "true"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = run.id();
+        if let Some(sig) = sig {
+            // In line (its registration is there), then the signal.
+            poll_until(
+                "the waiter's registration",
+                || made_by(&s, pid).len(),
+                |n| *n > 0,
+            );
+            signal(pid, sig);
+        }
+        let status = wait_child(&mut run);
+        assert!(!status.success(), "{args:?}");
+        assert_eq!(made_by(&s, pid), Vec::<String>::new(), "{args:?}, {sig:?}");
+    }
+    release(&s, "h");
+    assert!(wait_child(&mut holder).success());
+}
