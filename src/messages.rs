@@ -34,6 +34,21 @@ pub(crate) fn busy(request: &Request, view: &ResourceView) -> String {
     format!("{what}{who}")
 }
 
+/// `gpu is busy, through its member gpu:0: held by flock (pid 4242, alice)`:
+/// a whole group's request that a holder of one member's file (plain
+/// flock) keeps out.
+pub(crate) fn busy_through_member(
+    group: &crate::Resource,
+    member: &Request,
+    view: &ResourceView,
+) -> String {
+    format!(
+        "{group} is busy, through its member {}{}",
+        member.name,
+        busy_phrase(view)
+    )
+}
+
 /// `all of gpu:0, gpu:1 are busy: gpu:0 held by ...; gpu:1 held by ...`,
 /// from each candidate's label and view.
 pub(crate) fn all_busy(names: &[String], each: &[(String, ResourceView)]) -> String {

@@ -14,6 +14,9 @@ pub(crate) struct Request {
     pub(crate) via: Option<Resource>,
     /// Semaphore size (`--slots`), 0 for a plain lock.
     pub(crate) slots: u64,
+    /// A member taken exclusively because its whole group is (see
+    /// `take::take_members`): held, but not what the command was given.
+    pub(crate) for_group: bool,
 }
 
 /// The locks `resources` stand for, in the one global order (sorted names):
@@ -30,6 +33,7 @@ pub(crate) fn in_order(resources: &[Resource], exclusive: bool, slots: u64) -> V
                     exclusive: false,
                     via: Some(resource.clone()),
                     slots: 0,
+                    for_group: false,
                 },
             );
         }
@@ -40,6 +44,7 @@ pub(crate) fn in_order(resources: &[Resource], exclusive: bool, slots: u64) -> V
                 exclusive,
                 via: None,
                 slots,
+                for_group: false,
             },
         );
     }

@@ -68,6 +68,7 @@ impl Takes {
                     exclusive,
                     via: None,
                     slots,
+                    for_group: false,
                 };
                 // A candidate an enclosing hold keeps is a pick that passes through.
                 if count > 0 && covered(&request, inside)? {
@@ -138,7 +139,12 @@ impl Takes {
             .map_err(worded)?;
             ctx.observer.took()?;
             labelled(&took);
+            let whole_group = request.exclusive && request.slots == 0 && request.via.is_none();
+            let held = matches!(took, Taken::Held(_));
             taken.push((request.name.clone(), took));
+            if whole_group && held {
+                taken.extend(take_members(ctx, &request.name, &labelled)?);
+            }
         }
         if self.count == 0 {
             return Ok(taken);
@@ -164,6 +170,43 @@ impl Takes {
         }
         Ok(taken)
     }
+}
+
+/// After a whole group (`gpu`) is held exclusively, each of its members'
+/// lock files there is (`gpu:0.lock`, ...) taken exclusively too, in
+/// order: no devlock can hold a member without holding its group shared,
+/// so what a member's file can still be held by is plain util-linux
+/// flock, whose holder the group's request then waits for (or, with `-n`,
+/// names) as a member's request waits for a group's holder.
+fn take_members(
+    ctx: &Context,
+    group: &Resource,
+    labelled: &dyn Fn(&Taken),
+) -> Result<Vec<(Resource, Taken)>> {
+    let mut members: Vec<Resource> = ctx
+        .dir
+        .entries()?
+        .iter()
+        .filter_map(|name| Resource::from_file_name(name))
+        .filter(|r| r.group().as_ref() == Some(group))
+        .collect();
+    members.sort();
+    let mut taken = Vec::new();
+    for member in members {
+        let request = Request {
+            name: member.clone(),
+            exclusive: true,
+            via: None,
+            slots: 0,
+            for_group: true,
+        };
+        let took = crate::flock::take::take(ctx, &request)
+            .map_err(|e| worded_as(ctx.dir, e, Some(group)))?;
+        ctx.observer.took()?;
+        labelled(&took);
+        taken.push((member, took));
+    }
+    Ok(taken)
 }
 
 /// Takes one request (the library's [`crate::Lock`]): a busy lock is a
@@ -196,6 +239,11 @@ fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
 /// A busy lock from the backend, in the command line's words, naming the
 /// first holder in the way; anything else as it is.
 fn worded(dir: &ScratchDir, err: anyhow::Error) -> anyhow::Error {
+    worded_as(dir, err, None)
+}
+
+/// [`worded`], for a member taken on behalf of `group`, in its words.
+fn worded_as(dir: &ScratchDir, err: anyhow::Error, group: Option<&Resource>) -> anyhow::Error {
     let busy = match err.downcast::<BusyLock>() {
         Ok(busy) => busy,
         Err(err) => return err,
@@ -209,8 +257,11 @@ fn worded(dir: &ScratchDir, err: anyhow::Error) -> anyhow::Error {
         } => {
             let view = status::describe(&lock, dir, &request.name);
             let starter = view.holders.iter().find(|h| h.starting == Some(true));
-            let message = match starter {
-                Some(starter) if budget => crate::messages::budget_starting(&request.name, starter),
+            let message = match (starter, group) {
+                (Some(starter), _) if budget => {
+                    crate::messages::budget_starting(&request.name, starter)
+                }
+                (_, Some(group)) => crate::messages::busy_through_member(group, &request, &view),
                 _ => crate::messages::busy(&request, &view),
             };
             (request.name.to_string(), first(&view), message)

@@ -127,6 +127,7 @@ impl Lock {
             exclusive: true,
             via: None,
             slots: 0,
+            for_group: false,
         };
         let taken = match options.wait {
             Wait::Timeout(limit) => {

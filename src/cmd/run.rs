@@ -391,7 +391,7 @@ fn child_env(
     let mut slot = None;
     for (resource, took) in taken {
         if let Taken::Held(held) = took {
-            if held.request.via.is_some() {
+            if held.request.via.is_some() || held.request.for_group {
                 continue;
             }
             slot = slot.or(held.slot().map(|s| s.number));

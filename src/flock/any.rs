@@ -43,6 +43,7 @@ pub(crate) fn take_any(
                         exclusive: false,
                         via: Some(candidate.name.clone()),
                         slots: 0,
+                        for_group: false,
                     })
                     .collect();
                 unit.push(candidate.clone());

@@ -232,7 +232,11 @@ impl Drop for Registration {
         // this file through an inherited descriptor carries no stale step
         // (no other registration is ever passed on).
         let hold = (self.kind == Kind::Hold).then(|| std::os::fd::AsRawFd::as_raw_fd(&self.file));
-        remove(std::os::fd::AsRawFd::as_raw_fd(&self.dir.fd()), &self.name, hold);
+        remove(
+            std::os::fd::AsRawFd::as_raw_fd(&self.dir.fd()),
+            &self.name,
+            hold,
+        );
     }
 }
 

@@ -356,6 +356,12 @@ pub(crate) fn got_is_said_only_when_the_command_is_about_to_start() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert_eq!(status.code(), Some(130), "{rest}");
-    assert!(!rest.contains("got gpu:0"), "said got though the command never ran: {rest}");
-    assert!(rest.contains("stopped by signal 2 before the command started"), "{rest}");
+    assert!(
+        !rest.contains("got gpu:0"),
+        "said got though the command never ran: {rest}"
+    );
+    assert!(
+        rest.contains("stopped by signal 2 before the command started"),
+        "{rest}"
+    );
 }

@@ -475,3 +475,48 @@ pub(crate) fn every_exit_before_the_command_removes_what_the_run_made() {
     release(&s, "h");
     assert!(wait_child(&mut holder).success());
 }
+
+test!(a_whole_group_waits_for_a_plain_flock_holder_of_a_member, needs: [Tool("flock")]);
+/// Teams move from util-linux flock one script at a time: a colleague's
+/// `flock gpu:0.lock ...` keeps `devlock gpu` out as it keeps `devlock
+/// gpu:0` out. `-n` names the member's holder; a waiter's command starts
+/// only once flock lets go.
+pub(crate) fn a_whole_group_waits_for_a_plain_flock_holder_of_a_member() {
+    let s = Scratch::new();
+    // The member's file exists, as after any earlier `devlock gpu:0`.
+    assert!(s.run(&["gpu:0", "--", "true"]).status.success());
+    let (script, ready) = wait_for_release(&s, "f");
+    let mut flock = Killed(
+        Command::new("/usr/bin/flock")
+            .arg(s.lock_path("gpu:0"))
+            .args(["sh", "-c", &script])
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_file(&ready);
+    let busy = s.run(&["-n", "gpu", "--", "true"]);
+    let err = stderr(&busy);
+    assert_eq!(busy.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("gpu is busy, through its member gpu:0: held by pid")
+            && err.contains(&format!("pid {}", flock.id())),
+        "{err}"
+    );
+    let ran = s.work("ran");
+    let mut waiter = s
+        .devlock()
+        .args(["-q", "gpu", "--", "touch"])
+        .arg(&ran)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("gpu:0"), 1);
+    assert!(
+        !ran.exists(),
+        "the group's command ran beside flock's holder"
+    );
+    release(&s, "f");
+    assert!(wait_child(&mut flock.0).success());
+    assert!(wait_child(&mut waiter).success());
+    assert!(ran.exists());
+}

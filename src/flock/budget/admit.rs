@@ -307,6 +307,7 @@ pub(crate) fn take_any(
             exclusive: false,
             via: Some(candidates[0].0.name.clone()),
             slots: 0,
+            for_group: false,
         };
         let took = crate::flock::take::take(ctx, &request)?;
         ctx.observer.took()?;
