@@ -48,7 +48,7 @@ pub mod testing;
 
 pub use api::{
     Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, Lock, Options, Spec, Wait,
-    status_document,
+    duration_of, status_document,
 };
 pub use error::{Busy, Error, Holder, NotSupported, Result};
 pub use resource::Resource;

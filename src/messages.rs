@@ -724,3 +724,129 @@ pub(crate) mod serve {
         format!("devlock: {err:#}\n")
     }
 }
+
+/// A usage error of the command line's rules, in the library's words: its
+/// `Spec` fields and Python's keyword arguments (`mem=` for `--mem`,
+/// `wait=False` for `-n`), which is what a library or Python user wrote.
+pub(crate) fn in_library_words(err: anyhow::Error) -> anyhow::Error {
+    match err.downcast::<crate::exit::Coded>() {
+        Ok(mut coded) => {
+            coded.message = library_words(&coded.message);
+            anyhow::Error::new(coded)
+        }
+        Err(err) => err,
+    }
+}
+
+/// The command line's flags and examples in a sentence, as keywords.
+fn library_words(text: &str) -> String {
+    // Whole examples first, then each flag: `name="value"` before a size,
+    // `name=N` before a number, the bare name before a word of the
+    // sentence, `name=` elsewhere.
+    let text = text
+        .replace(
+            "devlock --any --count 2 gpu:0 gpu:1 gpu:2 -- ...",
+            "devlock.lock(\"gpu:0\", \"gpu:1\", \"gpu:2\", any=True, count=2)",
+        )
+        .replace(
+            "-n fails at once, -w DURATION",
+            "wait=False fails at once, timeout=",
+        );
+    const FLAGS: [(&str, &str, Option<&str>); 11] = [
+        ("--mem-headroom", "mem_headroom", None),
+        ("--mem-strict", "mem_strict", Some("mem_strict=True")),
+        ("--mem", "mem", None),
+        ("--settle", "settle", None),
+        ("--no-wait", "wait=False", Some("wait=False")),
+        ("--timeout", "timeout", None),
+        ("--any", "any", Some("any=True")),
+        ("--count", "count", None),
+        ("--slots", "slots", None),
+        ("--shared", "shared", Some("shared=True")),
+        ("--step", "step", None),
+    ];
+    let mut out = String::new();
+    let mut rest = text.as_str();
+    'scan: while !rest.is_empty() {
+        for (flag, name, switch) in FLAGS {
+            let Some(after) = rest.strip_prefix(flag) else {
+                continue;
+            };
+            if after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-') {
+                continue;
+            }
+            let next: String = after
+                .strip_prefix(' ')
+                .map(|a| {
+                    a.chars()
+                        .take_while(|c| !c.is_whitespace() && !matches!(c, ',' | ')' | ';'))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let (said, used) = match next.chars().next() {
+                Some(c) if c.is_ascii_digit() && switch.is_none() => {
+                    let value = if next.chars().all(|c| c.is_ascii_digit()) {
+                        next.clone()
+                    } else {
+                        format!("\"{next}\"")
+                    };
+                    (format!("{name}={value}"), 1 + next.len())
+                }
+                Some(c) if c.is_ascii_lowercase() && !matches!(next.as_str(), "and" | "or") => {
+                    (switch.unwrap_or(name).to_owned(), 0)
+                }
+                _ => (switch.map_or(format!("{name}="), str::to_owned), 0),
+            };
+            out.push_str(&said);
+            rest = &after[used..];
+            continue 'scan;
+        }
+        let c = rest.chars().next().unwrap_or_default();
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod library_words_tests {
+    use super::library_words;
+
+    #[test]
+    fn flags_become_keywords() {
+        assert_eq!(
+            library_words("--mem must be more than 0 (e.g. --mem 20GiB); leave it out"),
+            "mem must be more than 0 (e.g. mem=\"20GiB\"); leave it out"
+        );
+        assert_eq!(
+            library_words("--mem-headroom, --settle and --mem-strict need --mem: they shape"),
+            "mem_headroom=, settle= and mem_strict=True need mem=: they shape"
+        );
+        assert_eq!(
+            library_words("--count 3 needs at least that many resources after --any, got 2"),
+            "count=3 needs at least that many resources after any=True, got 2"
+        );
+        assert_eq!(
+            library_words("--slots takes exactly one resource, without --any or --shared"),
+            "slots takes exactly one resource, without any=True or shared=True"
+        );
+        assert_eq!(
+            library_words(
+                "--count needs --any: it says how many (devlock --any --count 2 gpu:0 gpu:1 gpu:2 -- ...)"
+            ),
+            "count needs any=True: it says how many (devlock.lock(\"gpu:0\", \"gpu:1\", \"gpu:2\", any=True, count=2))"
+        );
+        assert_eq!(
+            library_words("a gpu:0 name --mem-x"),
+            "a gpu:0 name --mem-x"
+        );
+    }
+}
+
+/// `timeout="5x" is not a duration (try 90, "90s", "10m" or "1h30m"; a
+/// number is seconds)`: a duration the library was given as text.
+pub(crate) fn library_duration(name: &str, text: &str) -> String {
+    format!(
+        "{name}={text:?} is not a duration (try 90, \"90s\", \"10m\" or \"1h30m\"; a number is seconds)"
+    )
+}

@@ -152,6 +152,10 @@ impl Plan {
     /// The library's plan of `spec`, by the command line's rules and in its
     /// words (the sizes read as `--mem` reads them).
     pub(crate) fn from_spec(spec: &crate::api::Spec) -> Result<Plan> {
+        Plan::from_spec_in_cli_words(spec).map_err(crate::messages::in_library_words)
+    }
+
+    fn from_spec_in_cli_words(spec: &crate::api::Spec) -> Result<Plan> {
         if spec.resources.is_empty() {
             return Err(crate::messages::no_resource());
         }
@@ -196,6 +200,14 @@ impl Plan {
     /// outside it), one MIG instance per command, and each budget's device
     /// memory, asked once before any wait.
     pub(crate) fn look(&mut self) -> Result<()> {
+        let looked = self.look_in_cli_words();
+        match self.front {
+            Front::Library => looked.map_err(crate::messages::in_library_words),
+            Front::Command => looked,
+        }
+    }
+
+    fn look_in_cli_words(&mut self) -> Result<()> {
         let resources = std::mem::take(&mut self.resources);
         self.resources = self.within_visible_devices(resources)?;
         if self.front == Front::Command {

@@ -397,8 +397,13 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
 
 
 def _check_seconds(name: str, value: Any) -> float:
+    if isinstance(value, str):
+        # The command line's durations: "90", "2s", "10m", "1h30m".
+        return _native.seconds_of(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a number of seconds or a duration such as \"2s\", not {type(value).__name__}"
+        )
     if not value >= 0 or value == float("inf"):
         raise UsageError(f"{name} must be a finite number of seconds >= 0, got {value}")
     return float(value)
@@ -416,7 +421,8 @@ class lock:
       script's name, ``jupyter`` in a notebook, else ``python``).
     * ``wait=False`` (``-n``): fail at once with :class:`Busy` naming the
       holder instead of waiting.
-    * ``timeout`` (``-w``, seconds): give up with :class:`Timeout` after
+    * ``timeout`` (``-w``, seconds, or the command line's durations as a
+      string: ``"90"``, ``"2s"``, ``"10m"``, ``"1h30m"``): give up with :class:`Timeout` after
       waiting this long; the block leaves the line.
     * ``shared`` (``--shared``), ``slots`` (``--slots N``), ``any`` and
       ``count`` (``--any --count K``).
@@ -443,7 +449,7 @@ class lock:
       growing or ``settle`` passes, and more than 10 % over the budget is
       said once as a ``logging`` WARNING record of logger ``devlock`` (and
       marked in status). ``mem_headroom`` (``--mem-headroom``, default
-      2GiB), ``settle`` (``--settle``, seconds, default 30) and
+      2GiB), ``settle`` (``--settle``, seconds or a duration string, default 30) and
       ``mem_strict`` (``--mem-strict``): once over for ``settle``, the work
       is stopped as Ctrl-C stops it (SIGINT to the main thread; the block
       raises :class:`OverBudget`). A device whose memory cannot be learned
@@ -469,7 +475,7 @@ class lock:
         *resources: str,
         step: Optional[str] = None,
         wait: bool = True,
-        timeout: Optional[float] = None,
+        timeout: Union[float, str, None] = None,
         shared: bool = False,
         slots: Optional[int] = None,
         any: bool = False,
@@ -480,7 +486,7 @@ class lock:
         inheritable: bool = False,
         mem: Optional[Union[str, int]] = None,
         mem_headroom: Optional[Union[str, int]] = None,
-        settle: Optional[float] = None,
+        settle: Union[float, str, None] = None,
         mem_strict: bool = False,
     ) -> None:
         for name, size in (("mem", mem), ("mem_headroom", mem_headroom)):

@@ -424,6 +424,15 @@ impl PyHold {
     }
 }
 
+/// A duration given as text (`"2s"`, `"10m"`, `"90"`), in seconds, as the
+/// command line reads one; a usage error in Python's words otherwise.
+#[pyfunction]
+fn seconds_of(py: Python<'_>, name: &str, text: &str) -> PyResult<f64> {
+    devlock::duration_of(name, text)
+        .map(|d| d.as_secs_f64())
+        .map_err(|e| to_py(py, e))
+}
+
 /// Starts a take (GIL released): checks the options, takes at once when
 /// free, else (unless wait is false) waits in line on a thread of its own.
 #[pyfunction]
@@ -519,6 +528,7 @@ fn _devlock(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyAcquiring>()?;
     m.add_class::<PyHold>()?;
+    m.add_function(wrap_pyfunction!(seconds_of, m)?)?;
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     Ok(())

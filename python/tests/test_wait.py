@@ -160,6 +160,22 @@ def test_a_timeout_is_a_busy_naming_the_holder_and_leaves_the_line(scratch: Scra
     assert holder.finish().returncode == 0
 
 
+def test_durations_are_the_command_lines_strings_too(scratch: Scratch) -> None:
+    holder = scratch.cli_holder("--step", "long-job", "r")
+    for timeout in ("0.2s", "200ms", "0.2"):
+        with pytest.raises(devlock.Timeout) as caught:
+            with devlock.lock("r", timeout=timeout, quiet=True):
+                pass
+        assert str(caught.value).startswith("timed out after 200ms waiting for r"), str(caught.value)
+    with pytest.raises(devlock.UsageError) as bad:
+        devlock.lock("r", timeout="5x")
+    assert str(bad.value) == 'timeout="5x" is not a duration (try 90, "90s", "10m" or "1h30m"; a number is seconds)'
+    with pytest.raises(TypeError):
+        devlock.lock("r", timeout=[2])
+    holder.release()
+    assert holder.finish().returncode == 0
+
+
 def _shape(line: str) -> str:
     """A waiting line with its numbers (and ordinals) taken out."""
     return re.sub(r"\d+", "N", re.sub(r"\d+(st|nd|rd|th)\b", "Nth", line.strip()))

@@ -14,7 +14,7 @@ pub use crate::take::HeldLock;
 pub use budget::{BudgetEvent, BudgetSink};
 pub use hold::Hold;
 pub use lock::{Guard, Lock, Options, Wait};
-pub use spec::Spec;
+pub use spec::{Spec, duration_of};
 pub use take::Acquiring;
 
 use crate::error::{Error, Result};
