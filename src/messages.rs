@@ -808,6 +808,15 @@ fn library_words(text: &str) -> String {
     out
 }
 
+
+/// `timeout="5x" is not a duration (try 90, "90s", "10m" or "1h30m"; a
+/// number is seconds)`: a duration the library was given as text.
+pub(crate) fn library_duration(name: &str, text: &str) -> String {
+    format!(
+        "{name}={text:?} is not a duration (try 90, \"90s\", \"10m\" or \"1h30m\"; a number is seconds)"
+    )
+}
+
 #[cfg(test)]
 mod library_words_tests {
     use super::library_words;
@@ -841,12 +850,4 @@ mod library_words_tests {
             "a gpu:0 name --mem-x"
         );
     }
-}
-
-/// `timeout="5x" is not a duration (try 90, "90s", "10m" or "1h30m"; a
-/// number is seconds)`: a duration the library was given as text.
-pub(crate) fn library_duration(name: &str, text: &str) -> String {
-    format!(
-        "{name}={text:?} is not a duration (try 90, \"90s\", \"10m\" or \"1h30m\"; a number is seconds)"
-    )
 }
