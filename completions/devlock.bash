@@ -19,6 +19,9 @@ _devlock() {
             ",$1")
                 cmd="devlock"
                 ;;
+            devlock,forget)
+                cmd="devlock__subcmd__forget"
+                ;;
             devlock,help)
                 cmd="devlock__subcmd__help"
                 ;;
@@ -30,6 +33,9 @@ _devlock() {
                 ;;
             devlock,status)
                 cmd="devlock__subcmd__status"
+                ;;
+            devlock__subcmd__help,forget)
+                cmd="devlock__subcmd__help__subcmd__forget"
                 ;;
             devlock__subcmd__help,help)
                 cmd="devlock__subcmd__help__subcmd__help"
@@ -50,7 +56,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -224,9 +230,107 @@ _devlock() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
-        devlock__subcmd__help)
-            opts="status setup serve help"
+        devlock__subcmd__forget)
+            opts="-h --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --probe-timeout)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__help)
+            opts="status setup serve forget help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__help__subcmd__forget)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -594,20 +698,20 @@ _devlock_value_is_free() {
 # Whether $1 is a subcommand.
 _devlock_is_subcommand() {
     case $1 in
-        help | serve | setup | status) return 0 ;;
+        forget | help | serve | setup | status) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is a subcommand that takes RESOURCE arguments.
 _devlock_lists_resources() {
     case $1 in
-        setup | status) return 0 ;;
+        forget | setup | status) return 0 ;;
     esac
     return 1
 }
 # Prints the subcommands.
 _devlock_subcommands() {
-    printf '%s\n' help serve setup status
+    printf '%s\n' forget help serve setup status
 }
 
 # Resource names, hand-written (doc/completions/devlock.bash): a RESOURCE is

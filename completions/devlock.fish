@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= conflict-exit-code= step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
+    string join \n n/no-wait w/timeout= conflict-exit-code= new step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -47,6 +47,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -l etcd-ca -d 'With https:
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
+complete -c devlock -n "__fish_devlock_needs_command" -l new -d 'Take a name a managed directory does not declare (`devlock setup` lists its names), rather than refuse it as a likely typo; and say nothing of a new name close to a known one'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
@@ -57,6 +58,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -s V -l version -d 'Print 
 complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
+complete -c devlock -n "__fish_devlock_needs_command" -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
@@ -89,10 +91,19 @@ complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-ca -d 'Wi
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
@@ -105,11 +116,11 @@ function __devlock_value_is_free
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand
-    contains -- $argv[1] help serve setup status
+    contains -- $argv[1] forget help serve setup status
 end
 # Whether $argv[1] is a subcommand that takes RESOURCE arguments.
 function __devlock_lists_resources
-    contains -- $argv[1] setup status
+    contains -- $argv[1] forget setup status
 end
 
 # Resource names, hand-written (doc/completions/devlock.fish): a RESOURCE is

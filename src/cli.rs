@@ -208,10 +208,11 @@ pub enum Command {
         so that no user can rename, remove, replace or squat them: a managed directory \
         for a shared machine. Run as root; running it again changes only what is not \
         as it should be.\n\n\
-        The directory becomes root:root 1777 (sticky, so users can still lock names \
-        nobody declared, which stay open and draw a warning), or root:G 1770 with \
+        The directory becomes root:root 1777 (sticky), or root:G 1770 with \
         --group G (only members of G can take the locks). Each RESOURCE gets its \
-        lock file and queue file, root's, mode 0666 (root:G 0660 with --group). A \
+        lock file and queue file, root's, mode 0666 (root:G 0660 with --group), and \
+        joins the declared names (.names, root's): a name the directory does not \
+        declare is then refused as a likely typo unless the run says --new. A \
         directory or a lock file another user owns is taken over in place (the same \
         inode: a job that holds it keeps holding it, alone). A FIFO, symbolic link, \
         socket or directory at a declared path is swapped for a new root file unless \
@@ -226,6 +227,28 @@ pub enum Command {
     /// for Prometheus, /status.json for scripts
     #[command(long_about = SERVE_ABOUT)]
     Serve(ServeArgs),
+
+    /// Forget idle names: remove their lock, queue and slot files (in a
+    /// managed directory, root only)
+    #[command(
+        long_about = "Forget names nobody uses: remove each RESOURCE's lock, queue and \
+        slot files, so that a typo (GPU0.lock) no longer counts among the idle locks. \
+        A name the kernel shows held, waited for or in line is refused (exit 75, \
+        naming who), and so is any other that another process has open in a way \
+        the kernel shows; the lock file is removed while devlock holds its lock, so \
+        a devlock that opened it meanwhile finds it gone and takes the new one. In \
+        a managed directory (devlock setup declared its names) only root may \
+        forget, and the name leaves the declared list too (exit 77 otherwise)."
+    )]
+    Forget(ForgetArgs),
+}
+
+/// Arguments of `devlock forget`.
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    /// Resources to forget
+    #[arg(value_name = "RESOURCE", required = true)]
+    pub resources: Vec<OsString>,
 }
 
 /// `devlock serve --help`, and the DESCRIPTION of devlock-serve(1).
@@ -325,6 +348,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 75, value_parser = clap::value_parser!(u8), value_hint = clap::ValueHint::Other)]
     pub conflict_exit_code: u8,
 
+    /// Take a name a managed directory does not declare (`devlock setup`
+    /// lists its names), rather than refuse it as a likely typo; and say
+    /// nothing of a new name close to a known one
+    #[arg(long)]
+    pub new: bool,
+
     /// Name the holder shows in status, and the waiter's lines in logs
     /// (default: the command's basename)
     #[arg(long, value_name = "NAME", value_hint = clap::ValueHint::Other)]
@@ -405,7 +434,7 @@ pub struct RunArgs {
 
 /// devlock's subcommands (clap's `help` included): names a resource cannot
 /// have, since as the first word they are read as the subcommand.
-pub const SUBCOMMANDS: [&str; 4] = ["help", "serve", "setup", "status"];
+pub const SUBCOMMANDS: [&str; 5] = ["forget", "help", "serve", "setup", "status"];
 
 /// A resource named like a subcommand is a usage error with a hint: as the
 /// first word of a run it would be read as the subcommand, so nobody could
@@ -653,6 +682,7 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
             no_wait,
             timeout: None,
             conflict_exit_code: 75,
+            new: false,
             step,
             quiet,
             any: false,

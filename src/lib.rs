@@ -24,6 +24,7 @@ mod etcd;
 mod flock;
 mod gpu;
 mod interrupt;
+mod known;
 mod messages;
 mod names;
 mod plan;

@@ -765,6 +765,13 @@ fn library_words(text: &str) -> String {
         ("--shared", "shared", Some("shared=True")),
         ("--step", "step", None),
     ];
+    // clap's wording of a value it could not read: `for '--mem <SIZE>'`.
+    let mut text = text;
+    for (flag, name, _) in FLAGS {
+        for value in ["<SIZE>", "<DURATION>", "<N>", "<K>"] {
+            text = text.replace(&format!("'{flag} {value}'"), &format!("{name}="));
+        }
+    }
     let mut out = String::new();
     let mut rest = text.as_str();
     'scan: while !rest.is_empty() {
@@ -808,13 +815,101 @@ fn library_words(text: &str) -> String {
     out
 }
 
-
 /// `timeout="5x" is not a duration (try 90, "90s", "10m" or "1h30m"; a
 /// number is seconds)`: a duration the library was given as text.
 pub(crate) fn library_duration(name: &str, text: &str) -> String {
     format!(
         "{name}={text:?} is not a duration (try 90, \"90s\", \"10m\" or \"1h30m\"; a number is seconds)"
     )
+}
+
+/// Why status flags a name nothing has used: `never used in DIR (no lock
+/// file)`.
+pub(crate) fn never_used(dir: &str) -> String {
+    format!("never used in {}: no lock file", sanitize(dir))
+}
+
+/// Why status flags `gpu:N` the driver does not list: `the driver lists
+/// no GPU 7 (it lists gpu:0 to gpu:3)`.
+pub(crate) fn no_such_gpu(index: u32, listed: &[u32]) -> String {
+    let list = match (listed.iter().min(), listed.iter().max()) {
+        (Some(lo), Some(hi)) if listed.len() as u32 == hi - lo + 1 => {
+            format!("gpu:{lo} to gpu:{hi}")
+        }
+        _ if listed.is_empty() => "none".to_owned(),
+        _ => listed
+            .iter()
+            .map(|i| format!("gpu:{i}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    format!("the driver lists no GPU {index}, only {list}")
+}
+
+/// A name a managed directory does not declare: `GPU0 is not one of the
+/// resources root declared in DIR (gpu, gpu:0, ...); did you mean gpu:0?
+/// --new takes it as a new one`.
+pub(crate) fn undeclared(
+    name: &crate::Resource,
+    dir: &str,
+    declared: &[crate::Resource],
+    close: Option<&crate::Resource>,
+) -> String {
+    let shown: Vec<&str> = declared.iter().take(12).map(|r| r.as_str()).collect();
+    let more = if declared.len() > shown.len() {
+        ", ..."
+    } else {
+        ""
+    };
+    let fix = match close {
+        Some(close) => format!("did you mean {close}? (--new takes {name} as a new one)"),
+        None => "--new takes it as a new one".to_owned(),
+    };
+    format!(
+        "{name} is not one of the resources root declared in {} ({}{more}); {fix}",
+        sanitize(dir),
+        shown.join(", ")
+    )
+}
+
+/// A new name close to a known one, said as its lock file is made: `GPU0
+/// is a new name in DIR; did you mean gpu:0? (--new says it is meant)`.
+pub(crate) fn new_name(name: &crate::Resource, dir: &str, close: &crate::Resource) -> String {
+    format!(
+        "{name} is a new name in {}; did you mean {close}? (--new says it is meant)",
+        sanitize(dir)
+    )
+}
+
+/// `devlock forget` in a directory that does not exist.
+pub(crate) fn forget_nothing(dir: &str) -> String {
+    format!(
+        "{} does not exist: there is nothing to forget",
+        sanitize(dir)
+    )
+}
+
+/// `devlock forget` of a name with no lock file.
+pub(crate) fn forget_unknown(name: &crate::Resource, dir: &str) -> String {
+    format!(
+        "{name} has no lock file in {}: there is nothing to forget",
+        sanitize(dir)
+    )
+}
+
+/// `devlock forget` by a user in a managed directory.
+pub(crate) fn forget_needs_root(dir: &str) -> String {
+    format!(
+        "{} is managed (devlock setup declared its names): only root may forget one",
+        sanitize(dir)
+    )
+}
+
+/// `devlock forget` of a name in use: `gpu:0 is in use: held by train (pid
+/// 4242, alice) for 5m03s; not forgotten`.
+pub(crate) fn forget_in_use(name: &crate::Resource, view: Option<&ResourceView>) -> String {
+    let who = view.map_or(String::new(), busy_phrase);
+    format!("{name} is in use{who}; not forgotten")
 }
 
 #[cfg(test)]

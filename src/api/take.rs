@@ -431,25 +431,25 @@ mod tests {
     #[test]
     fn a_budget_is_planned_by_the_command_lines_rules_before_any_probe() {
         let cases: Vec<(Spec, &str)> = vec![
-            (mem_spec(&["gpu:0"], Some("0")), "--mem must be more than 0"),
+            (mem_spec(&["gpu:0"], Some("0")), "mem must be more than 0"),
             (
                 mem_spec(&["gpu:0"], Some("20XB")),
-                "invalid value '20XB' for '--mem <SIZE>': unknown size unit",
+                "invalid value '20XB' for mem=: unknown size unit",
             ),
             (
                 mem_spec(&["gpu"], Some("20GiB")),
-                "--mem budgets one GPU's memory: give gpu:N, not gpu",
+                "mem budgets one GPU's memory: give gpu:N, not gpu",
             ),
             (
                 mem_spec(&["gpu:0", "gpu:1"], Some("1GiB")),
-                "--mem takes one gpu:N, or several candidates with --any",
+                "mem takes one gpu:N, or several candidates with any=True",
             ),
             (
                 Spec {
                     shared: true,
                     ..mem_spec(&["gpu:0"], Some("1GiB"))
                 },
-                "--mem cannot be combined with --shared or --slots",
+                "mem cannot be combined with shared=True or slots=",
             ),
             (
                 Spec {
@@ -457,14 +457,14 @@ mod tests {
                     count: 2,
                     ..mem_spec(&["gpu:0", "gpu:1"], Some("1GiB"))
                 },
-                "--count must be 1",
+                "count must be 1",
             ),
             (
                 Spec {
                     settle: Some(Duration::from_secs(1)),
                     ..mem_spec(&["gpu:0"], None)
                 },
-                "--mem-headroom, --settle and --mem-strict need --mem",
+                "mem_headroom=, settle= and mem_strict=True need mem=",
             ),
             (
                 Spec {

@@ -1,7 +1,9 @@
 //! Each subcommand's entry point: `devlock R -- CMD` ([`run`]), `devlock
-//! status` ([`status`]) and `devlock setup` ([`setup`]), for either backend;
+//! status` ([`status`]), `devlock setup` ([`setup`]) and `devlock forget`
+//! ([`forget`]), for either backend;
 //! `devlock serve` is [`crate::serve`]'s, for the lock directory only.
 
+pub(crate) mod forget;
 pub(crate) mod run;
 pub(crate) mod setup;
 pub(crate) mod status;
@@ -23,6 +25,7 @@ pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
         Some(Command::Status(args)) => status::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Setup(args)) => setup::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Serve(args)) => crate::serve::run(&args, &cli.dir, cli.probe_timeout),
+        Some(Command::Forget(args)) => forget::run(&args, &cli.dir),
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
 }
@@ -44,6 +47,10 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
         Some(Command::Serve(_)) => Err(crate::exit::coded(
             ExitCode::Usage,
             crate::messages::serve::not_for_etcd(),
+        )),
+        Some(Command::Forget(_)) => Err(crate::exit::coded(
+            ExitCode::Usage,
+            "devlock forget removes lock files in the scratch directory; it has nothing to do with --etcd",
         )),
         None => {
             let plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;

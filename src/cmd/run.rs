@@ -42,6 +42,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     let guard = supervise::Guard::start();
     interrupt::hold_job_stops();
     let mut dir = ScratchDir::open_or_create(dir_path)?;
+    crate::known::check(&dir, &resources, args.new, args.quiet)?;
     let notes = Notes::new(&mut dir, &resources);
     let dir = dir;
     let wait_plan = WaitPlan {

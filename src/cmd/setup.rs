@@ -102,6 +102,14 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             declare(&scratch, &name, &plan, &mut report)?;
         }
     }
+    if !plan.resources.is_empty() {
+        // The declared names: a run then refuses others unless --new.
+        let mut names = crate::flock::declared::read(&scratch).unwrap_or_default();
+        names.extend(plan.resources.iter().cloned());
+        names.sort();
+        names.dedup();
+        crate::flock::declared::write(&scratch, &names)?;
+    }
     for issue in crate::flock::trust::dir_issues(&scratch) {
         println!("devlock setup: warning: {}", issue.reason);
     }
@@ -536,6 +544,15 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
                 plan.file_mode
             ));
         }
+    }
+    if !plan.resources.is_empty() {
+        // The declared names, one a line (tmpfiles writes the argument,
+        // its \n escapes as newlines, into a file it creates).
+        let names: String = plan.resources.iter().map(|r| format!("{r}\\n")).collect();
+        out.push_str(&format!(
+            "f {} 0644 root root - {names}\n",
+            quote(&format!("{dir_text}/{}", crate::flock::declared::FILE))
+        ));
     }
     Ok(out)
 }

@@ -15,6 +15,7 @@
 //! | `.R@PID.K.wait` | a waiter's registration | the waiting devlock |
 //! | `.R@PID.K.hold` | a shared holder's label | the holder (and its command) |
 //! | `.R@PID.K.lost` | a holder whose `R.lock` was renamed away | that holder |
+//! | `.names` | the names `devlock setup` declared, one a line (root's, 0644) | root |
 //!
 //! No file is ever deleted or replaced by devlock while it might be held
 //! (deleting a lock file lets two holders in), and none is truncated or
@@ -37,6 +38,13 @@
 //! a file that is empty or holds a devlock record of any version (never
 //! somebody's data, `--dir .` with a `Cargo.lock`), that it may write, and
 //! that has one link unless everyone may write it anyway.
+//!
+//! ## `.names`
+//!
+//! Written by `devlock setup` (and `devlock forget`) and believed only as a
+//! regular file root owns that nobody else may write ([`declared`]): then a
+//! run refuses a name it does not list unless `--new`. Nothing else reads
+//! it; without it every name is open.
 //!
 //! ## `.R.queue`: the line and the slot agreement
 //!
@@ -147,6 +155,7 @@
 
 pub(crate) mod any;
 pub(crate) mod budget;
+pub(crate) mod declared;
 pub(crate) mod dir;
 pub(crate) mod entry;
 pub(crate) mod file;

@@ -263,6 +263,10 @@ pub(crate) struct ResourceView {
     /// For `gpu:N` with the device's memory known: how the budgets split it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<ResourceMemory>,
+    /// Why the name is likely a typo: nothing has used it here (no lock
+    /// file), or it is a `gpu:N` the driver does not list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown_name: Option<String>,
     /// The lock file, as the kernel names it.
     #[serde(skip)]
     pub lock: Option<FileId>,
@@ -319,7 +323,13 @@ pub(crate) fn gather(
     };
     let Some(dir) = ScratchDir::open(dir_path)? else {
         report.trust.safe = true;
-        report.resources = wanted.iter().map(free_view).collect();
+        report.resources = wanted
+            .iter()
+            .map(|r| ResourceView {
+                unknown_name: Some(crate::messages::never_used(&report.dir)),
+                ..free_view(r)
+            })
+            .collect();
         if let Some(timeout) = probe_timeout {
             add_devices(&mut report, timeout, Vec::new());
         }
@@ -361,6 +371,11 @@ pub(crate) fn gather(
         for resource in &resources {
             let registered = all_waiters.remove(resource).unwrap_or_default();
             let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
+            if !names.contains(&resource.file_name()) {
+                view.unknown_name = Some(crate::messages::never_used(
+                    &dir.path().display().to_string(),
+                ));
+            }
             view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
             label_from_members(&dir, resource, &table, &mut view, now, &mut sharers);
             report.resources.push(view);
@@ -412,10 +427,18 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
     report.device_source = probed.source;
     let info = probed.report;
     let all: Vec<u32> = info.devices().iter().map(|d| d.index).collect();
+    let listed = matches!(info, DeviceReport::Devices(_));
     for view in &mut report.resources {
         let Ok(resource) = view.name.parse::<Resource>() else {
             continue;
         };
+        // A GPU the driver answered without: a typo, or a device gone.
+        if listed
+            && let Some(index) = resource.gpu_index()
+            && !all.contains(&index)
+        {
+            view.unknown_name = Some(crate::messages::no_such_gpu(index, &all));
+        }
         let Some(indices) = devices::gpu_indices(&resource, &all) else {
             continue;
         };
@@ -494,6 +517,7 @@ fn free_view(resource: &Resource) -> ResourceView {
         lock: None,
         slots: None,
         memory: None,
+        unknown_name: None,
     }
 }
 

@@ -71,6 +71,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             && res.waiters.is_empty()
             && res.conflicts.is_empty()
             && res.foreign_locks.iter().all(|l| l.effect == Effect::None)
+            && res.unknown_name.is_none()
     };
     let hidden = if report.hide_idle {
         report.resources.iter().filter(idle).count()
@@ -91,7 +92,16 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         if let Some(slots) = res.slots {
             state.push_str(&format!(" ({slots} slots)"));
         }
-        if res.holders.is_empty() {
+        if res.holders.is_empty()
+            && let Some(why) = &res.unknown_name
+        {
+            state = "unknown name".to_owned();
+            rows.push(Row::Cells(vec![
+                res.name.clone(),
+                state.clone(),
+                format!("({why})"),
+            ]));
+        } else if res.holders.is_empty() {
             let note = match (&res.stale_record, res.record) {
                 (Some(s), _) => format!("(stale record: {} pid {})", sanitize(&s.step), s.pid),
                 (None, Some(r)) => format!("({r} record)"),
@@ -577,7 +587,7 @@ pub(crate) fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str>
     match (column, cell) {
         (1, "free") => Some("32"),
         (1, c) if c.starts_with("held") || c.starts_with("shared") => Some("33"),
-        (1, "unknown") => Some("35"),
+        (1, "unknown" | "unknown name") => Some("35"),
         _ => None,
     }
 }

@@ -279,7 +279,9 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
     assert_eq!(reply("words-only"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(
         reply("devlock "),
-        ["gpu", "gpu:0", "gpu:1", "help", "serve", "setup", "status"]
+        [
+            "forget", "gpu", "gpu:0", "gpu:1", "help", "serve", "setup", "status"
+        ]
     );
     assert_eq!(reply("devlock g"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(reply("devlock -n -w 10m g"), ["gpu", "gpu:0", "gpu:1"]);
@@ -290,7 +292,7 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
     assert!(!reply("devlock serve ").contains(&"gpu"), "{stdout}");
     assert_eq!(
         reply(&format!("devlock --dir {other_dir} ")),
-        ["help", "serve", "setup", "status", "tpu"]
+        ["forget", "help", "serve", "setup", "status", "tpu"]
     );
     assert_eq!(
         reply(&format!("devlock --dir={other_dir} status ")),

@@ -538,3 +538,91 @@ pub(crate) fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle()
         "{table}"
     );
 }
+
+test!(names_nothing_uses_are_flagged_said_once_and_forgotten, needs: []);
+/// A name that nothing has used, or a `gpu:N` the driver does not list, is
+/// `unknown name` in status (never `free`, never counted among the idle);
+/// a new name close to a known one is said once as it is first used, with
+/// the name it may have meant; `forget` removes an idle name's files and
+/// refuses one in use.
+pub(crate) fn names_nothing_uses_are_flagged_said_once_and_forgotten() {
+    let s = Scratch::new();
+    let state = s.work("gpus");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(state.join("gpus"), "0 81920\n1 81920\n").unwrap();
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi");
+    let run = |args: &[&str]| {
+        s.devlock()
+            .env("DEVLOCK_NVIDIA_SMI", &fake)
+            .env("FAKE_GPU_DIR", &state)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["gpu:0", "--", "true"]).status.success());
+    // Never used: flagged, not free.
+    let view = s.resource_status("gpu:5");
+    assert_eq!(view["state"], "free");
+    assert!(
+        view["unknown_name"]
+            .as_str()
+            .unwrap()
+            .starts_with("never used in"),
+        "{view}"
+    );
+    let table = stdout(&run(&["status", "gpu:5"]));
+    assert!(table.contains("gpu:5     unknown name"), "{table}");
+    // First use of a name close to a known one: said once.
+    let first = run(&["GPU0", "--", "true"]);
+    assert!(first.status.success());
+    assert!(
+        stderr(&first).contains("GPU0 is a new name in")
+            && stderr(&first).contains("did you mean gpu:0?"),
+        "{}",
+        stderr(&first)
+    );
+    let again = run(&["GPU0", "--", "true"]);
+    assert_eq!(stderr(&again), "", "said once");
+    assert_eq!(
+        stderr(&run(&["--new", "gpu-0", "--", "true"])),
+        "",
+        "--new says it is meant"
+    );
+    assert_eq!(
+        stderr(&run(&["-q", "Gpu0", "--", "true"])),
+        "",
+        "-q says nothing"
+    );
+    // A GPU the driver does not list, used anyway: flagged in status, and
+    // not counted away among the idle.
+    assert!(run(&["gpu:7", "--", "true"]).status.success());
+    let table = stdout(&run(&["status"]));
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("gpu:7"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("unknown name")
+            && row.contains("the driver lists no GPU 7, only gpu:0 to gpu:1"),
+        "{table}"
+    );
+    // forget: an idle name goes, a held one stays and its holder is named.
+    let forgot = run(&["forget", "GPU0", "gpu-0", "Gpu0"]);
+    assert!(forgot.status.success(), "{}", stderr(&forgot));
+    assert!(!s.lock_path("GPU0").exists());
+    assert!(!stdout(&run(&["status", "--all"])).contains("GPU0"));
+    let mut holder = hold_until_released(&s, &["--step", "train", "gpu:7"], "h");
+    let busy = run(&["forget", "gpu:7"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    assert!(
+        stderr(&busy).contains("gpu:7 is in use: held by train"),
+        "{}",
+        stderr(&busy)
+    );
+    assert!(s.lock_path("gpu:7").exists());
+    release(&s, "h");
+    assert!(wait_child(&mut holder).success());
+    let nothing = run(&["forget", "never-made"]);
+    assert_eq!(nothing.status.code(), Some(2), "{}", stderr(&nothing));
+}
