@@ -254,7 +254,7 @@ def test_bad_options_are_usage_errors(scratch: Scratch) -> None:
         with devlock.lock("a", "b", any=True, count=3):
             pass
     # A budget on the whole group is the CLI's usage error (test_budget.py has the rest).
-    with pytest.raises(devlock.UsageError, match="^mem budgets one GPU's memory: give gpu:N, not gpu \(without mem=, gpu is taken whole\)$"):
+    with pytest.raises(devlock.UsageError, match=r"^mem budgets one GPU's memory: give gpu:N, not gpu \(without mem=, gpu is taken whole\)$"):
         with devlock.lock("gpu", mem="20GiB"):
             pass
 
