@@ -55,7 +55,7 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
         step: step.clone(),
         command: args.command_line(),
     };
-    let mut session = Session::start(settings, wanted(plan))?;
+    let mut session = Session::start(settings, wanted(plan)?)?;
     let (acquired, stopped) = session.wait_for_locks()?;
     let env = match child_env(acquired.got(), &step, plan.probe_timeout) {
         Ok(env) => env,
@@ -111,14 +111,31 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
 
 /// What the session takes for `plan`: its locks in the global order, or
 /// with `--any` the candidates' groups (shared) and the candidates.
-fn wanted(plan: &Plan) -> Wanted {
+fn wanted(plan: &Plan) -> Result<Wanted> {
     if !plan.any {
-        return Wanted {
+        return Ok(Wanted {
             fixed: plan.in_order(),
             candidates: Vec::new(),
             count: 0,
             members: plan.resources.clone(),
-        };
+        });
+    }
+    // One key per resource and lease: a candidate that is another's group
+    // would be that key twice.
+    for candidate in &plan.resources {
+        if let Some(group) = candidate
+            .held_shared()
+            .into_iter()
+            .find(|g| plan.resources.contains(g))
+        {
+            return Err(coded(
+                ExitCode::Usage,
+                format!(
+                    "--any with --etcd cannot take {group} and {candidate} as candidates: \
+                     {candidate} holds {group} shared; name candidates of one level"
+                ),
+            ));
+        }
     }
     let mut groups: Vec<Request> = Vec::new();
     for resource in &plan.resources {
@@ -136,7 +153,7 @@ fn wanted(plan: &Plan) -> Wanted {
     }
     groups.sort_by(|a, b| a.name.cmp(&b.name));
     let exclusive = plan.exclusive();
-    Wanted {
+    Ok(Wanted {
         fixed: groups,
         candidates: plan
             .resources
@@ -151,7 +168,7 @@ fn wanted(plan: &Plan) -> Wanted {
             .collect(),
         count: usize::from(plan.count),
         members: Vec::new(),
-    }
+    })
 }
 
 /// What the command learns: the resources it got, their fencing tokens, its

@@ -276,32 +276,21 @@ async fn run_session(
     let mut entries = Vec::new();
     let say = |line: String| report(FromSession::Say(line));
     let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
+    let taking = Taking {
+        settings: &settings,
+        cluster: &cluster,
+        lease,
+        label: Label::of_this_process(&settings.step),
+        deadline,
+        say: &say,
+    };
     let waiting = async {
-        take_in_order(
-            &settings,
-            &cluster,
-            lease,
-            &pending,
-            &mut entries,
-            deadline,
-            &say,
-        )
-        .await?;
+        taking.in_order(&pending, &mut entries).await?;
         if count == 0 {
             return Ok(());
         }
         let fixed = entries.len();
-        take_any(
-            &settings,
-            &cluster,
-            lease,
-            &candidates,
-            count,
-            &mut entries,
-            deadline,
-            &say,
-        )
-        .await?;
+        taking.any(&candidates, count, &mut entries).await?;
         // The groups taken for candidates that were not picked go back.
         let picks: Vec<crate::resource::Resource> =
             entries[fixed..].iter().map(|t| t.request.clone()).collect();
@@ -328,6 +317,17 @@ async fn run_session(
                 })
                 .await?;
             entries.retain(|t| !unneeded.contains(&t.key));
+        }
+        // A group kept is held on behalf of a pick (its label says which
+        // once the command runs).
+        let groups = entries.len() - picks.len();
+        for group in entries.iter_mut().take(groups) {
+            if let Some(pick) = picks
+                .iter()
+                .find(|p| p.held_shared().contains(&group.request))
+            {
+                group.entry.via = Some(pick.as_str().to_owned());
+            }
         }
         got.resources.extend(picks);
         Ok::<_, anyhow::Error>(())
@@ -541,180 +541,170 @@ impl Label {
     }
 }
 
-/// Joins each line in turn, holding the earlier locks while waiting for the
-/// later ones (the requests come in the one global order).
-async fn take_in_order(
-    settings: &Settings,
-    cluster: &Cluster,
+/// What every take of one run shares.
+struct Taking<'a> {
+    settings: &'a Settings,
+    cluster: &'a Cluster,
     lease: i64,
-    requests: &[Request],
-    entries: &mut Vec<Taken>,
+    label: Label,
     deadline: Option<Instant>,
-    say: &dyn Fn(String),
-) -> Result<()> {
-    let label = Label::of_this_process(&settings.step);
-    for request in requests {
-        let (_, taken) = take_first(
+    say: &'a dyn Fn(String),
+}
+
+impl Taking<'_> {
+    /// Joins each line in turn, holding the earlier locks while waiting for
+    /// the later ones (the requests come in the one global order).
+    async fn in_order(&self, requests: &[Request], entries: &mut Vec<Taken>) -> Result<()> {
+        for request in requests {
+            let (_, taken) = self.first(std::slice::from_ref(request)).await?;
+            entries.push(taken);
+        }
+        Ok(())
+    }
+
+    /// `--any`: `count` of `candidates` (sorted), the first that are or
+    /// become free, picked as the file backend picks them: each from the
+    /// candidates after the last pick that leave enough for the rest, so
+    /// holding one while waiting for another never goes against the global
+    /// lock order.
+    async fn any(
+        &self,
+        candidates: &[Request],
+        count: usize,
+        entries: &mut Vec<Taken>,
+    ) -> Result<()> {
+        let mut start = 0;
+        for pick in 0..count {
+            let window = &candidates[start..candidates.len() - (count - 1 - pick)];
+            let (index, taken) = self.first(window).await?;
+            entries.push(taken);
+            start += index + 1;
+        }
+        Ok(())
+    }
+
+    /// Joins the lines of `requests` at once (one transaction, one
+    /// revision) and waits until one of them holds; leaves the others'
+    /// lines. The index of the one taken, and the lock.
+    async fn first(&self, requests: &[Request]) -> Result<(usize, Taken)> {
+        let Taking {
             settings,
             cluster,
             lease,
-            std::slice::from_ref(request),
-            &label,
+            label,
             deadline,
             say,
-        )
-        .await?;
-        entries.push(taken);
-    }
-    Ok(())
-}
-
-/// `--any`: `count` of `candidates` (sorted), the first that are or become
-/// free, picked as the file backend picks them: each from the candidates
-/// after the last pick that leave enough for the rest, so holding one while
-/// waiting for another never goes against the global lock order.
-async fn take_any(
-    settings: &Settings,
-    cluster: &Cluster,
-    lease: i64,
-    candidates: &[Request],
-    count: usize,
-    entries: &mut Vec<Taken>,
-    deadline: Option<Instant>,
-    say: &dyn Fn(String),
-) -> Result<()> {
-    let label = Label::of_this_process(&settings.step);
-    let mut start = 0;
-    for pick in 0..count {
-        let window = &candidates[start..candidates.len() - (count - 1 - pick)];
-        let (index, taken) =
-            take_first(settings, cluster, lease, window, &label, deadline, say).await?;
-        entries.push(taken);
-        start += index + 1;
-    }
-    Ok(())
-}
-
-/// Joins the lines of `requests` at once (one transaction, one revision)
-/// and waits until one of them holds; leaves the others' lines. The index
-/// of the one taken, and the lock.
-async fn take_first(
-    settings: &Settings,
-    cluster: &Cluster,
-    lease: i64,
-    requests: &[Request],
-    label: &Label,
-    deadline: Option<Instant>,
-    say: &dyn Fn(String),
-) -> Result<(usize, Taken)> {
-    let mut entries: Vec<Entry> = requests.iter().map(|r| label.entry(settings, r)).collect();
-    let keys: Vec<String> = requests.iter().map(|r| key_of(&r.name, lease)).collect();
-    let values: Vec<Vec<u8>> = entries
-        .iter()
-        .map(|e| serde_json::to_vec(e).expect("entries serialise"))
-        .collect();
-    let (lines, joined_at) = cluster
-        .ask("joining the line", |mut client| {
-            let joins: Vec<(&crate::resource::Resource, &str, Vec<u8>)> = requests
-                .iter()
-                .zip(&keys)
-                .zip(&values)
-                .map(|((r, k), v)| (&r.name, k.as_str(), v.clone()))
-                .collect();
-            async move { join_lines(&mut client, &joins, lease).await }
-        })
-        .await?;
-    let mut waits: Vec<Waiting> = requests
-        .iter()
-        .zip(keys)
-        .zip(lines)
-        .map(|((request, key), line)| Waiting { request, key, line })
-        .collect();
-    // Everyone uses a resource with one size (0: a plain lock).
-    for wait in &waits {
-        let ours = wait.request.slots;
-        if let Some(theirs) = wait
-            .line
+        } = self;
+        let (lease, deadline) = (*lease, *deadline);
+        let mut entries: Vec<Entry> = requests.iter().map(|r| label.entry(settings, r)).collect();
+        let keys: Vec<String> = requests.iter().map(|r| key_of(&r.name, lease)).collect();
+        let values: Vec<Vec<u8>> = entries
             .iter()
-            .filter(|p| p.key != wait.key && p.entry.is_some())
-            .map(Place::slots)
-            .find(|&theirs| theirs != ours)
-        {
-            return Err(crate::messages::slots_mismatch(
-                wait.request.name.as_str(),
-                theirs,
-                ours,
-            ));
-        }
-    }
-    // The put's own revision unless an answer was lost and the put was
-    // made again: then the first one's, which the key keeps.
-    let fences: Vec<i64> = waits
-        .iter()
-        .map(|w| {
-            w.line
-                .iter()
-                .find(|p| p.key == w.key)
-                .map_or(joined_at, |p| p.create_revision)
-        })
-        .collect();
-    let started = Instant::now();
-    let name = if requests.len() == 1 {
-        requests[0].name.as_str().to_owned()
-    } else {
-        let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
-        format!("any of {}", names.join(" "))
-    };
-    let (index, waited) = wait_turn(
-        settings, cluster, &name, &mut waits, joined_at, deadline, say,
-    )
-    .await?;
-    let others: Vec<String> = waits
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != index)
-        .map(|(_, w)| w.key.clone())
-        .collect();
-    if !others.is_empty() {
-        cluster
-            .ask("leaving the other lines", |mut client| {
-                let txn = etcd_client::Txn::new().and_then(
-                    others
-                        .iter()
-                        .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
-                        .collect::<Vec<_>>(),
-                );
-                async move { client.txn(txn).await }
+            .map(|e| serde_json::to_vec(e).expect("entries serialise"))
+            .collect();
+        let (lines, joined_at) = cluster
+            .ask("joining the line", |mut client| {
+                let joins: Vec<(&crate::resource::Resource, &str, Vec<u8>)> = requests
+                    .iter()
+                    .zip(&keys)
+                    .zip(&values)
+                    .map(|((r, k), v)| (&r.name, k.as_str(), v.clone()))
+                    .collect();
+                async move { join_lines(&mut client, &joins, lease).await }
             })
             .await?;
+        let mut waits: Vec<Waiting> = requests
+            .iter()
+            .zip(keys)
+            .zip(lines)
+            .map(|((request, key), line)| Waiting { request, key, line })
+            .collect();
+        // Everyone uses a resource with one size (0: a plain lock).
+        for wait in &waits {
+            let ours = wait.request.slots;
+            if let Some(theirs) = wait
+                .line
+                .iter()
+                .filter(|p| p.key != wait.key && p.entry.is_some())
+                .map(Place::slots)
+                .find(|&theirs| theirs != ours)
+            {
+                return Err(crate::messages::slots_mismatch(
+                    wait.request.name.as_str(),
+                    theirs,
+                    ours,
+                ));
+            }
+        }
+        // The put's own revision unless an answer was lost and the put was
+        // made again: then the first one's, which the key keeps.
+        let fences: Vec<i64> = waits
+            .iter()
+            .map(|w| {
+                w.line
+                    .iter()
+                    .find(|p| p.key == w.key)
+                    .map_or(joined_at, |p| p.create_revision)
+            })
+            .collect();
+        let started = Instant::now();
+        let name = if requests.len() == 1 {
+            requests[0].name.as_str().to_owned()
+        } else {
+            let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
+            format!("any of {}", names.join(" "))
+        };
+        let (index, waited) = wait_turn(
+            settings, cluster, &name, &mut waits, joined_at, deadline, say,
+        )
+        .await?;
+        let others: Vec<String> = waits
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != index)
+            .map(|(_, w)| w.key.clone())
+            .collect();
+        if !others.is_empty() {
+            cluster
+                .ask("leaving the other lines", |mut client| {
+                    let txn = etcd_client::Txn::new().and_then(
+                        others
+                            .iter()
+                            .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
+                            .collect::<Vec<_>>(),
+                    );
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+        }
+        let request = &requests[index];
+        let key = waits.swap_remove(index).key;
+        let slot = if request.slots > 0 {
+            Some(claim_slot(cluster, lease, request, &key).await?)
+        } else {
+            None
+        };
+        let mut entry = entries.swap_remove(index);
+        entry.granted_ms = Some(now_ms());
+        if waited && !settings.quiet {
+            say(messages::got(
+                request.name.as_str(),
+                started.elapsed(),
+                &settings.step,
+            ));
+        }
+        Ok((
+            index,
+            Taken {
+                request: request.name.clone(),
+                key,
+                entry,
+                fence: fences[index],
+                joined_at,
+                slot,
+            },
+        ))
     }
-    let request = &requests[index];
-    let key = waits.swap_remove(index).key;
-    let slot = if request.slots > 0 {
-        Some(claim_slot(cluster, lease, request, &key).await?)
-    } else {
-        None
-    };
-    let mut entry = entries.swap_remove(index);
-    entry.granted_ms = Some(now_ms());
-    if waited && !settings.quiet {
-        say(messages::got(
-            request.name.as_str(),
-            started.elapsed(),
-            &settings.step,
-        ));
-    }
-    Ok((
-        index,
-        Taken {
-            request: request.name.clone(),
-            key,
-            entry,
-            fence: fences[index],
-            joined_at,
-            slot,
-        },
-    ))
 }
 
 /// `--slots`: numbers this holder, with the lowest slot key nobody has

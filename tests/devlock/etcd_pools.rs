@@ -410,6 +410,11 @@ pub(crate) fn etcd_gpu_members_get_the_device_variables_and_this_machines_checks
         stderr(&out)
     );
 
+    // A candidate that holds another shared would be one key twice.
+    let out = run_with(None, None, &["--any", "gpu", "gpu:0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("one level"), "{}", stderr(&out));
+
     const GI9: &str = "gpu:0:1g.18gb:gi9.ci0";
     const GI10: &str = "gpu:0:1g.18gb:gi10.ci0";
     let out = run_with(None, None, &[GI9, GI10, "--", "true"]);
