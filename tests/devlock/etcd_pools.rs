@@ -454,3 +454,51 @@ pub(crate) fn etcd_gpu_members_get_the_device_variables_and_this_machines_checks
         assert_eq!(status(&s, &url, r)["holders"].as_array().unwrap().len(), 0);
     }
 }
+
+test!(etcd_any_holder_cut_off_stops_its_work_before_the_next_one_starts, needs: [Root, Tool("etcd"), Tool("etcdctl"), Tool("unshare")]);
+/// `--any a b` on m1 through a proxy the test cuts takes `a` (b is held on
+/// m2); a plain waiter for `a` on m3 starts only once m1's command, and
+/// what it left running, are dead, and m1 never held a place in b's line.
+pub(crate) fn etcd_any_holder_cut_off_stops_its_work_before_the_next_one_starts() {
+    let (_server, url) = shared_etcd();
+    let proxy = Proxy::to(&url);
+    let s = Scratch::new();
+    let (a, b) = (name("any-cut-a"), name("any-cut-b"));
+    let (held_b, held_b_started) = hold_script(&s, "m2", "DEVLOCK_RESOURCES");
+    let mut holder_b = spawn_on("m2", &s, &url, &["-q", &b], &held_b);
+    wait_for_file(&held_b_started);
+    let (shell, orphan, got) = (s.work("shell"), s.work("orphan"), s.work("got-m1"));
+    let script = format!(
+        "(trap '' TERM; exec sleep 1000) & {}; echo $DEVLOCK_RESOURCES > {}; {}; wait",
+        write_pid("$!", &orphan),
+        got.display(),
+        write_pid("$$", &shell)
+    );
+    let cut_off = spawn_on(
+        "m1",
+        &s,
+        &proxy.url,
+        &["--ttl", "3s", "--kill-after", "500ms", "--any", &a, &b],
+        &script,
+    );
+    wait_for_file(&shell);
+    assert_eq!(read(&got), a);
+    assert_eq!(waiters(&status(&s, &url, &b)), 0);
+    let verdict = s.work("verdict");
+    let mut waiter = spawn_on(
+        "m3",
+        &s,
+        &url,
+        &["-q", &a],
+        &verdict_script(&[&shell, &orphan], &verdict),
+    );
+    wait_for(&s, &url, &a, "a waiter", |v| waiters(v) == 1);
+    proxy.cut();
+    let out = cut_off.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(wait_child(&mut waiter).success());
+    assert_eq!(read(&verdict), "clean");
+    release(&s, "m2");
+    assert!(wait_child(&mut holder_b).success());
+}
