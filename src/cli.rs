@@ -193,9 +193,9 @@ pub enum Command {
         mig_unknown}]}. Unknown values are null; text from \
         files and processes has control and format characters replaced by '?'.\n\n\
         With --etcd URL it shows the locks in etcd instead, across machines: \
-        {etcd, prefix, resources: [{name, state, holders: [{step, pid, child, user, \
-        host, since, held_for_ms, command, exclusive, via, key, revision, fence, lease, \
-        lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}], endpoint (the \
+        {etcd, prefix, resources: [{name, state (free, held, shared or slots), slots \
+        (--slots N's N), holders: [{step, pid, child, user, host, since, held_for_ms, \
+        command, exclusive, via, slot, key, revision, fence, lease, lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}], endpoint (the \
         one that answered), tls ({ca, cert, key, subject, issuer, not_after}, or null \
         without TLS), user}."
     )]

@@ -352,6 +352,22 @@ pub(crate) mod etcd {
         format!("a key devlock did not write ({})", sanitize(key))
     }
 
+    /// Why `--mem` is refused with `--etcd`.
+    pub(crate) fn mem_refused() -> String {
+        "--mem is not available with --etcd: a budget is admitted by measuring the GPU's \
+         memory on the machine that has it, and a job on another machine can neither be \
+         measured nor use that memory; take gpu:N whole with --etcd, or use --mem without \
+         --etcd on the GPU's machine"
+            .to_owned()
+    }
+
+    /// Why `--require-idle` is refused with `--etcd`.
+    pub(crate) fn require_idle_refused() -> String {
+        "--require-idle is not available with --etcd: it checks the GPU of this machine for \
+         work outside the lock directory's gate, which etcd's locks are not"
+            .to_owned()
+    }
+
     /// `gpu is busy: held by ...`
     pub(crate) fn busy(name: &str, who: &str) -> String {
         format!("{name} is busy: held by {who}")

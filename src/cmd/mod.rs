@@ -53,8 +53,8 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             "devlock forget removes lock files in the scratch directory; it has nothing to do with --etcd",
         )),
         None => {
-            let plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
-            crate::etcd::run::run(&plan, &cli.run, config)
+            let mut plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
+            crate::etcd::run::run(&mut plan, &cli.run, config)
         }
     }
 }
