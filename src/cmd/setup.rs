@@ -21,7 +21,11 @@ use crate::gpu::source::Auto;
 use crate::proc;
 use crate::proc::locks::{FileId, LockTable};
 use crate::resource::Resource;
-use crate::text::sanitize;
+use crate::text::{sanitize, show_path};
+use nix::fcntl::AtFlags;
+use std::os::fd::AsFd;
+
+use super::setup_path::{self, Parent};
 
 /// How many times a step that someone races is tried again.
 const TRIES: usize = 10;
@@ -87,7 +91,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             format!(
                 "devlock setup must run as root: it makes {} and its lock files root's, so that \
                  no user can rename or remove them (try: {})",
-                dir.display(),
+                show_path(&dir),
                 crate::flock::trust::fix_command(
                     Some(dir),
                     plan.resources.iter().map(Resource::as_str)
@@ -95,8 +99,10 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             ),
         ));
     }
+    // The whole way to --dir is checked before anything changes.
+    let parent = setup_path::reach(dir)?;
     let mut report = Report::default();
-    let scratch = take_dir(dir, &plan, &mut report)?;
+    let scratch = take_dir(dir, &parent, &plan, &mut report)?;
     for resource in &plan.resources {
         for name in plan.files(resource) {
             declare(&scratch, &name, &plan, &mut report)?;
@@ -118,9 +124,15 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         None => "root:root".to_owned(),
     };
     let names: Vec<&str> = plan.resources.iter().map(Resource::as_str).collect();
+    let real = parent.target();
+    let absolute = std::env::current_dir().map(|cwd| cwd.join(dir));
+    let shown = if absolute.as_deref().is_ok_and(|a| a == real) {
+        show_path(dir)
+    } else {
+        format!("{} (that is {})", show_path(dir), show_path(&real))
+    };
     println!(
-        "devlock setup: {} is managed ({owner} {:o}); {} declared{}{}",
-        dir.display(),
+        "devlock setup: {shown} is managed ({owner} {:o}); {} declared{}{}",
         plan.dir_mode,
         match names.len() {
             0 => "no resources".to_owned(),
@@ -159,7 +171,7 @@ struct Report {
 impl Report {
     fn changed(&mut self, path: &Path, what: &str) {
         self.changes += 1;
-        println!("devlock setup: {}: {what}", path.display());
+        println!("devlock setup: {}: {what}", show_path(&path));
     }
 }
 
@@ -196,6 +208,11 @@ fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
         .collect()
 }
 
+fn c_string_os(text: &std::ffi::OsStr) -> Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(text.as_bytes()).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
+}
+
 fn c_string(text: &str) -> Result<CString> {
     CString::new(text).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
 }
@@ -203,27 +220,46 @@ fn c_string(text: &str) -> Result<CString> {
 /// Makes the directory root's: created when missing, taken over (through a
 /// descriptor opened without following links, then checked to be still at
 /// the path) when someone else owns it, and whatever else stands at the
-/// path (a symbolic link, a file) removed first.
-fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
-    let c_path = crate::flock::dir::c_path(path)?;
+/// path (a symbolic link, a file) removed first. Every step is relative to
+/// the descriptor of the directory above it, which [`setup_path::reach`]
+/// walked to from `/` and checked: nothing here follows a path again.
+fn take_dir(path: &Path, parent: &Parent, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
+    let name = parent.name.as_os_str();
+    let shown = parent.target();
     let mut created = false;
     for _ in 0..TRIES {
-        match nix::sys::stat::lstat(path) {
+        match nix::sys::stat::fstatat(&parent.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Err(nix::errno::Errno::ENOENT) => {
-                match nix::unistd::mkdir(path, nix::sys::stat::Mode::from_bits_truncate(0o700)) {
+                match nix::sys::stat::mkdirat(
+                    &parent.fd,
+                    name,
+                    nix::sys::stat::Mode::from_bits_truncate(0o700),
+                ) {
                     Ok(()) => created = true,
                     Err(nix::errno::Errno::EEXIST) => continue,
                     Err(e) => {
                         return Err(coded(
                             ExitCode::IoError,
-                            format!("cannot create {}: {e}", path.display()),
+                            format!("cannot create {}: {e}", show_path(&shown)),
                         ));
                     }
                 }
             }
             Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => {
-                nix::unistd::unlink(path)
-                    .with_context(|| format!("removing what stands at {}", path.display()))?;
+                match nix::unistd::unlinkat(
+                    &parent.fd,
+                    name,
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                ) {
+                    Ok(()) => {}
+                    // Swapped for a directory meanwhile: look again.
+                    Err(nix::errno::Errno::EISDIR | nix::errno::Errno::ENOENT) => continue,
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("removing what stands at {}", show_path(&shown))
+                        });
+                    }
+                }
                 report.changed(
                     path,
                     &format!(
@@ -235,10 +271,11 @@ fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir>
                 continue;
             }
             Ok(_) => {}
-            Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
+            Err(e) => return Err(e).with_context(|| format!("examining {}", show_path(&shown))),
         }
+        let c_name = c_string_os(name)?;
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let Ok(fd) = crate::sys::fs::open(&c_path, flags) else {
+        let Ok(fd) = crate::sys::fs::openat(parent.fd.as_fd(), &c_name, flags, 0) else {
             // Replaced between the look and the open: look again.
             continue;
         };
@@ -253,28 +290,22 @@ fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir>
         } else if let Some(what) = changed {
             report.changed(path, &what);
         }
-        let still = nix::sys::stat::lstat(path)
+        // Root's now, so nobody but root can move it: if it is still at
+        // the path, it stays there.
+        let still = nix::sys::stat::fstatat(&parent.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino);
         if !still {
             continue;
         }
-        return match ScratchDir::open(path)? {
-            Some(dir) if same_file(&dir, &st) => Ok(dir),
-            _ => continue,
-        };
+        return ScratchDir::from_fd(path, fd);
     }
     Err(coded(
         ExitCode::IoError,
         format!(
             "{} keeps changing under devlock setup; someone is racing it",
-            path.display()
+            show_path(&shown)
         ),
     ))
-}
-
-fn same_file(dir: &ScratchDir, st: &libc::stat) -> bool {
-    nix::sys::stat::fstat(dir.fd())
-        .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino)
 }
 
 fn owner_name(uid: u32) -> String {
@@ -352,7 +383,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
                         }
                     }
                 }
-                Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
+                Err(e) => return Err(e).with_context(|| format!("examining {}", show_path(&path))),
                 Ok(st) => st,
             };
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
@@ -391,7 +422,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             eprintln!(
                 "devlock: not replacing {}: a {} owned by {}, locked by {holders}; replacing a \
                  held lock file would let a second holder in",
-                path.display(),
+                show_path(&path),
                 kind_of(st.st_mode),
                 owner_name(st.st_uid)
             );
@@ -427,7 +458,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
         let aside = if gone {
             String::new()
         } else {
-            format!("; it is now {}", dir.path().join(&temp).display())
+            format!("; it is now {}", show_path(&dir.path().join(&temp)))
         };
         report.changed(
             &path,
@@ -443,7 +474,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
         ExitCode::IoError,
         format!(
             "{} keeps changing under devlock setup; someone is racing it",
-            path.display()
+            show_path(&path)
         ),
     ))
 }
@@ -473,7 +504,7 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
             return Err(err).with_context(|| {
                 format!(
                     "setting owner and mode of {}",
-                    dir.path().join(&temp).display()
+                    show_path(&dir.path().join(&temp))
                 )
             });
         }
@@ -481,7 +512,7 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
     }
     Err(coded(
         ExitCode::IoError,
-        format!("cannot make a temporary file in {}", dir.path().display()),
+        format!("cannot make a temporary file in {}", show_path(&dir.path())),
     ))
 }
 

@@ -107,6 +107,19 @@ impl ScratchDir {
         Ok(Some(dir))
     }
 
+    /// The directory open as `fd` (reached and checked by its caller, e.g.
+    /// `devlock setup` from `/`), known as `path` in messages.
+    pub(crate) fn from_fd(path: &Path, fd: OwnedFd) -> Result<ScratchDir> {
+        let dir = ScratchDir {
+            path: path.to_owned(),
+            fd,
+            opens: None,
+            made: Default::default(),
+        };
+        dir.refuse_network_filesystem()?;
+        Ok(dir)
+    }
+
     /// A second handle on the same directory.
     pub(crate) fn try_clone(&self) -> Result<ScratchDir> {
         Ok(ScratchDir {

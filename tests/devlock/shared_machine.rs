@@ -1439,3 +1439,115 @@ pub(crate) fn status_inside_a_pid_namespace_says_held_by_unknown() {
         serde_json::from_slice(&inside(&["status", "--json", "r"]).stdout).unwrap();
     assert_eq!(json["resources"][0]["state"], "free", "{json}");
 }
+
+// ----------------------------------------------------------------------------
+// Issue #22: setup's way to its directory, leases on squatted files, data in
+// lock files devlock did not make, escapes in paths.
+
+test!(setup_refuses_a_way_through_another_users_link_or_directory_and_changes_nothing, needs: [Root, Tool("setpriv")]);
+pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_changes_nothing() {
+    let s = Scratch::new();
+    // Elsewhere: root's private directory, with a 0700 directory and a file.
+    let secret = s.work("secret");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(secret.join("devlock")).unwrap();
+    std::fs::set_permissions(
+        secret.join("devlock"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    std::fs::write(secret.join("file"), "root's\n").unwrap();
+    // A's directory on the way to --dir...
+    let team = s.work("team");
+    let t = team.to_str().unwrap();
+    assert!(user_does(USER_A, "mkdir", &[t]));
+    let refused = |dir: &str, real: &Path, why: &str| {
+        let out = s
+            .devlock()
+            .args(["--dir", dir, "setup", "r"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
+        assert_eq!(stdout(&out), "", "nothing done, nothing said on stdout");
+        let err = one_line(&out);
+        assert!(
+            err.starts_with(&format!(
+                "devlock: refusing to set up {dir}: {} is on the way, and {why}",
+                real.display()
+            )) && err.trim_end().ends_with("nothing was changed"),
+            "{err}"
+        );
+    };
+    let dir = format!("{t}/devlock");
+    refused(
+        &dir,
+        &team,
+        "it is owned by nobody, who can replace what is below it",
+    );
+    assert!(
+        !team.join("devlock").exists(),
+        "nothing made in A's directory"
+    );
+    // ... which A swaps for a link to root's private directory.
+    assert!(user_does(
+        USER_A,
+        "sh",
+        &[
+            "-c",
+            &format!("rmdir {t} && ln -s {} {t}", secret.display())
+        ]
+    ));
+    for target in ["devlock", "file"] {
+        refused(
+            &format!("{t}/{target}"),
+            &team,
+            &format!(
+                "it is a symbolic link (to {}) owned by nobody, who can point it anywhere",
+                secret.display()
+            ),
+        );
+    }
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&secret), 0o700);
+    assert_eq!(mode(&secret.join("devlock")), 0o700, "not made 1777");
+    assert_eq!(
+        std::fs::read_dir(secret.join("devlock")).unwrap().count(),
+        0,
+        "no lock file made in it"
+    );
+    assert_eq!(
+        std::fs::read_to_string(secret.join("file")).unwrap(),
+        "root's\n",
+        "not unlinked"
+    );
+    // Root's own link is followed, and the refusal names the real path of
+    // what is at fault beyond it.
+    let theirs = s.work("theirs");
+    assert!(user_does(USER_A, "mkdir", &[theirs.to_str().unwrap()]));
+    let via = s.work("via");
+    std::os::unix::fs::symlink(&theirs, &via).unwrap();
+    refused(
+        &format!("{}/devlock", via.display()),
+        &theirs,
+        "it is owned by nobody, who can replace what is below it",
+    );
+    // A directory others may write without the sticky bit is refused too;
+    // a sticky one like /tmp (the work directory here) is not.
+    let loose = s.work("loose");
+    std::fs::create_dir(&loose).unwrap();
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused(
+        &format!("{}/devlock", loose.display()),
+        &loose,
+        "it is writable by everyone and not sticky (777)",
+    );
+    let fine = s.work("fine");
+    let out = s
+        .devlock()
+        .args(["--dir", fine.to_str().unwrap(), "setup", "r"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(mode(&fine), 0o1777);
+}
