@@ -534,6 +534,19 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
             "--print-tmpfiles needs an absolute UTF-8 --dir",
         ));
     };
+    // A newline would end the line and start a directive of its own (any
+    // control or format character is refused: none belongs in a path an
+    // administrator installs at boot). Spaces are quoted below.
+    if dir_text.chars().any(crate::text::is_unsafe_char) {
+        return Err(coded(
+            ExitCode::Usage,
+            format!(
+                "--print-tmpfiles: --dir {} holds a control or format character (shown as ?), \
+                 which would break the snippet's lines; name a directory without one",
+                show_path(dir)
+            ),
+        ));
+    }
     let quote = |path: &str| {
         let escaped = path.replace('%', "%%");
         if escaped.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\') {

@@ -138,13 +138,13 @@ impl LockFile {
         if !self.writable {
             return Err(format!(
                 "{} is not writable for this user; holding it without a record",
-                self.path.display()
+                crate::text::show_path(&self.path)
             ));
         }
         if self.nlink > 1 && self.mode & 0o002 == 0 {
             return Err(format!(
                 "{} has {} hard links; holding it without writing a record into it",
-                self.path.display(),
+                crate::text::show_path(&self.path),
                 self.nlink
             ));
         }
@@ -165,7 +165,7 @@ impl LockFile {
         }
         Err(format!(
             "{} holds data devlock did not write; holding it without a record (status shows no step)",
-            self.path.display()
+            crate::text::show_path(&self.path)
         ))
     }
 
@@ -179,7 +179,9 @@ impl LockFile {
         match flock(&self.file, lock_op(exclusive), true) {
             Ok(()) => Ok(TryLock::Taken),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(TryLock::Busy),
-            Err(e) => Err(e).with_context(|| format!("taking the lock on {}", self.path.display())),
+            Err(e) => Err(e).with_context(|| {
+                format!("taking the lock on {}", crate::text::show_path(&self.path))
+            }),
         }
     }
 
@@ -188,7 +190,12 @@ impl LockFile {
     /// wait with `Interrupted` when `keep_waiting` says so.
     pub(crate) fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> Result<()> {
         self.sleep_for_lock(exclusive, keep_waiting)
-            .with_context(|| format!("waiting for the lock on {}", self.path.display()))
+            .with_context(|| {
+                format!(
+                    "waiting for the lock on {}",
+                    crate::text::show_path(&self.path)
+                )
+            })
     }
 
     fn sleep_for_lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
@@ -339,7 +346,7 @@ pub(crate) fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
         ExitCode::IoError,
         format!(
             "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
-            path.display(),
+            crate::text::show_path(&path),
             kind_of(mode)
         ),
     )
@@ -349,24 +356,24 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
     let message = match err.raw_os_error() {
         Some(libc::ELOOP) => format!(
             "{} is a symbolic link; refusing to follow it in a shared directory",
-            path.display()
+            crate::text::show_path(&path)
         ),
         Some(libc::EISDIR) => format!(
             "{} is a directory, not a regular file; refusing to use it",
-            path.display()
+            crate::text::show_path(&path)
         ),
         Some(libc::ENXIO) => format!(
             "{} is a socket or device, not a regular file; refusing to use it",
-            path.display()
+            crate::text::show_path(&path)
         ),
         Some(libc::EACCES) => format!(
             "cannot open lock file {}: permission denied (its owner made it private; \
              ask them, or have root run devlock setup)",
-            path.display()
+            crate::text::show_path(&path)
         ),
         _ => format!(
             "cannot open lock file {}: {}",
-            path.display(),
+            crate::text::show_path(&path),
             crate::proc::os_text(&err)
         ),
     };

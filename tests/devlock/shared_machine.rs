@@ -1551,3 +1551,102 @@ pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_ch
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(mode(&fine), 0o1777);
 }
+
+/// Whether `bytes` hold a control character a terminal acts on (C0 but
+/// the newline, DEL, or the C1 range as UTF-8).
+fn has_raw_controls(bytes: &[u8]) -> bool {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .any(|c| c != '\n' && c.is_control())
+}
+
+test!(escapes_in_a_path_through_another_users_link_never_reach_the_terminal, needs: [Root, Tool("setpriv")]);
+pub(crate) fn escapes_in_a_path_through_another_users_link_never_reach_the_terminal() {
+    let s = Scratch::new();
+    // A's directory, named with a title-setting escape and a bell, and
+    // A's link to it: --dir passes through both.
+    let evil = s.work("x\x1b]0;pwned\x07y");
+    assert!(user_does(USER_A, "mkdir", &[evil.to_str().unwrap()]));
+    let link = s.work("link");
+    assert!(user_does(
+        USER_A,
+        "ln",
+        &["-s", evil.to_str().unwrap(), link.to_str().unwrap()]
+    ));
+    let dir = link.join("locks");
+    let d = dir.to_str().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .env("DEVLOCK_DIR", d)
+            .env("DEVLOCK_NVML", "none")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&["-n", "r", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!has_raw_controls(&out.stderr), "raw escapes: {err:?}");
+    assert!(
+        err.contains("x?]0;pwned?y is owned by nobody"),
+        "the real path is named, sanitised: {err}"
+    );
+    for args in [&["status", "r"][..], &["status", "--json", "r"]] {
+        let out = run(args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            !has_raw_controls(&out.stdout) && !has_raw_controls(&out.stderr),
+            "{args:?}: {:?}",
+            stdout(&out)
+        );
+    }
+    // Setup refuses the way, naming it sanitised.
+    let out = run(&["setup", "r"]);
+    assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
+    assert!(!has_raw_controls(&out.stderr), "{:?}", stderr(&out));
+    assert!(one_line(&out).contains("is on the way"), "{}", stderr(&out));
+    // An error naming the path is sanitised too: a file where the
+    // directory should be.
+    let file = s.work("f\x1b[2Jile");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(BIN)
+        .args(["--dir", file.to_str().unwrap(), "-n", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
+    assert!(!has_raw_controls(&out.stderr), "{:?}", stderr(&out));
+    assert!(stderr(&out).contains("f?[2Jile"), "{}", stderr(&out));
+}
+
+test!(print_tmpfiles_refuses_a_dir_that_would_break_its_lines, needs: []);
+pub(crate) fn print_tmpfiles_refuses_a_dir_that_would_break_its_lines() {
+    let out = Command::new(BIN)
+        .args([
+            "setup",
+            "--print-tmpfiles",
+            "--dir",
+            "/run/lock/x\nd /etc/evil 0777 root root -",
+            "gpu",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "no snippet");
+    let err = one_line(&out);
+    assert!(
+        err.contains("--dir /run/lock/x?d /etc/evil 0777 root root - holds a control"),
+        "{err}"
+    );
+    // Spaces are quoted, as tmpfiles.d(5) reads them.
+    let out = Command::new(BIN)
+        .args(["setup", "--print-tmpfiles", "--dir", "/run/lock/a b", "gpu"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("d \"/run/lock/a b\" 1777 root root -\n"),
+        "{}",
+        stdout(&out)
+    );
+}
