@@ -387,10 +387,45 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
                 Ok(st) => st,
             };
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            let leased = !lease_holders(FileId::from_metadata(st.st_dev, st.st_ino)).is_empty();
+            if st.st_uid != 0 || leased {
+                // Another user's (or leased): a new root file in its place,
+                // unless held.
+                match replace_unless_held(dir, name, &st, plan)? {
+                    Swap::Done => {
+                        report.changed(
+                            &path,
+                            &format!(
+                                "replaced a regular file owned by {} with a new one ({} {:o}): \
+                                 nothing set on the old one, a lease or an ACL, carries over",
+                                owner_name(st.st_uid),
+                                owner_words(plan),
+                                plan.file_mode
+                            ),
+                        );
+                        return Ok(());
+                    }
+                    Swap::Raced => continue,
+                    Swap::Held => {}
+                }
+            }
             let c_name = c_string(name)?;
             let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-            let Ok(fd) = crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) else {
-                continue;
+            let fd = match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) {
+                Ok(fd) => fd,
+                // A write lease: its owner is told to let go, and this
+                // run cannot wait for that (the kernel's lease-break time).
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                    eprintln!(
+                        "devlock: not taking over {}: its owner {} holds a lease on it; run \
+                         devlock setup again in a minute",
+                        show_path(&path),
+                        owner_name(st.st_uid)
+                    );
+                    report.refused += 1;
+                    return Ok(());
+                }
+                Err(_) => continue,
             };
             let st = nix::sys::stat::fstat(&fd)?;
             if st.st_mode & libc::S_IFMT != libc::S_IFREG {
@@ -398,6 +433,28 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             }
             if let Some(what) = make_ours(&fd, &st, plan.gid, plan.file_mode)? {
                 report.changed(&path, &what);
+            }
+            // Root's now, so its former owner can take no new lease on it;
+            // one taken before stays until the kernel breaks it, and makes
+            // every open for writing wait or fail meanwhile.
+            let leases = lease_holders(FileId::from_metadata(st.st_dev, st.st_ino));
+            if !leases.is_empty() {
+                eprintln!(
+                    "devlock: {} is held, so it was kept (taken over in place), but the lease on \
+                     it ({}) stays until the kernel breaks it; run devlock setup again once it is \
+                     free, to replace it",
+                    show_path(&path),
+                    leases
+                        .iter()
+                        .map(|&p| {
+                            let user = proc::process::uid_of(p)
+                                .map_or("user unknown".to_owned(), owner_name);
+                            format!("pid {p}, {user}")
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                report.refused += 1;
             }
             return Ok(());
         }
@@ -477,6 +534,103 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             show_path(&path)
         ),
     ))
+}
+
+/// What came of replacing another user's regular file.
+enum Swap {
+    /// A new root file is at the name; the old one is gone.
+    Done,
+    /// Something changed meanwhile: look again.
+    Raced,
+    /// Somebody holds it (a flock, or byte-range locks: a place in line):
+    /// replacing it would let a second holder in.
+    Held,
+}
+
+/// Swaps a new root file in for another user's regular file `name`, unless
+/// it is held. The old file's flock is held (without waiting) across the
+/// swap, so nobody takes it between the look and the swap; a devlock that
+/// was about to takes it afterwards, finds the path names another file,
+/// and takes that one. Whatever the owner set on the old inode (a lease,
+/// an open descriptor) stays with the old inode, which is unlinked.
+fn replace_unless_held(dir: &ScratchDir, name: &str, st: &libc::stat, plan: &Plan) -> Result<Swap> {
+    let id = FileId::from_metadata(st.st_dev, st.st_ino);
+    let c_name = c_string(name)?;
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
+    // Kept open (and locked) until the swap is done; dropped after.
+    let probe = match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) {
+        Ok(fd) => {
+            if !nix::sys::stat::fstat(&fd).is_ok_and(|now| same(&now, st)) {
+                return Ok(Swap::Raced);
+            }
+            match crate::sys::fs::flock(&fd, crate::sys::fs::Flock::Exclusive, true) {
+                Ok(()) => Some(fd),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Swap::Held),
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("locking {}", show_path(&dir.path().join(name))));
+                }
+            }
+        }
+        // A write lease: nobody else had it open when it was taken. The
+        // lock table says whether anyone holds it now.
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => None,
+        Err(_) => return Ok(Swap::Raced),
+    };
+    let table = LockTable::read().context("reading /proc/locks")?;
+    if !table.ranges(id).is_empty() || (probe.is_none() && table.is_locked(id)) {
+        return Ok(Swap::Held);
+    }
+    let temp = new_file(dir, name, plan)?;
+    if rename(dir, &temp, name, true).is_err() {
+        let _ = unlink(dir, &temp);
+        return Ok(Swap::Raced);
+    }
+    let out = nix::sys::stat::fstatat(dir.fd(), temp.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+    if !out.is_ok_and(|o| same(&o, st)) {
+        let _ = rename(dir, &temp, name, true);
+        return Ok(Swap::Raced);
+    }
+    unlink(dir, &temp).with_context(|| {
+        format!(
+            "removing the replaced file, now {}",
+            show_path(&dir.path().join(&temp))
+        )
+    })?;
+    drop(probe);
+    Ok(Swap::Done)
+}
+
+fn same(a: &libc::stat, b: &libc::stat) -> bool {
+    a.st_dev == b.st_dev && a.st_ino == b.st_ino
+}
+
+/// The pids holding a lease on the file (`LEASE` lines of `/proc/locks`,
+/// which [`LockTable`] leaves out: a lease is no lock, but it makes every
+/// open for writing wait for the kernel's lease-break time).
+fn lease_holders(id: FileId) -> Vec<u32> {
+    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at = usize::from(words.get(1) == Some(&"->"));
+            if words.get(1 + at) != Some(&"LEASE") {
+                return None;
+            }
+            let pid: u32 = words.get(4 + at)?.parse().ok()?;
+            let mut dev = words.get(5 + at)?.split(':');
+            let major = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let ino: u64 = dev.next()?.parse().ok()?;
+            (FileId { major, minor, ino } == id).then_some(pid)
+        })
+        .collect()
 }
 
 fn owner_words(plan: &Plan) -> String {

@@ -1650,3 +1650,84 @@ pub(crate) fn print_tmpfiles_refuses_a_dir_that_would_break_its_lines() {
         stdout(&out)
     );
 }
+
+/// A renewed read lease as `uid` on the file at `path` (fixture
+/// leaseholder.py), with a flock through the same descriptor when `flock`:
+/// the guard and its pid, once it holds.
+fn lease_as(s: &Scratch, uid: u32, path: &Path, flock: bool, tag: &str) -> (Killed, u32) {
+    let ready = s.work(&format!("ready-{tag}"));
+    let release = s.work(&format!("release-{tag}"));
+    let mut cmd = as_user(uid, python());
+    cmd.arg(fixture("leaseholder.py"))
+        .arg(path)
+        .arg(&ready)
+        .arg(&release);
+    if flock {
+        cmd.arg("flock");
+    }
+    let guard = Killed(cmd.stdin(Stdio::null()).spawn().unwrap());
+    (guard, pid_in(&ready))
+}
+
+test!(no_lease_a_squatter_planted_survives_setups_takeover, needs: [Root, Tool("setpriv")]);
+pub(crate) fn no_lease_a_squatter_planted_survives_setups_takeover() {
+    let s = Scratch::new();
+    open_dir(&s);
+    // A made r.lock and q.lock, so A may lease them.
+    for r in ["r", "q"] {
+        assert!(
+            run_as(&s, USER_A, &["-q", "-n", r, "--", "true"])
+                .status
+                .success()
+        );
+    }
+    let ino = |r: &str| std::fs::metadata(s.lock_path(r)).unwrap().ino();
+    let (old_r, old_q) = (ino("r"), ino("q"));
+    // A renewed read lease on r.lock; a flock and a lease on q.lock.
+    let (mut leases_r, _) = lease_as(&s, USER_A, &s.lock_path("r"), false, "r");
+    let (mut holds_q, q_pid) = lease_as(&s, USER_A, &s.lock_path("q"), true, "q");
+    let out = s.run(&["setup", "r", "q"]);
+    // q is held: kept (a held lock file is never replaced), and said so.
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains(&format!(
+            "{}: replaced a regular file owned by nobody with a new one (root:root 666)",
+            s.lock_path("r").display()
+        )),
+        "{said}"
+    );
+    assert!(
+        stderr(&out).contains(&format!(
+            "{} is held, so it was kept (taken over in place), but the lease on it (pid {q_pid}, nobody) stays",
+            s.lock_path("q").display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let meta = std::fs::metadata(s.lock_path("r")).unwrap();
+    assert_ne!(meta.ino(), old_r, "a new file");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o666));
+    assert_eq!(ino("q"), old_q, "the held file kept");
+    // No take of r waits on the lease, root's or another user's.
+    for uid in [0, USER_B] {
+        let out = devlock_as(&s, uid)
+            .args(["-q", "-w", "10", "r", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{uid}: {}", stderr(&out));
+    }
+    // Once q is free (its holder gone), setup replaces nothing more: q is
+    // root's and has no lease left.
+    release(&s, "q");
+    assert!(wait_child(&mut holds_q.0).success());
+    let again = s.run(&["setup", "r", "q"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stdout(&again).contains("nothing changed"),
+        "{}",
+        stdout(&again)
+    );
+    release(&s, "r");
+    assert!(wait_child(&mut leases_r.0).success());
+}
