@@ -166,8 +166,9 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     record.child = Some(child.id());
     record.child_start = start_time(child.id());
     for lock in &held {
-        let _ = lock.label(&record);
+        notes.line(lock.label(&record));
     }
+    notes.flush(args.quiet);
     let mut budget_watch = budget_of.map(|(resource, mem, _)| {
         let b = plan.budget.as_ref().expect("a budget held was planned");
         let ask = b.ask(&resource, probe_timeout, None);

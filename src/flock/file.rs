@@ -128,13 +128,14 @@ impl LockFile {
     }
 
     /// Whether a record may go into this file, and if not, why (one line
-    /// for a warning). Only a file that is empty or already holds a devlock
-    /// record is written: anything else is somebody's data (`--dir .` with
-    /// a `Cargo.lock`). A file linked elsewhere too is written only when
+    /// for a warning); when it may, what the file holds now (nothing, or a
+    /// devlock record), for [`LockFile::holds_exactly`] before each write.
+    /// Only a file that is empty or already holds a devlock record is
+    /// written: anything else is somebody's data (`--dir .` with a
+    /// `Cargo.lock`). A file linked elsewhere too is written only when
     /// everyone may write it anyway, so a link cannot make devlock write
     /// where its linker could not.
-    pub(crate) fn may_hold_record(&self) -> std::result::Result<u64, String> {
-        use std::os::unix::fs::FileExt;
+    pub(crate) fn may_hold_record(&self) -> std::result::Result<Vec<u8>, String> {
         if !self.writable {
             return Err(format!(
                 "{} is not writable for this user; holding it without a record",
@@ -148,25 +149,45 @@ impl LockFile {
                 self.nlink
             ));
         }
-        // Whether it is devlock's shows in its first bytes (the magic); only
-        // a longer file needs its length asked.
-        let mut start = [0u8; 64];
-        let read = self.file.read_at(&mut start, 0).unwrap_or(usize::MAX);
-        let len = match read {
-            n if n < start.len() => n as u64,
-            n if n == start.len() => self.file.metadata().map_or(u64::MAX, |m| m.len()),
-            _ => u64::MAX,
-        };
-        let prefix = &start[..read.min(start.len())];
-        if len <= crate::flock::record::MAX_RECORD_BYTES as u64
-            && crate::flock::record::is_ours_to_write(prefix)
-        {
-            return Ok(len);
+        match self.contents() {
+            Some(now) if crate::flock::record::is_ours_to_write(&now) => Ok(now),
+            _ => Err(format!(
+                "{} holds data devlock did not write; holding it without a record (status shows no step)",
+                crate::text::show_path(&self.path)
+            )),
         }
-        Err(format!(
-            "{} holds data devlock did not write; holding it without a record (status shows no step)",
-            crate::text::show_path(&self.path)
-        ))
+    }
+
+    /// The whole file, when it is no longer than a record may be.
+    fn contents(&self) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let max = crate::flock::record::MAX_RECORD_BYTES;
+        let mut buf = vec![0u8; max + 1];
+        let mut len = 0;
+        while len < buf.len() {
+            match self.file.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+        }
+        (len <= max).then(|| {
+            buf.truncate(len);
+            buf
+        })
+    }
+
+    /// Whether the file holds exactly `bytes`, no more and no less: checked
+    /// before every write and before the cut on release, so that what
+    /// anyone else wrote into it meanwhile (the command itself, with
+    /// `--dir .`) is never overwritten or cut.
+    pub(crate) fn holds_exactly(&self, bytes: &[u8]) -> bool {
+        let size_ok = self
+            .file
+            .metadata()
+            .is_ok_and(|m| m.len() == bytes.len() as u64);
+        size_ok && self.contents().is_some_and(|now| now == bytes)
     }
 
     /// The open file, for uses other than flock (the queue's byte locks).

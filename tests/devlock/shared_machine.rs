@@ -1731,3 +1731,45 @@ pub(crate) fn no_lease_a_squatter_planted_survives_setups_takeover() {
     release(&s, "r");
     assert!(wait_child(&mut leases_r.0).success());
 }
+
+test!(a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut, needs: []);
+pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut() {
+    let s = Scratch::new();
+    let project = s.work("project");
+    std::fs::create_dir(&project).unwrap();
+    // Missing at first (devlock makes it), and empty at first (as
+    // `touch` or util-linux flock leave it): devlock's record goes in,
+    // then the command writes its own data over it once it runs (once
+    // the record names it), and exits.
+    for (round, before) in [("missing", None), ("empty", Some(""))] {
+        let lock = project.join("out.lock");
+        let _ = std::fs::remove_file(&lock);
+        if let Some(text) = before {
+            std::fs::write(&lock, text).unwrap();
+        }
+        let script = "until grep -q '\"child\"' out.lock; do sleep 0.01; done; \
+                      printf 'version = 4\\n' > out.lock";
+        let out = Command::new(BIN)
+            .current_dir(&project)
+            .env_remove("DEVLOCK_DIR")
+            .args(["--dir", ".", "-w", "60", "out", "--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{round}: {}", stderr(&out));
+        assert_eq!(
+            std::fs::read_to_string(&lock).unwrap(),
+            "version = 4\n",
+            "{round}: release cut what the command wrote"
+        );
+    }
+    // A record devlock wrote is still cleared on release.
+    let out = Command::new(BIN)
+        .current_dir(&project)
+        .env_remove("DEVLOCK_DIR")
+        .args(["--dir", ".", "-n", "mine", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(project.join("mine.lock")).unwrap(), b"");
+}
