@@ -122,6 +122,13 @@ impl Held {
         fds
     }
 
+    /// Whether this hold's lock file carries its label: a shared hold's
+    /// registration does, an exclusive hold's file unless it holds
+    /// somebody's data (or cannot be written).
+    pub(crate) fn labelled(&self) -> bool {
+        !self.owns_record() || self.record_ok.get().is_some_and(std::cell::Cell::get)
+    }
+
     /// Whether the holder record goes into the lock file itself.
     fn owns_record(&self) -> bool {
         self.request.exclusive && self.request.slots == 0
@@ -150,21 +157,26 @@ impl Held {
         }
         let mut note = None;
         if self.owns_record() {
-            let ok = self.record_ok.get_or_init(|| match keep.lock.may_hold_record() {
-                Ok(now) => {
-                    *self.expect.borrow_mut() = now;
-                    std::cell::Cell::new(true)
-                }
-                Err(why) => {
-                    note = Some(why);
-                    std::cell::Cell::new(false)
-                }
-            });
+            let ok = self
+                .record_ok
+                .get_or_init(|| match keep.lock.may_hold_record() {
+                    Ok(now) => {
+                        *self.expect.borrow_mut() = now;
+                        std::cell::Cell::new(true)
+                    }
+                    Err(why) => {
+                        note = Some(why);
+                        std::cell::Cell::new(false)
+                    }
+                });
             if ok.get() {
                 let mut expect = self.expect.borrow_mut();
                 if keep.lock.holds_exactly(&expect) {
                     // A label only: a failure to write it must not stop the work.
-                    if record.write_over(keep.lock.file(), expect.len() as u64).is_ok() {
+                    if record
+                        .write_over(keep.lock.file(), expect.len() as u64)
+                        .is_ok()
+                    {
                         *expect = record.to_bytes();
                         self.wrote.set(true);
                     }

@@ -1773,3 +1773,53 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(project.join("mine.lock")).unwrap(), b"");
 }
+
+test!(a_command_that_waits_for_its_own_jobs_lock_file_is_told_so, needs: [Tool("flock")]);
+pub(crate) fn a_command_that_waits_for_its_own_jobs_lock_file_is_told_so() {
+    // cargo locks Cargo.lock: `devlock --dir . Cargo -- cargo build` waits
+    // for itself. util-linux flock plays cargo here.
+    let s = Scratch::new();
+    let project = s.work("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(project.join("Cargo.lock"), "version = 4\n").unwrap();
+    let mut job = Killed(
+        Command::new(BIN)
+            .current_dir(&project)
+            .env_remove("DEVLOCK_DIR")
+            .args([
+                "--dir",
+                ".",
+                "Cargo",
+                "--",
+                "flock",
+                "-w",
+                "120",
+                "Cargo.lock",
+                "true",
+            ])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(job.0.stderr.take().unwrap());
+    let said = wait_for_line(&mut err, "part of this job");
+    assert!(
+        said.contains(
+            "flock (pid ") && said.contains(
+            "), part of this job, waits for a lock on ./Cargo.lock, which this job holds as Cargo: it will wait for ever"
+        ),
+        "{said}"
+    );
+    // SIGTERM ends the job (devlock passes it on to the command).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(job.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_child(&mut job.0);
+    assert_eq!(
+        std::fs::read_to_string(project.join("Cargo.lock")).unwrap(),
+        "version = 4\n"
+    );
+}
