@@ -403,7 +403,7 @@ pub(crate) mod etcd {
     pub(crate) fn cannot_read(path: &Path, err: &std::io::Error) -> String {
         format!(
             "cannot read {}: {}",
-            crate::text::show_path(&path),
+            crate::text::show_path(path),
             crate::proc::os_text(err)
         )
     }
@@ -411,50 +411,50 @@ pub(crate) mod etcd {
     pub(crate) fn not_pem(path: &Path, what: &str, why: &str) -> String {
         format!(
             "{} holds no PEM {what} devlock can read: {why}",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn no_certificate(path: &Path) -> String {
         format!(
             "{} holds no certificate (expected PEM, -----BEGIN CERTIFICATE-----)",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn bad_certificate(path: &Path, why: &str) -> String {
         format!(
             "{} holds a certificate devlock cannot use: {why}",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn client_cert_expired(path: &Path, not_after: &str) -> String {
         format!(
             "the client certificate {} expired on {not_after}",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn client_cert_not_yet_valid(path: &Path, not_before: &str) -> String {
         format!(
             "the client certificate {} is not valid before {not_before}",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn key_does_not_match(key: &Path, cert: &Path) -> String {
         format!(
             "the key {} does not match the certificate {}",
-            crate::text::show_path(&key),
-            crate::text::show_path(&cert)
+            crate::text::show_path(key),
+            crate::text::show_path(cert)
         )
     }
 
     pub(crate) fn unusable_key(key: &Path, why: &str) -> String {
         format!(
             "the key {} cannot be used: {why}",
-            crate::text::show_path(&key)
+            crate::text::show_path(key)
         )
     }
 
@@ -463,14 +463,14 @@ pub(crate) mod etcd {
         format!(
             "the private key {k} can be read by others (mode {mode:04o}); like ssh, devlock \
              refuses such a key (chmod 600 {k})",
-            k = crate::text::show_path(&key)
+            k = crate::text::show_path(key)
         )
     }
 
     // TLS: the handshake.
 
     pub(crate) fn roots_file(path: &Path) -> String {
-        crate::text::show_path(&path)
+        crate::text::show_path(path)
     }
 
     pub(crate) fn system_roots() -> String {
@@ -505,7 +505,7 @@ pub(crate) mod etcd {
     pub(crate) fn client_cert_refused(url: &str, cert: &Path, alert: &str) -> String {
         format!(
             "etcd at {url} refused the client certificate {} (TLS alert {alert})",
-            crate::text::show_path(&cert)
+            crate::text::show_path(cert)
         )
     }
 

@@ -292,7 +292,7 @@ impl PathWatch<'_> {
                 crate::tty::say_while_command_runs(&format!(
                     "devlock: warning: {} no longer names the file this job holds (someone renamed or \
                      removed it); another devlock may now take {name} beside this one\n",
-                    crate::text::show_path(&file.path())
+                    crate::text::show_path(file.path())
                 ));
                 if let Ok(reg) = Registration::create(self.dir, name, self.record, Kind::Lost) {
                     self.lost.push(reg);

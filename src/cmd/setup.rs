@@ -91,7 +91,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             format!(
                 "devlock setup must run as root: it makes {} and its lock files root's, so that \
                  no user can rename or remove them (try: {})",
-                show_path(&dir),
+                show_path(dir),
                 crate::flock::trust::fix_command(
                     Some(dir),
                     plan.resources.iter().map(Resource::as_str)
@@ -171,7 +171,7 @@ struct Report {
 impl Report {
     fn changed(&mut self, path: &Path, what: &str) {
         self.changes += 1;
-        println!("devlock setup: {}: {what}", show_path(&path));
+        println!("devlock setup: {}: {what}", show_path(path));
     }
 }
 
@@ -666,7 +666,7 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
     }
     Err(coded(
         ExitCode::IoError,
-        format!("cannot make a temporary file in {}", show_path(&dir.path())),
+        format!("cannot make a temporary file in {}", show_path(dir.path())),
     ))
 }
 

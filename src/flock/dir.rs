@@ -50,7 +50,7 @@ impl ScratchDir {
                             nix::sys::stat::Mode::from_bits_truncate(CREATED_DIR_MODE),
                         )
                         .with_context(|| {
-                            format!("setting mode of {}", crate::text::show_path(&path))
+                            format!("setting mode of {}", crate::text::show_path(path))
                         })?;
                     }
                     return Ok(dir);
@@ -73,14 +73,14 @@ impl ScratchDir {
                         ExitCode::IoError,
                         format!(
                             "scratch directory {} is a symbolic link; refusing to follow it",
-                            crate::text::show_path(&path)
+                            crate::text::show_path(path)
                         ),
                     )),
                     Some(libc::ENOTDIR) => Err(coded(
                         ExitCode::IoError,
                         format!(
                             "scratch directory {} is not a directory",
-                            crate::text::show_path(&path)
+                            crate::text::show_path(path)
                         ),
                     )),
                     Some(libc::EACCES) => Err(coded(
@@ -88,14 +88,14 @@ impl ScratchDir {
                         format!(
                             "cannot open scratch directory {}: Permission denied (it is kept for \
                          a group this user is not in, or for its owner)",
-                            crate::text::show_path(&path)
+                            crate::text::show_path(path)
                         ),
                     )),
                     _ => Err(coded(
                         ExitCode::IoError,
                         format!(
                             "cannot open scratch directory {}: {}",
-                            crate::text::show_path(&path),
+                            crate::text::show_path(path),
                             crate::proc::os_text(&err)
                         ),
                     )),
@@ -294,7 +294,7 @@ fn create(path: &Path) -> Result<bool> {
             ExitCode::IoError,
             format!(
                 "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
-                crate::text::show_path(&path),
+                crate::text::show_path(path),
                 crate::proc::os_text(&e)
             ),
         )),
@@ -309,7 +309,7 @@ pub(crate) fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| {
         coded(
             ExitCode::Usage,
-            format!("path {} contains a NUL byte", crate::text::show_path(&path)),
+            format!("path {} contains a NUL byte", crate::text::show_path(path)),
         )
     })
 }

@@ -367,7 +367,7 @@ pub(crate) fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
         ExitCode::IoError,
         format!(
             "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
-            crate::text::show_path(&path),
+            crate::text::show_path(path),
             kind_of(mode)
         ),
     )
@@ -377,24 +377,24 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
     let message = match err.raw_os_error() {
         Some(libc::ELOOP) => format!(
             "{} is a symbolic link; refusing to follow it in a shared directory",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         ),
         Some(libc::EISDIR) => format!(
             "{} is a directory, not a regular file; refusing to use it",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         ),
         Some(libc::ENXIO) => format!(
             "{} is a socket or device, not a regular file; refusing to use it",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         ),
         Some(libc::EACCES) => format!(
             "cannot open lock file {}: permission denied (its owner made it private; \
              ask them, or have root run devlock setup)",
-            crate::text::show_path(&path)
+            crate::text::show_path(path)
         ),
         _ => format!(
             "cannot open lock file {}: {}",
-            crate::text::show_path(&path),
+            crate::text::show_path(path),
             crate::proc::os_text(&err)
         ),
     };

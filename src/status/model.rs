@@ -752,7 +752,7 @@ fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> For
         Effect::None
     };
     ForeignLock {
-        path: crate::text::show_path(&path),
+        path: crate::text::show_path(path),
         range: lock.range_text(),
         exclusive: lock.exclusive,
         pid,
