@@ -613,9 +613,16 @@ fn same(a: &libc::stat, b: &libc::stat) -> bool {
 /// which [`LockTable`] leaves out: a lease is no lock, but it makes every
 /// open for writing wait for the kernel's lease-break time).
 fn lease_holders(id: FileId) -> Vec<u32> {
-    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
+    match std::fs::read_to_string("/proc/locks") {
+        Ok(text) => leases_in(&text, id),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// [`lease_holders`] in the text of `/proc/locks`: `2: LEASE  ACTIVE
+/// READ 10064 fe:00:10035432 0 EOF` (`BREAKING` or `BREAKER` while one is
+/// broken; `->` before a request that waits).
+fn leases_in(text: &str, id: FileId) -> Vec<u32> {
     text.lines()
         .filter_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -753,4 +760,29 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_are_found_by_file_and_locks_are_not_leases() {
+        let text = "1: FLOCK  ADVISORY  WRITE 5026 fe:00:10027111 0 EOF\n\
+                    2: LEASE  ACTIVE    READ 10064 fe:00:10035432 0 EOF\n\
+                    3: LEASE  BREAKING  READ 10065 fe:00:10035432 0 EOF\n\
+                    4: LEASE  ACTIVE    READ 10066 fe:01:10035432 0 EOF\n";
+        let id = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10_035_432,
+        };
+        assert_eq!(leases_in(text, id), [10064, 10065]);
+        let flocked = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10_027_111,
+        };
+        assert!(leases_in(text, flocked).is_empty());
+    }
 }

@@ -73,8 +73,12 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
             ));
         }
     };
-    let root = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/"))
-        .map_err(|e| coded(ExitCode::IoError, format!("cannot open /: {e}")))?;
+    let root = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
+        coded(
+            ExitCode::IoError,
+            format!("cannot open /: {}", crate::proc::os_text(&e)),
+        )
+    })?;
     let mut real = PathBuf::from("/");
     check_dir(&root, &real, dir)?;
     let mut cur = root;
@@ -91,7 +95,9 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
         let here = real.join(&part);
         let refuse = |why: String| refusal(dir, &here, why);
         if part == ".." {
-            cur = open_dir(cur.as_fd(), &part).map_err(|e| refuse(e.to_string()))?;
+            cur = open_dir(cur.as_fd(), &part).map_err(|e| {
+                refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
+            })?;
             real.pop();
             check_dir(&cur, &real, dir)?;
             continue;
@@ -110,12 +116,12 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
                     ),
                 ));
             }
-            Err(e) => return Err(refuse(e.desc().to_owned())),
+            Err(e) => return Err(refuse(format!("it cannot be examined: {}", e.desc()))),
         };
         match st.st_mode & libc::S_IFMT {
             libc::S_IFLNK => {
                 let target = nix::fcntl::readlinkat(&cur, part.as_os_str())
-                    .map_err(|e| refuse(e.desc().to_owned()))?;
+                    .map_err(|e| refuse(format!("its link cannot be read: {}", e.desc())))?;
                 if st.st_uid != 0 {
                     return Err(refuse(format!(
                         "it is a symbolic link (to {}) owned by {}, who can point it anywhere",
@@ -129,8 +135,9 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
                 }
                 let target = PathBuf::from(target);
                 if target.is_absolute() {
-                    cur = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/"))
-                        .map_err(|e| refuse(e.to_string()))?;
+                    cur = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
+                        refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
+                    })?;
                     real = PathBuf::from("/");
                 }
                 for c in target.components().rev() {
@@ -142,7 +149,9 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
                 }
             }
             libc::S_IFDIR => {
-                let fd = open_dir(cur.as_fd(), &part).map_err(|e| refuse(e.to_string()))?;
+                let fd = open_dir(cur.as_fd(), &part).map_err(|e| {
+                    refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
+                })?;
                 real = here.clone();
                 check_dir(&fd, &real, dir)?;
                 cur = fd;
