@@ -356,11 +356,14 @@ fn group_name(gid: u32) -> String {
     }
 }
 
-/// Makes one declared file root's: created when missing; a regular file
-/// another user owns is taken over in place (the same inode, so a holder of
-/// it stays the only holder, and its owner can no longer rename it); a file
-/// of the wrong type (a FIFO, a symbolic link, a socket, a directory) is
-/// swapped for a new root file, unless it is locked.
+/// Makes one declared file root's: created when missing; root's own file
+/// fixed in place; a regular file another user owns (or one with a lease
+/// or several links) replaced by a new root file when nobody holds it, so
+/// nothing set on the old inode carries over, and taken over in place when
+/// held (the same inode, so a holder of it stays the only holder, and its
+/// owner can no longer rename it); a file of the wrong type (a FIFO, a
+/// symbolic link, a socket, a directory) is swapped for a new root file,
+/// unless it is locked.
 fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Result<()> {
     let path = dir.path().join(name);
     for _ in 0..TRIES {
@@ -388,17 +391,23 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             };
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
             let leased = !lease_holders(FileId::from_metadata(st.st_dev, st.st_ino)).is_empty();
-            if st.st_uid != 0 || leased {
-                // Another user's (or leased): a new root file in its place,
-                // unless held.
+            // Another user's, leased, or linked elsewhere too (a link to
+            // a root file outside, which an in-place chmod would change):
+            // a new root file in its place, unless held.
+            if st.st_uid != 0 || leased || st.st_nlink > 1 {
                 match replace_unless_held(dir, name, &st, plan)? {
                     Swap::Done => {
                         report.changed(
                             &path,
                             &format!(
-                                "replaced a regular file owned by {} with a new one ({} {:o}): \
+                                "replaced a regular file owned by {}{} with a new one ({} {:o}): \
                                  nothing set on the old one, a lease or an ACL, carries over",
                                 owner_name(st.st_uid),
+                                if st.st_nlink > 1 {
+                                    format!(" with {} links", st.st_nlink)
+                                } else {
+                                    String::new()
+                                },
                                 owner_words(plan),
                                 plan.file_mode
                             ),

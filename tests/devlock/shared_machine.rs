@@ -1823,3 +1823,47 @@ pub(crate) fn a_command_that_waits_for_its_own_jobs_lock_file_is_told_so() {
         "version = 4\n"
     );
 }
+
+test!(setup_changes_no_file_outside_through_a_planted_hard_link, needs: [Root, Tool("setpriv")]);
+pub(crate) fn setup_changes_no_file_outside_through_a_planted_hard_link() {
+    let s = Scratch::new();
+    // Root's 0666 file elsewhere (another directory's lock file, say): A
+    // may link it (fs.protected_hardlinks lets anyone link a file they can
+    // write) into a directory A made first at --dir.
+    let outside = s.work("outside.lock");
+    std::fs::write(&outside, "").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let dir = s.work("squat");
+    let d = dir.to_str().unwrap();
+    assert!(user_does(USER_A, "mkdir", &["-m", "1777", d]));
+    assert!(user_does(
+        USER_A,
+        "ln",
+        &[outside.to_str().unwrap(), &format!("{d}/r.lock")]
+    ));
+    let out = s
+        .devlock()
+        .args(["--dir", d, "setup", "--group", "root", "r"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "{d}/r.lock: replaced a regular file owned by root with 2 links with a new one (root:root 660)"
+        )),
+        "{}",
+        stdout(&out)
+    );
+    let meta = std::fs::metadata(&outside).unwrap();
+    assert_eq!(
+        meta.mode() & 0o7777,
+        0o666,
+        "the file outside keeps its mode"
+    );
+    assert_eq!(meta.nlink(), 1, "and is linked here no more");
+    let lock = std::fs::metadata(dir.join("r.lock")).unwrap();
+    assert_eq!(
+        (lock.uid(), lock.mode() & 0o777, lock.nlink()),
+        (0, 0o660, 1)
+    );
+}
