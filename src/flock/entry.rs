@@ -157,11 +157,13 @@ impl Held {
         }
         let mut note = None;
         if self.owns_record() {
+            let mut fresh = false;
             let ok = self
                 .record_ok
                 .get_or_init(|| match keep.lock.may_hold_record() {
                     Ok(now) => {
                         *self.expect.borrow_mut() = now;
+                        fresh = true;
                         std::cell::Cell::new(true)
                     }
                     Err(why) => {
@@ -171,7 +173,8 @@ impl Held {
                 });
             if ok.get() {
                 let mut expect = self.expect.borrow_mut();
-                if keep.lock.holds_exactly(&expect) {
+                // (Read just now, at the first label.)
+                if fresh || keep.lock.holds_exactly(&expect) {
                     // A label only: a failure to write it must not stop the work.
                     if record
                         .write_over(keep.lock.file(), expect.len() as u64)

@@ -158,24 +158,45 @@ impl LockFile {
         }
     }
 
-    /// The whole file, when it is no longer than a record may be.
+    /// The whole file, when it is no longer than a record may be: its size
+    /// asked first, then one read (a second only if it grew meanwhile).
     fn contents(&self) -> Option<Vec<u8>> {
+        let size = self.file.metadata().ok()?.len();
+        self.contents_of_size(size)
+    }
+
+    /// The file's bytes, expected to be `size` long; `None` when it is
+    /// longer than a record may be or cannot be read.
+    fn contents_of_size(&self, size: u64) -> Option<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         let max = crate::flock::record::MAX_RECORD_BYTES;
-        let mut buf = vec![0u8; max + 1];
+        if size > max as u64 {
+            return None;
+        }
+        // One byte more than expected: a file that grew shows it.
+        let mut buf = vec![0u8; size as usize + 1];
         let mut len = 0;
-        while len < buf.len() {
+        loop {
+            let want = buf.len() - len;
             match self.file.read_at(&mut buf[len..], len as u64) {
-                Ok(0) => break,
-                Ok(n) => len += n,
+                Ok(n) => {
+                    len += n;
+                    // A short read of a regular file is its end.
+                    if n < want {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return None,
             }
+            // Longer than its size said: read on, within bounds.
+            if buf.len() > max {
+                return None;
+            }
+            buf.resize((buf.len() * 2).min(max + 1), 0);
         }
-        (len <= max).then(|| {
-            buf.truncate(len);
-            buf
-        })
+        buf.truncate(len);
+        Some(buf)
     }
 
     /// Whether the file holds exactly `bytes`, no more and no less: checked
@@ -183,11 +204,25 @@ impl LockFile {
     /// anyone else wrote into it meanwhile (the command itself, with
     /// `--dir .`) is never overwritten or cut.
     pub(crate) fn holds_exactly(&self, bytes: &[u8]) -> bool {
-        let size_ok = self
-            .file
-            .metadata()
-            .is_ok_and(|m| m.len() == bytes.len() as u64);
-        size_ok && self.contents().is_some_and(|now| now == bytes)
+        use std::os::unix::fs::FileExt;
+        // One read of a byte more than expected: equal only when exactly
+        // these bytes come back, and then the end.
+        let mut buf = vec![0u8; bytes.len() + 1];
+        let mut len = 0;
+        loop {
+            match self.file.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+            if len >= bytes.len() {
+                // A short read of a regular file is its end; a full one
+                // means it is longer.
+                break;
+            }
+        }
+        len == bytes.len() && buf[..len] == *bytes
     }
 
     /// The open file, for uses other than flock (the queue's byte locks).
