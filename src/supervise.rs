@@ -727,6 +727,6 @@ pub(crate) fn pass_through(command: &[OsString], env: &Env) -> ExitCode {
         .envs(env.iter().map(|(k, v)| (k, v)))
         .exec();
     let err = cannot_start(&command[0], &err);
-    eprintln!("devlock: {err:#}");
+    eprintln!("devlock: {}", crate::text::clean(&format!("{err:#}")));
     crate::exit::exit_code_of(&err)
 }

@@ -6,6 +6,7 @@
 pub(crate) mod forget;
 pub(crate) mod run;
 pub(crate) mod setup;
+mod setup_path;
 pub(crate) mod status;
 
 use anyhow::Result;

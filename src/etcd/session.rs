@@ -1019,7 +1019,11 @@ impl Trouble<'_> {
             return Err(gave_up(format!("{err:#}")));
         }
         if !self.said {
-            (self.say)(format!("devlock: {err:#}; still waiting for {}", self.name));
+            (self.say)(format!(
+                "devlock: {}; still waiting for {}",
+                crate::text::clean(&format!("{err:#}")),
+                self.name
+            ));
             self.said = true;
         }
         tokio::time::sleep(RETRY_PAUSE).await;
