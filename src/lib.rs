@@ -37,6 +37,7 @@ mod sys;
 mod take;
 mod text;
 mod tty;
+mod usage;
 mod wait_display;
 
 #[doc(hidden)]
