@@ -145,7 +145,10 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     let waited = began.elapsed();
     // Named now, made only if the job runs `devlock busy`.
     let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
-    env.push((crate::usage::idle::BUSY_ENV.into(), busy.path.into_os_string()));
+    env.push((
+        crate::usage::idle::BUSY_ENV.into(),
+        busy.path.into_os_string(),
+    ));
     for lock in &held {
         notes.line(lock.label(&record));
     }

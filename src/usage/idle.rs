@@ -164,7 +164,9 @@ pub(crate) fn say_busy(dur: Duration) -> anyhow::Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(&path)
         .with_context(|| format!("devlock busy: {shown}"))?;
-    let meta = file.metadata().with_context(|| format!("devlock busy: {shown}"))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("devlock busy: {shown}"))?;
     if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
         return Err(crate::exit::coded(
             crate::exit::ExitCode::IoError,
@@ -192,8 +194,14 @@ mod tests {
         // Busy again, then idle anew: the count starts over.
         assert!(p.check(None, at(110)).is_empty());
         assert!(p.check(Some(at(110)), at(150)).is_empty());
-        assert!(matches!(p.check(Some(at(110)), at(170)).as_slice(), [Act::Warn(_)]));
-        assert!(matches!(p.check(Some(at(110)), at(230)).as_slice(), [Act::Stop(_)]));
+        assert!(matches!(
+            p.check(Some(at(110)), at(170)).as_slice(),
+            [Act::Warn(_)]
+        ));
+        assert!(matches!(
+            p.check(Some(at(110)), at(230)).as_slice(),
+            [Act::Stop(_)]
+        ));
         assert!(p.check(Some(at(110)), at(300)).is_empty(), "stopped once");
     }
 

@@ -315,19 +315,17 @@ pub(crate) fn open_dir(dir: &Path, create: bool) -> io::Result<OwnedFd> {
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     match crate::sys::fs::open(&path, flags) {
-        Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
-            match std::fs::create_dir(dir) {
-                Ok(()) => {
-                    let fd = crate::sys::fs::open(&path, flags)?;
-                    crate::sys::fs::fchmod(&fd, 0o1777)?;
-                    Ok(fd)
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    crate::sys::fs::open(&path, flags)
-                }
-                Err(e) => Err(e),
+        Err(e) if create && e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(dir) {
+            Ok(()) => {
+                let fd = crate::sys::fs::open(&path, flags)?;
+                crate::sys::fs::fchmod(&fd, 0o1777)?;
+                Ok(fd)
             }
-        }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                crate::sys::fs::open(&path, flags)
+            }
+            Err(e) => Err(e),
+        },
         other => other,
     }
 }

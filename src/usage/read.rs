@@ -70,9 +70,7 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
             continue;
         };
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
-            notes.push(format!(
-                "{name}: skipped: not a regular file with one link"
-            ));
+            notes.push(format!("{name}: skipped: not a regular file with one link"));
             continue;
         }
         if st.st_uid != named_uid {

@@ -197,8 +197,9 @@ fn share(part: f64, of: f64) -> String {
     }
 }
 
+/// `20GiB`: a size without its space, to keep the table narrow.
 fn mib(m: u64) -> String {
-    crate::gpu::memory::size(m)
+    crate::gpu::memory::size(m).replace(' ', "")
 }
 
 /// The table: one line per row and the total, in columns.
@@ -213,10 +214,10 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
         by_name,
         "JOBS",
         "GPU-H",
-        "COMPUTING",
+        "COMPUTE",
         "IDLE",
         "WAIT",
-        "LONGEST",
+        "MAX",
         "BUDGET/PEAK",
         "STOPPED",
     ];
@@ -259,7 +260,13 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
     }
     let columns = header.len();
     let widths: Vec<usize> = (0..columns)
-        .map(|c| lines.iter().map(|l| l[c].chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for line in &lines {

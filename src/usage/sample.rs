@@ -126,8 +126,7 @@ fn run(job: &Job, now: &Mutex<Now>, quit: &mpsc::Receiver<()>) {
 
 /// Whether `pid` is one of `roots` or descends from one.
 fn under(pid: u32, roots: &[u32]) -> bool {
-    roots.contains(&pid)
-        || crate::proc::process::ancestors(pid).any(|(p, _)| roots.contains(&p))
+    roots.contains(&pid) || crate::proc::process::ancestors(pid).any(|(p, _)| roots.contains(&p))
 }
 
 /// Adds one sample of `report`, covering the `dt` seconds before `at`.
@@ -241,8 +240,18 @@ mod tests {
         add_sample(&mut n, &report(0, Some(me)), &j, 4.0, t);
         assert_eq!(n.idle_since, Some(t));
         // Someone else computes; the job has no process there: idle.
-        add_sample(&mut n, &report(90, None), &j, 2.0, t + Duration::from_secs(1));
-        assert_eq!(n.idle_since, Some(t), "still idle since the first idle sample");
+        add_sample(
+            &mut n,
+            &report(90, None),
+            &j,
+            2.0,
+            t + Duration::from_secs(1),
+        );
+        assert_eq!(
+            n.idle_since,
+            Some(t),
+            "still idle since the first idle sample"
+        );
         let m = n.measured.clone();
         assert_eq!(m.samples, 3);
         assert_eq!(m.sampled_gpu_s, 10.0);
@@ -254,8 +263,14 @@ mod tests {
     #[test]
     fn the_period_follows_the_idle_timeout() {
         assert_eq!(period(None), DEFAULT_PERIOD);
-        assert_eq!(period(Some(Duration::from_secs(2))), Duration::from_millis(500));
+        assert_eq!(
+            period(Some(Duration::from_secs(2))),
+            Duration::from_millis(500)
+        );
         assert_eq!(period(Some(Duration::from_secs(3600))), DEFAULT_PERIOD);
-        assert_eq!(period(Some(Duration::from_millis(10))), Duration::from_millis(250));
+        assert_eq!(
+            period(Some(Duration::from_millis(10))),
+            Duration::from_millis(250)
+        );
     }
 }

@@ -145,11 +145,6 @@ impl Tracker {
         }
     }
 
-    /// Whether the idle policy stopped the job.
-    pub(crate) fn stopped_idle(&self) -> bool {
-        self.stopped_idle
-    }
-
     /// The end line: how it ended (an idle stop, said by the policy, wins
     /// over the signal that stop sent).
     pub(crate) fn finish(self, how: How, code: Option<i32>, signal: Option<i32>) {

@@ -75,6 +75,7 @@ mod shared_machine;
 mod signals;
 mod status;
 mod torture;
+mod usage;
 
 fn main() {
     // The signal tests' command is this binary too (not a test of its own,
