@@ -219,7 +219,11 @@ pub enum Command {
         it is locked: a held lock file is never replaced (that lets a second holder \
         in), so setup names its holder and exits 75. Without root it exits 77. With \
         --print-tmpfiles it prints the same set-up as a systemd-tmpfiles(5) snippet \
-        instead, to make it again at every boot (/run is a tmpfs)."
+        instead, to make it again at every boot (/run is a tmpfs).\n\n\
+        It also makes the usage directory (/var/lib/devlock/usage, or \
+        $DEVLOCK_USAGE_DIR) root's, 1777 (root:G 1770 with --group), where every \
+        user's holds keep their records (see devlock-report(1)); with \
+        --idle-timeout DURATION it sets the site's default idle timeout."
     )]
     Setup(SetupArgs),
 
@@ -409,6 +413,12 @@ pub struct SetupArgs {
     /// Print a systemd-tmpfiles snippet for this set-up instead of making it
     #[arg(long)]
     pub print_tmpfiles: bool,
+
+    /// The site's default --idle-timeout for every job in this directory
+    /// (written to DIR/.idle-timeout, root's; a job's own --idle-timeout
+    /// wins)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Arguments for running a command under a lock.

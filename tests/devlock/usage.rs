@@ -638,3 +638,48 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
         stderr(&out)
     );
 }
+
+test!(the_sites_idle_timeout_stops_a_job_that_sets_none, needs: [Root]);
+pub(crate) fn the_sites_idle_timeout_stops_a_job_that_sets_none() {
+    use std::os::unix::fs::MetadataExt;
+    let g = Gpus::new(1);
+    let out = g.run(&["setup", "--idle-timeout", "1s", "gpu:0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("site idle timeout 1s"), "{text}");
+    assert!(text.contains("usage directory (root:root 1777)"), "{text}");
+    let usage = std::fs::metadata(g.s.usage_dir()).unwrap();
+    assert_eq!((usage.uid(), usage.mode() & 0o7777), (0, 0o1777));
+    let site = std::fs::metadata(g.s.dir().join(".idle-timeout")).unwrap();
+    assert_eq!((site.uid(), site.mode() & 0o777), (0, 0o644));
+    // Again: nothing to change.
+    let again = stdout(&g.run(&["setup", "--idle-timeout", "1s", "gpu:0"]));
+    assert!(again.contains("nothing changed"), "{again}");
+    let mut child = g.job(&["--step", "forgotten", "gpu:0"], "forgotten", 0, 100, None);
+    let status = wait_child(&mut child);
+    let err = all_stderr(&mut child);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(err.contains("forgotten is idle"), "{err}");
+    let job = g.job_of("forgotten");
+    assert_eq!(
+        (job["how"].as_str(), job["idle_timeout_s"].as_u64()),
+        (Some("stopped: idle"), Some(1))
+    );
+    // A job's own timeout wins.
+    let out = g.run(&[
+        "--idle-timeout",
+        "1h",
+        "--step",
+        "patient",
+        "gpu:0",
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(g.job_of("patient")["idle_timeout_s"], 3600);
+    let printed = stdout(&g.run(&["setup", "--print-tmpfiles", "--idle-timeout", "2h", "gpu:0"]));
+    assert!(
+        printed.contains("/.idle-timeout 0644 root root - 2h\n"),
+        "{printed}"
+    );
+}
