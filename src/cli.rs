@@ -29,6 +29,8 @@ Examples:
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
   devlock serve                                  the same for a browser and Prometheus
+  devlock report --since 30d --by user           who used the GPUs, and how much
+  devlock --idle-timeout 30m gpu:0 -- ./train    stop it if its GPU sits idle
   sudo devlock setup --gpus                      a directory and GPU locks no user can break
   flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate
   devlock --etcd http://10.0.0.5:2379 licence -- ./solve.sh
@@ -43,7 +45,7 @@ Examples:
     long_about = LONG_ABOUT,
     after_long_help = EXAMPLES,
     subcommand_negates_reqs = true,
-    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]...\n       devlock serve [OPTIONS]"
+    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]...\n       devlock serve [OPTIONS]\n       devlock report [OPTIONS]"
 )]
 #[allow(missing_docs)] // clap turns doc comments into help text
 pub struct Cli {
