@@ -9,6 +9,7 @@
 //! their own, counted as their own jobs. Nothing here runs before the
 //! command has started: the take pays nothing.
 
+pub(crate) mod history;
 pub(crate) mod idle;
 pub(crate) mod read;
 pub(crate) mod report;

@@ -683,3 +683,62 @@ pub(crate) fn the_sites_idle_timeout_stops_a_job_that_sets_none() {
         "{printed}"
     );
 }
+
+test!(serve_shows_idle_holders_and_each_gpus_last_day, needs: []);
+pub(crate) fn serve_shows_idle_holders_and_each_gpus_last_day() {
+    let g = Gpus::new(2);
+    std::fs::create_dir(g.s.usage_dir()).unwrap();
+    // A hold of gpu:1 that ended an hour ago, after two hours, idle.
+    let now = now_ms();
+    let mut text = start_line("past", "overnight", &["gpu:1"], &[1], now - 3 * H, 0, None);
+    text += &end_line("past", now - H, "idle", 0, 7200, 7200, None);
+    let uid = nix::unistd::geteuid();
+    std::fs::write(g.s.usage_dir().join(format!("{uid}.jsonl")), text).unwrap();
+    // A live holder of gpu:0 whose GPU computes nothing (its timeout far off).
+    g.util(0, 0);
+    let mut idler = g.job(
+        &["--step", "idler", "--idle-timeout", "1h", "gpu:0"],
+        "idler",
+        0,
+        300,
+        None,
+    );
+    g.wait_ready("idler");
+    g.s.wait_for_status("gpu:0", "the holder marked idle", |v| {
+        v["holders"][0]["idle_for_ms"].is_u64()
+    });
+    let server = crate::serve::Server::start(&mut g.devlock(), &[]);
+    let metrics = server.get("/metrics").body;
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+            .to_owned()
+    };
+    assert!(
+        line("devlock_holder_idle_seconds{").contains("step=\"idler\""),
+        "{metrics}"
+    );
+    let held = |gpu: &str| -> f64 {
+        line(&format!("devlock_gpu_held_seconds_24h{{gpu=\"{gpu}\"}}"))
+            .rsplit_once(' ')
+            .unwrap()
+            .1
+            .parse()
+            .unwrap()
+    };
+    assert!((held("1") - 7200.0).abs() < 1.0, "{metrics}");
+    assert!(held("0") < 3600.0, "the live hold, so far: {metrics}");
+    let page = server.get("/").body;
+    assert!(page.contains("<div class=\"day\""), "{page}");
+    assert!(
+        page.contains("overnight · ") && page.contains("stopped: idle"),
+        "{page}"
+    );
+    assert!(page.contains("last 24 h: held 2h00m by 1 hold"), "{page}");
+    assert!(page.contains("idle "), "{page}");
+    drop(server);
+    g.release("idler");
+    assert!(wait_child(&mut idler).success());
+}
