@@ -19,11 +19,17 @@ _devlock() {
             ",$1")
                 cmd="devlock"
                 ;;
+            devlock,busy)
+                cmd="devlock__subcmd__busy"
+                ;;
             devlock,forget)
                 cmd="devlock__subcmd__forget"
                 ;;
             devlock,help)
                 cmd="devlock__subcmd__help"
+                ;;
+            devlock,report)
+                cmd="devlock__subcmd__report"
                 ;;
             devlock,serve)
                 cmd="devlock__subcmd__serve"
@@ -34,11 +40,17 @@ _devlock() {
             devlock,status)
                 cmd="devlock__subcmd__status"
                 ;;
+            devlock__subcmd__help,busy)
+                cmd="devlock__subcmd__help__subcmd__busy"
+                ;;
             devlock__subcmd__help,forget)
                 cmd="devlock__subcmd__help__subcmd__forget"
                 ;;
             devlock__subcmd__help,help)
                 cmd="devlock__subcmd__help__subcmd__help"
+                ;;
+            devlock__subcmd__help,report)
+                cmd="devlock__subcmd__help__subcmd__report"
                 ;;
             devlock__subcmd__help,serve)
                 cmd="devlock__subcmd__help__subcmd__serve"
@@ -56,7 +68,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget help"
+            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget report busy help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -132,6 +144,13 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --idle-timeout)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
                 --report-every)
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
@@ -153,6 +172,90 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --probe-timeout)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__busy)
+            opts="-h --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
                 --dir)
                     COMPREPLY=()
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
@@ -315,8 +418,22 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__help)
-            opts="status setup serve forget help"
+            opts="status setup serve forget report busy help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__help__subcmd__busy)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -343,6 +460,20 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__help__subcmd__report)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -391,6 +522,108 @@ _devlock() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        devlock__subcmd__report)
+            opts="-h --since --until --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --since)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --until)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --by)
+                    COMPREPLY=($(compgen -W "user resource step day" -- "${cur}"))
+                    return 0
+                    ;;
+                --dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --probe-timeout)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-user)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --etcd-ca)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -490,7 +723,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__setup)
-            opts="-h --group --gpus --slots --print-tmpfiles --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --group --gpus --slots --print-tmpfiles --idle-timeout --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -504,6 +737,13 @@ _devlock() {
                     return 0
                     ;;
                 --slots)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --idle-timeout)
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o nospace
@@ -684,21 +924,21 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is an option whose value nothing completes (a duration, a number, a name).
 _devlock_value_is_free() {
     case $1 in
-        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --slots | --step | --timeout | --ttl | -w) return 0 ;;
+        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is a subcommand.
 _devlock_is_subcommand() {
     case $1 in
-        forget | help | serve | setup | status) return 0 ;;
+        busy | forget | help | report | serve | setup | status) return 0 ;;
     esac
     return 1
 }
@@ -711,7 +951,7 @@ _devlock_lists_resources() {
 }
 # Prints the subcommands.
 _devlock_subcommands() {
-    printf '%s\n' forget help serve setup status
+    printf '%s\n' busy forget help report serve setup status
 }
 
 # Resource names, hand-written (doc/completions/devlock.bash): a RESOURCE is

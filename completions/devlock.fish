@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= conflict-exit-code= new step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
+    string join \n n/no-wait w/timeout= conflict-exit-code= new step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -36,6 +36,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -l idle-threshold -d 'Devi
 complete -c devlock -n "__fish_devlock_needs_command" -l mem -d 'Share a GPU by memory: hold SIZE of gpu:N\'s memory (e.g. 20GiB), not the whole device; admitted, first come first served, while the budgets, the memory used outside the gate and the headroom fit' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l mem-headroom -d 'With --mem: device memory left unbudgeted, for the driver and for estimates that were short [default: 2GiB]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l settle -d 'With --mem: the longest a newly admitted job is the one starting on its device (the next waits until its memory stops growing), and how long --mem-strict lets it stay over budget [default: 30s]' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -l idle-timeout -d 'Warn, and after a grace period (DURATION again, at most 10m) stop the job as a signal to devlock would, once its GPUs have computed nothing for DURATION (a job with no process on them is idle too); `devlock busy DUR` in the job says it works without the GPU [default: the site\'s, set by `devlock setup --idle-timeout`]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l report-every -d 'When stderr is not a terminal, how often to report a long wait' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l ttl -d 'With --etcd: the lease\'s time to live [default: 10s]. If devlock dies, the lock frees itself this long after its last renewal' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l kill-after -d 'With --etcd: when the lease cannot be renewed, the command\'s time between SIGTERM and SIGKILL [default: 2s]; both come before the lease could expire' -r -f
@@ -59,6 +60,8 @@ complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who h
 complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
 complete -c devlock -n "__fish_devlock_needs_command" -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
+complete -c devlock -n "__fish_devlock_needs_command" -a "report" -d 'Sum the usage records: jobs, GPU-hours held, computing and idle, waits, budgets against peaks, by user, resource, step or day'
+complete -c devlock -n "__fish_devlock_needs_command" -a "busy" -d 'Inside a job: count it as busy for its idle timeout for DURATION, through a phase without GPU work (loading data, checkpointing)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
@@ -72,6 +75,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Prin
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l idle-timeout -d 'The site\'s default --idle-timeout for every job in this directory (written to DIR/.idle-timeout, root\'s; a job\'s own --idle-timeout wins)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
@@ -99,24 +103,50 @@ complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-ca -d 'W
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l since -d 'Start of the window: a duration back from now (7d, 12h) or a UTC time (2026-11-30, 2026-11-30T08:00:00Z)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l until -d 'End of the window, as --since [default: now]' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l by -d 'What each row sums' -r -f -a "user\t'The user the kernel says owns the records'
+resource\t'Each resource held (a job holding two counts in both, its GPUs split)'
+step\t'The step (--step, or the command\'s name)'
+day\t'The UTC day (a job over midnight counts in both days)'"
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l json -d 'Print one JSON document, with every job, instead of a table'
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l csv -d 'Print CSV, one line per row and the total'
+complete -c devlock -n "__fish_devlock_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-user -d 'etcd user and password, as NAME:PASSWORD (prefer the environment variable: the command line is visible to every user)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "report" -d 'Sum the usage records: jobs, GPU-hours held, computing and idle, waits, budgets against peaks, by user, resource, step or day'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "busy" -d 'Inside a job: count it as busy for its idle timeout for DURATION, through a phase without GPU work (loading data, checkpointing)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
+    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --slots --step --timeout --ttl -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand
-    contains -- $argv[1] forget help serve setup status
+    contains -- $argv[1] busy forget help report serve setup status
 end
 # Whether $argv[1] is a subcommand that takes RESOURCE arguments.
 function __devlock_lists_resources

@@ -29,6 +29,8 @@ Examples:
   devlock status                                 who holds what, who waits
   devlock status --json gpu                      the same, for scripts
   devlock serve                                  the same for a browser and Prometheus
+  devlock report --since 30d --by user           who used the GPUs, and how much
+  devlock --idle-timeout 30m gpu:0 -- ./train    stop it if its GPU sits idle
   sudo devlock setup --gpus                      a directory and GPU locks no user can break
   flock /run/lock/devlock/gpu.lock -c ./x.sh     util-linux flock, same gate
   devlock --etcd http://10.0.0.5:2379 licence -- ./solve.sh
@@ -43,7 +45,7 @@ Examples:
     long_about = LONG_ABOUT,
     after_long_help = EXAMPLES,
     subcommand_negates_reqs = true,
-    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]...\n       devlock serve [OPTIONS]"
+    override_usage = "devlock [OPTIONS] <RESOURCE>... -- <COMMAND>...\n       devlock status [OPTIONS] [RESOURCE]...\n       devlock setup [OPTIONS] [RESOURCE]...\n       devlock serve [OPTIONS]\n       devlock report [OPTIONS]"
 )]
 #[allow(missing_docs)] // clap turns doc comments into help text
 pub struct Cli {
@@ -175,7 +177,7 @@ pub enum Command {
         exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
         or unknown), note, container, and with a --mem budget mem_mib, used_mib (measured now), \
         starting (it still holds its place in line: the next budget waits) and \
-        over_budget}], waiters: [{step, pid, user, since, waiting_for_ms, \
+        over_budget; idle_for_ms while its GPUs computed nothing for its job}], waiters: [{step, pid, user, since, waiting_for_ms, \
         position, ticket, stopped, source (registration, flock or unregistered), \
         mem_mib (with --mem: the budget asked)}], \
         record (unreadable or private), stale_record, foreign_locks: [{path, range, \
@@ -226,7 +228,11 @@ pub enum Command {
         holder and exits 75. Without root it exits 77. With --print-tmpfiles it prints \
         the same set-up as a systemd-tmpfiles(5) snippet instead, to make it again at \
         every boot (/run is a tmpfs); a --dir with a control character is refused \
-        (exit 2)."
+        (exit 2).\n\n\
+        It also makes the usage directory (/var/lib/devlock/usage, or \
+        $DEVLOCK_USAGE_DIR) root's, 1777 (root:G 1770 with --group), where every \
+        user's holds keep their records (see devlock-report(1)); with \
+        --idle-timeout DURATION it sets the site's default idle timeout."
     )]
     Setup(SetupArgs),
 
@@ -248,6 +254,93 @@ pub enum Command {
         forget, and the name leaves the declared list too (exit 77 otherwise)."
     )]
     Forget(ForgetArgs),
+
+    /// Sum the usage records: jobs, GPU-hours held, computing and idle,
+    /// waits, budgets against peaks, by user, resource, step or day
+    #[command(long_about = REPORT_ABOUT)]
+    Report(ReportArgs),
+
+    /// Inside a job: count it as busy for its idle timeout for DURATION,
+    /// through a phase without GPU work (loading data, checkpointing)
+    #[command(
+        long_about = "Inside a job that devlock runs (or a Python block holds): count the \
+        job as busy for its idle timeout (--idle-timeout, or the site's) for DURATION from \
+        now [default: 10m], through a phase that does no GPU work, such as loading data or \
+        writing a checkpoint. It sets the time of $DEVLOCK_BUSY_FILE, the file devlock \
+        names to its command, into the future: `touch -d '+10 min' \"$DEVLOCK_BUSY_FILE\"` \
+        does the same. The report's computing hours stay what the GPUs did. Outside a \
+        hold it exits 2."
+    )]
+    Busy(BusyArgs),
+}
+
+/// `devlock report --help`, and the DESCRIPTION of devlock-report(1).
+pub const REPORT_ABOUT: &str = "\
+Sum the usage records of the jobs in a time window (--since, --until; the last 7 \
+days unless told) by user, resource, step or UTC day: jobs, GPU-hours held, \
+GPU-hours computing (and their share of the hours sampled), GPU-hours idle, the \
+total and longest wait, the memory budgets asked (--mem) against the peak their \
+jobs used, and how many were stopped idle, stopped over budget, or whose devlock \
+was killed. --json prints {since, until, by, rows: [...], total, jobs: [...], \
+notes}, --csv one line per row.\n\n\
+Every hold (devlock RESOURCE -- COMMAND, and the Python library's blocks) appends \
+JSON lines to its user's file in the usage directory, UID.jsonl: one when the \
+command has started, one every 10 minutes while it runs and one when it has \
+ended, with what its holder sampled of its GPUs every 5 seconds (peak memory of \
+the job's processes, utilization). The directory is $DEVLOCK_USAGE_DIR (none: no \
+records), else /var/lib/devlock/usage where devlock setup made it, else \
+/var/tmp/devlock-usage (made sticky and world-writable on first use). A file \
+counts only for the user the kernel says owns it, and only when it is named for \
+that user, a regular file with one link: nobody can write records counted as \
+another user's. A hold without an end line whose holder is gone (devlock was \
+killed, the machine went down) counts up to its last line, marked observed \
+later. A file over 16 MiB is renamed UID.jsonl.old (replacing the one before) as \
+its next hold starts; both are read.";
+
+/// Arguments of `devlock report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Start of the window: a duration back from now (7d, 12h) or a UTC time
+    /// (2026-11-30, 2026-11-30T08:00:00Z)
+    #[arg(long, value_name = "WHEN", default_value = "7d", value_hint = clap::ValueHint::Other)]
+    pub since: String,
+
+    /// End of the window, as --since [default: now]
+    #[arg(long, value_name = "WHEN", value_hint = clap::ValueHint::Other)]
+    pub until: Option<String>,
+
+    /// What each row sums
+    #[arg(long, value_name = "WHAT", value_enum, default_value = "user")]
+    pub by: ReportBy,
+
+    /// Print one JSON document, with every job, instead of a table
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+
+    /// Print CSV, one line per row and the total
+    #[arg(long)]
+    pub csv: bool,
+}
+
+/// What each row of `devlock report` sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportBy {
+    /// The user the kernel says owns the records
+    User,
+    /// Each resource held (a job holding two counts in both, its GPUs split)
+    Resource,
+    /// The step (--step, or the command's name)
+    Step,
+    /// The UTC day (a job over midnight counts in both days)
+    Day,
+}
+
+/// Arguments of `devlock busy`.
+#[derive(Debug, Args)]
+pub struct BusyArgs {
+    /// How long the job counts as busy from now (a bare number is seconds)
+    #[arg(value_name = "DURATION", default_value = "10m", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    pub duration: Duration,
 }
 
 /// Arguments of `devlock forget`.
@@ -329,6 +422,12 @@ pub struct SetupArgs {
     /// Print a systemd-tmpfiles snippet for this set-up instead of making it
     #[arg(long)]
     pub print_tmpfiles: bool,
+
+    /// The site's default --idle-timeout for every job in this directory
+    /// (written to DIR/.idle-timeout, root's; a job's own --idle-timeout
+    /// wins)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Arguments for running a command under a lock.
@@ -423,6 +522,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub mem_strict: bool,
 
+    /// Warn, and after a grace period (DURATION again, at most 10m) stop the
+    /// job as a signal to devlock would, once its GPUs have computed nothing
+    /// for DURATION (a job with no process on them is idle too); `devlock
+    /// busy DUR` in the job says it works without the GPU [default: the
+    /// site's, set by `devlock setup --idle-timeout`]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    pub idle_timeout: Option<Duration>,
+
     /// When stderr is not a terminal, how often to report a long wait
     #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub report_every: Duration,
@@ -441,7 +548,9 @@ pub struct RunArgs {
 
 /// devlock's subcommands (clap's `help` included): names a resource cannot
 /// have, since as the first word they are read as the subcommand.
-pub const SUBCOMMANDS: [&str; 5] = ["forget", "help", "serve", "setup", "status"];
+pub const SUBCOMMANDS: [&str; 7] = [
+    "busy", "forget", "help", "report", "serve", "setup", "status",
+];
 
 /// A resource named like a subcommand is a usage error with a hint: as the
 /// first word of a run it would be read as the subcommand, so nobody could
@@ -702,6 +811,7 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
             mem_headroom: None,
             settle: None,
             mem_strict: false,
+            idle_timeout: None,
             report_every: Duration::from_secs(60),
             ttl: None,
             kill_after: None,

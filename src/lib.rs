@@ -37,6 +37,7 @@ mod sys;
 mod take;
 mod text;
 mod tty;
+mod usage;
 mod wait_display;
 
 #[doc(hidden)]
@@ -48,8 +49,8 @@ mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, Lock, Options, Spec, Wait,
-    duration_of, status_document,
+    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, IdleEvent, IdleSink, Lock, Options,
+    Spec, Wait, duration_of, status_document,
 };
 pub use error::{Busy, Error, Holder, NotSupported, Result};
 pub use resource::Resource;

@@ -965,3 +965,28 @@ mod library_words_tests {
         );
     }
 }
+
+/// Said once a hold's GPUs have computed nothing for its idle timeout.
+pub(crate) fn idle_warning(
+    names: &str,
+    step: &str,
+    idle: std::time::Duration,
+    grace: std::time::Duration,
+) -> String {
+    format!(
+        "devlock: warning: {names}: {} is idle: its GPUs computed nothing for {} (idle timeout); \
+         it is stopped in {} unless they compute (or the job runs `devlock busy DUR`)\n",
+        sanitize(step),
+        short_duration(idle),
+        short_duration(grace)
+    )
+}
+
+/// Said as an idle hold is stopped.
+pub(crate) fn idle_stop(names: &str, step: &str, idle: std::time::Duration) -> String {
+    format!(
+        "devlock: --idle-timeout: {names}: stopping {}: its GPUs computed nothing for {}\n",
+        sanitize(step),
+        short_duration(idle)
+    )
+}

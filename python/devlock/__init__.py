@@ -78,6 +78,7 @@ __all__ = [
     "Error",
     "Held",
     "Holder",
+    "IdleStopped",
     "NotSupported",
     "OverBudget",
     "Timeout",
@@ -111,6 +112,19 @@ class OverBudget(KeyboardInterrupt):
     it; a ``KeyboardInterrupt``, not a :class:`Error`, so that ``except
     Exception`` in the work does not swallow the stop. ``message`` is the
     command line's line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class IdleStopped(KeyboardInterrupt):
+    """With ``idle_timeout=``: the block's GPUs computed nothing for the
+    timeout and the grace after the warning, and devlock stopped the work as
+    Ctrl-C does (a SIGINT to the main thread). Raised from the block's
+    ``__exit__`` in place of the ``KeyboardInterrupt`` that stopped it, as
+    :class:`OverBudget` is; its usage record says "stopped: idle".
+    ``message`` is the command line's line."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -166,6 +180,16 @@ def _on_budget_event(kind: str, line: str) -> None:
         logger.error(line)
         # As Ctrl-C: the main thread's KeyboardInterrupt, which the block's
         # __exit__ turns into OverBudget.
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+    else:
+        logger.warning(line)
+
+
+def _on_idle_event(kind: str, line: str) -> None:
+    """The idle policy's words (on the usage thread): a ``logging`` WARNING
+    of logger ``devlock`` once per idle spell; with the stop, as Ctrl-C."""
+    if kind == "stop":
+        logger.error(line)
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
     else:
         logger.warning(line)
@@ -454,6 +478,19 @@ class lock:
       is stopped as Ctrl-C stops it (SIGINT to the main thread; the block
       raises :class:`OverBudget`). A device whose memory cannot be learned
       raises :class:`DeviceUnknown`.
+    - ``idle_timeout`` (``--idle-timeout``, seconds or a duration string):
+      once the block's GPUs have computed nothing for that long (none of
+      this process's tree on them counts as nothing), a WARNING record of
+      logger ``devlock``; after a grace (the timeout again, at most 10
+      minutes) the work is stopped as Ctrl-C stops it and the block raises
+      :class:`IdleStopped`. A phase without GPU work says so by running
+      ``devlock busy DUR`` (or touching ``$DEVLOCK_BUSY_FILE`` into the
+      future, see devlock-busy(1)).
+
+    Every hold the block takes itself appends its usage record (start, end,
+    what its GPUs did) to the user's file in the usage directory, as the
+    command line does (``devlock report`` sums them; ``from`` is
+    ``library``).
 
     The wait sleeps in the kernel with the GIL released, so other threads
     run; Ctrl-C raises ``KeyboardInterrupt`` within a fraction of a second
@@ -467,7 +504,8 @@ class lock:
 
     Raises: :class:`Busy`, :class:`Timeout`, :class:`UnsafeFile`,
     :class:`UsageError`, :class:`DeviceUnknown`, :class:`Error`; and
-    :class:`OverBudget` (a ``KeyboardInterrupt``) with ``mem_strict``.
+    :class:`OverBudget` (a ``KeyboardInterrupt``) with ``mem_strict``;
+    :class:`IdleStopped` (a ``KeyboardInterrupt``) with ``idle_timeout``.
     """
 
     def __init__(
@@ -488,6 +526,7 @@ class lock:
         mem_headroom: Optional[Union[str, int]] = None,
         settle: Union[float, str, None] = None,
         mem_strict: bool = False,
+        idle_timeout: Union[float, str, None] = None,
     ) -> None:
         for name, size in (("mem", mem), ("mem_headroom", mem_headroom)):
             if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int))):
@@ -520,6 +559,7 @@ class lock:
         self._mem_headroom = None if mem_headroom is None else str(mem_headroom)
         self._settle = None if settle is None else _check_seconds("settle", settle)
         self._mem_strict = bool(mem_strict)
+        self._idle_timeout = None if idle_timeout is None else _check_seconds("idle_timeout", idle_timeout)
         # One per block entered with this object (it may be re-entered).
         self._blocks: List[Tuple[_Entry, "contextvars.Token[Tuple[_Entry, ...]]", Optional[Dict[str, Optional[str]]]]] = []
 
@@ -544,6 +584,7 @@ class lock:
             settle=self._settle,
             mem_strict=self._mem_strict,
             inside=inside,
+            idle_timeout=self._idle_timeout,
         )
         hold = acquiring.wait(0.0)
         if hold is None:
@@ -555,6 +596,8 @@ class lock:
         try:
             if mem_mib is not None:
                 hold.on_budget_event(_on_budget_event)
+            if self._idle_timeout is not None:
+                hold.on_idle_event(_on_idle_event)
             if self._inheritable:
                 for fd in fds:
                     os.set_inheritable(fd, True)
@@ -604,9 +647,13 @@ class lock:
             _stack.set(tuple(e for e in _stack.get() if e is not entry))
         with _live_lock:
             _live.pop(id(entry), None)
-        stopped = entry.native.stopped_over_budget() if isinstance(exc, KeyboardInterrupt) else None
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        stopped = entry.native.stopped_over_budget() if interrupted else None
+        idle = entry.native.stopped_idle() if interrupted and stopped is None else None
         entry.native.release()
         if saved is not None:
             _restore_env(saved)
         if stopped is not None and not isinstance(exc, OverBudget):
             raise OverBudget(stopped) from exc
+        if idle is not None and not isinstance(exc, IdleStopped):
+            raise IdleStopped(idle) from exc

@@ -51,6 +51,9 @@ class Hold:
     def on_budget_event(self, callback: Callable[[str, str], None]) -> None:
         """callback(kind, line) on the budget watch's thread; kind "over" or "stop"."""
     def stopped_over_budget(self) -> Optional[str]: ...
+    def on_idle_event(self, callback: Callable[[str, str], None]) -> None:
+        """callback(kind, line) on the usage thread; kind "idle" or "stop"."""
+    def stopped_idle(self) -> Optional[str]: ...
     def release(self) -> None: ...
 
 class Acquiring:
@@ -76,5 +79,6 @@ def start(
     settle: Optional[float],
     mem_strict: bool,
     inside: List[Tuple[str, bool]],
+    idle_timeout: Optional[float] = None,
 ) -> Acquiring: ...
 def status(dir: str, resources: List[str], probe_timeout: Optional[float]) -> str: ...

@@ -412,6 +412,28 @@ impl PyHold {
         py.detach(|| self.with(|h| h.on_budget_event(sink), ()));
     }
 
+    /// Calls `callback(kind, line)` on the usage thread (with the GIL) for
+    /// each thing the idle policy says: kind "idle" or "stop".
+    fn on_idle_event(&self, py: Python<'_>, callback: Py<PyAny>) {
+        let sink: devlock::IdleSink = Box::new(move |event| {
+            let (kind, line) = match event {
+                devlock::IdleEvent::Idle(line) => ("idle", line),
+                devlock::IdleEvent::Stop(line) => ("stop", line),
+            };
+            Python::attach(|py| {
+                if let Err(e) = callback.call1(py, (kind, line)) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        });
+        py.detach(|| self.with(|h| h.on_idle_event(sink), ()));
+    }
+
+    /// The idle stop's line, once the policy said stop (idle_timeout=).
+    fn stopped_idle(&self) -> Option<String> {
+        self.with(devlock::Hold::stopped_idle, None)
+    }
+
     /// The strict stop's line, once the watch said stop (mem_strict=True).
     fn stopped_over_budget(&self) -> Option<String> {
         self.with(devlock::Hold::stopped_over_budget, None)
@@ -436,7 +458,7 @@ fn seconds_of(py: Python<'_>, name: &str, text: &str) -> PyResult<f64> {
 /// Starts a take (GIL released): checks the options, takes at once when
 /// free, else (unless wait is false) waits in line on a thread of its own.
 #[pyfunction]
-#[pyo3(signature = (resources, *, dir, step, wait, timeout, shared, slots, any, count, mem, mem_headroom, settle, mem_strict, inside))]
+#[pyo3(signature = (resources, *, dir, step, wait, timeout, shared, slots, any, count, mem, mem_headroom, settle, mem_strict, inside, idle_timeout=None))]
 #[allow(clippy::too_many_arguments)]
 fn start(
     py: Python<'_>,
@@ -454,6 +476,7 @@ fn start(
     settle: Option<f64>,
     mem_strict: bool,
     inside: Vec<(String, bool)>,
+    idle_timeout: Option<f64>,
 ) -> PyResult<PyAcquiring> {
     let wait = match (wait, timeout) {
         (false, Some(_)) => {
@@ -475,6 +498,9 @@ fn start(
         mem_headroom,
         settle: settle.map(|t| seconds(t, "settle")).transpose()?,
         mem_strict,
+        idle_timeout: idle_timeout
+            .map(|t| seconds(t, "idle_timeout"))
+            .transpose()?,
     };
     let options = devlock::Options { dir, wait, step };
     let inside: Vec<devlock::HeldLock> = inside

@@ -31,6 +31,8 @@ def flock_bin() -> str:
 def scratch(tmp_path: Path, devlock_bin: str, monkeypatch: pytest.MonkeyPatch) -> Scratch:
     s = Scratch(tmp_path, devlock_bin)
     monkeypatch.setenv("DEVLOCK_DIR", str(s.dir))
+    # Usage records of this test's holds, CLI and library, kept here.
+    monkeypatch.setenv("DEVLOCK_USAGE_DIR", str(tmp_path / "usage"))
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(var, raising=False)
     return s

@@ -21,12 +21,20 @@ pub struct Hold {
     /// A memory budget held (`mem`), watched while held; let go after
     /// `taken` (the group first, as the command line lets go).
     budget: Option<Budget>,
+    /// Its usage record and idle policy (none when everything passed
+    /// through: the enclosing hold's record counts it).
+    usage: Option<crate::api::usage::Usage>,
     pid: u32,
 }
 
 impl Hold {
     /// The hold of what `takes` took, for `step`.
-    pub(crate) fn new(mut taken: Vec<(Resource, Taken)>, takes: &Takes, step: &str) -> Hold {
+    pub(crate) fn new(
+        mut taken: Vec<(Resource, Taken)>,
+        takes: &Takes,
+        step: &str,
+        usage: crate::api::usage::Ask,
+    ) -> Hold {
         let mut members = takes.members.clone();
         if takes.count > 0 {
             // An --any's picks: the members taken, not their groups.
@@ -49,13 +57,37 @@ impl Hold {
             };
             Some(Budget::start(held, b, takes.probe_timeout, step))
         });
+        let own = budget.is_some() || taken.iter().any(|(_, t)| matches!(t, Taken::Held(_)));
+        let usage = own.then(|| {
+            let ask = crate::api::usage::Ask {
+                mem_mib: budget.as_ref().map(|b| b.mem_mib),
+                ..usage
+            };
+            crate::api::usage::Usage::start(members.clone(), step, ask)
+        });
         Hold {
             taken,
             members,
             passed: takes.passed.clone(),
             budget,
+            usage,
             pid: std::process::id(),
         }
+    }
+
+    /// Where the idle policy (`idle_timeout`) says what it has to say, on
+    /// the usage thread; what it said before this call is passed on at once.
+    pub fn on_idle_event(&self, sink: crate::api::usage::IdleSink) {
+        if let Some(u) = &self.usage {
+            u.on_event(sink);
+        }
+    }
+
+    /// With `idle_timeout`: the line that said stop, once the policy said it.
+    pub fn stopped_idle(&self) -> Option<String> {
+        self.usage
+            .as_ref()
+            .and_then(crate::api::usage::Usage::stopped)
     }
 
     /// The memory budget this hold keeps (`mem`), MiB; `None` without one
@@ -209,8 +241,11 @@ impl Drop for Hold {
             if let Some(mut budget) = budget {
                 budget.release();
             }
+            // The end line once the locks are let go, off the hand-off's path.
+            drop(self.usage.take());
             return;
         }
+        drop(self.usage.take());
         if let Some(budget) = self.budget.as_mut() {
             budget.close_copy();
         }

@@ -6,6 +6,7 @@ mod hold;
 mod lock;
 mod spec;
 mod take;
+mod usage;
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,6 +17,7 @@ pub use hold::Hold;
 pub use lock::{Guard, Lock, Options, Wait};
 pub use spec::{Spec, duration_of};
 pub use take::Acquiring;
+pub use usage::{IdleEvent, IdleSink};
 
 use crate::error::{Error, Result};
 use crate::resource::Resource;

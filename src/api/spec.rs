@@ -29,6 +29,11 @@ pub struct Spec {
     /// `--mem-strict`: once over budget for `settle`, the hold's
     /// [`crate::BudgetEvent::Stop`] tells the caller to stop its work.
     pub mem_strict: bool,
+    /// `--idle-timeout`: once the hold's GPUs computed nothing for this
+    /// long, its [`crate::IdleEvent::Idle`] warns, and after a grace (this
+    /// again, at most 10 minutes) its [`crate::IdleEvent::Stop`] tells the
+    /// caller to stop its work.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Spec {
@@ -44,6 +49,7 @@ impl Spec {
             mem_headroom: None,
             settle: None,
             mem_strict: false,
+            idle_timeout: None,
         }
     }
 }

@@ -69,6 +69,12 @@ impl Acquiring {
         let takes = Takes::new(&plan, &plan.resources, inside)?;
         let dir = ScratchDir::open_or_create(&options.dir)?;
         let label = takes.label();
+        let usage = crate::api::usage::Ask {
+            started,
+            idle_timeout: spec.idle_timeout,
+            probe_timeout: takes.probe_timeout,
+            mem_mib: None,
+        };
         let first = {
             let now = Context {
                 dir: &dir,
@@ -82,7 +88,7 @@ impl Acquiring {
         match first {
             Ok(taken) => {
                 return Ok(Acquiring {
-                    done: Some(Ok(Hold::new(taken, &takes, &options.step))),
+                    done: Some(Ok(Hold::new(taken, &takes, &options.step, usage))),
                     waiting: None,
                     started,
                     step: options.step.clone(),
@@ -124,7 +130,7 @@ impl Acquiring {
                         take_all(&ctx, &takes)
                     };
                     // A receiver that gave up drops the hold: released.
-                    let _ = tx.send(result.map(|taken| Hold::new(taken, &takes, &ctx.step)));
+                    let _ = tx.send(result.map(|taken| Hold::new(taken, &takes, &ctx.step, usage)));
                 })?
         };
         Ok(Acquiring {

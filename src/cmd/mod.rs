@@ -4,6 +4,7 @@
 //! `devlock serve` is [`crate::serve`]'s, for the lock directory only.
 
 pub(crate) mod forget;
+pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod setup;
 mod setup_path;
@@ -27,6 +28,8 @@ pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
         Some(Command::Setup(args)) => setup::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Serve(args)) => crate::serve::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Forget(args)) => forget::run(&args, &cli.dir),
+        Some(Command::Report(args)) => report::run(&args),
+        Some(Command::Busy(args)) => report::busy(&args),
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
 }
@@ -49,6 +52,8 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             ExitCode::Usage,
             crate::messages::serve::not_for_etcd(),
         )),
+        Some(Command::Report(args)) => report::run(&args),
+        Some(Command::Busy(args)) => report::busy(&args),
         Some(Command::Forget(_)) => Err(crate::exit::coded(
             ExitCode::Usage,
             "devlock forget removes lock files in the scratch directory; it has nothing to do with --etcd",

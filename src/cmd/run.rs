@@ -27,6 +27,7 @@ use crate::take::Takes;
 use crate::wait_display::{WaitDisplay, WaitPlan};
 
 pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
+    let began = Instant::now();
     let mut plan = Plan::from_args(args, probe_timeout)?;
     Plan::refuse_lease_flags(args)?;
     // A typo must not wait its turn first.
@@ -141,6 +142,13 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     // The label is there before the command runs (status and anyone who
     // waits see who holds it at once), and names the command once it runs.
     let mut record = Record::for_this_process(&step);
+    let waited = began.elapsed();
+    // Named now, made only if the job runs `devlock busy`.
+    let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
+    env.push((
+        crate::usage::idle::BUSY_ENV.into(),
+        busy.path.into_os_string(),
+    ));
     for lock in &held {
         notes.line(lock.label(&record));
     }
@@ -169,6 +177,25 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         notes.line(lock.label(&record));
     }
     notes.flush(args.quiet);
+    // After the start, off the take's path: the usage record and sampler.
+    let mut usage = crate::usage::track::Tracker::start(&crate::usage::track::Hold {
+        resources: resources_of(&held),
+        step: step.clone(),
+        pid: record.pid,
+        pid_start: record.pid_start,
+        boot_id: record.boot_id.clone(),
+        start_ms: record.since_ms,
+        waited,
+        mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
+        idle_timeout: args
+            .idle_timeout
+            .or_else(|| crate::usage::idle::site_default(dir_path)),
+        from: "cli",
+        roots: vec![record.pid, child.id()],
+        probe_timeout,
+        quiet: args.quiet,
+    });
+    let label = std::cell::RefCell::new(record.clone());
     let mut budget_watch = budget_of.map(|(resource, mem, _)| {
         let b = plan.budget.as_ref().expect("a budget held was planned");
         let ask = b.ask(&resource, probe_timeout, None);
@@ -190,20 +217,35 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     let (code, guard) = supervise::supervise_watching(child, signal, &mut |tick| {
         if tick == supervise::Tick::Second {
             watch.check();
+            act_on_usage(usage.tick(), &held, &label, args.quiet);
         }
         if let Some(budget) = budget_watch.as_mut() {
             let actions = match tick {
                 supervise::Tick::Second => budget.check(),
                 supervise::Tick::Stopped => budget.stopped(),
             };
-            act_on_budget(budget, actions, &held, &record);
+            act_on_budget(budget, actions, &held, &label);
         }
     });
     drop(watch);
+    let over_budget = budget_watch.as_ref().is_some_and(|b| b.stopped);
     drop(budget_watch);
     // Let go of the locks before our places in line, so the next in line
     // finds the lock free when it wakes; the dismissed guard is reaped last.
     drop(held);
+    // How it ended, for the usage record (an idle stop is the tracker's to say).
+    let (how, status, signo) = match code {
+        ExitCode::Command(c) => (crate::usage::How::Exit, Some(c), None),
+        ExitCode::Signal(s) => (crate::usage::How::Signal, None, Some(s)),
+        ExitCode::Success => (crate::usage::How::Exit, Some(0), None),
+        _ => (crate::usage::How::Error, None, None),
+    };
+    let how = if over_budget {
+        crate::usage::How::OverBudget
+    } else {
+        how
+    };
+    usage.finish(how, status, signo);
     drop(guard);
     Ok(code)
 }
@@ -232,7 +274,12 @@ fn budget_env(mem: u64, total: u64) -> supervise::Env {
 /// mark it over budget (or back under) in its registration, stop it under
 /// `--mem-strict` as a signal to devlock would (the first stopping signal
 /// goes on to the command).
-fn act_on_budget(budget: &Watch, actions: Vec<Action>, held: &[Held], record: &Record) {
+fn act_on_budget(
+    budget: &Watch,
+    actions: Vec<Action>,
+    held: &[Held],
+    label: &std::cell::RefCell<Record>,
+) {
     let Some(hold) = held
         .iter()
         .find(|h| h.request.name == budget.resource && h.request.via.is_none())
@@ -243,13 +290,53 @@ fn act_on_budget(budget: &Watch, actions: Vec<Action>, held: &[Held], record: &R
         match action {
             Action::StepAside => hold.step_aside(),
             Action::Relabel(over) => {
-                let mut record = record.clone();
+                let mut record = label.borrow_mut();
                 record.over_mib = over;
                 let _ = hold.label(&record);
             }
             Action::Stop => crate::sys::signal::raise(libc::SIGTERM),
         }
     }
+}
+
+/// Does what the usage tracker's tick says: the idle label on every held
+/// lock, the idle warning, and the idle stop (as a signal to devlock would).
+fn act_on_usage(
+    tick: crate::usage::track::Tick,
+    held: &[Held],
+    label: &std::cell::RefCell<Record>,
+    quiet: bool,
+) {
+    use crate::usage::idle::Act;
+    if let Some(idle) = tick.relabel {
+        let mut record = label.borrow_mut();
+        record.idle_since_ms = idle;
+        for hold in held {
+            let _ = hold.label(&record);
+        }
+    }
+    for act in tick.acts {
+        match act {
+            Act::Warn(text) if !quiet => crate::tty::say_while_command_runs(&text),
+            Act::Warn(_) => {}
+            Act::Stop(text) => {
+                crate::tty::say_while_command_runs(&text);
+                crate::sys::signal::raise(libc::SIGTERM);
+            }
+        }
+    }
+}
+
+/// The resources a run holds, as its usage record names them: what it
+/// asked for, or the members an `--any` took (not their groups).
+fn resources_of(held: &[Held]) -> Vec<Resource> {
+    let mut names: Vec<Resource> = held
+        .iter()
+        .filter(|h| h.request.via.is_none() && !h.request.for_group)
+        .map(|h| h.request.name.clone())
+        .collect();
+    names.dedup();
+    names
 }
 
 /// `gpu:0 gpu:1`

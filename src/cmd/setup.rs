@@ -116,6 +116,10 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         names.dedup();
         crate::flock::declared::write(&scratch, &names)?;
     }
+    if let Some(timeout) = args.idle_timeout {
+        site_idle_timeout(&scratch, timeout, &mut report)?;
+    }
+    usage_dir(&plan, &mut report)?;
     for issue in crate::flock::trust::dir_issues(&scratch) {
         println!("devlock setup: warning: {}", issue.reason);
     }
@@ -160,6 +164,79 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         ));
     }
     Ok(ExitCode::Success)
+}
+
+/// Writes the site's default idle timeout, root's 0644, in place of
+/// whatever was at its name.
+fn site_idle_timeout(dir: &ScratchDir, timeout: Duration, report: &mut Report) -> Result<()> {
+    use std::io::Write;
+    let name = crate::usage::idle::SITE_FILE;
+    let path = dir.path().join(name);
+    let text = format!("{}\n", humantime::format_duration(timeout));
+    let old = crate::usage::idle::site_default(dir.path());
+    if old == Some(timeout) {
+        return Ok(());
+    }
+    let _ = nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    let flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = crate::sys::fs::openat(dir.fd(), &c_string(name)?, flags, 0o644)
+        .with_context(|| format!("creating {}", path.display()))?;
+    crate::sys::fs::fchmod(&fd, 0o644)?;
+    std::fs::File::from(fd)
+        .write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    report.changed(&path, &format!("site idle timeout {}", text.trim()));
+    Ok(())
+}
+
+/// Makes the usage directory root's: sticky, world-writable (group-writable
+/// with --group), so each user makes and keeps a file of their own there.
+fn usage_dir(plan: &Plan, report: &mut Report) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let path = match std::env::var_os(crate::usage::ENV) {
+        Some(v) if v == "none" || v == "off" => return Ok(()),
+        Some(v) if !v.is_empty() => std::path::PathBuf::from(v),
+        _ => std::path::PathBuf::from(crate::usage::MANAGED_DIR),
+    };
+    if let Some(parent) = path.parent()
+        && !parent.exists()
+    {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let made = match std::fs::create_dir(&path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+    };
+    let meta = std::fs::symlink_metadata(&path)
+        .with_context(|| format!("examining {}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(coded(
+            ExitCode::IoError,
+            format!(
+                "{} is not a directory: remove it and run devlock setup again",
+                path.display()
+            ),
+        ));
+    }
+    let mode = plan.dir_mode;
+    if made || meta.uid() != 0 || meta.gid() != plan.gid || meta.mode() & 0o7777 != mode {
+        nix::unistd::chown(
+            &path,
+            Some(nix::unistd::Uid::from_raw(0)),
+            Some(nix::unistd::Gid::from_raw(plan.gid)),
+        )
+        .with_context(|| format!("chown {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("chmod {}", path.display()))?;
+        report.changed(
+            &path,
+            &format!("usage directory ({} {mode:o})", owner_words(plan)),
+        );
+    }
+    Ok(())
 }
 
 #[derive(Default)]
@@ -736,6 +813,12 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
     if let Some(n) = args.slots {
         invocation.push_str(&format!(" --slots {n}"));
     }
+    if let Some(t) = args.idle_timeout {
+        invocation.push_str(&format!(
+            " --idle-timeout {}",
+            humantime::format_duration(t)
+        ));
+    }
     for r in &plan.resources {
         invocation.push(' ');
         invocation.push_str(r.as_str());
@@ -766,6 +849,13 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
         out.push_str(&format!(
             "f {} 0644 root root - {names}\n",
             quote(&format!("{dir_text}/{}", crate::flock::declared::FILE))
+        ));
+    }
+    if let Some(timeout) = args.idle_timeout {
+        out.push_str(&format!(
+            "f {} 0644 root root - {}\n",
+            quote(&format!("{dir_text}/{}", crate::usage::idle::SITE_FILE)),
+            humantime::format_duration(timeout)
         ));
     }
     Ok(out)

@@ -72,6 +72,11 @@ pub struct Record {
     /// its budget by more than a tenth, MiB (a label for status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub over_mib: Option<u64>,
+    /// Milliseconds since the epoch since when the holder's GPUs computed
+    /// nothing for its job, as its sampler saw (a label for status; only
+    /// written while idle, so a reader from before it meets it only then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since_ms: Option<u64>,
 }
 
 impl Record {
@@ -90,6 +95,7 @@ impl Record {
             via: None,
             mem_mib: None,
             over_mib: None,
+            idle_since_ms: None,
         }
     }
 
@@ -276,6 +282,7 @@ impl Record {
             && self.slot.is_none_or(|s| (1..=MAX_SLOT).contains(&s))
             && self.mem_mib.is_none_or(|m| (1..=MAX_MEM_MIB).contains(&m))
             && self.over_mib.is_none_or(|m| m <= MAX_MEM_MIB)
+            && self.idle_since_ms.is_none_or(|t| t <= latest)
             && self
                 .boot_id
                 .as_ref()

@@ -117,6 +117,18 @@ family!(
     "1 when a budget holder went more than a tenth over its budget, else 0"
 );
 family!(
+    HOLDER_IDLE,
+    "devlock_holder_idle_seconds",
+    ["resource", "step", "user", "pid"],
+    "How long a GPU holder's GPUs have computed nothing for its job, as its holder samples them (only while idle)"
+);
+family!(
+    GPU_HELD_DAY,
+    "devlock_gpu_held_seconds_24h",
+    ["gpu"],
+    "Of the last 24 hours, the seconds some job held each GPU, from the usage records"
+);
+family!(
     HOLDER_GPU_USED,
     "devlock_holder_gpu_memory_used_bytes",
     ["resource", "step", "user", "pid", "gpu"],
@@ -315,6 +327,31 @@ pub(crate) fn render(snapshot: &Snapshot) -> String {
     out.family(&TRUST_ISSUES, vec![(vec![], issues.len() as f64)]);
     locks(&mut out, &report.resources);
     gpus(&mut out, &report.resources, report.device_info.as_ref());
+    // Every GPU the probe lists (0 when nothing held it) and every GPU the
+    // records name.
+    let mut indices: Vec<u32> = report
+        .device_info
+        .as_ref()
+        .map_or(&[][..], DeviceReport::devices)
+        .iter()
+        .map(|d| d.index)
+        .chain(snapshot.history.keys().copied())
+        .collect();
+    indices.sort_unstable();
+    indices.dedup();
+    out.family(
+        &GPU_HELD_DAY,
+        indices
+            .into_iter()
+            .map(|i| {
+                let held = snapshot
+                    .history
+                    .get(&i)
+                    .map_or(0, |s| crate::usage::history::held_ms(s));
+                (vec![i.to_string()], held as f64 / 1000.0)
+            })
+            .collect(),
+    );
     let status = match &report.device_info {
         Some(DeviceReport::Devices(_)) => "ok",
         Some(DeviceReport::Unknown { .. }) => "unknown",
@@ -430,6 +467,12 @@ fn locks(out: &mut Exposition, resources: &[ResourceView]) {
         &HOLDER_OVER_BUDGET,
         holders()
             .filter_map(|(r, h)| Some((who(r, h), flag(h.over_budget?))))
+            .collect(),
+    );
+    out.family(
+        &HOLDER_IDLE,
+        holders()
+            .filter_map(|(r, h)| Some((who(r, h), h.idle_for_ms? as f64 / 1000.0)))
             .collect(),
     );
     out.family(

@@ -32,7 +32,16 @@ pub(crate) struct Snapshot {
     pub(crate) at: SystemTime,
     /// How long it took, the GPU probe included.
     pub(crate) took: Duration,
+    /// The last day's holds of each GPU, from the usage records (read at
+    /// most once a minute; empty where there are none to read).
+    pub(crate) history: Arc<History>,
 }
+
+/// Each GPU's holds of the last 24 hours.
+pub(crate) type History = std::collections::BTreeMap<u32, Vec<crate::usage::history::Span>>;
+
+/// How long a history answers before the records are read again.
+const HISTORY_FRESH_FOR: Duration = Duration::from_secs(60);
 
 impl Snapshot {
     /// `/status.json`: formatted as `devlock status --json` prints it.
@@ -49,6 +58,7 @@ pub(crate) struct Snapshots {
     dir: PathBuf,
     probe_timeout: Duration,
     latest: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    history: Mutex<Option<(Instant, Arc<History>)>>,
 }
 
 impl Snapshots {
@@ -57,7 +67,26 @@ impl Snapshots {
             dir,
             probe_timeout,
             latest: Mutex::new(None),
+            history: Mutex::new(None),
         }
+    }
+
+    /// The history, read again when older than [`HISTORY_FRESH_FOR`].
+    fn history(&self) -> Arc<History> {
+        let mut kept = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((taken, history)) = kept.as_ref()
+            && taken.elapsed() < HISTORY_FRESH_FOR
+        {
+            return history.clone();
+        }
+        let now = crate::usage::now_ms();
+        let jobs = crate::usage::dir()
+            .and_then(|dir| crate::usage::read::jobs(&dir, now).ok())
+            .map(|(jobs, _)| jobs)
+            .unwrap_or_default();
+        let history = Arc::new(crate::usage::history::of(&jobs, now));
+        *kept = Some((Instant::now(), history.clone()));
+        history
     }
 
     /// The latest snapshot, or a new one when it is older than
@@ -74,10 +103,12 @@ impl Snapshots {
         let at = SystemTime::now();
         let mut report = model::gather(&self.dir, &[], Some(self.probe_timeout))?;
         withhold_commands(&mut report);
+        let history = self.history();
         let snapshot = Arc::new(Snapshot {
             report,
             at,
             took: started.elapsed(),
+            history,
         });
         *latest = Some((started, snapshot.clone()));
         Ok(snapshot)

@@ -149,6 +149,10 @@ pub(crate) struct Holder {
     /// What the holder measured when it went over.
     #[serde(skip)]
     pub over_mib: Option<u64>,
+    /// How long its GPUs have computed nothing for its job, as its holder
+    /// sampled them (a label from its record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_for_ms: Option<u64>,
     /// The place in line its record names.
     #[serde(skip)]
     pub ticket: Option<u64>,
@@ -872,6 +876,7 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         starting: None,
         over_budget: None,
         over_mib: None,
+        idle_for_ms: None,
         ticket: None,
         container: first.and_then(proc::container::container_of),
     }
@@ -897,6 +902,9 @@ fn labelled(
         holder.over_budget = Some(r.over_mib.is_some());
         holder.over_mib = r.over_mib;
     }
+    holder.idle_for_ms = r
+        .idle_since_ms
+        .map(|t| elapsed_ms(std::time::UNIX_EPOCH + Duration::from_millis(t), now));
     holder
 }
 

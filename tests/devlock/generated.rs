@@ -280,7 +280,7 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
     assert_eq!(
         reply("devlock "),
         [
-            "forget", "gpu", "gpu:0", "gpu:1", "help", "serve", "setup", "status"
+            "busy", "forget", "gpu", "gpu:0", "gpu:1", "help", "report", "serve", "setup", "status"
         ]
     );
     assert_eq!(reply("devlock g"), ["gpu", "gpu:0", "gpu:1"]);
@@ -292,7 +292,9 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
     assert!(!reply("devlock serve ").contains(&"gpu"), "{stdout}");
     assert_eq!(
         reply(&format!("devlock --dir {other_dir} ")),
-        ["forget", "help", "serve", "setup", "status", "tpu"]
+        [
+            "busy", "forget", "help", "report", "serve", "setup", "status", "tpu"
+        ]
     );
     assert_eq!(
         reply(&format!("devlock --dir={other_dir} status ")),

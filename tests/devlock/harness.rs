@@ -41,6 +41,11 @@ impl Scratch {
         self.root.path().join("locks")
     }
 
+    /// The usage directory devlock keeps records in (made on first use).
+    pub fn usage_dir(&self) -> PathBuf {
+        self.root.path().join("usage")
+    }
+
     pub fn lock_path(&self, resource: &str) -> PathBuf {
         self.dir().join(format!("{resource}.lock"))
     }
@@ -57,6 +62,7 @@ impl Scratch {
     pub fn devlock(&self) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.env("DEVLOCK_DIR", self.dir())
+            .env("DEVLOCK_USAGE_DIR", self.usage_dir())
             .env("DEVLOCK_NVML", "none")
             .env_remove("NO_COLOR")
             .env_remove("CUDA_VISIBLE_DEVICES")

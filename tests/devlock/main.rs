@@ -77,6 +77,7 @@ mod shared_machine;
 mod signals;
 mod status;
 mod torture;
+mod usage;
 
 fn main() {
     // The signal tests' command is this binary too (not a test of its own,
@@ -86,8 +87,23 @@ fn main() {
         return;
     }
     let args = libtest_mimic::Arguments::from_args();
+    // Usage records of every devlock the tests start (those not given a
+    // scratch directory's own too) stay in a directory of this run's, never
+    // in the machine's.
+    let usage = tempfile::Builder::new()
+        .prefix("devlock-test-usage")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(
+        usage.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    // SAFETY: no other thread runs yet.
+    unsafe { std::env::set_var("DEVLOCK_USAGE_DIR", usage.path()) };
     let conclusion = libtest_mimic::run(&args, harness::trials());
     #[cfg(feature = "etcd")]
     etcd_cluster::stop_shared();
+    drop(usage);
     conclusion.exit();
 }

@@ -34,15 +34,26 @@ const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
 /// Sections of a subcommand's page that clap cannot know, after its
 /// generated OPTIONS: the subcommand, then its sections' titles and files
 /// under doc/man/, in page order.
-const SUBCOMMAND_SECTIONS: &[(&str, &[(&str, &str)])] = &[(
-    "serve",
-    &[
-        ("ENDPOINTS", "serve-endpoints.roff"),
-        ("METRICS", "serve-metrics.roff"),
-        ("WHO CAN SEE WHAT", "serve-access.roff"),
-        ("EXAMPLES", "serve-examples.roff"),
-    ],
-)];
+const SUBCOMMAND_SECTIONS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "serve",
+        &[
+            ("ENDPOINTS", "serve-endpoints.roff"),
+            ("METRICS", "serve-metrics.roff"),
+            ("WHO CAN SEE WHAT", "serve-access.roff"),
+            ("EXAMPLES", "serve-examples.roff"),
+        ],
+    ),
+    (
+        "report",
+        &[
+            ("RECORDS", "report-records.roff"),
+            ("FIGURES", "report-figures.roff"),
+            ("IDLE POLICY", "report-idle.roff"),
+            ("EXAMPLES", "report-examples.roff"),
+        ],
+    ),
+];
 
 /// clap_complete's last lines for zsh, which the hand-written zsh part
 /// replaces so that its wrapper, not clap's `_devlock`, is registered.

@@ -1,0 +1,122 @@
+//! `devlock report`: the usage records summed ([`crate::usage::report`]),
+//! and `devlock busy`.
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::Result;
+
+use crate::cli::{BusyArgs, ReportArgs};
+use crate::exit::{ExitCode, coded};
+use crate::usage::{self, ms_of, read, report};
+
+pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
+    let now = SystemTime::now();
+    let since = when(&args.since, now, "--since")?;
+    let until = match &args.until {
+        Some(text) => when(text, now, "--until")?,
+        None => now,
+    };
+    let (since, until) = (ms_of(since), ms_of(until));
+    if until < since {
+        return Err(coded(ExitCode::Usage, "--until comes before --since"));
+    }
+    let Some(dir) = usage::dir() else {
+        return Err(coded(
+            ExitCode::Usage,
+            "DEVLOCK_USAGE_DIR=none: no usage records are kept, so there is nothing to report",
+        ));
+    };
+    let (jobs, notes) = match read::jobs(&dir, ms_of(now)) {
+        Ok(found) => found,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), Vec::new()),
+        Err(e) => {
+            return Err(coded(
+                ExitCode::IoError,
+                format!("{}: {}", dir.display(), crate::proc::os_text(&e)),
+            ));
+        }
+    };
+    let (rows, total) = report::rows(&jobs, args.by, since, until);
+    if args.json {
+        let listed: Vec<_> = jobs
+            .iter()
+            .filter(|j| j.start.start_ms < until && j.end_ms.max(j.start.start_ms) >= since)
+            .map(report::job_json)
+            .collect();
+        let at = |ms: u64| {
+            humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+                .to_string()
+        };
+        let doc = serde_json::json!({
+            "dir": dir,
+            "since": at(since),
+            "until": at(until),
+            "by": format!("{:?}", args.by).to_lowercase(),
+            "rows": rows,
+            "total": total,
+            "jobs": listed,
+            "notes": notes,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::Success);
+    }
+    for note in &notes {
+        eprintln!("devlock: note: {}", crate::text::sanitize(note));
+    }
+    if args.csv {
+        print!("{}", report::csv(&rows, &total));
+    } else {
+        print!("{}", report::table(args.by, &rows, &total));
+    }
+    Ok(ExitCode::Success)
+}
+
+pub(crate) fn busy(args: &BusyArgs) -> Result<ExitCode> {
+    usage::idle::say_busy(args.duration)?;
+    Ok(ExitCode::Success)
+}
+
+/// `7d` (back from now), `2026-11-30` or `2026-11-30T08:00:00Z` (UTC).
+fn when(text: &str, now: SystemTime, flag: &str) -> Result<SystemTime> {
+    if let Ok(back) = crate::cli::parse_duration(text) {
+        return Ok(now.checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH));
+    }
+    let full = if text.len() == 10 {
+        format!("{text}T00:00:00Z")
+    } else {
+        text.to_owned()
+    };
+    humantime::parse_rfc3339_weak(&full).map_err(|_| {
+        coded(
+            ExitCode::Usage,
+            format!(
+                "{flag} {}: neither a duration back from now (7d, 12h) nor a UTC time \
+                 (2026-11-30, 2026-11-30T08:00:00Z)",
+                crate::text::sanitize(text)
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_durations_back_or_utc_times() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10 * 86400);
+        assert_eq!(
+            when("7d", now, "--since").unwrap(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(3 * 86400)
+        );
+        assert_eq!(
+            when("1970-01-02", now, "--since").unwrap(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(86400)
+        );
+        assert_eq!(
+            when("1970-01-02T01:00:00Z", now, "--since").unwrap(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(86400 + 3600)
+        );
+        assert!(when("yesterday", now, "--since").is_err());
+    }
+}

@@ -1,0 +1,213 @@
+//! The idle policy of a hold (`--idle-timeout`, the site's default, the
+//! library's `idle_timeout=`): once its GPUs have computed nothing for the
+//! timeout the holder is warned, and after a grace period (the timeout
+//! again, at most [`MAX_GRACE`]) it is stopped through devlock's normal
+//! stop sequence and recorded "stopped: idle". `devlock busy DUR` (or a
+//! touch of `$DEVLOCK_BUSY_FILE` into the future) says the job is busy
+//! without the GPU until then.
+//!
+//! (See [`super::sample`] for what idle means.)
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// The longest grace between the warning and the stop.
+pub(crate) const MAX_GRACE: Duration = Duration::from_secs(600);
+
+/// The variable naming the file `devlock busy` sets into the future.
+pub(crate) const BUSY_ENV: &str = "DEVLOCK_BUSY_FILE";
+
+/// The site's default idle timeout in a managed scratch directory: this
+/// file, root's, holding a duration (`devlock setup --idle-timeout`).
+pub(crate) const SITE_FILE: &str = ".idle-timeout";
+
+/// The grace after the warning for `timeout`.
+pub(crate) fn grace(timeout: Duration) -> Duration {
+    timeout.min(MAX_GRACE)
+}
+
+/// What the policy says to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Act {
+    /// Say this (a whole line).
+    Warn(String),
+    /// Stop the job; this line says why.
+    Stop(String),
+}
+
+/// The policy's state for one hold.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    pub timeout: Duration,
+    pub names: String,
+    pub step: String,
+    warned_for: Option<SystemTime>,
+    pub stopped: bool,
+}
+
+impl Policy {
+    pub(crate) fn new(timeout: Duration, names: String, step: String) -> Policy {
+        Policy {
+            timeout,
+            names,
+            step,
+            warned_for: None,
+            stopped: false,
+        }
+    }
+
+    /// Looks at `idle_since` as of `now`.
+    pub(crate) fn check(&mut self, idle_since: Option<SystemTime>, now: SystemTime) -> Vec<Act> {
+        let Some(since) = idle_since else {
+            self.warned_for = None;
+            return Vec::new();
+        };
+        if self.stopped {
+            return Vec::new();
+        }
+        let idle = now.duration_since(since).unwrap_or_default();
+        let mut acts = Vec::new();
+        if idle >= self.timeout && self.warned_for != Some(since) {
+            self.warned_for = Some(since);
+            acts.push(Act::Warn(crate::messages::idle_warning(
+                &self.names,
+                &self.step,
+                idle,
+                grace(self.timeout),
+            )));
+        }
+        if idle >= self.timeout + grace(self.timeout) && self.warned_for == Some(since) {
+            self.stopped = true;
+            acts.push(Act::Stop(crate::messages::idle_stop(
+                &self.names,
+                &self.step,
+                idle,
+            )));
+        }
+        acts
+    }
+}
+
+/// The site's default idle timeout: [`SITE_FILE`] in the scratch directory,
+/// believed only when the directory and the file are root's, the file
+/// regular with one link (nobody else can have written it).
+pub(crate) fn site_default(dir: &Path) -> Option<Duration> {
+    use std::os::unix::fs::MetadataExt;
+    let dir_meta = std::fs::symlink_metadata(dir).ok()?;
+    if dir_meta.uid() != 0 || !dir_meta.is_dir() {
+        return None;
+    }
+    let path = dir.join(SITE_FILE);
+    let meta = std::fs::symlink_metadata(&path).ok()?;
+    if meta.uid() != 0 || !meta.is_file() || meta.nlink() != 1 || meta.len() > 64 {
+        return None;
+    }
+    let text = std::fs::read_to_string(&path).ok()?;
+    crate::cli::parse_duration(text.trim())
+        .ok()
+        .filter(|d| !d.is_zero())
+}
+
+/// The busy file of a hold: a path in the temporary directory named for the
+/// holder, which `devlock busy` creates (the holder never does: nothing is
+/// made before the command starts) and sets into the future; believed only
+/// while it is a regular file of the holder's user; removed when the hold
+/// ends.
+#[derive(Debug, Clone)]
+pub(crate) struct BusyFile {
+    pub path: std::path::PathBuf,
+}
+
+impl BusyFile {
+    pub(crate) fn for_holder(pid: u32, pid_start: u64) -> BusyFile {
+        BusyFile {
+            path: std::env::temp_dir().join(format!(
+                "devlock-busy-{}-{pid}-{pid_start}",
+                nix::unistd::geteuid()
+            )),
+        }
+    }
+
+    /// Until when the job said it is busy, if it did.
+    pub(crate) fn busy_until(path: &Path) -> Option<SystemTime> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        (meta.is_file() && meta.uid() == nix::unistd::geteuid().as_raw())
+            .then(|| meta.modified().ok())
+            .flatten()
+    }
+
+    /// Removes it, if it is this user's file.
+    pub(crate) fn remove(&self) {
+        if Self::busy_until(&self.path).is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// `devlock busy [DUR]`: the hold this process runs under counts as busy
+/// for its idle policy for DUR from now.
+pub(crate) fn say_busy(dur: Duration) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let Some(path) = std::env::var_os(BUSY_ENV).filter(|p| !p.is_empty()) else {
+        return Err(crate::exit::coded(
+            crate::exit::ExitCode::Usage,
+            "devlock busy: not inside a devlock hold ($DEVLOCK_BUSY_FILE is not set)",
+        ));
+    };
+    let shown = Path::new(&path).display().to_string();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .with_context(|| format!("devlock busy: {shown}"))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("devlock busy: {shown}"))?;
+    if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(crate::exit::coded(
+            crate::exit::ExitCode::IoError,
+            format!("devlock busy: {shown} is not a file of this user's: refusing it"),
+        ));
+    }
+    file.set_modified(SystemTime::now() + dur)
+        .with_context(|| format!("devlock busy: setting the time of {shown}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warned_at_the_timeout_stopped_after_the_grace() {
+        let mut p = Policy::new(Duration::from_secs(60), "gpu:0".into(), "s".into());
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let at = |s| t0 + Duration::from_secs(s);
+        assert!(p.check(Some(t0), at(59)).is_empty());
+        let acts = p.check(Some(t0), at(60));
+        assert!(matches!(acts.as_slice(), [Act::Warn(_)]), "{acts:?}");
+        assert!(p.check(Some(t0), at(100)).is_empty(), "warned once");
+        // Busy again, then idle anew: the count starts over.
+        assert!(p.check(None, at(110)).is_empty());
+        assert!(p.check(Some(at(110)), at(150)).is_empty());
+        assert!(matches!(
+            p.check(Some(at(110)), at(170)).as_slice(),
+            [Act::Warn(_)]
+        ));
+        assert!(matches!(
+            p.check(Some(at(110)), at(230)).as_slice(),
+            [Act::Stop(_)]
+        ));
+        assert!(p.check(Some(at(110)), at(300)).is_empty(), "stopped once");
+    }
+
+    #[test]
+    fn a_long_timeout_has_a_bounded_grace() {
+        assert_eq!(grace(Duration::from_secs(7200)), MAX_GRACE);
+        assert_eq!(grace(Duration::from_secs(2)), Duration::from_secs(2));
+    }
+}

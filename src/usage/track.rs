@@ -1,0 +1,160 @@
+//! A hold's usage, from the command's start to its end: the start line, the
+//! sampler, the idle policy, progress lines and the end line; the one
+//! piece the command line's supervisor and the library's hold both drive,
+//! once a second.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use super::idle::{Act, BusyFile, Policy};
+use super::sample::{Job, Now, Sampler};
+use super::{How, Log, Measured, PROGRESS_EVERY, Start, VERSION, job_id};
+use crate::resource::Resource;
+
+/// What a hold is, for its usage.
+#[derive(Debug, Clone)]
+pub(crate) struct Hold {
+    pub resources: Vec<Resource>,
+    pub step: String,
+    /// The holder (devlock, or the library's process) and its start time.
+    pub pid: u32,
+    pub pid_start: u64,
+    pub boot_id: Option<String>,
+    pub start_ms: u64,
+    pub waited: Duration,
+    pub mem_mib: Option<u64>,
+    pub idle_timeout: Option<Duration>,
+    /// `cli` or `python`.
+    pub from: &'static str,
+    /// The processes whose trees are the job's.
+    pub roots: Vec<u32>,
+    pub probe_timeout: Duration,
+    pub quiet: bool,
+}
+
+/// What a tick found to do.
+#[derive(Debug, Default)]
+pub(crate) struct Tick {
+    /// The holder's label should now say idle since this (`Some(None)`:
+    /// no longer idle).
+    pub relabel: Option<Option<u64>>,
+    pub acts: Vec<Act>,
+}
+
+/// The usage of one hold while it runs.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    log: Option<Log>,
+    sampler: Option<Sampler>,
+    policy: Option<Policy>,
+    busy: Option<BusyFile>,
+    last_progress: Instant,
+    labelled: Option<u64>,
+    stopped_idle: bool,
+}
+
+impl Tracker {
+    /// Writes the start line and starts the sampler (for GPU resources).
+    pub(crate) fn start(hold: &Hold) -> Tracker {
+        let names: Vec<String> = hold.resources.iter().map(|r| r.to_string()).collect();
+        let mut gpus: Vec<u32> = hold
+            .resources
+            .iter()
+            .filter_map(|r| crate::gpu::gate::gpu_indices(r, &[]))
+            .flatten()
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        let start = Start {
+            v: VERSION,
+            job: job_id(hold.boot_id.as_deref(), hold.pid, hold.pid_start),
+            resources: names.clone(),
+            gpus,
+            step: hold.step.clone(),
+            pid: hold.pid,
+            pid_start: hold.pid_start,
+            boot_id: hold.boot_id.clone(),
+            host: super::host(),
+            start_ms: hold.start_ms,
+            waited_ms: hold.waited.as_millis() as u64,
+            mem_mib: hold.mem_mib,
+            idle_timeout_s: hold.idle_timeout.map(|d| d.as_secs().max(1)),
+            from: hold.from.to_owned(),
+        };
+        let log = Log::start(&start, hold.quiet);
+        let busy = Some(BusyFile::for_holder(hold.pid, hold.pid_start));
+        let job = Job {
+            resources: hold.resources.clone(),
+            roots: hold.roots.clone(),
+            period: super::sample::period(hold.idle_timeout),
+            probe_timeout: hold.probe_timeout,
+            busy_file: busy.as_ref().map(|b| b.path.clone()),
+        };
+        let sampler = job.has_gpus().then(|| Sampler::start(job)).flatten();
+        let policy = hold
+            .idle_timeout
+            .filter(|_| sampler.is_some())
+            .map(|t| Policy::new(t, names.join(" "), hold.step.clone()));
+        Tracker {
+            log,
+            sampler,
+            policy,
+            busy,
+            last_progress: Instant::now(),
+            labelled: None,
+            stopped_idle: false,
+        }
+    }
+
+    fn now(&self) -> Now {
+        self.sampler.as_ref().map(Sampler::now).unwrap_or_default()
+    }
+
+    /// Once a second: a progress line when due, the idle label and policy.
+    pub(crate) fn tick(&mut self) -> Tick {
+        let mut tick = Tick::default();
+        let Some(sampler) = &self.sampler else {
+            self.progress_if_due(Measured::default);
+            return tick;
+        };
+        let now = sampler.now();
+        self.progress_if_due(|| now.measured.clone());
+        if !now.answered {
+            return tick;
+        }
+        let idle_ms = now.idle_since.map(super::ms_of);
+        if idle_ms != self.labelled {
+            self.labelled = idle_ms;
+            tick.relabel = Some(idle_ms);
+        }
+        if let Some(policy) = self.policy.as_mut() {
+            tick.acts = policy.check(now.idle_since, SystemTime::now());
+            if tick.acts.iter().any(|a| matches!(a, Act::Stop(_))) {
+                self.stopped_idle = true;
+            }
+        }
+        tick
+    }
+
+    fn progress_if_due(&mut self, measured: impl FnOnce() -> Measured) {
+        if self.last_progress.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last_progress = Instant::now();
+        if let Some(log) = &self.log {
+            log.progress(measured());
+        }
+    }
+
+    /// The end line: how it ended (an idle stop, said by the policy, wins
+    /// over the signal that stop sent).
+    pub(crate) fn finish(self, how: How, code: Option<i32>, signal: Option<i32>) {
+        let measured = self.now().measured;
+        if let Some(busy) = &self.busy {
+            busy.remove();
+        }
+        let how = if self.stopped_idle { How::Idle } else { how };
+        if let Some(log) = &self.log {
+            log.end(how, code, signal, measured);
+        }
+    }
+}

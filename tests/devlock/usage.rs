@@ -1,0 +1,744 @@
+//! Usage records and the idle policy, through the real binary against the
+//! fake nvidia-smi (contrib/fake-gpu) with scripted utilization: how each
+//! job ended (exit, signal, kill -9 of devlock, over-budget stop, idle
+//! stop), records forged by another user, `devlock report`'s figures for a
+//! scripted week, and idle jobs warned and stopped while busy ones are not.
+
+use std::io::{BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+use crate::harness::*;
+
+/// A scratch directory and a fake GPU state beside it, sampled fast.
+struct Gpus {
+    s: Scratch,
+    state: PathBuf,
+}
+
+impl Gpus {
+    fn new(count: u32) -> Gpus {
+        let s = Scratch::new();
+        let state = s.work("gpus");
+        std::fs::create_dir(&state).unwrap();
+        let lines: String = (0..count).map(|i| format!("{i} 81920\n")).collect();
+        std::fs::write(state.join("gpus"), lines).unwrap();
+        Gpus { s, state }
+    }
+
+    fn devlock(&self) -> Command {
+        let mut cmd = self.s.devlock();
+        cmd.env(
+            "DEVLOCK_NVIDIA_SMI",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
+        )
+        .env("FAKE_GPU_DIR", &self.state)
+        .env("DEVLOCK_SAMPLE_EVERY", "200ms")
+        .stdin(Stdio::null());
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.devlock().args(args).output().unwrap()
+    }
+
+    /// GPU `gpu` computes `pct` percent from now on.
+    fn util(&self, gpu: u32, pct: u32) {
+        std::fs::write(self.state.join(format!("util.{gpu}")), format!("{pct}\n")).unwrap();
+    }
+
+    /// `devlock ARGS -- sh -c SCRIPT'`, where the script first uses `mib`
+    /// on `gpu` (none when 0), writes `ready-TAG` (its pid) and then runs
+    /// `then` (default: waits for `release-TAG`).
+    fn job(&self, args: &[&str], tag: &str, gpu: u32, mib: u64, then: Option<&str>) -> Child {
+        let ready = self.s.work(&format!("ready-{tag}"));
+        let release = self.s.work(&format!("release-{tag}"));
+        let alloc = if mib > 0 {
+            format!("echo {gpu} $$ {mib} > {}/use.{tag}; ", self.state.display())
+        } else {
+            String::new()
+        };
+        let then = then.map_or_else(
+            || format!("while [ ! -e {} ]; do sleep 0.01; done", release.display()),
+            str::to_owned,
+        );
+        let script = format!(
+            "{alloc}echo $$ > {r}.tmp; mv {r}.tmp {r}; {then}",
+            r = ready.display()
+        );
+        let mut cmd = self.devlock();
+        cmd.args(args)
+            .args(["--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.process_group(0);
+        cmd.spawn().unwrap()
+    }
+
+    fn wait_ready(&self, tag: &str) -> u32 {
+        pid_in(&self.s.work(&format!("ready-{tag}")))
+    }
+
+    fn release(&self, tag: &str) {
+        std::fs::write(self.s.work(&format!("release-{tag}")), "").unwrap();
+    }
+
+    /// `devlock report --json ARGS`, parsed.
+    fn report(&self, args: &[&str]) -> serde_json::Value {
+        let out = self
+            .devlock()
+            .args(["report", "--json", "--since", "1d"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "report failed: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The one job of the report whose step is `step`.
+    fn job_of(&self, step: &str) -> serde_json::Value {
+        let report = self.report(&[]);
+        let jobs: Vec<_> = report["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["step"] == step)
+            .cloned()
+            .collect();
+        assert_eq!(jobs.len(), 1, "{report:#}");
+        jobs[0].clone()
+    }
+}
+
+fn all_stderr(child: &mut Child) -> String {
+    let mut text = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    text
+}
+
+test!(records_say_how_each_job_ended, needs: []);
+pub(crate) fn records_say_how_each_job_ended() {
+    let g = Gpus::new(1);
+    g.util(0, 40);
+    // Each probe appends a line per query (two): after four the first
+    // sample is in.
+    let probes = g.state.join("probes");
+    std::fs::write(&probes, "").unwrap();
+    let out = g.run(&[
+        "--step",
+        "exits",
+        "gpu:0",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "echo 0 $$ 700 > {s}/use.a; while [ $(wc -l < {s}/probes) -lt 4 ]; do sleep 0.01; done; exit 3",
+            s = g.state.display()
+        ),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let out = g.run(&["--step", "killed", "gpu:0", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9), "{}", stderr(&out));
+    let exits = g.job_of("exits");
+    assert_eq!(exits["how"], "exit", "{exits:#}");
+    assert_eq!(exits["code"], 3);
+    assert_eq!(exits["ending"], "recorded");
+    assert_eq!(exits["resources"], serde_json::json!(["gpu:0"]));
+    assert_eq!(exits["gpus"], serde_json::json!([0]));
+    assert_eq!(exits["peak_mib"], 700, "{exits:#}");
+    assert_eq!(exits["from"], "cli");
+    let (busy, sampled) = (
+        exits["busy_gpu_s"].as_f64().unwrap(),
+        exits["sampled_gpu_s"].as_f64().unwrap(),
+    );
+    // Each sample while the job had its process there saw 40 %.
+    assert!(sampled > 0.0 && busy <= 0.4 * sampled + 1e-9, "{exits:#}");
+    let killed = g.job_of("killed");
+    assert_eq!(killed["how"], "signal", "{killed:#}");
+    assert_eq!(killed["signal"], 9);
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    assert_eq!(killed["user"], user);
+    // The file is the user's, one line per event, plain JSON.
+    let file =
+        g.s.usage_dir()
+            .join(format!("{}.jsonl", nix::unistd::geteuid()));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), 4, "{text}");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["event"] == "start" || v["event"] == "end", "{line}");
+    }
+}
+
+test!(a_killed_devlock_leaves_a_record_observed_later, needs: []);
+pub(crate) fn a_killed_devlock_leaves_a_record_observed_later() {
+    let g = Gpus::new(1);
+    let mut child = g.job(&["--step", "doomed", "gpu:0"], "doomed", 0, 0, None);
+    g.wait_ready("doomed");
+    // The start line is there once the command runs; the running job counts.
+    let running = poll_until(
+        "the start line",
+        || g.report(&[]),
+        |r| r["jobs"].as_array().is_some_and(|j| j.len() == 1),
+    );
+    assert_eq!(running["jobs"][0]["ending"], "running", "{running:#}");
+    // kill -9 of devlock's group: its guard ends the command.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_child(&mut child);
+    let doomed = g.job_of("doomed");
+    assert_eq!(doomed["ending"], "observed-later", "{doomed:#}");
+    assert_eq!(doomed["how"], serde_json::Value::Null);
+    assert_eq!(g.report(&[])["total"]["observed_later"], 1);
+}
+
+test!(an_over_budget_stop_is_recorded, needs: []);
+pub(crate) fn an_over_budget_stop_is_recorded() {
+    let g = Gpus::new(1);
+    let mut child = g.job(
+        &[
+            "--step",
+            "greedy",
+            "--mem",
+            "1GiB",
+            "--settle",
+            "0.3s",
+            "--mem-strict",
+            "gpu:0",
+        ],
+        "greedy",
+        0,
+        4096,
+        None,
+    );
+    let status = wait_child(&mut child);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    let greedy = g.job_of("greedy");
+    assert_eq!(greedy["how"], "stopped: over budget", "{greedy:#}");
+    assert_eq!(greedy["mem_mib"], 1024);
+    assert_eq!(greedy["peak_mib"], 4096);
+}
+
+test!(an_idle_job_is_warned_then_stopped_and_busy_ones_are_not, needs: []);
+pub(crate) fn an_idle_job_is_warned_then_stopped_and_busy_ones_are_not() {
+    let g = Gpus::new(3);
+    g.util(0, 0);
+    g.util(1, 60);
+    g.util(2, 0);
+    // Busy by the GPU, and busy by its own word (no GPU work).
+    let mut computing = g.job(
+        &["--step", "computing", "--idle-timeout", "1s", "gpu:1"],
+        "computing",
+        1,
+        500,
+        None,
+    );
+    let said = g.s.work("said-busy");
+    let mut loading = g.job(
+        &["--step", "loading", "--idle-timeout", "1s", "gpu:2"],
+        "loading",
+        2,
+        500,
+        Some(&format!(
+            "{BIN} busy 1h && touch {}; while [ ! -e {} ]; do sleep 0.01; done",
+            said.display(),
+            g.s.work("release-loading").display()
+        )),
+    );
+    g.wait_ready("computing");
+    wait_for_file(&said);
+    // Idle: its process is on the GPU, which computes nothing.
+    let mut idle = g.job(
+        &["--step", "idler", "--idle-timeout", "1s", "gpu:0"],
+        "idler",
+        0,
+        500,
+        None,
+    );
+    g.wait_ready("idler");
+    let mut err = BufReader::new(idle.stderr.take().unwrap());
+    let warned = wait_for_line(&mut err, "idle");
+    assert!(
+        warned.contains("gpu:0: idler is idle: its GPUs computed nothing for 1s")
+            && warned.contains("stopped in 1s"),
+        "{warned}"
+    );
+    // Status says so too, while it waits out its grace.
+    let view = g.s.resource_status("gpu:0");
+    assert!(
+        view["holders"][0]["idle_for_ms"].as_u64().is_some(),
+        "{view:#}"
+    );
+    let status = wait_child(&mut idle);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.contains("--idle-timeout: gpu:0: stopping idler"),
+        "{rest}"
+    );
+    assert_eq!(g.job_of("idler")["how"], "stopped: idle");
+    // The busy ones ran through the same time (and more) untouched.
+    g.release("computing");
+    g.release("loading");
+    for (child, name) in [(&mut computing, "computing"), (&mut loading, "loading")] {
+        let text = all_stderr(child);
+        assert!(wait_child(child).success(), "{name}: {text}");
+        assert!(!text.contains("idle"), "{name}: {text}");
+        assert_eq!(g.job_of(name)["how"], "exit");
+    }
+}
+
+test!(a_job_without_a_gpu_process_is_idle, needs: []);
+pub(crate) fn a_job_without_a_gpu_process_is_idle() {
+    let g = Gpus::new(1);
+    // The GPU computes, but for nobody of this job's.
+    g.util(0, 90);
+    let mut child = g.job(
+        &["--step", "away", "--idle-timeout", "1s", "gpu:0"],
+        "away",
+        0,
+        0,
+        None,
+    );
+    let status = wait_child(&mut child);
+    let text = all_stderr(&mut child);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{text}");
+    assert!(text.contains("away is idle"), "{text}");
+    let away = g.job_of("away");
+    assert_eq!(away["how"], "stopped: idle");
+    assert_eq!(away["busy_gpu_s"], 0.0, "{away:#}");
+    assert!(away["idle_gpu_s"].as_f64().unwrap() > 0.0, "{away:#}");
+}
+
+test!(a_forged_record_is_counted_for_nobody_else, needs: [Root, Tool("setpriv")]);
+pub(crate) fn a_forged_record_is_counted_for_nobody_else() {
+    let g = Gpus::new(1);
+    let out = g.run(&["--step", "mine", "gpu:0", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let usage = g.s.usage_dir();
+    let forged = |name: &str| {
+        format!(
+            "{{\"event\":\"start\",\"v\":1,\"job\":\"x-1-1\",\"resources\":[\"gpu:0\"],\"gpus\":[0],\
+             \"step\":\"forged\",\"pid\":1,\"pid_start\":1,\"start_ms\":{},\"waited_ms\":0,\"from\":\"cli\"}}\n\
+             {{\"event\":\"end\",\"v\":1,\"job\":\"x-1-1\",\"end_ms\":{},\"how\":\"exit\",\"code\":0}}\n\
+             # {name}\n",
+            now_ms() - 3_600_000,
+            now_ms()
+        )
+    };
+    // As nobody: a file named for root (its .old), one named for another
+    // user, and a real job of its own.
+    let script = format!(
+        "printf '%s' '{}' > {u}/0.jsonl.old; printf '%s' '{}' > {u}/65533.jsonl; \
+         {BIN} --step theirs gpu:0 -- true",
+        forged("root"),
+        forged("other"),
+        u = usage.display()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .envs(g.devlock().get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = g.report(&["--by", "user"]);
+    let rows = report["rows"].as_array().unwrap();
+    let keys: Vec<&str> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    let nobody = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(65534))
+        .unwrap()
+        .map_or("65534".to_owned(), |u| u.name);
+    let root = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    assert_eq!(keys.len(), 2, "{report:#}");
+    assert!(
+        keys.contains(&root.as_str()) && keys.contains(&nobody.as_str()),
+        "{report:#}"
+    );
+    for row in rows {
+        assert_eq!(row["jobs"], 1, "{report:#}");
+    }
+    let steps: Vec<&str> = report["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["step"].as_str().unwrap())
+        .collect();
+    assert!(!steps.contains(&"forged"), "{report:#}");
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("0.jsonl.old: skipped: owned by") && notes.contains("65533.jsonl: skipped"),
+        "{notes}"
+    );
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// 2026-11-23T00:00:00Z, a Monday.
+const WEEK: u64 = 1_795_392_000_000;
+const H: u64 = 3_600_000;
+const D: u64 = 24 * H;
+
+fn start_line(
+    job: &str,
+    step: &str,
+    resources: &[&str],
+    gpus: &[u32],
+    at: u64,
+    waited_s: u64,
+    mem: Option<u64>,
+) -> String {
+    let mem = mem.map_or(String::new(), |m| format!(",\"mem_mib\":{m}"));
+    format!(
+        "{{\"event\":\"start\",\"v\":1,\"job\":\"{job}\",\"resources\":{},\"gpus\":{},\"step\":\"{step}\",\
+         \"pid\":1,\"pid_start\":1,\"boot_id\":\"old-boot\",\"start_ms\":{at},\"waited_ms\":{}{mem},\"from\":\"cli\"}}\n",
+        serde_json::json!(resources),
+        serde_json::json!(gpus),
+        waited_s * 1000
+    )
+}
+
+fn end_line(
+    job: &str,
+    at: u64,
+    how: &str,
+    busy: u64,
+    idle: u64,
+    sampled: u64,
+    peak: Option<u64>,
+) -> String {
+    let peak = peak.map_or(String::new(), |p| format!(",\"peak_mib\":{p}"));
+    format!(
+        "{{\"event\":\"end\",\"v\":1,\"job\":\"{job}\",\"end_ms\":{at},\"how\":\"{how}\",\"samples\":9,\
+         \"busy_gpu_s\":{busy},\"idle_gpu_s\":{idle},\"sampled_gpu_s\":{sampled}{peak}}}\n"
+    )
+}
+
+test!(report_figures_for_a_scripted_week_match_the_hand_computed_ones, needs: []);
+pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.usage_dir()).unwrap();
+    let mut text = String::new();
+    // J1 Monday 10:00-12:00 on gpu:0: 1 h of 2 computing, 0.5 idle, waited 60 s.
+    text += &start_line("j1", "train", &["gpu:0"], &[0], WEEK + 10 * H, 60, None);
+    text += &end_line("j1", WEEK + 12 * H, "exit", 3600, 1800, 7200, Some(5000));
+    // J2 Tuesday 23:00 to Wednesday 01:00 on two GPUs, a 20 GiB budget
+    // whose peak was 10 GiB, waited 5 min.
+    text += &start_line(
+        "j2",
+        "eval",
+        &["gpu:0", "gpu:1"],
+        &[0, 1],
+        WEEK + D + 23 * H,
+        300,
+        Some(20480),
+    );
+    text += &end_line(
+        "j2",
+        WEEK + 2 * D + H,
+        "exit",
+        7200,
+        3600,
+        14400,
+        Some(10240),
+    );
+    // J3 Thursday 08:00, devlock killed: its last progress line at 09:30.
+    text += &start_line(
+        "j3",
+        "train",
+        &["gpu:1"],
+        &[1],
+        WEEK + 3 * D + 8 * H,
+        0,
+        None,
+    );
+    text += &format!(
+        "{{\"event\":\"progress\",\"v\":1,\"job\":\"j3\",\"at_ms\":{},\"busy_gpu_s\":1800,\
+         \"idle_gpu_s\":3600,\"sampled_gpu_s\":5400}}\n",
+        WEEK + 3 * D + 9 * H + H / 2
+    );
+    // J5 Friday 10:00-11:00, stopped idle.
+    text += &start_line(
+        "j5",
+        "notebook",
+        &["gpu:1"],
+        &[1],
+        WEEK + 4 * D + 10 * H,
+        0,
+        None,
+    );
+    text += &end_line("j5", WEEK + 4 * D + 11 * H, "idle", 0, 3600, 3600, None);
+    // J4 the Tuesday after: outside the window.
+    text += &start_line("j4", "train", &["gpu:0"], &[0], WEEK + 8 * D, 0, None);
+    text += &end_line("j4", WEEK + 8 * D + H, "exit", 3600, 0, 3600, None);
+    text += "not json\n";
+    let uid = nix::unistd::geteuid();
+    std::fs::write(s.usage_dir().join(format!("{uid}.jsonl")), text).unwrap();
+    let report = |args: &[&str]| -> serde_json::Value {
+        let out = s
+            .devlock()
+            .args([
+                "report",
+                "--json",
+                "--since",
+                "2026-11-23",
+                "--until",
+                "2026-11-30",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let close = |v: &serde_json::Value, want: f64| (v.as_f64().unwrap() - want).abs() < 1e-6;
+    let r = report(&[]);
+    let t = &r["total"];
+    assert_eq!(t["jobs"], 4, "{r:#}");
+    assert!(close(&t["gpu_hours"], 8.5), "{t:#}");
+    assert!(close(&t["gpu_hours_computing"], 3.5), "{t:#}");
+    assert!(close(&t["gpu_hours_idle"], 3.5), "{t:#}");
+    assert!(
+        close(&t["wait_s"], 360.0) && close(&t["longest_wait_s"], 300.0),
+        "{t:#}"
+    );
+    assert_eq!(t["budget_mib"], 20480);
+    assert_eq!(t["peak_mib_of_budgeted"], 10240);
+    assert_eq!(t["peak_mib"], 10240);
+    assert_eq!(t["stopped_idle"], 1);
+    assert_eq!(t["observed_later"], 1);
+    assert_eq!(
+        r["notes"],
+        serde_json::json!(["1 unreadable lines skipped"])
+    );
+    let rows = |r: &serde_json::Value| -> Vec<(String, f64, f64, u64)> {
+        r["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (
+                    row["key"].as_str().unwrap().to_owned(),
+                    (row["gpu_hours"].as_f64().unwrap() * 1e6).round() / 1e6,
+                    (row["gpu_hours_computing"].as_f64().unwrap() * 1e6).round() / 1e6,
+                    row["jobs"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let row = |k: &str, g: f64, c: f64, j: u64| (k.to_owned(), g, c, j);
+    assert_eq!(
+        rows(&report(&["--by", "day"])),
+        vec![
+            row("2026-11-23", 2.0, 1.0, 1),
+            row("2026-11-24", 2.0, 1.0, 1),
+            row("2026-11-25", 2.0, 1.0, 1),
+            row("2026-11-26", 1.5, 0.5, 1),
+            row("2026-11-27", 1.0, 0.0, 1),
+        ]
+    );
+    assert_eq!(
+        rows(&report(&["--by", "resource"])),
+        vec![row("gpu:0", 4.0, 2.0, 2), row("gpu:1", 4.5, 1.5, 3)]
+    );
+    assert_eq!(
+        rows(&report(&["--by", "step"])),
+        vec![
+            row("eval", 4.0, 2.0, 1),
+            row("notebook", 1.0, 0.0, 1),
+            row("train", 3.5, 1.5, 2)
+        ]
+    );
+    // A window that cuts J2 at midnight counts its first hour.
+    let out = s
+        .devlock()
+        .args([
+            "report",
+            "--json",
+            "--since",
+            "2026-11-24T00:00:00Z",
+            "--until",
+            "2026-11-25T00:00:00Z",
+        ])
+        .output()
+        .unwrap();
+    let cut: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(close(&cut["total"]["gpu_hours"], 2.0), "{cut:#}");
+    assert!(close(&cut["total"]["gpu_hours_computing"], 1.0), "{cut:#}");
+    assert!(close(&cut["total"]["wait_s"], 300.0), "{cut:#}");
+    // CSV and the table carry the same figures.
+    let out = s
+        .devlock()
+        .args([
+            "report",
+            "--csv",
+            "--by",
+            "step",
+            "--since",
+            "2026-11-23",
+            "--until",
+            "2026-11-30",
+        ])
+        .output()
+        .unwrap();
+    let csv = stdout(&out);
+    assert!(csv.starts_with("key,jobs,hours,gpu_hours,"), "{csv}");
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("total,4,") && l.contains(",8.5000,3.5000,3.5000,")),
+        "{csv}"
+    );
+    let out = s
+        .devlock()
+        .args(["report", "--since", "2026-11-23", "--until", "2026-11-30"])
+        .output()
+        .unwrap();
+    let table = stdout(&out);
+    let total = table.lines().find(|l| l.starts_with("total")).unwrap();
+    let cells: Vec<&str> = total.split_whitespace().collect();
+    assert_eq!(
+        &cells[..6],
+        ["total", "4", "8.50", "3.50", "41%", "3.50"],
+        "{table}"
+    );
+    assert!(
+        total.contains("20GiB/10GiB") && total.contains("1 idle, 1 killed"),
+        "{table}"
+    );
+    assert!(
+        stderr(&out).contains("1 unreadable lines skipped"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+test!(the_sites_idle_timeout_stops_a_job_that_sets_none, needs: [Root]);
+pub(crate) fn the_sites_idle_timeout_stops_a_job_that_sets_none() {
+    use std::os::unix::fs::MetadataExt;
+    let g = Gpus::new(1);
+    let out = g.run(&["setup", "--idle-timeout", "1s", "gpu:0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("site idle timeout 1s"), "{text}");
+    assert!(text.contains("usage directory (root:root 1777)"), "{text}");
+    let usage = std::fs::metadata(g.s.usage_dir()).unwrap();
+    assert_eq!((usage.uid(), usage.mode() & 0o7777), (0, 0o1777));
+    let site = std::fs::metadata(g.s.dir().join(".idle-timeout")).unwrap();
+    assert_eq!((site.uid(), site.mode() & 0o777), (0, 0o644));
+    // Again: nothing to change.
+    let again = stdout(&g.run(&["setup", "--idle-timeout", "1s", "gpu:0"]));
+    assert!(again.contains("nothing changed"), "{again}");
+    let mut child = g.job(&["--step", "forgotten", "gpu:0"], "forgotten", 0, 100, None);
+    let status = wait_child(&mut child);
+    let err = all_stderr(&mut child);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(err.contains("forgotten is idle"), "{err}");
+    let job = g.job_of("forgotten");
+    assert_eq!(
+        (job["how"].as_str(), job["idle_timeout_s"].as_u64()),
+        (Some("stopped: idle"), Some(1))
+    );
+    // A job's own timeout wins.
+    let out = g.run(&[
+        "--idle-timeout",
+        "1h",
+        "--step",
+        "patient",
+        "gpu:0",
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(g.job_of("patient")["idle_timeout_s"], 3600);
+    let printed = stdout(&g.run(&["setup", "--print-tmpfiles", "--idle-timeout", "2h", "gpu:0"]));
+    assert!(
+        printed.contains("/.idle-timeout 0644 root root - 2h\n"),
+        "{printed}"
+    );
+}
+
+test!(serve_shows_idle_holders_and_each_gpus_last_day, needs: []);
+pub(crate) fn serve_shows_idle_holders_and_each_gpus_last_day() {
+    let g = Gpus::new(2);
+    std::fs::create_dir(g.s.usage_dir()).unwrap();
+    // A hold of gpu:1 that ended an hour ago, after two hours, idle.
+    let now = now_ms();
+    let mut text = start_line("past", "overnight", &["gpu:1"], &[1], now - 3 * H, 0, None);
+    text += &end_line("past", now - H, "idle", 0, 7200, 7200, None);
+    let uid = nix::unistd::geteuid();
+    std::fs::write(g.s.usage_dir().join(format!("{uid}.jsonl")), text).unwrap();
+    // A live holder of gpu:0 whose GPU computes nothing (its timeout far off).
+    g.util(0, 0);
+    let mut idler = g.job(
+        &["--step", "idler", "--idle-timeout", "1h", "gpu:0"],
+        "idler",
+        0,
+        300,
+        None,
+    );
+    g.wait_ready("idler");
+    g.s.wait_for_status("gpu:0", "the holder marked idle", |v| {
+        v["holders"][0]["idle_for_ms"].is_u64()
+    });
+    let server = crate::serve::Server::start(&mut g.devlock(), &[]);
+    let metrics = server.get("/metrics").body;
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+            .to_owned()
+    };
+    assert!(
+        line("devlock_holder_idle_seconds{").contains("step=\"idler\""),
+        "{metrics}"
+    );
+    let held = |gpu: &str| -> f64 {
+        line(&format!("devlock_gpu_held_seconds_24h{{gpu=\"{gpu}\"}}"))
+            .rsplit_once(' ')
+            .unwrap()
+            .1
+            .parse()
+            .unwrap()
+    };
+    assert!((held("1") - 7200.0).abs() < 1.0, "{metrics}");
+    assert!(held("0") < 3600.0, "the live hold, so far: {metrics}");
+    let page = server.get("/").body;
+    assert!(page.contains("<div class=\"day\""), "{page}");
+    assert!(
+        page.contains("overnight · ") && page.contains("stopped: idle"),
+        "{page}"
+    );
+    assert!(page.contains("last 24 h: held 2h00m by 1 hold"), "{page}");
+    assert!(page.contains("idle "), "{page}");
+    drop(server);
+    g.release("idler");
+    assert!(wait_child(&mut idler).success());
+}
