@@ -680,7 +680,7 @@ impl Taking<'_> {
         let request = &requests[index];
         let key = waits.swap_remove(index).key;
         let slot = if request.slots > 0 {
-            Some(claim_slot(cluster, lease, request, &key).await?)
+            Some(claim_slot(settings, cluster, lease, request, &key, deadline).await?)
         } else {
             None
         };
@@ -711,14 +711,20 @@ impl Taking<'_> {
 /// (see the module doc). At most N holders exist at once, so one frees up
 /// soon if none is left (a holder whose line key was removed by hand keeps
 /// its slot key until its lease is revoked).
+/// Keys put there by anything but a holder (by hand, without a lease) can
+/// take every number: then `-n` and `-w` bound this wait as they bound the
+/// line's, naming the keys.
 async fn claim_slot(
+    settings: &Settings,
     cluster: &Cluster,
     lease: i64,
     request: &Request,
     line_key: &str,
+    deadline: Option<Instant>,
 ) -> Result<u64> {
     use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
     let prefix = super::slot_prefix(&request.name);
+    let started = Instant::now();
     loop {
         let response = cluster
             .ask("numbering the slot", |mut client| {
@@ -763,6 +769,29 @@ async fn claim_slot(
             continue;
         }
         // Every number taken: wait for one to go, and look again.
+        let why = || {
+            format!(
+                "every slot number is taken ({prefix}1..{}), by keys no holder's lease keeps",
+                request.slots
+            )
+        };
+        if settings.no_wait {
+            return Err(crate::exit::busy(
+                settings.conflict_code,
+                format!("{} is busy: {}", request.name.as_str(), why()),
+            ));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(crate::exit::busy(
+                settings.conflict_code,
+                format!(
+                    "gave up on {} after {}: {}",
+                    request.name.as_str(),
+                    human_duration(started.elapsed()),
+                    why()
+                ),
+            ));
+        }
         let Ok((_, mut client)) = cluster.client("watching the slots").await else {
             tokio::time::sleep(RETRY_PAUSE).await;
             continue;

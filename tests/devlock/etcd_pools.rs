@@ -502,3 +502,51 @@ pub(crate) fn etcd_any_holder_cut_off_stops_its_work_before_the_next_one_starts(
     release(&s, "m2");
     assert!(wait_child(&mut holder_b).success());
 }
+
+test!(etcd_slot_numbers_planted_by_hand_bound_every_wait, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// Keys put by hand (no lease) on every slot number of a pool: a request
+/// whose turn in the line comes still meets `-n` and `-w` in the numbering,
+/// is told which keys are in the way, and leaves the line.
+pub(crate) fn etcd_slot_numbers_planted_by_hand_bound_every_wait() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let pool = name("planted-slots");
+    for k in 1..=2 {
+        crate::etcd::etcdctl(&url, &["put", &format!("/devlock/.slots/{pool}/{k}"), "x"]);
+    }
+    let run = |args: &[&str]| {
+        crate::etcd::devlock(&s, &url)
+            .args(args)
+            .args(["--slots", "2", &pool, "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&["-n"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("every slot number") && stderr(&out).contains(&pool),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["-w", "1"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(stderr(&out).contains("gave up on"), "{}", stderr(&out));
+    // Nothing of theirs stays in the line.
+    let line = crate::etcd::etcdctl(
+        &url,
+        &[
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("/devlock/{pool}/"),
+        ],
+    );
+    assert!(line.trim().is_empty(), "{line}");
+    crate::etcd::etcdctl(
+        &url,
+        &["del", "--prefix", &format!("/devlock/.slots/{pool}/")],
+    );
+    let out = run(&["-n"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
