@@ -330,10 +330,25 @@ impl Notes {
         let mut out = String::new();
         if !issues.is_empty() {
             let reasons: Vec<&str> = issues.iter().map(|i| i.reason.as_str()).collect();
+            // setup makes the directory and its files root's, but refuses
+            // a way to it through what another user owns or may write.
+            let above = found
+                .dir
+                .as_deref()
+                .is_some_and(|dir| issues.iter().any(|i| !Path::new(&i.path).starts_with(dir)));
+            let fix = if above {
+                "devlock setup refuses a --dir below a directory that is not root's, or that \
+                 others may write without the sticky bit: choose another --dir"
+                    .to_owned()
+            } else {
+                format!(
+                    "to make them root's: {}",
+                    fix_command(found.dir.as_deref(), resources.iter().map(String::as_str))
+                )
+            };
             out.push_str(&format!(
-                "devlock: warning: {}; to make them root's: {}\n",
-                reasons.join("; "),
-                fix_command(found.dir.as_deref(), resources.iter().map(String::as_str))
+                "devlock: warning: {}; {fix}\n",
+                reasons.join("; ")
             ));
         }
         for line in lines {

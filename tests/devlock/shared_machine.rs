@@ -1592,6 +1592,12 @@ pub(crate) fn escapes_in_a_path_through_another_users_link_never_reach_the_termi
         err.contains("x?]0;pwned?y is owned by nobody"),
         "the real path is named, sanitised: {err}"
     );
+    assert!(
+        err.trim_end().ends_with(
+            "devlock setup refuses a --dir below a directory that is not root's, or that others may write without the sticky bit: choose another --dir"
+        ),
+        "no fix that setup would refuse: {err}"
+    );
     for args in [&["status", "r"][..], &["status", "--json", "r"]] {
         let out = run(args);
         assert!(out.status.success(), "{}", stderr(&out));
