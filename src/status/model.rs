@@ -694,6 +694,7 @@ fn build_view(
     if let (Some(n), Some(q)) = (line.agreed_slots, queue) {
         stranger_agreement(&mut view, dir, resource, q, n);
     }
+    slot_strangers(&mut view, dir, resource, table, &kernel_holders, now, sharers);
     if !view.holders.is_empty() {
         view.state = if view.holders.iter().all(|h| h.exclusive) {
             State::Held
@@ -778,6 +779,51 @@ fn stranger_agreement(
         };
         holder.note = Some(NOTE.to_owned());
         view.holders.push(holder);
+    }
+}
+
+/// How many slot files status looks at past the agreed count: a stranger's
+/// flock on one that no `--slots` run uses now is found all the same.
+const SLOT_FILES_LOOKED_AT: u64 = 64;
+
+/// Flocks on the resource's slot files (`.R.slotK`) taken by processes that
+/// do not hold `R.lock` too (a devlock slot holder holds both): plain
+/// `flock` on a slot file, which takes that slot as a holder would. Shown
+/// as holders of their slot, as the kernel names them.
+fn slot_strangers(
+    view: &mut ResourceView,
+    dir: &ScratchDir,
+    resource: &Resource,
+    table: &LockTable,
+    lock_holders: &[proc::locks::KernelLock],
+    now: SystemTime,
+    sharers: &mut Sharers,
+) {
+    let takers: Vec<u32> = lock_holders.iter().map(|l| l.pid).collect();
+    let last = view.slots.unwrap_or(0).max(SLOT_FILES_LOOKED_AT);
+    for number in 1..=last {
+        let name = crate::flock::slots::slot_file(resource, number);
+        let Ok(st) = nix::sys::stat::fstatat(
+            dir.fd(),
+            name.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) else {
+            // Slot files are made in order: the first missing ends them.
+            break;
+        };
+        let id = FileId::from_metadata(st.st_dev, st.st_ino);
+        let theirs: Vec<proc::locks::KernelLock> = table
+            .holders(id)
+            .filter(|l| !takers.contains(&l.pid))
+            .cloned()
+            .collect();
+        for mut holder in holders_of(id, &theirs, None, &[], now, sharers, table) {
+            holder.slot = Some(number);
+            if holder.note.is_none() {
+                holder.note = Some(format!("a flock on {name} that is not devlock's"));
+            }
+            view.holders.push(holder);
+        }
     }
 }
 

@@ -1666,3 +1666,32 @@ pub(crate) fn planted_registrations_are_skipped_unopened() {
     release(&s, "h");
     assert!(wait_child(&mut waiter.0).success());
 }
+
+test!(a_plain_flock_on_a_slot_file_is_a_holder_of_that_slot, needs: [Root, Tool("setpriv")]);
+pub(crate) fn a_plain_flock_on_a_slot_file_is_a_holder_of_that_slot() {
+    for managed in [false, true] {
+        let s = scene(managed);
+        let slot = s.dir().join(".r.slot1");
+        let (mut lock, pid) = stranger_holds(&s, USER_A, &["flock", slot.to_str().unwrap()], "a");
+        let view = s.resource_status("r");
+        assert_ne!(view["state"], "free", "managed {managed}: {view}");
+        let h = &view["holders"][0];
+        assert_eq!((h["pid"].as_u64(), h["slot"].as_u64()), (Some(u64::from(pid)), Some(1)), "{view}");
+        assert_eq!(h["user"], "nobody", "{view}");
+        let as_b = status_as(&s, USER_B, "r");
+        assert_ne!(as_b["state"], "free", "{as_b}");
+        let out = s.run(&["-n", "--slots", "1", "r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+        assert!(one_line(&out).contains(&format!("pid {pid}")), "{}", stderr(&out));
+        let out = s.run(&["-w", "300ms", "--slots", "1", "r", "--", "true"]);
+        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("timed out after 300ms") && stderr(&out).contains(&format!("pid {pid}")),
+            "{}",
+            stderr(&out)
+        );
+        release(&s, "a");
+        assert!(wait_child(&mut lock.0).success());
+        assert!(s.run(&["-n", "--slots", "1", "r", "--", "true"]).status.success());
+    }
+}
