@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, watch};
 use crate::flock::registration::Deferred;
-use crate::flock::file::LockFile;
+use crate::flock::file::{Leased, LockFile};
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
 use crate::flock::wait::{Busy, Wait};
@@ -37,8 +37,64 @@ fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Fast> {
     })
 }
 
-/// Takes one request: at once when free, else waiting in line.
+/// Takes one request: at once when free, else waiting in line. A file
+/// lease on one of its files (which makes every open for writing wait) is
+/// the resource in use: `-n` says busy, naming it; anyone else waits for
+/// it to break, shown and bounded like any wait, and keeps the file open
+/// meanwhile so that the lease cannot be taken again before its turn.
 pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
+    let mut breakers = Vec::new();
+    loop {
+        let leased = match take_unleased(ctx, request) {
+            Err(e) if e.is::<Leased>() => e.downcast::<Leased>().expect("checked"),
+            taken => return taken,
+        };
+        if ctx.no_wait || breakers.len() > 16 {
+            return Err(leased.into_busy(request.name.as_str()));
+        }
+        let room = std::sync::Arc::new(std::sync::Mutex::new(format!(
+            "{}: {}",
+            request.name, leased.words
+        )));
+        let watches = stranger_watch(ctx, request, room).into_iter().collect();
+        let wait = Wait {
+            label: label_of(request),
+            watches,
+            registrations: Vec::new(),
+            lazy: false,
+        };
+        let opened = blocking(ctx, wait, |stop| {
+            leased
+                .break_it(ctx.dir, &|| stop.keep_waiting())
+                .map_err(|e| anyhow::Error::from(e).context(format!("waiting for {}", request.name)))
+        })?;
+        ctx.observer.took()?;
+        breakers.extend(opened);
+    }
+}
+
+/// A watch for a wait on something that is not devlock's, described by
+/// `room` (the waiting line shows it, and a timeout says it).
+fn stranger_watch(
+    ctx: &Context,
+    request: &Request,
+    room: std::sync::Arc<std::sync::Mutex<String>>,
+) -> Option<crate::flock::wait::Watch> {
+    if !ctx.shows() {
+        return None;
+    }
+    let lock = LockFile::open_to_look(ctx.dir, &request.name.file_name()).ok()?;
+    Some(crate::flock::wait::Watch {
+        dir: ctx.dir.try_clone().ok()?,
+        resource: request.name.clone(),
+        lock,
+        ticket: None,
+        label: label_of(request),
+        room: Some(room),
+    })
+}
+
+fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
     let opened = match take_if_nobody_waits(ctx.dir, request)? {
         Fast::Held(lock) => {
             let held = hold(ctx, request.clone(), lock, None, None);

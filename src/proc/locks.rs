@@ -85,6 +85,8 @@ impl RangeLock {
 enum Entry {
     Flock(KernelLock),
     Range(RangeLock),
+    /// A file lease (fcntl F_SETLEASE): `exclusive` for a write lease.
+    Lease(KernelLock),
 }
 
 /// Parses the flock(2) entries of `/proc/locks`; byte-range entries are left
@@ -93,7 +95,17 @@ pub fn parse_locks(text: &str) -> Vec<KernelLock> {
     text.lines()
         .filter_map(|l| match parse_entry(l)? {
             Entry::Flock(lock) => Some(lock),
-            Entry::Range(_) => None,
+            _ => None,
+        })
+        .collect()
+}
+
+/// The file leases of `/proc/locks`.
+fn parse_leases(text: &str) -> Vec<KernelLock> {
+    text.lines()
+        .filter_map(|l| match parse_entry(l)? {
+            Entry::Lease(lock) => Some(lock),
+            _ => None,
         })
         .collect()
 }
@@ -103,7 +115,7 @@ pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
     text.lines()
         .filter_map(|l| match parse_entry(l)? {
             Entry::Range(lock) => Some(lock),
-            Entry::Flock(_) => None,
+            _ => None,
         })
         .collect()
 }
@@ -111,7 +123,7 @@ pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
 fn parse_lock_line(line: &str) -> Option<KernelLock> {
     match parse_entry(line)? {
         Entry::Flock(lock) => Some(lock),
-        Entry::Range(_) => None,
+        _ => None,
     }
 }
 
@@ -125,13 +137,15 @@ fn parse_entry(line: &str) -> Option<Entry> {
     if blocked {
         kind = words.next()?;
     }
-    if !matches!(kind, "FLOCK" | "POSIX" | "OFDLCK") {
+    if !matches!(kind, "FLOCK" | "POSIX" | "OFDLCK" | "LEASE") {
         return None;
     }
-    words.next()?; // ADVISORY / MANDATORY
+    words.next()?; // ADVISORY / MANDATORY, or a lease's ACTIVE / BREAKING / BREAKER
     let exclusive = match words.next()? {
         "WRITE" => true,
         "READ" => false,
+        // A lease being broken.
+        "UNLCK" if kind == "LEASE" => false,
         _ => return None,
     };
     let pid: i64 = words.next()?.parse().ok()?;
@@ -140,6 +154,14 @@ fn parse_entry(line: &str) -> Option<Entry> {
     let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
     let ino = dev.next()?.parse().ok()?;
     let file = FileId { major, minor, ino };
+    if kind == "LEASE" {
+        return Some(Entry::Lease(KernelLock {
+            file,
+            pid: u32::try_from(pid).ok()?,
+            exclusive,
+            blocked,
+        }));
+    }
     if kind == "FLOCK" {
         return Some(Entry::Flock(KernelLock {
             file,
@@ -169,6 +191,7 @@ fn parse_entry(line: &str) -> Option<Entry> {
 pub struct LockTable {
     by_file: HashMap<FileId, Vec<KernelLock>>,
     ranges: HashMap<FileId, Vec<RangeLock>>,
+    leases: HashMap<FileId, Vec<KernelLock>>,
 }
 
 impl LockTable {
@@ -188,10 +211,13 @@ impl LockTable {
                 locks = again;
             }
         }
-        let (flocks, ranges) = locks;
+        let (flocks, ranges, leases) = locks;
         let mut table = LockTable::from_locks(flocks);
         for lock in ranges {
             table.ranges.entry(lock.file).or_default().push(lock);
+        }
+        for lease in leases {
+            table.leases.entry(lease.file).or_default().push(lease);
         }
         Ok(table)
     }
@@ -205,6 +231,7 @@ impl LockTable {
         LockTable {
             by_file,
             ranges: HashMap::new(),
+            leases: HashMap::new(),
         }
     }
 
@@ -228,6 +255,11 @@ impl LockTable {
         self.by_file.keys().copied()
     }
 
+    /// File leases on the file (and opens waiting for one to break).
+    pub fn leases(&self, file: FileId) -> &[KernelLock] {
+        self.leases.get(&file).map_or(&[], Vec::as_slice)
+    }
+
     /// Byte-range locks and requests on the file.
     pub fn ranges(&self, file: FileId) -> &[RangeLock] {
         self.ranges.get(&file).map_or(&[], Vec::as_slice)
@@ -243,7 +275,7 @@ impl LockTable {
     }
 }
 
-type Locks = (Vec<KernelLock>, Vec<RangeLock>);
+type Locks = (Vec<KernelLock>, Vec<RangeLock>, Vec<KernelLock>);
 
 /// The entries of `/proc/locks`, and how many reads it took.
 fn read_locks() -> std::io::Result<(Locks, usize)> {
@@ -260,7 +292,10 @@ fn read_locks() -> std::io::Result<(Locks, usize)> {
         text.extend_from_slice(&chunk[..n]);
     }
     let text = String::from_utf8_lossy(&text);
-    Ok(((parse_locks(&text), parse_range_locks(&text)), pieces))
+    Ok((
+        (parse_locks(&text), parse_range_locks(&text), parse_leases(&text)),
+        pieces,
+    ))
 }
 
 /// Whether `pid` holds a granted flock on `file` through one of its

@@ -695,6 +695,18 @@ fn build_view(
         stranger_agreement(&mut view, dir, resource, q, n);
     }
     slot_strangers(&mut view, dir, resource, table, &kernel_holders, now, sharers);
+    for lease in table.leases(id).iter().filter(|l| !l.blocked) {
+        // Every open of the lock file for writing waits for it: the
+        // resource is in use, by whoever holds the lease.
+        let pids = if proc::process::start_time(lease.pid).is_some() {
+            vec![lease.pid]
+        } else {
+            Vec::new()
+        };
+        let mut holder = bare(pids, None, HolderSource::NoRecord, true);
+        holder.note = Some("a file lease on the lock file, not devlock's".to_owned());
+        view.holders.push(holder);
+    }
     if !view.holders.is_empty() {
         view.state = if view.holders.iter().all(|h| h.exclusive) {
             State::Held

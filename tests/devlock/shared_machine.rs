@@ -1695,3 +1695,40 @@ pub(crate) fn a_plain_flock_on_a_slot_file_is_a_holder_of_that_slot() {
         assert!(s.run(&["-n", "--slots", "1", "r", "--", "true"]).status.success());
     }
 }
+
+test!(a_file_lease_on_a_lock_file_is_occupancy_named_and_waited_out, needs: [Root, Tool("setpriv")]);
+pub(crate) fn a_file_lease_on_a_lock_file_is_occupancy_named_and_waited_out() {
+    let s = scene(false);
+    // A lock file a user made in the open directory: theirs to lease.
+    assert!(run_as(&s, USER_A, &["-n", "l", "--", "true"]).status.success());
+    let lock = s.lock_path("l");
+    let l = lock.to_str().unwrap();
+    let (mut lease, pid) = stranger_holds(&s, USER_A, &["lease", l], "a");
+    let out = s.run(&["-n", "l", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains(&format!("l is busy: a file lease on {l} (pid {pid}, nobody), not devlock's")),
+        "{}",
+        stderr(&out)
+    );
+    let view = s.resource_status("l");
+    assert_eq!(view["state"], "held", "never free: {view}");
+    assert_eq!(view["holders"][0]["pid"], pid, "{view}");
+    // A take waits for the lease to break (its holder gives it up when
+    // told to), and keeps it from coming back until its turn: root's and
+    // another user's.
+    for uid in [0, USER_B] {
+        let out = run_as(&s, uid, &["-w", "30s", "l", "--", "true"]);
+        assert!(out.status.success(), "uid {uid}: {}", stderr(&out));
+    }
+    release(&s, "a");
+    wait_child(&mut lease.0);
+    // In a managed directory the files are root's: nobody else may lease them.
+    let m = scene(true);
+    let r = m.lock_path("r");
+    let script = format!(
+        "import fcntl, os\nfd = os.open({:?}, os.O_RDONLY)\nfcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)",
+        r.to_str().unwrap()
+    );
+    assert!(!user_does(USER_A, python(), &["-c", &script]));
+}
