@@ -251,7 +251,11 @@ pub(crate) fn obstacles(
 ) -> (Option<String>, Vec<String>) {
     let held = view.holders.first().map(|h| {
         let held = held_for(h).map(|d| format!(" for {d}")).unwrap_or_default();
-        let note = h.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
+        let note = h
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
         let more = match view.holders.len() {
             1 => String::new(),
             n => format!(" and by {} more", n - 1),

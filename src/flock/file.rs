@@ -299,20 +299,21 @@ pub(crate) struct Leased {
 
 impl Leased {
     fn of(dir: &ScratchDir, name: &str, path: &std::path::Path) -> Leased {
-        let owner = nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            .ok()
-            .and_then(|st| {
-                let id = FileId::from_metadata(st.st_dev, st.st_ino);
-                let table = crate::proc::locks::LockTable::read().ok()?;
-                let pid = table.leases(id).iter().find(|l| !l.blocked)?.pid;
-                Some(crate::messages::who(
-                    Some(pid),
-                    crate::proc::process::uid_of(pid)
-                        .map(crate::proc::process::user_name)
-                        .as_deref(),
-                ))
-            })
-            .unwrap_or_else(|| crate::proc::locks::unseen_owner().to_owned());
+        let owner =
+            nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .ok()
+                .and_then(|st| {
+                    let id = FileId::from_metadata(st.st_dev, st.st_ino);
+                    let table = crate::proc::locks::LockTable::read().ok()?;
+                    let pid = table.leases(id).iter().find(|l| !l.blocked)?.pid;
+                    Some(crate::messages::who(
+                        Some(pid),
+                        crate::proc::process::uid_of(pid)
+                            .map(crate::proc::process::user_name)
+                            .as_deref(),
+                    ))
+                })
+                .unwrap_or_else(|| crate::proc::locks::unseen_owner().to_owned());
         Leased {
             name: name.to_owned(),
             words: format!(
@@ -324,7 +325,10 @@ impl Leased {
 
     /// The error a request that may not wait ends with (exit 75).
     pub(crate) fn into_busy(self, resource: &str) -> anyhow::Error {
-        coded(ExitCode::Busy, format!("{resource} is busy: {}", self.words))
+        coded(
+            ExitCode::Busy,
+            format!("{resource} is busy: {}", self.words),
+        )
     }
 
     /// Opens the file for writing, waiting (the kernel tells the lease's

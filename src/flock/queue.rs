@@ -400,13 +400,12 @@ fn blocked(
                 start: l.l_start as u64,
                 end: (l.l_len > 0).then(|| (l.l_start + l.l_len - 1) as u64),
             };
-            let agreement = (range.end == Some(range.start)
-                && (AGREE_BASE as u64..AGREE_END as u64).contains(&range.start))
-            .then(|| match range.start - AGREE_BASE as u64 {
-                0 => ", the agreement of a plain lock".to_owned(),
-                n => format!(", the agreement of --slots {n}"),
-            })
-            .unwrap_or_default();
+            let single = range.end == Some(range.start);
+            let agreement = match range.start.checked_sub(AGREE_BASE as u64) {
+                Some(0) if single => ", the agreement of a plain lock".to_owned(),
+                Some(n) if single && n < 1 << 16 => format!(", the agreement of --slots {n}"),
+                _ => String::new(),
+            };
             format!(
                 "a lock that is not devlock's on bytes {} of {}{agreement} ({})",
                 range.range_text(),

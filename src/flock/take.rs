@@ -7,10 +7,10 @@ use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, watch};
-use crate::flock::registration::Deferred;
 use crate::flock::file::{Leased, LockFile};
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
+use crate::flock::registration::Deferred;
 use crate::flock::wait::{Busy, Wait};
 use crate::messages::label_of;
 use crate::request::Request;
@@ -66,7 +66,9 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
         let opened = blocking(ctx, wait, |stop| {
             leased
                 .break_it(ctx.dir, &|| stop.keep_waiting())
-                .map_err(|e| anyhow::Error::from(e).context(format!("waiting for {}", request.name)))
+                .map_err(|e| {
+                    anyhow::Error::from(e).context(format!("waiting for {}", request.name))
+                })
         })?;
         ctx.observer.took()?;
         breakers.extend(opened);

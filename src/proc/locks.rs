@@ -293,7 +293,11 @@ fn read_locks() -> std::io::Result<(Locks, usize)> {
     }
     let text = String::from_utf8_lossy(&text);
     Ok((
-        (parse_locks(&text), parse_range_locks(&text), parse_leases(&text)),
+        (
+            parse_locks(&text),
+            parse_range_locks(&text),
+            parse_leases(&text),
+        ),
         pieces,
     ))
 }
@@ -344,9 +348,10 @@ pub(crate) fn holds_now(table: &LockTable, pid: u32, file: FileId) -> Option<boo
     if let Some(holds) = holds_flock(pid, file) {
         return Some(holds);
     }
-    let tagged = table.ranges(file).iter().any(|l| {
-        !l.ofd && !l.blocked && l.pid == Some(pid) && l.start == TAG_AT as u64
-    });
+    let tagged = table
+        .ranges(file)
+        .iter()
+        .any(|l| !l.ofd && !l.blocked && l.pid == Some(pid) && l.start == TAG_AT as u64);
     tagged.then_some(true)
 }
 

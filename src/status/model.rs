@@ -694,7 +694,15 @@ fn build_view(
     if let (Some(n), Some(q)) = (line.agreed_slots, queue) {
         stranger_agreement(&mut view, dir, resource, q, n);
     }
-    slot_strangers(&mut view, dir, resource, table, &kernel_holders, now, sharers);
+    slot_strangers(
+        &mut view,
+        dir,
+        resource,
+        table,
+        &kernel_holders,
+        now,
+        sharers,
+    );
     for lease in table.leases(id).iter().filter(|l| !l.blocked) {
         // Every open of the lock file for writing waits for it: the
         // resource is in use, by whoever holds the lease.

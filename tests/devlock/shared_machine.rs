@@ -1567,7 +1567,8 @@ pub(crate) fn a_strangers_lock_on_an_agreement_byte_is_occupancy_never_a_usage_e
         let out = s.run(&["-n", "--slots", "3", "r", "--", "true"]);
         assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
         assert!(
-            one_line(&out).contains("r is in use with --slots 5, but this asks for it with --slots 3"),
+            one_line(&out)
+                .contains("r is in use with --slots 5, but this asks for it with --slots 3"),
             "{}",
             stderr(&out)
         );
@@ -1610,7 +1611,10 @@ pub(crate) fn a_lock_on_the_top_ticket_byte_parked_in_a_socket_is_occupancy() {
         );
         let view = s.resource_status("r");
         assert_eq!(view["state"], "held", "{view}");
-        let note = view["holders"][0]["note"].as_str().unwrap_or_default().to_owned();
+        let note = view["holders"][0]["note"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(
             note.contains(&format!("taken by pid {taker}")) && !note.contains("gone"),
             "{view}"
@@ -1635,7 +1639,11 @@ pub(crate) fn many_foreign_locks_through_many_descriptors_cost_one_look() {
         let started = std::time::Instant::now();
         let out = s.run(&args);
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
-        assert!(started.elapsed() < HANG / 6, "{args:?}: {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < HANG / 6,
+            "{args:?}: {:?}",
+            started.elapsed()
+        );
     }
     let view = s.resource_status("r");
     assert_eq!(array_len(&view["foreign_locks"]), 200, "{view}");
@@ -1651,14 +1659,24 @@ pub(crate) fn planted_registrations_are_skipped_unopened() {
     assert!(user_does(
         USER_A,
         python(),
-        &[&fixture("stranger.py"), "plant", dir.to_str().unwrap(), &prefix, "100000"]
+        &[
+            &fixture("stranger.py"),
+            "plant",
+            dir.to_str().unwrap(),
+            &prefix,
+            "100000"
+        ]
     ));
     let (_holder, _) = hold_as(&s, 0, &["--step", "real", "r"], "h");
     let mut waiter = waiting_for(&s, &["--step", "waiter"]);
     for args in [vec!["-n", "r", "--", "true"], vec!["status", "r"]] {
         let started = std::time::Instant::now();
         let out = s.run(&args);
-        assert!(started.elapsed() < HANG / 6, "{args:?}: {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < HANG / 6,
+            "{args:?}: {:?}",
+            started.elapsed()
+        );
         assert!(!stderr(&out).contains("forged"), "{}", stderr(&out));
     }
     let view = s.resource_status("r");
@@ -1676,23 +1694,36 @@ pub(crate) fn a_plain_flock_on_a_slot_file_is_a_holder_of_that_slot() {
         let view = s.resource_status("r");
         assert_ne!(view["state"], "free", "managed {managed}: {view}");
         let h = &view["holders"][0];
-        assert_eq!((h["pid"].as_u64(), h["slot"].as_u64()), (Some(u64::from(pid)), Some(1)), "{view}");
+        assert_eq!(
+            (h["pid"].as_u64(), h["slot"].as_u64()),
+            (Some(u64::from(pid)), Some(1)),
+            "{view}"
+        );
         assert_eq!(h["user"], "nobody", "{view}");
         let as_b = status_as(&s, USER_B, "r");
         assert_ne!(as_b["state"], "free", "{as_b}");
         let out = s.run(&["-n", "--slots", "1", "r", "--", "true"]);
         assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        assert!(one_line(&out).contains(&format!("pid {pid}")), "{}", stderr(&out));
+        assert!(
+            one_line(&out).contains(&format!("pid {pid}")),
+            "{}",
+            stderr(&out)
+        );
         let out = s.run(&["-w", "300ms", "--slots", "1", "r", "--", "true"]);
         assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
         assert!(
-            stderr(&out).contains("timed out after 300ms") && stderr(&out).contains(&format!("pid {pid}")),
+            stderr(&out).contains("timed out after 300ms")
+                && stderr(&out).contains(&format!("pid {pid}")),
             "{}",
             stderr(&out)
         );
         release(&s, "a");
         assert!(wait_child(&mut lock.0).success());
-        assert!(s.run(&["-n", "--slots", "1", "r", "--", "true"]).status.success());
+        assert!(
+            s.run(&["-n", "--slots", "1", "r", "--", "true"])
+                .status
+                .success()
+        );
     }
 }
 
@@ -1700,14 +1731,20 @@ test!(a_file_lease_on_a_lock_file_is_occupancy_named_and_waited_out, needs: [Roo
 pub(crate) fn a_file_lease_on_a_lock_file_is_occupancy_named_and_waited_out() {
     let s = scene(false);
     // A lock file a user made in the open directory: theirs to lease.
-    assert!(run_as(&s, USER_A, &["-n", "l", "--", "true"]).status.success());
+    assert!(
+        run_as(&s, USER_A, &["-n", "l", "--", "true"])
+            .status
+            .success()
+    );
     let lock = s.lock_path("l");
     let l = lock.to_str().unwrap();
     let (mut lease, pid) = stranger_holds(&s, USER_A, &["lease", l], "a");
     let out = s.run(&["-n", "l", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(
-        one_line(&out).contains(&format!("l is busy: a file lease on {l} (pid {pid}, nobody), not devlock's")),
+        one_line(&out).contains(&format!(
+            "l is busy: a file lease on {l} (pid {pid}, nobody), not devlock's"
+        )),
         "{}",
         stderr(&out)
     );
