@@ -64,5 +64,12 @@ pub const DEFAULT_DIR: &str = flock::dir::DEFAULT_DIR;
 /// the binary; not part of the library's API).
 #[doc(hidden)]
 pub fn run(cli: cli::Cli) -> Result<exit::ExitCode> {
-    cmd::dispatch(cli).map_err(Error::from)
+    let result = cmd::dispatch(cli).map_err(Error::from);
+    if result.as_ref().is_err_and(Error::is_busy) {
+        // A stop signal that came while the busy lock's holders were
+        // looked up (a look that a stranger's locks can make long) ends
+        // the run as it would have, not with the busy code.
+        supervise::die_of_pending_stop();
+    }
+    result
 }

@@ -199,7 +199,7 @@ pub(crate) fn who(pid: Option<u32>, user: Option<&str>) -> String {
     match (pid, user) {
         (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
         (Some(pid), None) => format!("pid {pid}"),
-        _ => "a process this user cannot see".to_owned(),
+        _ => crate::proc::locks::unseen_owner().to_owned(),
     }
 }
 
@@ -251,7 +251,11 @@ pub(crate) fn obstacles(
 ) -> (Option<String>, Vec<String>) {
     let held = view.holders.first().map(|h| {
         let held = held_for(h).map(|d| format!(" for {d}")).unwrap_or_default();
-        let note = h.note.map(|n| format!(" ({n})")).unwrap_or_default();
+        let note = h
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
         let more = match view.holders.len() {
             1 => String::new(),
             n => format!(" and by {} more", n - 1),

@@ -52,6 +52,18 @@ pub(crate) fn sane_start() {
     crate::sys::fs::open_std_descriptors();
 }
 
+/// Ends the process by a stopping signal that is waiting to be taken, as
+/// its default action would have, if one is (a look that a stopping signal
+/// cut short, in a run that starts no command).
+pub(crate) fn die_of_pending_stop() {
+    if let Some(received) = pending_stop() {
+        signal::set_default(received.signo);
+        signal::raise(received.signo);
+        signal::unblock(&SigSet::of(&[received.signo]));
+        signal::raise(received.signo);
+    }
+}
+
 /// A stopping signal that arrived before the command started (a Ctrl-C
 /// during --require-idle's probe, say), taken off the queue without waiting.
 pub(crate) fn pending_stop() -> Option<Received> {

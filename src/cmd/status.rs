@@ -15,6 +15,8 @@ use crate::status::{model, table};
 pub(crate) fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let wanted = Resource::parse_all(&args.resources)?;
     let mut report = model::gather(dir, &wanted, Some(probe_timeout))?;
+    // A stop signal cut the look short: end as it asks, not with a report.
+    crate::supervise::die_of_pending_stop();
     // Lock files stay forever (deleting one would let two holders in), so
     // after a few typos most are idle: the table shows what is in use, and
     // what was asked for by name.

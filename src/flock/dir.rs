@@ -226,6 +226,27 @@ impl ScratchDir {
     }
 
     /// Names in the directory (for status).
+    /// The names in the directory with their inode numbers (getdents'
+    /// `d_ino`: no file is opened or stat'ed).
+    pub(crate) fn inodes(&self) -> Result<std::collections::HashMap<String, u64>> {
+        let dup = self
+            .fd
+            .try_clone()
+            .context("duplicating directory handle")?;
+        let mut dir = nix::dir::Dir::from_fd(dup)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let mut names = std::collections::HashMap::new();
+        for entry in dir.iter() {
+            let entry = entry.with_context(|| format!("reading {}", self.path.display()))?;
+            if let Ok(name) = entry.file_name().to_str()
+                && !matches!(name, "." | "..")
+            {
+                names.insert(name.to_owned(), entry.ino());
+            }
+        }
+        Ok(names)
+    }
+
     pub(crate) fn entries(&self) -> Result<Vec<String>> {
         let dup = self
             .fd
@@ -261,6 +282,12 @@ const LOCAL_FILESYSTEMS: [u64; 9] = [
     0xF2F5_2010,
     0xCA45_1A4E,
 ];
+
+/// Whether `fd` is on a filesystem whose flock(2) is the kernel's own (where
+/// flock and POSIX locks never meet: see [`LOCAL_FILESYSTEMS`]).
+pub(crate) fn is_local(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    crate::sys::fs::filesystem_type(fd).is_ok_and(|t| LOCAL_FILESYSTEMS.contains(&t))
+}
 
 /// Whether an exclusive flock(2) on one open of a file keeps a second open
 /// of it out, tried on a file of no name in `dir` (O_TMPFILE: nothing is

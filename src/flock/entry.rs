@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::{LockFile, TryLock};
-use crate::flock::queue::Ticket;
+use crate::flock::queue::{Blocked, Ticket};
 use crate::flock::record::Record;
 use crate::flock::registration::{Kind, Registration};
 use crate::flock::slots::{self, Slot};
@@ -156,6 +156,9 @@ impl Held {
             record.over_mib = None;
         }
         let mut note = None;
+        // Our pid in the kernel's table beside the flock, for users who
+        // cannot read our descriptors (see `proc::locks::holds_now`).
+        crate::proc::locks::tag(keep.lock.file());
         if self.owns_record() {
             let mut fresh = false;
             let ok = self
@@ -319,21 +322,42 @@ impl Entry {
         Entry::join_with(dir, request, lock)
     }
 
-    /// Joins the line with a lock file already open (the fast path's).
+    /// Joins the line with a lock file already open (the fast path's). A
+    /// line that a lock nobody vouches for keeps shut is busy (exit 75).
     pub(crate) fn join_with(dir: &ScratchDir, request: &Request, lock: LockFile) -> Result<Entry> {
+        match Entry::join_or_blocked(dir, request, lock)? {
+            Ok(entry) => Ok(entry),
+            Err((blocked, _)) => Err(blocked.into_busy()),
+        }
+    }
+
+    /// Joins the line, or says which lock keeps it shut for now (and gives
+    /// the lock file back), for a caller that waits until it is gone.
+    pub(crate) fn join_or_blocked(
+        dir: &ScratchDir,
+        request: &Request,
+        lock: LockFile,
+    ) -> Result<std::result::Result<Entry, (Blocked, LockFile)>> {
         let name = request.name.file_name();
-        let ticket = Ticket::take(
+        let taken = Ticket::take(
             dir,
             &name,
             request.slots,
-            &|| in_use(&lock),
+            &|| plain_devlock_holds(&lock),
+            &|pid| devlock_of(dir, &lock, &request.name, pid),
             request.name.as_str(),
-        )?;
-        Ok(Entry {
-            request: request.clone(),
-            lock,
-            ticket,
-        })
+        );
+        match taken {
+            Ok(ticket) => Ok(Ok(Entry {
+                request: request.clone(),
+                lock,
+                ticket,
+            })),
+            Err(e) => match e.downcast::<Blocked>() {
+                Ok(blocked) => Ok(Err((blocked, lock))),
+                Err(e) => Err(e),
+            },
+        }
     }
 
     /// Takes the lock without waiting, if nobody is ahead and it is free.
@@ -444,9 +468,53 @@ pub(crate) fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<
     Registration::create(ctx.dir, &request.name, &record, Kind::Wait).ok()
 }
 
-/// Whether the lock is held by anyone, from the kernel's table.
-fn in_use(lock: &LockFile) -> bool {
-    LockTable::read().is_ok_and(|t| t.is_locked(lock.id()))
+/// Whether a devlock holds the lock plainly (exclusively, not through the
+/// line's agreement), as the kernel backs it: the kernel's holder is the
+/// process the lock file's record names (pid and start time), and its
+/// descriptors show it holding this file. Another user's holder, whose
+/// descriptors this user cannot read, is vouched for by nobody: a request
+/// then waits for the lock as for any holder.
+fn plain_devlock_holds(lock: &LockFile) -> bool {
+    let Ok(table) = LockTable::read() else {
+        return false;
+    };
+    let Some(record) = crate::flock::record::read_from(lock.file()).valid() else {
+        return false;
+    };
+    table.holders(lock.id()).any(|l| {
+        l.exclusive
+            && record.names(l.pid)
+            && crate::proc::locks::holds_flock(l.pid, lock.id()) == Some(true)
+    })
+}
+
+/// Whether `pid` is a devlock using `resource`, by the kernel's word: the
+/// lock file's record names it (pid and start time) and its descriptors
+/// show it holding the lock file, or a registration of `resource` names it
+/// that the kernel shows flocked by that very process.
+pub(crate) fn devlock_of(dir: &ScratchDir, lock: &LockFile, resource: &Resource, pid: u32) -> bool {
+    if crate::flock::record::read_from(lock.file())
+        .valid()
+        .is_some_and(|r| r.names(pid))
+        && crate::proc::locks::holds_flock(pid, lock.id()) == Some(true)
+    {
+        return true;
+    }
+    let Ok(table) = LockTable::read() else {
+        return false;
+    };
+    let names: Vec<String> = dir
+        .entries()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| {
+            crate::flock::registration::parse_name(n)
+                .is_some_and(|(r, _, p)| p == pid && &r == resource)
+        })
+        .collect();
+    crate::flock::registration::live_waiters(dir, &names, &table, |r| r == resource)
+        .iter()
+        .any(|w| w.believed && w.record.pid == pid)
 }
 
 /// Runs `block` on this thread through the context's observer, and returns

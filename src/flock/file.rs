@@ -68,6 +68,9 @@ impl LockFile {
                     ))
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                    return Err(anyhow::Error::new(Leased::of(dir, name, &path)));
+                }
                 Err(e) => return Err(open_error(&path, e)),
             };
             let (fd, writable) = match fd {
@@ -100,6 +103,23 @@ impl LockFile {
                 nlink: meta_nlink(&meta),
             });
         }
+    }
+
+    /// The file opened for reading only, to look at (a waiting line's
+    /// handle while a file lease keeps it from being opened for writing);
+    /// never created, never locked through.
+    pub(crate) fn open_to_look(dir: &ScratchDir, name: &str) -> Result<LockFile> {
+        let path = dir.path().join(name);
+        let (file, meta) = open_checked(dir, name).map_err(|e| open_error(&path, e))?;
+        Ok(LockFile {
+            file,
+            id: FileId::from_metadata(meta_dev(&meta), meta_ino(&meta)),
+            path,
+            writable: false,
+            owner: std::os::unix::fs::MetadataExt::uid(&meta),
+            mode: std::os::unix::fs::MetadataExt::mode(&meta),
+            nlink: meta_nlink(&meta),
+        })
     }
 
     pub(crate) fn path(&self) -> &std::path::Path {
@@ -325,6 +345,88 @@ fn open_at(dir: &ScratchDir, name: &std::ffi::CStr, flags: OFlag) -> io::Result<
     let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
     crate::sys::fs::openat(dir.fd(), name, flags, LOCK_FILE_MODE)
 }
+
+/// A file lease (fcntl `F_SETLEASE`, which only a file's owner can take)
+/// makes every open for writing wait for its holder to let go, at most the
+/// kernel's `lease-break-time`: devlock's files are opened without waiting,
+/// so such an open fails at once. The lease stands for the resource in use,
+/// as a holder does: busy for `-n`, waited out ([`Leased::break_it`]) for
+/// anyone else.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    /// The file's name in the directory.
+    pub name: String,
+    /// `a file lease on PATH (pid N, user), not devlock's`.
+    pub words: String,
+}
+
+impl Leased {
+    fn of(dir: &ScratchDir, name: &str, path: &std::path::Path) -> Leased {
+        let owner =
+            nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .ok()
+                .and_then(|st| {
+                    let id = FileId::from_metadata(st.st_dev, st.st_ino);
+                    let table = crate::proc::locks::LockTable::read().ok()?;
+                    let pid = table.leases(id).iter().find(|l| !l.blocked)?.pid;
+                    Some(crate::messages::who(
+                        Some(pid),
+                        crate::proc::process::uid_of(pid)
+                            .map(crate::proc::process::user_name)
+                            .as_deref(),
+                    ))
+                })
+                .unwrap_or_else(|| crate::proc::locks::unseen_owner().to_owned());
+        Leased {
+            name: name.to_owned(),
+            words: format!(
+                "a file lease on {} ({owner}), not devlock's: every open of it for writing waits for its holder",
+                path.display()
+            ),
+        }
+    }
+
+    /// The error a request that may not wait ends with (exit 75).
+    pub(crate) fn into_busy(self, resource: &str) -> anyhow::Error {
+        coded(
+            ExitCode::Busy,
+            format!("{resource} is busy: {}", self.words),
+        )
+    }
+
+    /// Opens the file for writing, waiting (the kernel tells the lease's
+    /// holder to let go, and takes it from them after `lease-break-time`),
+    /// and returns it: kept open, it keeps a read lease from being taken
+    /// again. A signal that `keep_waiting` says ends the wait interrupts it.
+    pub(crate) fn break_it(
+        &self,
+        dir: &ScratchDir,
+        keep_waiting: &dyn Fn() -> bool,
+    ) -> io::Result<Option<OwnedFd>> {
+        let c_name = std::ffi::CString::new(self.name.as_str()).map_err(io::Error::other)?;
+        let flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+        loop {
+            match crate::sys::fs::openat(dir.fd(), &c_name, flags, LOCK_FILE_MODE) {
+                Ok(fd) => return Ok(Some(fd)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && keep_waiting() => {}
+                // Gone, or not ours to open for writing (then no read
+                // lease of a reader can be in our way either).
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EACCES)) => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Leased {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.words)
+    }
+}
+
+impl std::error::Error for Leased {}
 
 /// Opening a device node can have effects of its own (a tape rewinds), so look
 /// before opening too; the check after opening is the one that counts.

@@ -89,12 +89,15 @@
 //!
 //! Made by their owner with `O_CREAT|O_EXCL` (K counts up per process; a
 //! name already taken, planted or left by a dead process with the same pid,
-//! is skipped, never opened), mode 0644, then `flock(LOCK_EX)` for as long
-//! as they live, and the owner's record written into them. Status believes
+//! is skipped, never opened), mode 0644, then `flock(LOCK_EX)` and the
+//! holder's tag (see Strangers) for as long as they live, and the owner's
+//! record written into them. Status believes
 //! one only when the kernel shows its flock held by the very process it
 //! names (pid and start time). On release the owner truncates, then unlinks
 //! it; one whose owner died is unlinked by whoever can take its flock (which
-//! proves the owner is gone). A waiter registers as it starts to wait; a
+//! proves the owner is gone). A waiter registers once its wait has lasted 50 ms (the kernel names
+//! it before: its place in line, and at the front its flock(2) wait; most
+//! waits on a busy machine end first and cost no file); a
 //! shared holder keeps `.hold` as its label (its command inherits it); a
 //! holder that finds its `R.lock` renamed away registers `.lost`, so status
 //! can say that exclusion is broken.
@@ -129,11 +132,44 @@
 //!   record, which is a label checked against the kernel (a forged record
 //!   names nobody the kernel does not back, and never reaches a terminal
 //!   unsanitised).
-//! - **Lock bytes of the queue file**: a lock on ticket bytes is a place in
-//!   line like any other (status shows it as not a registered devlock,
-//!   with its owner where visible); a lock that covers every ticket to the
-//!   end of the file, or an agreement byte, makes joining fail at once with
-//!   exit 75 naming it: never an unbounded wait, and never a way in.
+//! - **Lock bytes of the queue file, a slot file, or lease a file**: a
+//!   lock devlock did not take on a byte that matters counts as someone
+//!   holding or waiting, exactly as a real job would. A lock on a ticket
+//!   byte is a place in line like any other. A lock that leaves no ticket
+//!   to take (over every ticket to the end, or on the top ticket byte), or
+//!   a read lock on an agreement byte that no devlock the kernel backs
+//!   holds, keeps the request out of the line while it is there: `-n` is
+//!   busy (exit 75) naming it, anyone else drops its own agreement byte
+//!   (two such requests must not wait for each other's) and looks again
+//!   every 50 ms, shown, bounded by `-w` and ended by a stopping signal
+//!   ([`queue::Blocked`]). Another size is a usage error only when the
+//!   process holding that agreement byte (per its fdinfo) is named, pid
+//!   and start time, by the lock file's record or a registration that the
+//!   kernel backs. A plain `flock` on a slot file is that slot's holder. A
+//!   file lease (only a file's owner can take one, so only in an open
+//!   directory) makes opens for writing fail at once: busy for `-n`, else
+//!   waited out with a blocking open that the kernel makes the lease's
+//!   holder answer within `lease-break-time`, kept open until the take is
+//!   done so that a read lease cannot be taken again ([`file::Leased`]).
+//!   Status shows each of these held or in line, never free.
+//! - **Be named**: only from the kernel: `/proc/locks`, the `lock:` lines
+//!   of `/proc/PID/fdinfo/FD` (readable by root and the owner), and the
+//!   start time in `/proc/PID/stat`. One pass over every process's fdinfo
+//!   answers a whole look (and every look for 250 ms), linear in processes
+//!   times descriptors, cut short by a pending stopping signal
+//!   ([`crate::proc::locks::fd_scan`]); where this user cannot see an owner
+//!   it says so, never a guess. The process `/proc/locks` names as a
+//!   flock's taker is believed to hold it only where its fdinfo says so or
+//!   where it carries the holder's tag: a POSIX read lock on byte 2^40 of
+//!   the file (of a lock file, and of a registration), which the kernel
+//!   lists under its pid for every user and drops when it ends; not taken
+//!   on filesystems where flock is made of POSIX locks (NFS). A record or
+//!   registration is believed only for such a holder whose pid and start
+//!   time it names, so a reused pid (even in the same clock tick) and a
+//!   record forged for it name nobody.
+//! - **Plant files named as registrations**: only files whose inode the
+//!   kernel shows flocked are opened (the directory entry's `d_ino`); at
+//!   most 16 others are swept per look.
 //! - **Hold `R.lock`** (util-linux flock): that is taking the lock, which
 //!   is allowed; status shows the holder from the kernel.
 //! - **Rename or remove a file they own**: only the owner of a file can, in

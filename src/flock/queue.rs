@@ -74,14 +74,20 @@ pub(crate) enum Agreement {
 
 impl Ticket {
     /// Joins the line for `lock_name` with a request for `slots` slots (0
-    /// for a plain lock). Fails when someone in line or holding uses another
-    /// size, or, for a semaphore, when `lock_held` says the lock is held by
-    /// someone who did not come through the line (a plain holder).
+    /// for a plain lock). Fails with a usage error when a devlock the
+    /// kernel backs (`devlock_of(pid)`: a process this user can see, whose
+    /// record or registration names it by pid and start time) uses another
+    /// size, or for a semaphore when `plain_holder` says a devlock holds the
+    /// lock plainly. A lock nobody can vouch for on a byte that matters (an
+    /// agreement byte, the ticket bytes to the end) is occupancy, as a
+    /// holder's would be: a [`Blocked`] error, for the caller to wait on
+    /// or to report as busy.
     pub(crate) fn take(
         dir: &ScratchDir,
         lock_name: &str,
         slots: u64,
-        lock_held: &dyn Fn() -> bool,
+        plain_holder: &dyn Fn() -> bool,
+        devlock_of: &dyn Fn(u32) -> bool,
         resource: &str,
     ) -> Result<Ticket> {
         // A separate open per ticket: OFD locks belong to the open file
@@ -91,19 +97,35 @@ impl Ticket {
         let id = queue.id();
         let file = queue.into_file();
         let agree_at = AGREE_BASE + slots.min(u64::from(u16::MAX)) as i64;
-        set_lock(&file, libc::F_RDLCK, agree_at, 1, false)
-            .map_err(|e| line_blocked(resource, &path, id, &file, agree_at, Some(e)))?;
+        if let Err(e) = set_lock(&file, libc::F_RDLCK, agree_at, 1, false) {
+            return Err(blocked(resource, &path, id, file, agree_at, 1, Some(e)));
+        }
         match other_agreement(&file, Some(slots)) {
-            Some(theirs) => return Err(mismatch(resource, theirs, slots)),
-            // Nobody else agrees with us either, yet the lock is held: by
-            // someone who did not come through the line, a plain holder.
-            None if slots > 0 && !shares_agreement(&file, agree_at) && lock_held() => {
+            Some(theirs) if agreement_is_devlocks(id, theirs, devlock_of) => {
+                return Err(mismatch(resource, theirs, slots));
+            }
+            Some(theirs) => {
+                // Ours goes before waiting: two requests each waiting for
+                // the other's byte would wait for ever.
+                let _ = set_lock(&file, libc::F_UNLCK, agree_at, 1, false);
+                let at = AGREE_BASE + theirs as i64;
+                return Err(blocked(resource, &path, id, file, at, 1, None));
+            }
+            // Nobody else agrees with us either, yet a devlock holds the
+            // lock without the line: a plain holder.
+            None if slots > 0 && !shares_agreement(&file, agree_at) && plain_holder() => {
                 return Err(mismatch(resource, 0, slots));
             }
             None => {}
         }
-        let number = take_number(&file)
-            .map_err(|at| line_blocked(resource, &path, id, &file, SLOT_BASE + at as i64, None))?;
+        let number = match take_number(&file) {
+            Ok(number) => number,
+            Err(at) => {
+                let _ = set_lock(&file, libc::F_UNLCK, agree_at, 1, false);
+                let at = SLOT_BASE + at.min(MAX_TICKET) as i64;
+                return Err(blocked(resource, &path, id, file, at, 0, None));
+            }
+        };
         Ok(Ticket {
             file,
             path,
@@ -306,31 +328,67 @@ fn anyone_ahead(file: &File, number: u64) -> io::Result<bool> {
 }
 
 fn mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
-    let how = |n: u64| match n {
-        0 => "as a plain lock".to_owned(),
-        n => format!("with --slots {n}"),
-    };
-    coded(
-        ExitCode::Usage,
-        format!(
-            "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
-            how(theirs),
-            how(ours)
-        ),
-    )
+    crate::messages::slots_mismatch(resource, theirs, ours)
 }
 
-/// The one-line error for a line that a lock devlock did not take makes
-/// unusable, naming the lock and, as far as this user can see, its owner.
-fn line_blocked(
+/// Whether the read lock on agreement byte `theirs` is a devlock's that
+/// the kernel backs: some process this user can see holds it (its fdinfo)
+/// and `devlock_of` vouches for that process.
+fn agreement_is_devlocks(queue: FileId, theirs: u64, devlock_of: &dyn Fn(u32) -> bool) -> bool {
+    let at = (AGREE_BASE as u64) + theirs;
+    crate::proc::locks::range_lock_owners(queue)
+        .into_iter()
+        .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
+        .any(|(pid, _)| devlock_of(pid))
+}
+
+/// A lock devlock did not take (or cannot vouch for) that keeps a request
+/// out of the line: it stands for the resource being in use, as a holder
+/// does. The request reports it as busy (`-n`) or waits until it is gone
+/// ([`Blocked::still_there`]) and joins again.
+#[derive(Debug)]
+pub(crate) struct Blocked {
+    file: File,
+    start: i64,
+    len: i64,
+    /// `r is busy: ...`, naming the lock and its owner.
+    message: String,
+    /// The part after `is busy: `, for a waiting line.
+    pub words: String,
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Blocked {}
+
+impl Blocked {
+    /// Whether a lock is still where this one was (one query).
+    pub(crate) fn still_there(&self) -> bool {
+        !matches!(get_lock(&self.file, self.start, self.len), Ok(None))
+    }
+
+    /// The error a request that may not wait ends with (exit 75).
+    pub(crate) fn into_busy(self) -> anyhow::Error {
+        coded(ExitCode::Busy, self.message)
+    }
+}
+
+/// The error for a line that a lock devlock did not take makes unusable
+/// for now, naming the lock and, as far as this user can see, its owner.
+fn blocked(
     resource: &str,
     path: &std::path::Path,
     id: FileId,
-    file: &File,
+    file: File,
     at: i64,
+    len: i64,
     err: Option<io::Error>,
 ) -> anyhow::Error {
-    let lock = get_lock(file, at, 1).ok().flatten();
+    let lock = get_lock(&file, at, 1).ok().flatten();
     let what = match lock {
         Some(l) => {
             let range = RangeLock {
@@ -342,22 +400,32 @@ fn line_blocked(
                 start: l.l_start as u64,
                 end: (l.l_len > 0).then(|| (l.l_start + l.l_len - 1) as u64),
             };
+            let single = range.end == Some(range.start);
+            let agreement = match range.start.checked_sub(AGREE_BASE as u64) {
+                Some(0) if single => ", the agreement of a plain lock".to_owned(),
+                Some(n) if single && n < 1 << 16 => format!(", the agreement of --slots {n}"),
+                _ => String::new(),
+            };
             format!(
-                "a lock that is not devlock's on bytes {} of {} ({})",
+                "a lock that is not devlock's on bytes {} of {}{agreement} ({})",
                 range.range_text(),
                 path.display(),
                 owner_words(&range)
             )
         }
         None => match err {
-            Some(e) => format!("{}: {e}", path.display()),
+            Some(e) => format!("{}: {}", path.display(), crate::proc::os_text(&e)),
             None => format!("locks on {}", path.display()),
         },
     };
-    coded(
-        ExitCode::Busy,
-        format!("{resource} is busy: its line is blocked by {what}"),
-    )
+    let words = format!("its line is blocked by {what}");
+    anyhow::Error::new(Blocked {
+        file,
+        start: at,
+        len,
+        message: format!("{resource} is busy: {words}"),
+        words,
+    })
 }
 
 /// `pid 4242, alice`, or why it cannot be said.
@@ -371,7 +439,7 @@ pub(crate) fn owner_words(lock: &RangeLock) -> String {
             .collect(),
     };
     if owners.is_empty() {
-        return "held by a process this user cannot see".to_owned();
+        return format!("held by {}", crate::proc::locks::unseen_owner());
     }
     owners
         .iter()
@@ -413,6 +481,36 @@ pub(crate) fn agreement(dir: &ScratchDir, lock_name: &str) -> Result<Agreement> 
     Ok(match other_agreement(&file, None) {
         Some(n) => Agreement::Slots(n),
         None => Agreement::None,
+    })
+}
+
+/// What a request that may not join the line says of agreement byte `n`
+/// held by others (`-n` of a plain lock): a usage error when a devlock the
+/// kernel backs (`devlock_of`) holds it, else busy, naming the lock.
+pub(crate) fn agreement_error(
+    dir: &ScratchDir,
+    lock_name: &str,
+    n: u64,
+    ours: u64,
+    devlock_of: &dyn Fn(u32) -> bool,
+    resource: &str,
+) -> Result<anyhow::Error> {
+    let Some(file) = open_queue(dir, lock_name)? else {
+        return Ok(mismatch(resource, n, ours));
+    };
+    let id = crate::proc::locks::FileId::from_metadata(
+        std::os::unix::fs::MetadataExt::dev(&file.metadata()?),
+        std::os::unix::fs::MetadataExt::ino(&file.metadata()?),
+    );
+    if agreement_is_devlocks(id, n, devlock_of) {
+        return Ok(mismatch(resource, n, ours));
+    }
+    let path = dir.path().join(queue_name(lock_name));
+    let at = AGREE_BASE + n.min(u64::from(u16::MAX)) as i64;
+    let err = blocked(resource, &path, id, file, at, 1, None);
+    Ok(match err.downcast::<Blocked>() {
+        Ok(b) => b.into_busy(),
+        Err(e) => e,
     })
 }
 
@@ -529,7 +627,7 @@ mod tests {
     }
 
     fn take(dir: &ScratchDir, slots: u64) -> Result<Ticket> {
-        Ticket::take(dir, "r.lock", slots, &|| false, "r")
+        Ticket::take(dir, "r.lock", slots, &|| false, &|_| true, "r")
     }
 
     /// Another open file description on the queue, as a stranger has.
@@ -602,7 +700,7 @@ mod tests {
         let a = take(&dir, 2).unwrap();
         assert_eq!(a.agreed_slots, 2);
         // The lock held by those in the agreement is no plain holder.
-        let b = Ticket::take(&dir, "r.lock", 2, &|| true, "r").unwrap();
+        let b = Ticket::take(&dir, "r.lock", 2, &|| true, &|_| true, "r").unwrap();
         a.step_aside().unwrap();
         let err = take(&dir, 3).unwrap_err();
         assert!(
@@ -621,7 +719,7 @@ mod tests {
             3,
             "free to choose again"
         );
-        let held_plainly = Ticket::take(&dir, "r.lock", 2, &|| true, "r").unwrap_err();
+        let held_plainly = Ticket::take(&dir, "r.lock", 2, &|| true, &|_| true, "r").unwrap_err();
         assert!(format!("{held_plainly:#}").contains("in use as a plain lock"));
     }
 

@@ -156,6 +156,9 @@ impl Registration {
             if flock(&file, Flock::Exclusive, true).is_err() {
                 continue;
             }
+            // Its pid in the kernel's table, for users who cannot read our
+            // descriptors (see `proc::locks::holds_now`).
+            crate::proc::locks::tag(&file);
             let path = dir.path().join(&name);
             let meta = file
                 .metadata()
@@ -240,6 +243,88 @@ impl Drop for Registration {
     }
 }
 
+/// How long a wait lasts before its waiter registers: the kernel names it
+/// meanwhile (its place in line, its flock wait), and a wait shorter than
+/// this, most of them on a busy machine, creates and removes no file.
+pub(crate) const REGISTER_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A waiter's registration, made on a thread of its own once the wait has
+/// lasted [`REGISTER_AFTER`]; dropping it ends the wait's registration,
+/// made or not.
+#[derive(Debug)]
+pub(crate) struct Deferred(Option<std::sync::Arc<(std::sync::Mutex<Later>, std::sync::Condvar)>>);
+
+#[derive(Debug)]
+enum Later {
+    Waiting,
+    Made(Option<Registration>),
+    Over,
+}
+
+impl Deferred {
+    /// Registers `record` as a waiter for `resource` if the wait is still
+    /// on after [`REGISTER_AFTER`].
+    pub(crate) fn later(dir: &ScratchDir, resource: &Resource, record: Record) -> Deferred {
+        let Ok(dir) = dir.try_clone() else {
+            return Deferred(None);
+        };
+        let shared = std::sync::Arc::new((
+            std::sync::Mutex::new(Later::Waiting),
+            std::sync::Condvar::new(),
+        ));
+        let theirs = shared.clone();
+        let resource = resource.clone();
+        let spawned = std::thread::Builder::new()
+            .name("devlock-register".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let (state, wake) = &*theirs;
+                let guard = state.lock().unwrap_or_else(|e| e.into_inner());
+                let (mut guard, _) = wake
+                    .wait_timeout_while(guard, REGISTER_AFTER, |s| matches!(s, Later::Waiting))
+                    .unwrap_or_else(|e| e.into_inner());
+                if matches!(*guard, Later::Waiting) {
+                    *guard = Later::Made(
+                        Registration::create(&dir, &resource, &record, Kind::Wait).ok(),
+                    );
+                }
+            });
+        Deferred(spawned.is_ok().then_some(shared))
+    }
+
+    /// The take's waiter registration, for `ticket`.
+    pub(crate) fn start(
+        ctx: &crate::flock::entry::Context,
+        request: &crate::request::Request,
+        ticket: u64,
+    ) -> Deferred {
+        let mut record = ctx.record();
+        record.ticket = Some(ticket);
+        record.since_ms = record::now_ms();
+        record.via = request.via.as_ref().map(Resource::to_string);
+        Deferred::later(ctx.dir, &request.name, record)
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        let Some(shared) = self.0.take() else {
+            return;
+        };
+        let (state, wake) = &*shared;
+        let made = {
+            let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *guard, Later::Over)
+        };
+        wake.notify_all();
+        // Removed here, on the waiting thread (the file goes before the
+        // command starts).
+        if let Later::Made(registration) = made {
+            drop(registration);
+        }
+    }
+}
+
 /// A registration that the kernel confirms is alive and its own.
 #[derive(Debug, Clone)]
 pub(crate) struct Waiter {
@@ -264,11 +349,40 @@ pub(crate) fn live_waiters(
     wanted: impl Fn(&Resource) -> bool,
 ) -> Vec<Waiter> {
     let mut waiters = Vec::new();
-    for name in names {
-        let Some((resource, kind, named_pid)) = parse_name(name) else {
-            continue;
-        };
-        if !wanted(&resource) {
+    // Only a file the kernel shows flocked can be a live registration: the
+    // others (a dead owner's, or thousands planted) are skipped by their
+    // inode number, never opened, and only a few are swept per look.
+    let dev = nix::sys::stat::fstat(dir.fd()).ok().map(|st| st.st_dev);
+    let flocked: std::collections::HashSet<u64> = dev
+        .map(|dev| {
+            let id = FileId::from_metadata(dev, 0);
+            table
+                .flocked_files()
+                .filter(|f| f.major == id.major && f.minor == id.minor)
+                .map(|f| f.ino)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut candidates: Vec<(&String, Resource, Kind, u32)> = names
+        .iter()
+        .filter_map(|name| {
+            let (resource, kind, pid) = parse_name(name)?;
+            wanted(&resource).then_some((name, resource, kind, pid))
+        })
+        .collect();
+    if candidates.len() > SWEEP_PER_LOOK {
+        let inodes = dir.inodes().unwrap_or_default();
+        let mut swept = 0;
+        candidates.retain(|(name, ..)| {
+            let alive = inodes.get(*name).is_none_or(|ino| flocked.contains(ino));
+            swept += usize::from(!alive);
+            alive || swept <= SWEEP_PER_LOOK
+        });
+    }
+    for (name, resource, kind, named_pid) in candidates {
+        if named_pid == std::process::id() {
+            // Our own: opening it here and closing it again would drop
+            // its tag (a POSIX lock ends at any close in the process).
             continue;
         }
         let Ok((file, meta)) = open_checked(dir, name) else {
@@ -289,7 +403,13 @@ pub(crate) fn live_waiters(
             continue;
         };
         let own = record.pid == named_pid && holders.contains(&record.pid);
-        let alive_in_kernel = own && record.names(record.pid);
+        // The kernel's table names the pid that took the flock, which may
+        // have gone to another process since (its start time can be the
+        // same, in the same clock tick): believed only where its descriptors
+        // or its tag show that very process holding this file now.
+        let alive_in_kernel = own
+            && record.names(record.pid)
+            && crate::proc::locks::holds_now(table, record.pid, id) == Some(true);
         // After kill -9, a shared holder's command keeps its registration
         // locked: believed when the command is the recorded child, which the
         // kernel shows holding this very file.
@@ -316,6 +436,10 @@ pub(crate) fn live_waiters(
     });
     waiters
 }
+
+/// How many registrations nobody holds a look opens (to sweep them): the
+/// rest wait for later looks, however many were planted.
+const SWEEP_PER_LOOK: usize = 16;
 
 /// Removes a registration whose owner died. Taking its lock first proves the
 /// owner is gone (a live owner holds it for as long as it waits).

@@ -6,10 +6,11 @@
 use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
-use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, register, watch};
-use crate::flock::file::LockFile;
+use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, watch};
+use crate::flock::file::{Leased, LockFile};
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
+use crate::flock::registration::Deferred;
 use crate::flock::wait::{Busy, Wait};
 use crate::messages::label_of;
 use crate::request::Request;
@@ -36,8 +37,66 @@ fn take_if_nobody_waits(dir: &ScratchDir, request: &Request) -> Result<Fast> {
     })
 }
 
-/// Takes one request: at once when free, else waiting in line.
+/// Takes one request: at once when free, else waiting in line. A file
+/// lease on one of its files (which makes every open for writing wait) is
+/// the resource in use: `-n` says busy, naming it; anyone else waits for
+/// it to break, shown and bounded like any wait, and keeps the file open
+/// meanwhile so that the lease cannot be taken again before its turn.
 pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
+    let mut breakers = Vec::new();
+    loop {
+        let leased = match take_unleased(ctx, request) {
+            Err(e) if e.is::<Leased>() => e.downcast::<Leased>().expect("checked"),
+            taken => return taken,
+        };
+        if ctx.no_wait || breakers.len() > 16 {
+            return Err(leased.into_busy(request.name.as_str()));
+        }
+        let room = std::sync::Arc::new(std::sync::Mutex::new(format!(
+            "{}: {}",
+            request.name, leased.words
+        )));
+        let watches = stranger_watch(ctx, request, room).into_iter().collect();
+        let wait = Wait {
+            label: label_of(request),
+            watches,
+            registrations: Vec::new(),
+            lazy: false,
+        };
+        let opened = blocking(ctx, wait, |stop| {
+            leased
+                .break_it(ctx.dir, &|| stop.keep_waiting())
+                .map_err(|e| {
+                    anyhow::Error::from(e).context(format!("waiting for {}", request.name))
+                })
+        })?;
+        ctx.observer.took()?;
+        breakers.extend(opened);
+    }
+}
+
+/// A watch for a wait on something that is not devlock's, described by
+/// `room` (the waiting line shows it, and a timeout says it).
+fn stranger_watch(
+    ctx: &Context,
+    request: &Request,
+    room: std::sync::Arc<std::sync::Mutex<String>>,
+) -> Option<crate::flock::wait::Watch> {
+    if !ctx.shows() {
+        return None;
+    }
+    let lock = LockFile::open_to_look(ctx.dir, &request.name.file_name()).ok()?;
+    Some(crate::flock::wait::Watch {
+        dir: ctx.dir.try_clone().ok()?,
+        resource: request.name.clone(),
+        lock,
+        ticket: None,
+        label: label_of(request),
+        room: Some(room),
+    })
+}
+
+fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
     let opened = match take_if_nobody_waits(ctx.dir, request)? {
         Fast::Held(lock) => {
             let held = hold(ctx, request.clone(), lock, None, None);
@@ -56,11 +115,16 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
         if let Agreement::Slots(agreed @ 1..) =
             crate::flock::queue::agreement(ctx.dir, &request.name.file_name())?
         {
-            return Err(crate::messages::slots_mismatch(
-                request.name.as_str(),
+            // A devlock the kernel backs uses it with slots: a usage
+            // error; a lock nobody vouches for: busy, naming it.
+            return Err(crate::flock::queue::agreement_error(
+                ctx.dir,
+                &request.name.file_name(),
                 agreed,
                 0,
-            ));
+                &|pid| crate::flock::entry::devlock_of(ctx.dir, &lock, &request.name, pid),
+                request.name.as_str(),
+            )?);
         }
         inside_holder(&lock, request)?;
         if inherited(&lock, request.exclusive) == Inherited::Yes {
@@ -68,7 +132,7 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
         }
         return Err(busy(request, lock));
     }
-    let mut entry = Entry::join_with(ctx.dir, request, open_lock(opened)?)?;
+    let mut entry = join_waiting(ctx, request, open_lock(opened)?)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
         return Ok(Taken::Held(entry.into_held(ctx, slot)));
     }
@@ -81,7 +145,10 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
         drop(ticket);
         return Err(busy(request, lock));
     }
-    let registration = register(ctx, request, entry.ticket.number);
+    // Named by the kernel from its first instant (its place in line, and
+    // once at the front its flock(2) wait, pid and all); labelled with its
+    // step only once the wait lasts (most end first, and cost no file).
+    let registration = Deferred::start(ctx, request, entry.ticket.number);
     let label = label_of(request);
     let shows = ctx.shows();
     let watches = shows
@@ -94,11 +161,75 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
     let wait = Wait {
         label,
         watches,
-        registrations: vec![registration],
+        registrations: Vec::new(),
         lazy,
     };
-    let (entry, slot) = blocking(ctx, wait, |stop| entry.block(ctx.dir, stop))?;
+    let taken = blocking(ctx, wait, |stop| entry.block(ctx.dir, stop));
+    drop(registration);
+    let (entry, slot) = taken?;
     Ok(Taken::Held(entry.into_held(ctx, slot)))
+}
+
+/// How often a request kept out of the line by a lock nobody vouches for
+/// looks whether it is gone (no lock call can sleep until a stranger's lock
+/// of any shape goes, and the look also sees a devlock take its place).
+const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Joins the line. While a lock devlock cannot vouch for keeps it shut (on
+/// an agreement byte, or on the ticket bytes to the end), the resource is
+/// in use as if a job held it: `-n` says busy, naming the lock, and
+/// otherwise the request waits until it is gone, shown, bounded by `-w`
+/// and ended by a stopping signal like any wait.
+fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> Result<Entry> {
+    let mut lock = lock;
+    loop {
+        let (blocked, back) = match Entry::join_or_blocked(ctx.dir, request, lock)? {
+            Ok(entry) => return Ok(entry),
+            Err(blocked) => blocked,
+        };
+        if ctx.no_wait {
+            return Err(blocked.into_busy());
+        }
+        lock = back;
+        let room = std::sync::Arc::new(std::sync::Mutex::new(format!(
+            "{}: {}",
+            request.name, blocked.words
+        )));
+        let watches = ctx
+            .shows()
+            .then(|| {
+                Some(crate::flock::wait::Watch {
+                    dir: ctx.dir.try_clone().ok()?,
+                    resource: request.name.clone(),
+                    lock: lock.try_clone().ok()?,
+                    ticket: None,
+                    label: label_of(request),
+                    room: Some(room),
+                })
+            })
+            .flatten()
+            .into_iter()
+            .collect();
+        let wait = Wait {
+            label: label_of(request),
+            watches,
+            registrations: Vec::new(),
+            lazy: false,
+        };
+        blocking(ctx, wait, |stop| {
+            while blocked.still_there() {
+                if !stop.keep_waiting() {
+                    return Err(anyhow::Error::from(std::io::Error::from(
+                        std::io::ErrorKind::Interrupted,
+                    ))
+                    .context(format!("waiting for {}", request.name)));
+                }
+                std::thread::sleep(BLOCKED_POLL);
+            }
+            Ok(())
+        })?;
+        ctx.observer.took()?;
+    }
 }
 
 /// The error of a busy lock (`-n`), with the lock file to name whoever is in

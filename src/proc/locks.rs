@@ -85,6 +85,8 @@ impl RangeLock {
 enum Entry {
     Flock(KernelLock),
     Range(RangeLock),
+    /// A file lease (fcntl F_SETLEASE): `exclusive` for a write lease.
+    Lease(KernelLock),
 }
 
 /// Parses the flock(2) entries of `/proc/locks`; byte-range entries are left
@@ -93,7 +95,17 @@ pub fn parse_locks(text: &str) -> Vec<KernelLock> {
     text.lines()
         .filter_map(|l| match parse_entry(l)? {
             Entry::Flock(lock) => Some(lock),
-            Entry::Range(_) => None,
+            _ => None,
+        })
+        .collect()
+}
+
+/// The file leases of `/proc/locks`.
+fn parse_leases(text: &str) -> Vec<KernelLock> {
+    text.lines()
+        .filter_map(|l| match parse_entry(l)? {
+            Entry::Lease(lock) => Some(lock),
+            _ => None,
         })
         .collect()
 }
@@ -103,7 +115,7 @@ pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
     text.lines()
         .filter_map(|l| match parse_entry(l)? {
             Entry::Range(lock) => Some(lock),
-            Entry::Flock(_) => None,
+            _ => None,
         })
         .collect()
 }
@@ -111,7 +123,7 @@ pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
 fn parse_lock_line(line: &str) -> Option<KernelLock> {
     match parse_entry(line)? {
         Entry::Flock(lock) => Some(lock),
-        Entry::Range(_) => None,
+        _ => None,
     }
 }
 
@@ -125,13 +137,15 @@ fn parse_entry(line: &str) -> Option<Entry> {
     if blocked {
         kind = words.next()?;
     }
-    if !matches!(kind, "FLOCK" | "POSIX" | "OFDLCK") {
+    if !matches!(kind, "FLOCK" | "POSIX" | "OFDLCK" | "LEASE") {
         return None;
     }
-    words.next()?; // ADVISORY / MANDATORY
+    words.next()?; // ADVISORY / MANDATORY, or a lease's ACTIVE / BREAKING / BREAKER
     let exclusive = match words.next()? {
         "WRITE" => true,
         "READ" => false,
+        // A lease being broken.
+        "UNLCK" if kind == "LEASE" => false,
         _ => return None,
     };
     let pid: i64 = words.next()?.parse().ok()?;
@@ -140,6 +154,14 @@ fn parse_entry(line: &str) -> Option<Entry> {
     let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
     let ino = dev.next()?.parse().ok()?;
     let file = FileId { major, minor, ino };
+    if kind == "LEASE" {
+        return Some(Entry::Lease(KernelLock {
+            file,
+            pid: u32::try_from(pid).ok()?,
+            exclusive,
+            blocked,
+        }));
+    }
     if kind == "FLOCK" {
         return Some(Entry::Flock(KernelLock {
             file,
@@ -169,6 +191,7 @@ fn parse_entry(line: &str) -> Option<Entry> {
 pub struct LockTable {
     by_file: HashMap<FileId, Vec<KernelLock>>,
     ranges: HashMap<FileId, Vec<RangeLock>>,
+    leases: HashMap<FileId, Vec<KernelLock>>,
 }
 
 impl LockTable {
@@ -188,10 +211,13 @@ impl LockTable {
                 locks = again;
             }
         }
-        let (flocks, ranges) = locks;
+        let (flocks, ranges, leases) = locks;
         let mut table = LockTable::from_locks(flocks);
         for lock in ranges {
             table.ranges.entry(lock.file).or_default().push(lock);
+        }
+        for lease in leases {
+            table.leases.entry(lease.file).or_default().push(lease);
         }
         Ok(table)
     }
@@ -205,6 +231,7 @@ impl LockTable {
         LockTable {
             by_file,
             ranges: HashMap::new(),
+            leases: HashMap::new(),
         }
     }
 
@@ -223,6 +250,16 @@ impl LockTable {
         self.holders(file).next().is_some()
     }
 
+    /// Every file someone holds or waits for a flock on.
+    pub fn flocked_files(&self) -> impl Iterator<Item = FileId> + '_ {
+        self.by_file.keys().copied()
+    }
+
+    /// File leases on the file (and opens waiting for one to break).
+    pub fn leases(&self, file: FileId) -> &[KernelLock] {
+        self.leases.get(&file).map_or(&[], Vec::as_slice)
+    }
+
     /// Byte-range locks and requests on the file.
     pub fn ranges(&self, file: FileId) -> &[RangeLock] {
         self.ranges.get(&file).map_or(&[], Vec::as_slice)
@@ -238,7 +275,7 @@ impl LockTable {
     }
 }
 
-type Locks = (Vec<KernelLock>, Vec<RangeLock>);
+type Locks = (Vec<KernelLock>, Vec<RangeLock>, Vec<KernelLock>);
 
 /// The entries of `/proc/locks`, and how many reads it took.
 fn read_locks() -> std::io::Result<(Locks, usize)> {
@@ -255,7 +292,14 @@ fn read_locks() -> std::io::Result<(Locks, usize)> {
         text.extend_from_slice(&chunk[..n]);
     }
     let text = String::from_utf8_lossy(&text);
-    Ok(((parse_locks(&text), parse_range_locks(&text)), pieces))
+    Ok((
+        (
+            parse_locks(&text),
+            parse_range_locks(&text),
+            parse_leases(&text),
+        ),
+        pieces,
+    ))
 }
 
 /// Whether `pid` holds a granted flock on `file` through one of its
@@ -266,14 +310,112 @@ pub(crate) fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
     Some(locks.iter().any(|(_, l)| l.file == file && !l.blocked))
 }
 
-/// The processes whose descriptors hold byte-range locks on `file`, found
-/// by scanning the fdinfo of every process this user may inspect (root:
-/// all). OFD locks show no pid in `/proc/locks`; this is the only way to
-/// name their owners. Expensive: used only to explain a lock nobody owns.
+/// What holds a lock no process this user can see shows in its
+/// descriptors: for root, who sees every process's, a descriptor no process
+/// has open (sent over a unix socket and not received yet); for anyone
+/// else, a process this user cannot see.
+pub(crate) fn unseen_owner() -> &'static str {
+    if nix::unistd::geteuid().is_root() && !fd_scan().cut_short {
+        "a descriptor no process has open (one sent over a unix socket, say)"
+    } else {
+        "a process this user cannot see"
+    }
+}
+
+/// Where a holder's tag lies in a lock file (and a registration): one
+/// byte far past anything written into it.
+pub(crate) const TAG_AT: i64 = 1 << 40;
+
+/// Takes the holder's tag on a file this process holds a flock on: a
+/// POSIX read lock on [`TAG_AT`], which `/proc/locks` shows every user
+/// under this process's pid, and which ends with this process (never
+/// inherited, never left to a pid reused later). Only where flock and POSIX
+/// locks do not meet (on NFS flock is made of POSIX locks, and the tag
+/// would merge into it). A label only: a failure is ignored.
+pub(crate) fn tag(file: &std::fs::File) {
+    use std::os::fd::AsFd;
+    if crate::flock::dir::is_local(file.as_fd()) {
+        let _ = crate::sys::fs::posix_tag(file, TAG_AT);
+    }
+}
+
+/// Whether `pid` holds the flock on `file` now, as far as this user can
+/// tell from the kernel: its descriptors, where this user may read them;
+/// else its tag ([`tag`]) in the lock table. `None` when neither says (a
+/// process of another user without a tag: its pid may have been reused
+/// since the lock was taken).
+pub(crate) fn holds_now(table: &LockTable, pid: u32, file: FileId) -> Option<bool> {
+    if let Some(holds) = holds_flock(pid, file) {
+        return Some(holds);
+    }
+    let tagged = table
+        .ranges(file)
+        .iter()
+        .any(|l| !l.ofd && !l.blocked && l.pid == Some(pid) && l.start == TAG_AT as u64);
+    tagged.then_some(true)
+}
+
+/// The processes whose descriptors hold byte-range locks on `file`, from
+/// the one scan of every process's descriptors ([`fd_scan`]). OFD locks
+/// show no pid in `/proc/locks`; this is the only way to name their owners.
 pub(crate) fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
-    let mut found = Vec::new();
+    fd_scan().ranges.get(&file).cloned().unwrap_or_default()
+}
+
+/// What the descriptors of every process this user may inspect (root: all)
+/// hold, by file: the `lock:` lines of `/proc/PID/fdinfo/FD`, read in one
+/// pass over the processes. It costs one read per descriptor (linear in
+/// processes times descriptors, a descriptor whose fdinfo repeats the one
+/// before it, a `dup`, parsed once), and is made at most once per
+/// [`SCAN_FRESH`] and shared by every question asked meanwhile, so any
+/// number of locks a stranger makes costs one pass, not one each. A stop
+/// signal waiting to be taken (SIGTERM, SIGINT, SIGHUP, SIGQUIT) cuts the
+/// pass short between two processes: what was seen so far is the answer,
+/// and the caller gets to the signal at once.
+#[derive(Debug, Default)]
+pub(crate) struct FdScan {
+    /// Granted flocks: (holding pid, the pid its `lock:` line names).
+    pub flocks: HashMap<FileId, Vec<(u32, u32)>>,
+    /// Byte-range locks (granted and requested), with the holding pid.
+    pub ranges: HashMap<FileId, Vec<(u32, RangeLock)>>,
+    /// A stop signal cut the pass short.
+    pub cut_short: bool,
+}
+
+/// How long one pass over the processes answers for: a look (a status, a
+/// busy message, one round of a waiting line) asks within it.
+pub(crate) const SCAN_FRESH: std::time::Duration = std::time::Duration::from_millis(250);
+
+static SCAN: std::sync::Mutex<Option<(std::time::Instant, std::sync::Arc<FdScan>)>> =
+    std::sync::Mutex::new(None);
+
+/// The scan of every process's descriptors, made now unless one made less
+/// than [`SCAN_FRESH`] ago answers.
+pub(crate) fn fd_scan() -> std::sync::Arc<FdScan> {
+    let mut cached = SCAN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, scan)) = cached.as_ref()
+        && at.elapsed() < SCAN_FRESH
+    {
+        return scan.clone();
+    }
+    let scan = std::sync::Arc::new(scan_all());
+    *cached = Some((std::time::Instant::now(), scan.clone()));
+    scan
+}
+
+fn stop_pending() -> bool {
+    crate::sys::signal::any_pending(&crate::sys::signal::SigSet::of(&[
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+    ]))
+}
+
+fn scan_all() -> FdScan {
+    let mut scan = FdScan::default();
     let Ok(proc_dir) = fs::read_dir("/proc") else {
-        return found;
+        return scan;
     };
     for entry in proc_dir.flatten() {
         let Some(pid) = entry
@@ -283,26 +425,51 @@ pub(crate) fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
         else {
             continue;
         };
+        if stop_pending() {
+            scan.cut_short = true;
+            break;
+        }
         let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
             continue;
         };
+        let mut last = String::new();
         for fd in fds.flatten() {
             let Some(info) = read_small(fd.path()) else {
                 continue;
             };
-            for line in info.lines() {
+            // Only the lock lines matter; a dup of the descriptor before
+            // shows the same ones.
+            let Some(first) = info.find("lock:") else {
+                continue;
+            };
+            let locks = &info[first..];
+            if locks == last {
+                continue;
+            }
+            for line in locks.lines() {
                 let Some(rest) = line.strip_prefix("lock:") else {
                     continue;
                 };
-                if let Some(Entry::Range(lock)) = parse_entry(rest.trim_start())
-                    && lock.file == file
-                {
-                    found.push((pid, lock));
+                match parse_entry(rest.trim_start()) {
+                    Some(Entry::Range(lock)) => {
+                        let list = scan.ranges.entry(lock.file).or_default();
+                        if !list.iter().any(|(p, l)| *p == pid && *l == lock) {
+                            list.push((pid, lock));
+                        }
+                    }
+                    Some(Entry::Flock(lock)) if !lock.blocked => {
+                        let list = scan.flocks.entry(lock.file).or_default();
+                        if !list.contains(&(pid, lock.pid)) {
+                            list.push((pid, lock.pid));
+                        }
+                    }
+                    _ => {}
                 }
             }
+            last = locks.to_owned();
         }
     }
-    found
+    scan
 }
 
 /// The byte-range locks `pid`'s descriptors hold on `file`, from its fdinfo
@@ -361,29 +528,8 @@ pub(crate) fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
 
 /// Every process holding a granted flock, by file, each with the pid its
 /// `lock:` line names (the process that took the lock: a command that
-/// inherited devlock's descriptor shows devlock's pid there), found by
-/// scanning the descriptors of all processes this user may inspect.
-/// Expensive on a big machine: used only when `/proc/locks` names a pid that
-/// is gone, or is not the holder any more.
+/// inherited devlock's descriptor shows devlock's pid there), from the one
+/// scan of every process's descriptors ([`fd_scan`]).
 pub(crate) fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
-    let mut found: HashMap<FileId, Vec<(u32, u32)>> = HashMap::new();
-    let Ok(proc_dir) = fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in proc_dir.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        for (_, lock) in fd_locks(&pid.to_string()).unwrap_or_default() {
-            if lock.blocked {
-                continue;
-            }
-            let pids = found.entry(lock.file).or_default();
-            if !pids.contains(&(pid, lock.pid)) {
-                pids.push((pid, lock.pid));
-            }
-        }
-    }
-    found
+    fd_scan().flocks.clone()
 }

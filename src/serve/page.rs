@@ -386,7 +386,7 @@ fn holder_row(page: &mut String, h: &Holder, place: Place) {
         (Some(step), _) => format!("<b>{}</b>", esc(step)),
         (None, HolderSource::NoRecord) => format!("{name} <i>(no record)</i>"),
         (None, HolderSource::Inherited) => format!("{name} <i>(inherited)</i>"),
-        (None, _) => match h.note {
+        (None, _) => match &h.note {
             Some(note) => format!("<i>unknown: {}</i>", esc(note)),
             None => "<i>unknown</i>".to_owned(),
         },

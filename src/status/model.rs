@@ -132,7 +132,7 @@ pub(crate) struct Holder {
     pub source: HolderSource,
     /// Why an `unknown` holder cannot be seen.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<&'static str>,
+    pub note: Option<String>,
     /// A memory budget held (`--mem`), MiB.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem_mib: Option<u64>,
@@ -643,7 +643,15 @@ fn build_view(
         view.record = Some("unreadable");
     }
     let record = read.valid();
-    view.holders = holders_of(id, &kernel_holders, record.as_ref(), &holds, now, sharers);
+    view.holders = holders_of(
+        id,
+        &kernel_holders,
+        record.as_ref(),
+        &holds,
+        now,
+        sharers,
+        table,
+    );
     if view.holders.is_empty() && proc::container::in_child_pid_namespace() {
         // /proc/locks here leaves out every holder outside this namespace,
         // and nothing else shows them: ask the lock itself, shared, for an
@@ -687,6 +695,30 @@ fn build_view(
         queue,
         now,
     );
+    if let (Some(n), Some(q)) = (line.agreed_slots, queue) {
+        stranger_agreement(&mut view, dir, resource, q, n);
+    }
+    slot_strangers(
+        &mut view,
+        dir,
+        resource,
+        table,
+        &kernel_holders,
+        now,
+        sharers,
+    );
+    for lease in table.leases(id).iter().filter(|l| !l.blocked) {
+        // Every open of the lock file for writing waits for it: the
+        // resource is in use, by whoever holds the lease.
+        let pids = if proc::process::start_time(lease.pid).is_some() {
+            vec![lease.pid]
+        } else {
+            Vec::new()
+        };
+        let mut holder = bare(pids, None, HolderSource::NoRecord, true);
+        holder.note = Some("a file lease on the lock file, not devlock's".to_owned());
+        view.holders.push(holder);
+    }
     if !view.holders.is_empty() {
         view.state = if view.holders.iter().all(|h| h.exclusive) {
             State::Held
@@ -707,6 +739,116 @@ fn build_view(
         });
     }
     view
+}
+
+/// An agreement on the slot count that no devlock in the view vouches for
+/// (its owner, per the kernel's fdinfo, is none of the holders and waiters
+/// shown, or, where this user cannot see owners, nobody is shown at all) is
+/// a stranger's lock on a byte that matters: named as a lock that is not
+/// devlock's, and for a count of slots, as the resource held (by it), never
+/// `free` with a count nobody uses.
+fn stranger_agreement(
+    view: &mut ResourceView,
+    dir: &ScratchDir,
+    resource: &Resource,
+    queue: FileId,
+    n: u64,
+) {
+    let at = 4096 + n;
+    let owners: Vec<(u32, RangeLock)> = proc::locks::range_lock_owners(queue)
+        .into_iter()
+        .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
+        .collect();
+    let ours: Vec<u32> = view
+        .holders
+        .iter()
+        .flat_map(|h| h.pids.iter().copied())
+        .chain(view.waiters.iter().filter_map(|w| w.pid))
+        .collect();
+    let vouched = if owners.is_empty() {
+        !view.holders.is_empty()
+            || view
+                .waiters
+                .iter()
+                .any(|w| w.source == WaiterSource::Registration)
+    } else {
+        owners.iter().any(|(p, _)| ours.contains(p))
+    };
+    if vouched {
+        return;
+    }
+    view.slots = None;
+    let lock = RangeLock {
+        file: queue,
+        pid: None,
+        ofd: true,
+        exclusive: false,
+        blocked: false,
+        start: at,
+        end: Some(at),
+    };
+    let path = dir
+        .path()
+        .join(crate::flock::queue::queue_name(&resource.file_name()));
+    let mut foreign = foreign_lock(&path, &lock, queue);
+    foreign.effect = Effect::BlocksTheSlotAgreement;
+    if !view.foreign_locks.iter().any(|f| f.range == foreign.range) {
+        view.foreign_locks.push(foreign);
+    }
+    if n > 0 && view.holders.is_empty() {
+        const NOTE: &str = "a lock that is not devlock's on the slot agreement";
+        let mut holder = match owners.first() {
+            Some((pid, _)) => bare(vec![*pid], None, HolderSource::NoRecord, true),
+            None => invisible_holder(NOTE),
+        };
+        holder.note = Some(NOTE.to_owned());
+        view.holders.push(holder);
+    }
+}
+
+/// How many slot files status looks at past the agreed count: a stranger's
+/// flock on one that no `--slots` run uses now is found all the same.
+const SLOT_FILES_LOOKED_AT: u64 = 64;
+
+/// Flocks on the resource's slot files (`.R.slotK`) taken by processes that
+/// do not hold `R.lock` too (a devlock slot holder holds both): plain
+/// `flock` on a slot file, which takes that slot as a holder would. Shown
+/// as holders of their slot, as the kernel names them.
+fn slot_strangers(
+    view: &mut ResourceView,
+    dir: &ScratchDir,
+    resource: &Resource,
+    table: &LockTable,
+    lock_holders: &[proc::locks::KernelLock],
+    now: SystemTime,
+    sharers: &mut Sharers,
+) {
+    let takers: Vec<u32> = lock_holders.iter().map(|l| l.pid).collect();
+    let last = view.slots.unwrap_or(0).max(SLOT_FILES_LOOKED_AT);
+    for number in 1..=last {
+        let name = crate::flock::slots::slot_file(resource, number);
+        let Ok(st) = nix::sys::stat::fstatat(
+            dir.fd(),
+            name.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) else {
+            // Slot files are made in order: the first missing ends them.
+            break;
+        };
+        let id = FileId::from_metadata(st.st_dev, st.st_ino);
+        let theirs: Vec<proc::locks::KernelLock> = table
+            .holders(id)
+            .filter(|l| !takers.contains(&l.pid))
+            .cloned()
+            .collect();
+        for mut holder in holders_of(id, &theirs, None, &[], now, sharers, table) {
+            holder.slot = Some(number);
+            if holder.note.is_none() {
+                holder.note = Some(format!("a flock on {name} that is not devlock's"));
+            }
+            view.holders.push(holder);
+        }
+    }
 }
 
 /// Inside a child PID namespace only: whether someone outside holds the
@@ -730,9 +872,9 @@ fn probe_from_inside(file: &std::fs::File) -> bool {
 }
 
 /// A holder nobody can see: held, but no visible process owns it.
-fn invisible_holder(note: &'static str) -> Holder {
+fn invisible_holder(note: &str) -> Holder {
     let mut holder = bare(Vec::new(), None, HolderSource::Unknown, true);
-    holder.note = Some(note);
+    holder.note = Some(note.to_owned());
     holder
 }
 
@@ -780,6 +922,7 @@ pub(crate) fn holders_of(
     holds: &[Record],
     now: SystemTime,
     sharers: &mut Sharers,
+    table: &LockTable,
 ) -> Vec<Holder> {
     kernel_holders
         .iter()
@@ -791,18 +934,12 @@ pub(crate) fn holders_of(
                 holds.iter().find(|r| r.pid == taker)
             };
             let alive = proc::process::start_time(taker).is_some();
-            let fd_says = if alive { proc::locks::holds_flock(taker, id) } else { None };
-            // Without its descriptors to look at, a live process with the
-            // taker's pid is taken for another only on the kernel's word: a
-            // record naming that pid with another start time, whose command
-            // still runs (the devlock was killed and its pid reused; its
-            // command holds the lock). A record whose command is gone too is
-            // merely stale, and the process is the holder.
-            let recycled = fd_says.is_none()
-                && recorded.is_some_and(|r| {
-                    !r.names(taker) && r.child.is_some_and(|c| r.names_child(c))
-                });
-            if alive && !recycled && fd_says != Some(false) {
+            // The kernel's table names the pid that took the lock; the
+            // process with that pid now is believed to hold it only where
+            // its descriptors (or its tag) say so: a pid can be reused
+            // within the clock tick a record's start time names.
+            let holding = if alive { proc::locks::holds_now(table, taker, id) } else { None };
+            if holding == Some(true) {
                 let r = recorded.filter(|r| r.names(taker));
                 let mut pids = vec![taker];
                 let child = r.and_then(|r| {
@@ -816,7 +953,9 @@ pub(crate) fn holders_of(
                     None => bare(pids, None, HolderSource::NoRecord, lock.exclusive),
                 };
             }
-            // The taker is gone, or its pid now belongs to another process.
+            // The taker is gone, or no longer holds it, or this user cannot
+            // tell: whoever shares the lock through a descriptor it passed
+            // down holds it, as far as this user can see.
             let mut pids: Vec<u32> = sharers
                 .of(id, taker)
                 .into_iter()
@@ -829,9 +968,16 @@ pub(crate) fn holders_of(
                 pids[..=at].rotate_right(1);
             }
             if pids.is_empty() {
-                let mut unknown = invisible_holder(
-                    "the process that took it is gone, and what holds it now is not visible to this user",
-                );
+                let note = match (alive, holding) {
+                    (false, _) => "the process that took it is gone, and what holds it now is not visible to this user".to_owned(),
+                    (true, Some(false)) => format!(
+                        "taken by pid {taker}, which is alive but no longer holds it; what holds it now is open in no process this user can see (a descriptor passed on, over a unix socket, say)"
+                    ),
+                    (true, _) => format!(
+                        "taken by pid {taker}, whose descriptors this user cannot see: whether that process still holds it, or its pid went to another since, is not known"
+                    ),
+                };
+                let mut unknown = invisible_holder(&note);
                 unknown.exclusive = lock.exclusive;
                 return unknown;
             }

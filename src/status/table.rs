@@ -116,7 +116,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 (Some(step), _) => sanitize(step),
                 (None, HolderSource::NoRecord) => format!("({name}, no record)"),
                 (None, HolderSource::Inherited) => format!("({name}, inherited)"),
-                (None, _) => match h.note {
+                (None, _) => match &h.note {
                     Some(note) => format!("(unknown: {note})"),
                     None => "(unknown)".to_owned(),
                 },

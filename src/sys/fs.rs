@@ -119,6 +119,16 @@ pub(crate) fn ofd_lock(
     Ok(())
 }
 
+/// Takes a POSIX (per-process) read lock on the one byte at `at`: the
+/// kernel lists it in `/proc/locks` under this process's pid, for every
+/// user to read, and drops it when this process ends (or closes any
+/// descriptor of the file), never passing it to a child.
+pub(crate) fn posix_tag(fd: impl AsFd, at: i64) -> io::Result<()> {
+    let request = range(libc::F_RDLCK, at, 1);
+    nix::fcntl::fcntl(fd, FcntlArg::F_SETLK(&request))?;
+    Ok(())
+}
+
 /// The filesystem type (`f_type` of fstatfs(2)).
 pub(crate) fn filesystem_type(fd: impl AsFd) -> io::Result<u64> {
     Ok(nix::sys::statfs::fstatfs(fd)?.filesystem_type().0 as u64)

@@ -227,3 +227,17 @@ fn timespec(d: Duration) -> libc::timespec {
         tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
     }
 }
+
+/// Whether one of `set` is pending for the calling thread or the process
+/// (blocked, so it waits for a sigwaitinfo or an unblock).
+pub(crate) fn any_pending(set: &SigSet) -> bool {
+    let mut pending = SigSet::empty();
+    // SAFETY: sigpending writes one initialised set.
+    if unsafe { libc::sigpending(&mut pending.0) } != 0 {
+        return false;
+    }
+    // SAFETY: sigismember reads two initialised sets' members.
+    (1..libc::SIGRTMIN()).any(|sig| unsafe {
+        libc::sigismember(&set.0, sig) == 1 && libc::sigismember(&pending.0, sig) == 1
+    })
+}
