@@ -336,10 +336,20 @@ fn mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
 /// and `devlock_of` vouches for that process.
 fn agreement_is_devlocks(queue: FileId, theirs: u64, devlock_of: &dyn Fn(u32) -> bool) -> bool {
     let at = (AGREE_BASE as u64) + theirs;
-    crate::proc::locks::range_lock_owners(queue)
-        .into_iter()
-        .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
-        .any(|(pid, _)| devlock_of(pid))
+    let vouched = |scan: &crate::proc::locks::FdScan| {
+        scan.ranges
+            .get(&queue)
+            .into_iter()
+            .flatten()
+            .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
+            .any(|(pid, _)| devlock_of(*pid))
+    };
+    // A scan shared with an earlier question may predate the lock: one
+    // made now decides before the lock is called a stranger's.
+    vouched(&crate::proc::locks::fd_scan())
+        || vouched(&crate::proc::locks::fd_scan_within(
+            std::time::Duration::ZERO,
+        ))
 }
 
 /// A lock devlock did not take (or cannot vouch for) that keeps a request

@@ -392,9 +392,16 @@ static SCAN: std::sync::Mutex<Option<(std::time::Instant, std::sync::Arc<FdScan>
 /// The scan of every process's descriptors, made now unless one made less
 /// than [`SCAN_FRESH`] ago answers.
 pub(crate) fn fd_scan() -> std::sync::Arc<FdScan> {
+    fd_scan_within(SCAN_FRESH)
+}
+
+/// The scan, made now unless one made less than `fresh` ago answers (a
+/// question whose answer decides, not only names: is this lock a
+/// devlock's, asked again after the cached scan did not show its owner).
+pub(crate) fn fd_scan_within(fresh: std::time::Duration) -> std::sync::Arc<FdScan> {
     let mut cached = SCAN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((at, scan)) = cached.as_ref()
-        && at.elapsed() < SCAN_FRESH
+        && at.elapsed() < fresh
     {
         return scan.clone();
     }
