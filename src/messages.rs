@@ -912,6 +912,31 @@ pub(crate) fn forget_in_use(name: &crate::Resource, view: Option<&ResourceView>)
     format!("{name} is in use{who}; not forgotten")
 }
 
+/// Said once a hold's GPUs have computed nothing for its idle timeout.
+pub(crate) fn idle_warning(
+    names: &str,
+    step: &str,
+    idle: std::time::Duration,
+    grace: std::time::Duration,
+) -> String {
+    format!(
+        "devlock: warning: {names}: {} is idle: its GPUs computed nothing for {} (idle timeout); \
+         it is stopped in {} unless they compute (or the job runs `devlock busy DUR`)\n",
+        sanitize(step),
+        short_duration(idle),
+        short_duration(grace)
+    )
+}
+
+/// Said as an idle hold is stopped.
+pub(crate) fn idle_stop(names: &str, step: &str, idle: std::time::Duration) -> String {
+    format!(
+        "devlock: --idle-timeout: {names}: stopping {}: its GPUs computed nothing for {}\n",
+        sanitize(step),
+        short_duration(idle)
+    )
+}
+
 #[cfg(test)]
 mod library_words_tests {
     use super::library_words;
@@ -945,29 +970,4 @@ mod library_words_tests {
             "a gpu:0 name --mem-x"
         );
     }
-}
-
-/// Said once a hold's GPUs have computed nothing for its idle timeout.
-pub(crate) fn idle_warning(
-    names: &str,
-    step: &str,
-    idle: std::time::Duration,
-    grace: std::time::Duration,
-) -> String {
-    format!(
-        "devlock: warning: {names}: {} is idle: its GPUs computed nothing for {} (idle timeout); \
-         it is stopped in {} unless they compute (or the job runs `devlock busy DUR`)\n",
-        sanitize(step),
-        short_duration(idle),
-        short_duration(grace)
-    )
-}
-
-/// Said as an idle hold is stopped.
-pub(crate) fn idle_stop(names: &str, step: &str, idle: std::time::Duration) -> String {
-    format!(
-        "devlock: --idle-timeout: {names}: stopping {}: its GPUs computed nothing for {}\n",
-        sanitize(step),
-        short_duration(idle)
-    )
 }
