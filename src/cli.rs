@@ -195,9 +195,9 @@ pub enum Command {
         mig_unknown}]}. Unknown values are null; text from \
         files and processes has control and format characters replaced by '?'.\n\n\
         With --etcd URL it shows the locks in etcd instead, across machines: \
-        {etcd, prefix, resources: [{name, state, holders: [{step, pid, child, user, \
-        host, since, held_for_ms, command, exclusive, via, key, revision, fence, lease, \
-        lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}], endpoint (the \
+        {etcd, prefix, resources: [{name, state (free, held, shared or slots), slots \
+        (--slots N's N), holders: [{step, pid, child, user, host, since, held_for_ms, \
+        command, exclusive, via, slot, key, revision, fence, lease, lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}], endpoint (the \
         one that answered), tls ({ca, cert, key, subject, issuer, not_after}, or null \
         without TLS), user}."
     )]
@@ -214,14 +214,21 @@ pub enum Command {
         --group G (only members of G can take the locks). Each RESOURCE gets its \
         lock file and queue file, root's, mode 0666 (root:G 0660 with --group), and \
         joins the declared names (.names, root's): a name the directory does not \
-        declare is then refused as a likely typo unless the run says --new. A \
-        directory or a lock file another user owns is taken over in place (the same \
-        inode: a job that holds it keeps holding it, alone). A FIFO, symbolic link, \
-        socket or directory at a declared path is swapped for a new root file unless \
-        it is locked: a held lock file is never replaced (that lets a second holder \
-        in), so setup names its holder and exits 75. Without root it exits 77. With \
-        --print-tmpfiles it prints the same set-up as a systemd-tmpfiles(5) snippet \
-        instead, to make it again at every boot (/run is a tmpfs).\n\n\
+        declare is then refused as a likely typo unless the run says --new.\n\n\
+        Setup never follows a path it does not own: every directory above --dir must \
+        be root's and writable only by root (or sticky, like /tmp), and a symbolic \
+        link on the way root's; else it exits 74 before changing anything, naming the \
+        real path at fault. A directory at --dir that another user owns is taken over \
+        in place. A lock file another user owns is replaced by a new root file when \
+        nobody holds it (no lease or ACL of theirs carries over), and taken over in \
+        place when held (the same inode: a job that holds it keeps holding it, alone; \
+        a lease on it is named, exit 75). A FIFO, symbolic link, socket or directory \
+        at a declared path is swapped for a new root file unless it is locked: a held \
+        lock file is never replaced (that lets a second holder in), so setup names its \
+        holder and exits 75. Without root it exits 77. With --print-tmpfiles it prints \
+        the same set-up as a systemd-tmpfiles(5) snippet instead, to make it again at \
+        every boot (/run is a tmpfs); a --dir with a control character is refused \
+        (exit 2).\n\n\
         It also makes the usage directory (/var/lib/devlock/usage, or \
         $DEVLOCK_USAGE_DIR) root's, 1777 (root:G 1770 with --group), where every \
         user's holds keep their records (see devlock-report(1)); with \

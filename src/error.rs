@@ -144,7 +144,9 @@ impl std::error::Error for Error {}
 /// chain, as `devlock: {err:#}` says it.
 impl From<anyhow::Error> for Error {
     fn from(err: anyhow::Error) -> Error {
-        let message = format!("{err:#}");
+        // The one line reaches a terminal (or a Python traceback): whatever
+        // a path or another process put in it, no escape goes with it.
+        let message = crate::text::clean(&format!("{err:#}"));
         if let Some(busy) = err.chain().find_map(|e| e.downcast_ref::<Busy>()) {
             let busy = Busy {
                 message,

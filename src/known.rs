@@ -52,7 +52,7 @@ pub(crate) fn check(dir: &ScratchDir, asked: &[Resource], new: bool, quiet: bool
                 ExitCode::Usage,
                 crate::messages::undeclared(
                     name,
-                    &dir.path().display().to_string(),
+                    &crate::text::show_path(dir.path()),
                     declared,
                     close,
                 ),
@@ -64,7 +64,7 @@ pub(crate) fn check(dir: &ScratchDir, asked: &[Resource], new: bool, quiet: bool
         if let Some(close) = close {
             eprintln!(
                 "devlock: {}",
-                crate::messages::new_name(name, &dir.path().display().to_string(), close)
+                crate::messages::new_name(name, &crate::text::show_path(dir.path()), close)
             );
         }
     }

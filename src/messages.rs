@@ -352,6 +352,22 @@ pub(crate) mod etcd {
         format!("a key devlock did not write ({})", sanitize(key))
     }
 
+    /// Why `--mem` is refused with `--etcd`.
+    pub(crate) fn mem_refused() -> String {
+        "--mem is not available with --etcd: a budget is admitted by measuring the GPU's \
+         memory on the machine that has it, and a job on another machine can neither be \
+         measured nor use that memory; take gpu:N whole with --etcd, or use --mem without \
+         --etcd on the GPU's machine"
+            .to_owned()
+    }
+
+    /// Why `--require-idle` is refused with `--etcd`.
+    pub(crate) fn require_idle_refused() -> String {
+        "--require-idle is not available with --etcd: it checks the GPU of this machine for \
+         work outside the lock directory's gate, which etcd's locks are not"
+            .to_owned()
+    }
+
     /// `gpu is busy: held by ...`
     pub(crate) fn busy(name: &str, who: &str) -> String {
         format!("{name} is busy: held by {who}")
@@ -403,7 +419,7 @@ pub(crate) mod etcd {
     pub(crate) fn cannot_read(path: &Path, err: &std::io::Error) -> String {
         format!(
             "cannot read {}: {}",
-            path.display(),
+            crate::text::show_path(path),
             crate::proc::os_text(err)
         )
     }
@@ -411,48 +427,51 @@ pub(crate) mod etcd {
     pub(crate) fn not_pem(path: &Path, what: &str, why: &str) -> String {
         format!(
             "{} holds no PEM {what} devlock can read: {why}",
-            path.display()
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn no_certificate(path: &Path) -> String {
         format!(
             "{} holds no certificate (expected PEM, -----BEGIN CERTIFICATE-----)",
-            path.display()
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn bad_certificate(path: &Path, why: &str) -> String {
         format!(
             "{} holds a certificate devlock cannot use: {why}",
-            path.display()
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn client_cert_expired(path: &Path, not_after: &str) -> String {
         format!(
             "the client certificate {} expired on {not_after}",
-            path.display()
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn client_cert_not_yet_valid(path: &Path, not_before: &str) -> String {
         format!(
             "the client certificate {} is not valid before {not_before}",
-            path.display()
+            crate::text::show_path(path)
         )
     }
 
     pub(crate) fn key_does_not_match(key: &Path, cert: &Path) -> String {
         format!(
             "the key {} does not match the certificate {}",
-            key.display(),
-            cert.display()
+            crate::text::show_path(key),
+            crate::text::show_path(cert)
         )
     }
 
     pub(crate) fn unusable_key(key: &Path, why: &str) -> String {
-        format!("the key {} cannot be used: {why}", key.display())
+        format!(
+            "the key {} cannot be used: {why}",
+            crate::text::show_path(key)
+        )
     }
 
     /// ssh's refusal, in devlock's words.
@@ -460,14 +479,14 @@ pub(crate) mod etcd {
         format!(
             "the private key {k} can be read by others (mode {mode:04o}); like ssh, devlock \
              refuses such a key (chmod 600 {k})",
-            k = key.display()
+            k = crate::text::show_path(key)
         )
     }
 
     // TLS: the handshake.
 
     pub(crate) fn roots_file(path: &Path) -> String {
-        path.display().to_string()
+        crate::text::show_path(path)
     }
 
     pub(crate) fn system_roots() -> String {
@@ -502,7 +521,7 @@ pub(crate) mod etcd {
     pub(crate) fn client_cert_refused(url: &str, cert: &Path, alert: &str) -> String {
         format!(
             "etcd at {url} refused the client certificate {} (TLS alert {alert})",
-            cert.display()
+            crate::text::show_path(cert)
         )
     }
 
@@ -721,7 +740,7 @@ pub(crate) mod serve {
     /// 500: the status could not be read (the scratch directory is unsafe,
     /// /proc cannot be read).
     pub(crate) fn no_status(err: &anyhow::Error) -> String {
-        format!("devlock: {err:#}\n")
+        format!("devlock: {}\n", crate::text::clean(&format!("{err:#}")))
     }
 }
 

@@ -142,7 +142,9 @@ impl Takes {
             let whole_group = request.exclusive && request.slots == 0 && request.via.is_none();
             let held = matches!(took, Taken::Held(_));
             taken.push((request.name.clone(), took));
-            if whole_group && held {
+            // A name with a colon is a member, never a group: no look at
+            // the directory on the common `gpu:N` path.
+            if whole_group && held && request.name.group().is_none() {
                 taken.extend(take_members(ctx, &request.name, &labelled)?);
             }
         }

@@ -94,6 +94,12 @@ pub(crate) fn clean(text: &str) -> String {
         .collect()
 }
 
+/// A path as a message shows it: [`clean`] (a file name may hold any byte
+/// but `/` and NUL, escapes included), never clipped.
+pub(crate) fn show_path(path: &std::path::Path) -> String {
+    clean(&path.to_string_lossy())
+}
+
 /// [`clean`], and clipped to a table cell or a message.
 pub(crate) fn sanitize(text: &str) -> String {
     const MAX_CHARS: usize = 80;

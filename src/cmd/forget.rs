@@ -25,14 +25,14 @@ pub(crate) fn run(args: &ForgetArgs, dir_path: &Path) -> Result<ExitCode> {
     let Some(dir) = ScratchDir::open(dir_path)? else {
         return Err(coded(
             ExitCode::Usage,
-            crate::messages::forget_nothing(&dir_path.display().to_string()),
+            crate::messages::forget_nothing(&crate::text::show_path(dir_path)),
         ));
     };
     let declared = declared::read(&dir);
     if declared.is_some() && !nix::unistd::geteuid().is_root() {
         return Err(coded(
             ExitCode::NoPermission,
-            crate::messages::forget_needs_root(&dir_path.display().to_string()),
+            crate::messages::forget_needs_root(&crate::text::show_path(dir_path)),
         ));
     }
     for name in &names {
@@ -68,7 +68,7 @@ fn forget(dir: &ScratchDir, name: &Resource) -> Result<()> {
     if !files.contains(&name.file_name()) {
         return Err(coded(
             ExitCode::Usage,
-            crate::messages::forget_unknown(name, &dir.path().display().to_string()),
+            crate::messages::forget_unknown(name, &crate::text::show_path(dir.path())),
         ));
     }
     let id_of = |f: &str| {

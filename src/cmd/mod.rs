@@ -7,6 +7,7 @@ pub(crate) mod forget;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod setup;
+mod setup_path;
 pub(crate) mod status;
 
 use anyhow::Result;
@@ -58,8 +59,8 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             "devlock forget removes lock files in the scratch directory; it has nothing to do with --etcd",
         )),
         None => {
-            let plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
-            crate::etcd::run::run(&plan, &cli.run, config)
+            let mut plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
+            crate::etcd::run::run(&mut plan, &cli.run, config)
         }
     }
 }

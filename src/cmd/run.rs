@@ -174,8 +174,9 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     record.child = Some(child.id());
     record.child_start = start_time(child.id());
     for lock in &held {
-        let _ = lock.label(&record);
+        notes.line(lock.label(&record));
     }
+    notes.flush(args.quiet);
     // After the start, off the take's path: the usage record and sampler.
     let mut usage = crate::usage::track::Tracker::start(&crate::usage::track::Hold {
         resources: resources_of(&held),
@@ -211,6 +212,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         record: &record,
         warned: false,
         lost: Vec::new(),
+        self_wait_warned: false,
     };
     let (code, guard) = supervise::supervise_watching(child, signal, &mut |tick| {
         if tick == supervise::Tick::Second {
@@ -357,10 +359,13 @@ struct PathWatch<'a> {
     record: &'a Record,
     warned: bool,
     lost: Vec<Registration>,
+    /// Whether the command was found waiting for a lock this job holds.
+    self_wait_warned: bool,
 }
 
 impl PathWatch<'_> {
     fn check(&mut self) {
+        self.check_self_wait();
         if self.warned {
             return;
         }
@@ -374,13 +379,49 @@ impl PathWatch<'_> {
                 crate::tty::say_while_command_runs(&format!(
                     "devlock: warning: {} no longer names the file this job holds (someone renamed or \
                      removed it); another devlock may now take {name} beside this one\n",
-                    file.path().display()
+                    crate::text::show_path(file.path())
                 ));
                 if let Ok(reg) = Registration::create(self.dir, name, self.record, Kind::Lost) {
                     self.lost.push(reg);
                 }
                 return;
             }
+        }
+    }
+
+    /// A lock file that holds somebody's data (`--dir . Cargo` with a
+    /// `Cargo.lock`) may be one the command locks itself (cargo does): it
+    /// then waits for this job's own hold for ever. Said once, naming it;
+    /// looked for only where such a file is held, so a plain run reads
+    /// nothing more.
+    fn check_self_wait(&mut self) {
+        let Some(child) = self.record.child else {
+            return;
+        };
+        if self.self_wait_warned || self.held.iter().all(Held::labelled) {
+            return;
+        }
+        let Ok(table) = crate::proc::locks::LockTable::read() else {
+            return;
+        };
+        for held in self.held.iter().filter(|h| !h.labelled()) {
+            let file = held.lock();
+            let waiter = table.blocked(file.id()).map(|l| l.pid).find(|&pid| {
+                pid == child || crate::proc::process::ancestors(pid).any(|(p, _)| p == child)
+            });
+            let Some(pid) = waiter else { continue };
+            self.self_wait_warned = true;
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|comm| crate::text::sanitize(comm.trim_end()))
+                .unwrap_or_else(|_| "a process".to_owned());
+            crate::tty::say_while_command_runs(&format!(
+                "devlock: warning: {name} (pid {pid}), part of this job, waits for a lock on {}, \
+                 which this job holds as {}: it will wait for ever; name the lock after no file \
+                 the command locks itself (e.g. devlock --dir . build -- ...)\n",
+                crate::text::show_path(file.path()),
+                held.request.name
+            ));
+            return;
         }
     }
 }

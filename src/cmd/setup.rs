@@ -21,7 +21,11 @@ use crate::gpu::source::Auto;
 use crate::proc;
 use crate::proc::locks::{FileId, LockTable};
 use crate::resource::Resource;
-use crate::text::sanitize;
+use crate::text::{sanitize, show_path};
+use nix::fcntl::AtFlags;
+use std::os::fd::AsFd;
+
+use super::setup_path::{self, Parent};
 
 /// How many times a step that someone races is tried again.
 const TRIES: usize = 10;
@@ -87,7 +91,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             format!(
                 "devlock setup must run as root: it makes {} and its lock files root's, so that \
                  no user can rename or remove them (try: {})",
-                dir.display(),
+                show_path(dir),
                 crate::flock::trust::fix_command(
                     Some(dir),
                     plan.resources.iter().map(Resource::as_str)
@@ -95,8 +99,10 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             ),
         ));
     }
+    // The whole way to --dir is checked before anything changes.
+    let parent = setup_path::reach(dir)?;
     let mut report = Report::default();
-    let scratch = take_dir(dir, &plan, &mut report)?;
+    let scratch = take_dir(dir, &parent, &plan, &mut report)?;
     for resource in &plan.resources {
         for name in plan.files(resource) {
             declare(&scratch, &name, &plan, &mut report)?;
@@ -122,9 +128,15 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         None => "root:root".to_owned(),
     };
     let names: Vec<&str> = plan.resources.iter().map(Resource::as_str).collect();
+    let real = parent.target();
+    let absolute = std::env::current_dir().map(|cwd| cwd.join(dir));
+    let shown = if absolute.as_deref().is_ok_and(|a| a == real) {
+        show_path(dir)
+    } else {
+        format!("{} (that is {})", show_path(dir), show_path(&real))
+    };
     println!(
-        "devlock setup: {} is managed ({owner} {:o}); {} declared{}{}",
-        dir.display(),
+        "devlock setup: {shown} is managed ({owner} {:o}); {} declared{}{}",
         plan.dir_mode,
         match names.len() {
             0 => "no resources".to_owned(),
@@ -236,7 +248,7 @@ struct Report {
 impl Report {
     fn changed(&mut self, path: &Path, what: &str) {
         self.changes += 1;
-        println!("devlock setup: {}: {what}", path.display());
+        println!("devlock setup: {}: {what}", show_path(path));
     }
 }
 
@@ -273,6 +285,11 @@ fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
         .collect()
 }
 
+fn c_string_os(text: &std::ffi::OsStr) -> Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(text.as_bytes()).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
+}
+
 fn c_string(text: &str) -> Result<CString> {
     CString::new(text).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
 }
@@ -280,27 +297,46 @@ fn c_string(text: &str) -> Result<CString> {
 /// Makes the directory root's: created when missing, taken over (through a
 /// descriptor opened without following links, then checked to be still at
 /// the path) when someone else owns it, and whatever else stands at the
-/// path (a symbolic link, a file) removed first.
-fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
-    let c_path = crate::flock::dir::c_path(path)?;
+/// path (a symbolic link, a file) removed first. Every step is relative to
+/// the descriptor of the directory above it, which [`setup_path::reach`]
+/// walked to from `/` and checked: nothing here follows a path again.
+fn take_dir(path: &Path, parent: &Parent, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
+    let name = parent.name.as_os_str();
+    let shown = parent.target();
     let mut created = false;
     for _ in 0..TRIES {
-        match nix::sys::stat::lstat(path) {
+        match nix::sys::stat::fstatat(&parent.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Err(nix::errno::Errno::ENOENT) => {
-                match nix::unistd::mkdir(path, nix::sys::stat::Mode::from_bits_truncate(0o700)) {
+                match nix::sys::stat::mkdirat(
+                    &parent.fd,
+                    name,
+                    nix::sys::stat::Mode::from_bits_truncate(0o700),
+                ) {
                     Ok(()) => created = true,
                     Err(nix::errno::Errno::EEXIST) => continue,
                     Err(e) => {
                         return Err(coded(
                             ExitCode::IoError,
-                            format!("cannot create {}: {e}", path.display()),
+                            format!("cannot create {}: {e}", show_path(&shown)),
                         ));
                     }
                 }
             }
             Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => {
-                nix::unistd::unlink(path)
-                    .with_context(|| format!("removing what stands at {}", path.display()))?;
+                match nix::unistd::unlinkat(
+                    &parent.fd,
+                    name,
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                ) {
+                    Ok(()) => {}
+                    // Swapped for a directory meanwhile: look again.
+                    Err(nix::errno::Errno::EISDIR | nix::errno::Errno::ENOENT) => continue,
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("removing what stands at {}", show_path(&shown))
+                        });
+                    }
+                }
                 report.changed(
                     path,
                     &format!(
@@ -312,10 +348,11 @@ fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir>
                 continue;
             }
             Ok(_) => {}
-            Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
+            Err(e) => return Err(e).with_context(|| format!("examining {}", show_path(&shown))),
         }
+        let c_name = c_string_os(name)?;
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let Ok(fd) = crate::sys::fs::open(&c_path, flags) else {
+        let Ok(fd) = crate::sys::fs::openat(parent.fd.as_fd(), &c_name, flags, 0) else {
             // Replaced between the look and the open: look again.
             continue;
         };
@@ -330,28 +367,22 @@ fn take_dir(path: &Path, plan: &Plan, report: &mut Report) -> Result<ScratchDir>
         } else if let Some(what) = changed {
             report.changed(path, &what);
         }
-        let still = nix::sys::stat::lstat(path)
+        // Root's now, so nobody but root can move it: if it is still at
+        // the path, it stays there.
+        let still = nix::sys::stat::fstatat(&parent.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino);
         if !still {
             continue;
         }
-        return match ScratchDir::open(path)? {
-            Some(dir) if same_file(&dir, &st) => Ok(dir),
-            _ => continue,
-        };
+        return ScratchDir::from_fd(path, fd);
     }
     Err(coded(
         ExitCode::IoError,
         format!(
             "{} keeps changing under devlock setup; someone is racing it",
-            path.display()
+            show_path(&shown)
         ),
     ))
-}
-
-fn same_file(dir: &ScratchDir, st: &libc::stat) -> bool {
-    nix::sys::stat::fstat(dir.fd())
-        .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino)
 }
 
 fn owner_name(uid: u32) -> String {
@@ -402,11 +433,14 @@ fn group_name(gid: u32) -> String {
     }
 }
 
-/// Makes one declared file root's: created when missing; a regular file
-/// another user owns is taken over in place (the same inode, so a holder of
-/// it stays the only holder, and its owner can no longer rename it); a file
-/// of the wrong type (a FIFO, a symbolic link, a socket, a directory) is
-/// swapped for a new root file, unless it is locked.
+/// Makes one declared file root's: created when missing; root's own file
+/// fixed in place; a regular file another user owns (or one with a lease
+/// or several links) replaced by a new root file when nobody holds it, so
+/// nothing set on the old inode carries over, and taken over in place when
+/// held (the same inode, so a holder of it stays the only holder, and its
+/// owner can no longer rename it); a file of the wrong type (a FIFO, a
+/// symbolic link, a socket, a directory) is swapped for a new root file,
+/// unless it is locked.
 fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Result<()> {
     let path = dir.path().join(name);
     for _ in 0..TRIES {
@@ -429,14 +463,55 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
                         }
                     }
                 }
-                Err(e) => return Err(e).with_context(|| format!("examining {}", path.display())),
+                Err(e) => return Err(e).with_context(|| format!("examining {}", show_path(&path))),
                 Ok(st) => st,
             };
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            let leased = !lease_holders(FileId::from_metadata(st.st_dev, st.st_ino)).is_empty();
+            // Another user's, leased, or linked elsewhere too (a link to
+            // a root file outside, which an in-place chmod would change):
+            // a new root file in its place, unless held.
+            if st.st_uid != 0 || leased || st.st_nlink > 1 {
+                match replace_unless_held(dir, name, &st, plan)? {
+                    Swap::Done => {
+                        report.changed(
+                            &path,
+                            &format!(
+                                "replaced a regular file owned by {}{} with a new one ({} {:o}): \
+                                 nothing set on the old one, a lease or an ACL, carries over",
+                                owner_name(st.st_uid),
+                                if st.st_nlink > 1 {
+                                    format!(" with {} links", st.st_nlink)
+                                } else {
+                                    String::new()
+                                },
+                                owner_words(plan),
+                                plan.file_mode
+                            ),
+                        );
+                        return Ok(());
+                    }
+                    Swap::Raced => continue,
+                    Swap::Held => {}
+                }
+            }
             let c_name = c_string(name)?;
             let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-            let Ok(fd) = crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) else {
-                continue;
+            let fd = match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) {
+                Ok(fd) => fd,
+                // A write lease: its owner is told to let go, and this
+                // run cannot wait for that (the kernel's lease-break time).
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                    eprintln!(
+                        "devlock: not taking over {}: its owner {} holds a lease on it; run \
+                         devlock setup again in a minute",
+                        show_path(&path),
+                        owner_name(st.st_uid)
+                    );
+                    report.refused += 1;
+                    return Ok(());
+                }
+                Err(_) => continue,
             };
             let st = nix::sys::stat::fstat(&fd)?;
             if st.st_mode & libc::S_IFMT != libc::S_IFREG {
@@ -444,6 +519,28 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             }
             if let Some(what) = make_ours(&fd, &st, plan.gid, plan.file_mode)? {
                 report.changed(&path, &what);
+            }
+            // Root's now, so its former owner can take no new lease on it;
+            // one taken before stays until the kernel breaks it, and makes
+            // every open for writing wait or fail meanwhile.
+            let leases = lease_holders(FileId::from_metadata(st.st_dev, st.st_ino));
+            if !leases.is_empty() {
+                eprintln!(
+                    "devlock: {} is held, so it was kept (taken over in place), but the lease on \
+                     it ({}) stays until the kernel breaks it; run devlock setup again once it is \
+                     free, to replace it",
+                    show_path(&path),
+                    leases
+                        .iter()
+                        .map(|&p| {
+                            let user = proc::process::uid_of(p)
+                                .map_or("user unknown".to_owned(), owner_name);
+                            format!("pid {p}, {user}")
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                report.refused += 1;
             }
             return Ok(());
         }
@@ -468,7 +565,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
             eprintln!(
                 "devlock: not replacing {}: a {} owned by {}, locked by {holders}; replacing a \
                  held lock file would let a second holder in",
-                path.display(),
+                show_path(&path),
                 kind_of(st.st_mode),
                 owner_name(st.st_uid)
             );
@@ -504,7 +601,7 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
         let aside = if gone {
             String::new()
         } else {
-            format!("; it is now {}", dir.path().join(&temp).display())
+            format!("; it is now {}", show_path(&dir.path().join(&temp)))
         };
         report.changed(
             &path,
@@ -520,9 +617,113 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
         ExitCode::IoError,
         format!(
             "{} keeps changing under devlock setup; someone is racing it",
-            path.display()
+            show_path(&path)
         ),
     ))
+}
+
+/// What came of replacing another user's regular file.
+enum Swap {
+    /// A new root file is at the name; the old one is gone.
+    Done,
+    /// Something changed meanwhile: look again.
+    Raced,
+    /// Somebody holds it (a flock, or byte-range locks: a place in line):
+    /// replacing it would let a second holder in.
+    Held,
+}
+
+/// Swaps a new root file in for another user's regular file `name`, unless
+/// it is held. The old file's flock is held (without waiting) across the
+/// swap, so nobody takes it between the look and the swap; a devlock that
+/// was about to takes it afterwards, finds the path names another file,
+/// and takes that one. Whatever the owner set on the old inode (a lease,
+/// an open descriptor) stays with the old inode, which is unlinked.
+fn replace_unless_held(dir: &ScratchDir, name: &str, st: &libc::stat, plan: &Plan) -> Result<Swap> {
+    let id = FileId::from_metadata(st.st_dev, st.st_ino);
+    let c_name = c_string(name)?;
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
+    // Kept open (and locked) until the swap is done; dropped after.
+    let probe = match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) {
+        Ok(fd) => {
+            if !nix::sys::stat::fstat(&fd).is_ok_and(|now| same(&now, st)) {
+                return Ok(Swap::Raced);
+            }
+            match crate::sys::fs::flock(&fd, crate::sys::fs::Flock::Exclusive, true) {
+                Ok(()) => Some(fd),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Swap::Held),
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("locking {}", show_path(&dir.path().join(name))));
+                }
+            }
+        }
+        // A write lease: nobody else had it open when it was taken. The
+        // lock table says whether anyone holds it now.
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => None,
+        Err(_) => return Ok(Swap::Raced),
+    };
+    let table = LockTable::read().context("reading /proc/locks")?;
+    if !table.ranges(id).is_empty() || (probe.is_none() && table.is_locked(id)) {
+        return Ok(Swap::Held);
+    }
+    let temp = new_file(dir, name, plan)?;
+    if rename(dir, &temp, name, true).is_err() {
+        let _ = unlink(dir, &temp);
+        return Ok(Swap::Raced);
+    }
+    let out = nix::sys::stat::fstatat(dir.fd(), temp.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+    if !out.is_ok_and(|o| same(&o, st)) {
+        let _ = rename(dir, &temp, name, true);
+        return Ok(Swap::Raced);
+    }
+    unlink(dir, &temp).with_context(|| {
+        format!(
+            "removing the replaced file, now {}",
+            show_path(&dir.path().join(&temp))
+        )
+    })?;
+    drop(probe);
+    Ok(Swap::Done)
+}
+
+fn same(a: &libc::stat, b: &libc::stat) -> bool {
+    a.st_dev == b.st_dev && a.st_ino == b.st_ino
+}
+
+/// The pids holding a lease on the file (`LEASE` lines of `/proc/locks`,
+/// which [`LockTable`] leaves out: a lease is no lock, but it makes every
+/// open for writing wait for the kernel's lease-break time).
+fn lease_holders(id: FileId) -> Vec<u32> {
+    match std::fs::read_to_string("/proc/locks") {
+        Ok(text) => leases_in(&text, id),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// [`lease_holders`] in the text of `/proc/locks`: `2: LEASE  ACTIVE
+/// READ 10064 fe:00:10035432 0 EOF` (`BREAKING` or `BREAKER` while one is
+/// broken; `->` before a request that waits).
+fn leases_in(text: &str, id: FileId) -> Vec<u32> {
+    text.lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at = usize::from(words.get(1) == Some(&"->"));
+            if words.get(1 + at) != Some(&"LEASE") {
+                return None;
+            }
+            let pid: u32 = words.get(4 + at)?.parse().ok()?;
+            let mut dev = words.get(5 + at)?.split(':');
+            let major = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(dev.next()?, 16).ok()?;
+            let ino: u64 = dev.next()?.parse().ok()?;
+            (FileId { major, minor, ino } == id).then_some(pid)
+        })
+        .collect()
 }
 
 fn owner_words(plan: &Plan) -> String {
@@ -550,7 +751,7 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
             return Err(err).with_context(|| {
                 format!(
                     "setting owner and mode of {}",
-                    dir.path().join(&temp).display()
+                    show_path(&dir.path().join(&temp))
                 )
             });
         }
@@ -558,7 +759,7 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
     }
     Err(coded(
         ExitCode::IoError,
-        format!("cannot make a temporary file in {}", dir.path().display()),
+        format!("cannot make a temporary file in {}", show_path(dir.path())),
     ))
 }
 
@@ -580,6 +781,19 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
             "--print-tmpfiles needs an absolute UTF-8 --dir",
         ));
     };
+    // A newline would end the line and start a directive of its own (any
+    // control or format character is refused: none belongs in a path an
+    // administrator installs at boot). Spaces are quoted below.
+    if dir_text.chars().any(crate::text::is_unsafe_char) {
+        return Err(coded(
+            ExitCode::Usage,
+            format!(
+                "--print-tmpfiles: --dir {} holds a control or format character (shown as ?), \
+                 which would break the snippet's lines; name a directory without one",
+                show_path(dir)
+            ),
+        ));
+    }
     let quote = |path: &str| {
         let escaped = path.replace('%', "%%");
         if escaped.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\') {
@@ -645,4 +859,29 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_are_found_by_file_and_locks_are_not_leases() {
+        let text = "1: FLOCK  ADVISORY  WRITE 5026 fe:00:10027111 0 EOF\n\
+                    2: LEASE  ACTIVE    READ 10064 fe:00:10035432 0 EOF\n\
+                    3: LEASE  BREAKING  READ 10065 fe:00:10035432 0 EOF\n\
+                    4: LEASE  ACTIVE    READ 10066 fe:01:10035432 0 EOF\n";
+        let id = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10_035_432,
+        };
+        assert_eq!(leases_in(text, id), [10064, 10065]);
+        let flocked = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10_027_111,
+        };
+        assert!(leases_in(text, flocked).is_empty());
+    }
 }

@@ -1,18 +1,82 @@
 //! The etcd backend (`--etcd`, cargo feature `etcd`): locks on resources
 //! shared between machines, as keys under `/devlock/` tied to a lease.
 //!
-//! One request is one key, `/devlock/RESOURCE/LEASE`, put with this devlock's
-//! lease; its create revision is its place in line. An exclusive request
-//! holds once no earlier key is left, a shared one once no earlier exclusive
-//! key is left (writer preference, as in the file backend). When devlock
-//! dies its lease runs out and etcd deletes every key it had.
+//! # Keys
+//!
+//! | key | what it is | put by |
+//! |---|---|---|
+//! | `/devlock/R/LEASE` | one request for `R`: its place in `R`'s line | the requester, with its lease |
+//! | `/devlock/.slots/R/K` | slot K (1..=N) of `--slots N` taken; the value is the holder's line key | that slot's holder, with its lease |
+//!
+//! `LEASE` is the lease's id in 16 hex digits; every key a devlock puts is on
+//! its one lease, so when devlock dies (or is cut off) its lease runs out and
+//! etcd deletes every key it had at once. A resource name never starts with
+//! `.`, so `/devlock/.slots/` is no resource's line.
+//!
+//! # The line
+//!
+//! One request is one key, `/devlock/R/LEASE`, put with this devlock's
+//! lease; its create revision is its place in line (keys put in one
+//! transaction share a revision, and so keep one order against everyone
+//! else in every line they join). A request holds once nothing earlier in
+//! its line stands in its way:
+//!
+//! - an exclusive request: any earlier key;
+//! - a shared one (`--shared`, a group taken on a member's behalf): an
+//!   earlier exclusive key (writer preference, as in the file backend);
+//! - a slot request (`--slots N`, its value says `"slots":N`): an earlier
+//!   exclusive key, or N earlier slot keys (then the first N of the line
+//!   hold, and the next one in line takes the first slot that frees).
+//!
+//! A key whose value is not a devlock entry counts as exclusive. Everyone
+//! must use a resource with the same N (0 for a plain lock): a request that
+//! finds a key of another size in the line when it joins leaves it again
+//! and is a usage error, as with lock files.
+//!
+//! Waiting is one watch over the line from the revision it was read at, and
+//! the line kept up to date from its delete events: no polling, and nothing
+//! between the read and the watch is missed.
+//!
+//! # `--slots N`: the slot number
+//!
+//! A slot request that holds takes the lowest free `/devlock/.slots/R/K`
+//! with a transaction that puts it only if it does not exist (create
+//! revision 0), and tells the command K in `DEVLOCK_SLOT`. The line alone
+//! decides who holds; the slot keys only number the holders, so at most N
+//! exist. One left by a holder whose line key was removed by hand lives until
+//! that holder's lease is revoked a moment later, and the next holder waits
+//! for it.
+//!
+//! # `--any`
+//!
+//! The candidates' groups are taken first, shared, in the global order,
+//! then each pick as the file backend makes it: from a window of candidates
+//! (those after the last pick that leave enough for the rest), a key in
+//! every window candidate's line, all put in one transaction, then one watch
+//! stream over those lines; the first candidate that holds is the pick (the
+//! first in name order if several do), and the keys in the others' lines are
+//! deleted in one transaction, letting whoever is behind move up. Groups no
+//! pick needs are given back before the command starts.
+//!
+//! # Fencing
 //!
 //! The create revision is also the holder's fencing token
 //! (`DEVLOCK_FENCE`): etcd's revisions only grow, and a holder holds only
-//! once every earlier key is gone, so each new holder of a resource has a
-//! larger one than all before it. Every request goes to one endpoint at a
+//! once what stood before it is gone, so each new holder of a resource has a
+//! larger one than all before it (for `--slots`, than every holder before it
+//! in line). Every request goes to one endpoint at a
 //! time and moves to the next when that one fails (`cluster`); `https://`
 //! endpoints are checked as `tls` says.
+//!
+//! # What only this machine knows
+//!
+//! A name is one lock for every machine: `gpu:1` taken on host A excludes
+//! `gpu:1` on host B. What the command is told about the device
+//! (`CUDA_VISIBLE_DEVICES`, `CUDA_DEVICE_ORDER`, a MIG instance's `MIG-`
+//! UUID from this machine's NVML) and the caller's own
+//! `CUDA_VISIBLE_DEVICES` are this machine's, as with lock files. A memory
+//! budget (`--mem`) and `--require-idle` measure the device on the machine
+//! that has it, which no key in etcd can do for another machine: refused.
 
 mod cluster;
 mod keeper;
@@ -45,6 +109,9 @@ fn split_user(text: &str) -> Option<(&str, &str)> {
 
 /// Every devlock key starts with this.
 pub(crate) const PREFIX: &str = "/devlock/";
+
+/// Where `--slots` holders number themselves (no resource starts with `.`).
+pub(crate) const SLOTS_PREFIX: &str = "/devlock/.slots/";
 
 /// Where etcd is and who to be there.
 #[derive(Debug, Clone)]
@@ -334,6 +401,9 @@ pub(crate) struct Entry {
     /// For a group taken on behalf of a member: that member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<String>,
+    /// `--slots N`: N (then `exclusive` is false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u64>,
 }
 
 /// One key under a resource's prefix, in line order.
@@ -360,6 +430,11 @@ impl Place {
     pub(crate) fn exclusive(&self) -> bool {
         self.entry.as_ref().is_none_or(|e| e.exclusive)
     }
+
+    /// N of a `--slots N` request, 0 for a plain one.
+    pub(crate) fn slots(&self) -> u64 {
+        self.entry.as_ref().and_then(|e| e.slots).unwrap_or(0)
+    }
 }
 
 pub(crate) fn resource_prefix(resource: &Resource) -> String {
@@ -368,6 +443,15 @@ pub(crate) fn resource_prefix(resource: &Resource) -> String {
 
 pub(crate) fn key_of(resource: &Resource, lease: i64) -> String {
     format!("{}{lease:016x}", resource_prefix(resource))
+}
+
+/// `/devlock/.slots/R/`: the slot numbers taken of `R`.
+pub(crate) fn slot_prefix(resource: &Resource) -> String {
+    format!("{SLOTS_PREFIX}{}/", resource.as_str())
+}
+
+pub(crate) fn slot_key(resource: &Resource, slot: u64) -> String {
+    format!("{}{slot}", slot_prefix(resource))
 }
 
 /// Every key of one resource, oldest first, and the revision read at.
@@ -381,24 +465,59 @@ pub(crate) async fn line_of(
     Ok(line_from(&response))
 }
 
-/// Puts `key` (joining the line) and reads the line back, in one round trip.
-pub(crate) async fn join_line(
+/// Several resources' lines read at one revision, in the order asked.
+pub(crate) async fn lines_of(
     client: &mut Client,
-    resource: &Resource,
-    key: &str,
-    value: Vec<u8>,
+    resources: &[&Resource],
+) -> Result<(Vec<Vec<Place>>, i64), etcd_client::Error> {
+    let txn = Txn::new().and_then(
+        resources
+            .iter()
+            .map(|r| TxnOp::get(resource_prefix(r), Some(line_options())))
+            .collect::<Vec<_>>(),
+    );
+    lines_from_txn(client.txn(txn).await?)
+}
+
+/// Puts each key (joining each line, in one revision) and reads every line
+/// back, in one round trip. Repeating it changes nothing: a key put again
+/// with the same lease keeps its create revision.
+pub(crate) async fn join_lines(
+    client: &mut Client,
+    joins: &[(&Resource, &str, Vec<u8>)],
     lease: i64,
-) -> Result<(Vec<Place>, i64), etcd_client::Error> {
-    let txn = Txn::new().and_then([
-        TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
-        TxnOp::get(resource_prefix(resource), Some(line_options())),
-    ]);
-    let response = client.txn(txn).await?;
-    let line = response.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(get) => Some(line_from(&get)),
-        _ => None,
-    });
-    line.ok_or_else(|| etcd_client::Error::InvalidArgs("etcd sent no line back".into()))
+) -> Result<(Vec<Vec<Place>>, i64), etcd_client::Error> {
+    let mut ops: Vec<TxnOp> = joins
+        .iter()
+        .map(|(_, key, value)| {
+            TxnOp::put(
+                *key,
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        })
+        .collect();
+    ops.extend(
+        joins
+            .iter()
+            .map(|(r, _, _)| TxnOp::get(resource_prefix(r), Some(line_options()))),
+    );
+    lines_from_txn(client.txn(Txn::new().and_then(ops)).await?)
+}
+
+fn lines_from_txn(
+    response: etcd_client::TxnResponse,
+) -> Result<(Vec<Vec<Place>>, i64), etcd_client::Error> {
+    let revision = response.header().map_or(0, |h| h.revision());
+    let lines: Vec<Vec<Place>> = response
+        .op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(get) => Some(line_from(&get).0),
+            _ => None,
+        })
+        .collect();
+    Ok((lines, revision))
 }
 
 fn line_options() -> GetOptions {
@@ -416,12 +535,17 @@ fn line_from(response: &GetResponse) -> (Vec<Place>, i64) {
 }
 
 /// The places that stand in the way of `index` in `line`: every earlier one
-/// for an exclusive request, the earlier exclusive ones for a shared one.
+/// for an exclusive request, the earlier exclusive ones for a shared one,
+/// and for a slot request of N the earlier exclusive ones and, once N or
+/// more slot requests are earlier, those too.
 pub(crate) fn blockers(line: &[Place], index: usize) -> Vec<&Place> {
     let exclusive = line[index].exclusive();
-    line[..index]
+    let slots = line[index].slots();
+    let earlier = &line[..index];
+    let full = slots > 0 && earlier.iter().filter(|p| p.slots() > 0).count() as u64 >= slots;
+    earlier
         .iter()
-        .filter(|p| exclusive || p.exclusive())
+        .filter(|p| exclusive || p.exclusive() || (full && p.slots() > 0))
         .collect()
 }
 
@@ -469,8 +593,29 @@ mod tests {
                 command: vec![],
                 exclusive,
                 via: None,
+                slots: None,
             }),
         }
+    }
+
+    fn slot(n: i64, of: u64) -> Place {
+        let mut p = place(n, false);
+        p.entry.as_mut().unwrap().slots = Some(of);
+        p
+    }
+
+    #[test]
+    fn the_first_n_slot_requests_hold_and_a_writer_waits_for_them() {
+        let line = [slot(1, 2), slot(2, 2), slot(3, 2), slot(4, 2)];
+        let held: Vec<i64> = holders(&line).iter().map(|p| p.create_revision).collect();
+        assert_eq!(held, [1, 2]);
+        assert_eq!(blockers(&line, 3).len(), 3);
+        let line = [slot(1, 2), place(2, true), slot(3, 2)];
+        let held: Vec<i64> = holders(&line).iter().map(|p| p.create_revision).collect();
+        assert_eq!(held, [1]);
+        // Once the first goes, the next slot request in line moves up.
+        let line = [slot(2, 2), slot(3, 2), slot(4, 2)];
+        assert_eq!(holders(&line).len(), 2);
     }
 
     #[test]

@@ -9,10 +9,11 @@ use anyhow::Result;
 
 use super::Config;
 use super::keeper::GUARD;
-use super::session::{Acquired, Session, Settings};
+use super::session::{Acquired, Got, Session, Settings, Wanted};
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
 use crate::plan::Plan;
+use crate::request::Request;
 use crate::resource::Resource;
 use crate::supervise::{self, Received};
 
@@ -29,10 +30,13 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 const ELECTION: Duration = Duration::from_secs(2);
 
 /// Runs `args`'s command under the locks of `plan` (built from `args`).
-pub(crate) fn run(plan: &Plan, args: &RunArgs, config: Config) -> Result<ExitCode> {
-    let resources = &plan.resources;
+pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<ExitCode> {
     let (ttl, kill_after) = check_margins(args, config.endpoints.len())?;
     supervise::check_command(&args.command[0])?;
+    // This machine's part, as with lock files: the caller's
+    // CUDA_VISIBLE_DEVICES (--any skips candidates outside it), one MIG
+    // instance per command.
+    plan.look()?;
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
@@ -51,25 +55,15 @@ pub(crate) fn run(plan: &Plan, args: &RunArgs, config: Config) -> Result<ExitCod
         step: step.clone(),
         command: args.command_line(),
     };
-    let requests = plan.in_order();
-    let mut session = Session::start(settings, requests)?;
-    let mut env: supervise::Env = vec![
-        (
-            "DEVLOCK_RESOURCES".into(),
-            resources
-                .iter()
-                .map(Resource::as_str)
-                .collect::<Vec<_>>()
-                .join(" ")
-                .into(),
-        ),
-        ("DEVLOCK_STEP".into(), step.into()),
-    ];
+    let mut session = Session::start(settings, wanted(plan)?)?;
     let (acquired, stopped) = session.wait_for_locks()?;
-    env.push((
-        "DEVLOCK_FENCE".into(),
-        fences(resources, acquired.fences()).into(),
-    ));
+    let env = match child_env(acquired.got(), &step, plan.probe_timeout) {
+        Ok(env) => env,
+        Err(e) => {
+            session.release();
+            return Err(e);
+        }
+    };
     if let Acquired::AllInherited(_) = acquired {
         session.finish();
         drop(guard);
@@ -113,6 +107,94 @@ pub(crate) fn run(plan: &Plan, args: &RunArgs, config: Config) -> Result<ExitCod
             ),
         )),
     }
+}
+
+/// What the session takes for `plan`: its locks in the global order, or
+/// with `--any` the candidates' groups (shared) and the candidates.
+fn wanted(plan: &Plan) -> Result<Wanted> {
+    if !plan.any {
+        return Ok(Wanted {
+            fixed: plan.in_order(),
+            candidates: Vec::new(),
+            count: 0,
+            members: plan.resources.clone(),
+        });
+    }
+    // One key per resource and lease: a candidate that is another's group
+    // would be that key twice.
+    for candidate in &plan.resources {
+        if let Some(group) = candidate
+            .held_shared()
+            .into_iter()
+            .find(|g| plan.resources.contains(g))
+        {
+            return Err(coded(
+                ExitCode::Usage,
+                format!(
+                    "--any with --etcd cannot take {group} and {candidate} as candidates: \
+                     {candidate} holds {group} shared; name candidates of one level"
+                ),
+            ));
+        }
+    }
+    let mut groups: Vec<Request> = Vec::new();
+    for resource in &plan.resources {
+        for group in resource.held_shared() {
+            if !groups.iter().any(|g| g.name == group) {
+                groups.push(Request {
+                    name: group,
+                    exclusive: false,
+                    via: Some(resource.clone()),
+                    slots: 0,
+                    for_group: false,
+                });
+            }
+        }
+    }
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    let exclusive = plan.exclusive();
+    Ok(Wanted {
+        fixed: groups,
+        candidates: plan
+            .resources
+            .iter()
+            .map(|r| Request {
+                name: r.clone(),
+                exclusive,
+                via: None,
+                slots: 0,
+                for_group: false,
+            })
+            .collect(),
+        count: usize::from(plan.count),
+        members: Vec::new(),
+    })
+}
+
+/// What the command learns: the resources it got, their fencing tokens, its
+/// slot, and the device variables for the GPUs among them, as this
+/// machine's driver numbers them (a MIG instance's UUID from its NVML).
+fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<supervise::Env> {
+    let names: Vec<&str> = got.resources.iter().map(Resource::as_str).collect();
+    let mut env: supervise::Env = vec![
+        ("DEVLOCK_RESOURCES".into(), names.join(" ").into()),
+        ("DEVLOCK_STEP".into(), step.into()),
+        (
+            "DEVLOCK_FENCE".into(),
+            fences(&got.resources, &got.fences).into(),
+        ),
+    ];
+    if let Some(slot) = got.slot {
+        env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
+    }
+    let gpu_env = match got.resources.iter().find(|r| r.mig_parent().is_some()) {
+        Some(instance) => {
+            crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
+        }
+        None => crate::gpu::cuda::child_env(&got.resources),
+    };
+    env.extend(gpu_env.into_iter().map(|(k, v)| (k.into(), v.into())));
+    Ok(env)
 }
 
 /// `DEVLOCK_FENCE`: each resource's fencing token, in the order of
@@ -196,13 +278,11 @@ fn wait_for_what_it_left(
 /// and for a cluster (several endpoints) an [`ELECTION`] more.
 fn check_margins(args: &RunArgs, endpoints: usize) -> Result<(Duration, Duration)> {
     let usage = |m: String| Err(coded(ExitCode::Usage, m));
-    if args.any || args.slots.is_some() || args.require_idle {
-        return usage("--any, --slots and --require-idle are not available with --etcd".into());
+    if args.require_idle {
+        return usage(crate::messages::etcd::require_idle_refused());
     }
     if args.mem.is_some() {
-        return usage(
-            "--mem is not available with --etcd: a budget is measured on this machine's GPU".into(),
-        );
+        return usage(crate::messages::etcd::mem_refused());
     }
     let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
@@ -287,7 +367,11 @@ mod tests {
         assert!(margins(&["--ttl", "3s", "--kill-after", "500ms"]).is_ok());
         assert!(margins(&["--ttl", "3s", "--kill-after", "2s"]).is_err());
         assert!(margins(&["--ttl", "1s", "--kill-after", "0s"]).is_err());
-        assert!(margins(&["--any", "r2"]).is_err());
+        assert!(margins(&["--any", "r2"]).is_ok());
+        assert!(margins(&["--slots", "2"]).is_ok());
+        assert!(margins(&["--require-idle"]).is_err());
+        let err = margins(&["--mem", "1GiB"]).unwrap_err();
+        assert!(format!("{err:#}").contains("measured"), "{err:#}");
         assert!(margins(&["--kill-after", "18446744073709551615s"]).is_err());
         assert!(margins(&["--ttl", "1000years"]).is_err());
     }

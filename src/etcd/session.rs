@@ -11,7 +11,9 @@ use etcd_client::{EventType, PutOptions, WatchOptions};
 use tokio::sync::mpsc;
 
 use super::keeper::{self, LeaseState, boot_now};
-use super::{Cluster, Config, Entry, Place, blockers, holders, join_line, key_of, line_of};
+use super::{
+    Cluster, Config, Entry, Place, blockers, holders, join_lines, key_of, line_of, lines_of,
+};
 use crate::exit::{ExitCode, coded, exit_code_of};
 use crate::flock::record::{Record, now_ms};
 use crate::proc;
@@ -50,22 +52,33 @@ enum ToSession {
     Release,
 }
 
-/// How the wait ended, with each lock's fencing token: its key's create
-/// revision (an ancestor's key for a lock passed through).
+/// How the wait ended, with what the command is told: each lock's fencing
+/// token (its key's create revision; an ancestor's key for a lock passed
+/// through), the resources it got and its slot.
 pub(super) enum Acquired {
     /// Every lock is already held by an ancestor: nothing was taken.
-    AllInherited(Fences),
+    AllInherited(Got),
     /// Taken (some perhaps passed through).
-    Taken(Fences),
+    Taken(Got),
 }
 
 /// The fencing token of each lock, by resource name.
 pub(super) type Fences = Vec<(crate::resource::Resource, i64)>;
 
+/// What the command is given.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Got {
+    pub fences: Fences,
+    /// The resources asked for, or `--any`'s picks, sorted.
+    pub resources: Vec<crate::resource::Resource>,
+    /// `--slots`: the slot number taken.
+    pub slot: Option<u64>,
+}
+
 impl Acquired {
-    pub(super) fn fences(&self) -> &Fences {
+    pub(super) fn got(&self) -> &Got {
         match self {
-            Acquired::AllInherited(fences) | Acquired::Taken(fences) => fences,
+            Acquired::AllInherited(got) | Acquired::Taken(got) => got,
         }
     }
 }
@@ -101,7 +114,7 @@ impl Drop for WakeOnExit {
 
 impl Session {
     /// Starts the session thread. Call after blocking the handled signals.
-    pub(super) fn start(settings: Settings, requests: Vec<Request>) -> Result<Session> {
+    pub(super) fn start(settings: Settings, wanted: Wanted) -> Result<Session> {
         let (to, rx) = mpsc::unbounded_channel();
         let (tx, from) = std::sync::mpsc::channel();
         let main_thread = Thread::current();
@@ -116,7 +129,7 @@ impl Session {
                     let _ = tx.send(message);
                     main_thread.signal(supervise::wake_signal());
                 };
-                runtime.block_on(run_session(settings, requests, rx, report));
+                runtime.block_on(run_session(settings, wanted, rx, report));
             })?;
         Ok(Session {
             to,
@@ -197,7 +210,7 @@ impl Session {
 
 async fn run_session(
     settings: Settings,
-    requests: Vec<Request>,
+    wanted: Wanted,
     mut rx: mpsc::UnboundedReceiver<ToSession>,
     report: impl Fn(FromSession),
 ) {
@@ -205,19 +218,41 @@ async fn run_session(
     let failed = |e| FromSession::Acquired(Err(e), None);
     let ancestors = possible_devlock_ancestors();
     let mut pending = Vec::new();
-    let mut fences = Fences::new();
-    for request in &requests {
+    let mut got = Got {
+        resources: wanted.members.clone(),
+        ..Got::default()
+    };
+    for request in &wanted.fixed {
         match inherited(&cluster, request, &ancestors).await {
-            Ok(Some(fence)) => fences.push((request.name.clone(), fence)),
+            Ok(Some(fence)) => got.fences.push((request.name.clone(), fence)),
             Ok(None) => pending.push(request.clone()),
             Err(e) => return report(failed(e)),
         }
     }
-    if pending.is_empty() {
-        return report(FromSession::Acquired(
-            Ok(Acquired::AllInherited(fences)),
-            None,
-        ));
+    // A candidate an enclosing devlock holds is a pick that passes through.
+    let mut count = wanted.count;
+    let mut candidates = Vec::new();
+    for request in &wanted.candidates {
+        let passed = if count > 0 {
+            match inherited(&cluster, request, &ancestors).await {
+                Ok(passed) => passed,
+                Err(e) => return report(failed(e)),
+            }
+        } else {
+            None
+        };
+        match passed {
+            Some(fence) => {
+                count -= 1;
+                got.fences.push((request.name.clone(), fence));
+                got.resources.push(request.name.clone());
+            }
+            None => candidates.push(request.clone()),
+        }
+    }
+    if pending.is_empty() && count == 0 {
+        got.resources.sort();
+        return report(FromSession::Acquired(Ok(Acquired::AllInherited(got)), None));
     }
     let ttl_secs = settings.ttl.as_secs_f64().ceil() as i64;
     let sent = boot_now();
@@ -240,7 +275,63 @@ async fn run_session(
 
     let mut entries = Vec::new();
     let say = |line: String| report(FromSession::Say(line));
-    let waiting = take_in_order(&settings, &cluster, lease, &pending, &mut entries, &say);
+    let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
+    let taking = Taking {
+        settings: &settings,
+        cluster: &cluster,
+        lease,
+        label: Label::of_this_process(&settings.step),
+        deadline,
+        say: &say,
+    };
+    let waiting = async {
+        taking.in_order(&pending, &mut entries).await?;
+        if count == 0 {
+            return Ok(());
+        }
+        let fixed = entries.len();
+        taking.any(&candidates, count, &mut entries).await?;
+        // The groups taken for candidates that were not picked go back.
+        let picks: Vec<crate::resource::Resource> =
+            entries[fixed..].iter().map(|t| t.request.clone()).collect();
+        let needed: HashSet<crate::resource::Resource> = picks
+            .iter()
+            .chain(&got.resources)
+            .flat_map(|p| p.held_shared())
+            .collect();
+        let unneeded: Vec<String> = entries[..fixed]
+            .iter()
+            .filter(|t| !needed.contains(&t.request))
+            .map(|t| t.key.clone())
+            .collect();
+        if !unneeded.is_empty() {
+            cluster
+                .ask("giving back groups no pick needs", |mut client| {
+                    let txn = etcd_client::Txn::new().and_then(
+                        unneeded
+                            .iter()
+                            .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
+                            .collect::<Vec<_>>(),
+                    );
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+            entries.retain(|t| !unneeded.contains(&t.key));
+        }
+        // A group kept is held on behalf of a pick (its label says which
+        // once the command runs).
+        let groups = entries.len() - picks.len();
+        for group in entries.iter_mut().take(groups) {
+            if let Some(pick) = picks
+                .iter()
+                .find(|p| p.held_shared().contains(&group.request))
+            {
+                group.entry.via = Some(pick.as_str().to_owned());
+            }
+        }
+        got.resources.extend(picks);
+        Ok::<_, anyhow::Error>(())
+    };
     let stop = async {
         loop {
             match rx.recv().await {
@@ -266,9 +357,12 @@ async fn run_session(
         revoke(&cluster, lease).await;
         return report(failed(e));
     }
-    fences.extend(entries.iter().map(|e| (e.request.clone(), e.fence)));
+    got.fences
+        .extend(entries.iter().map(|e| (e.request.clone(), e.fence)));
+    got.slot = entries.iter().find_map(|e| e.slot);
+    got.resources.sort();
     report(FromSession::Acquired(
-        Ok(Acquired::Taken(fences)),
+        Ok(Acquired::Taken(got)),
         Some(state.clone()),
     ));
     for Taken { key, joined_at, .. } in &entries {
@@ -388,61 +482,209 @@ struct Taken {
     entry: Entry,
     fence: i64,
     joined_at: i64,
+    /// `--slots`: the slot number it took.
+    slot: Option<u64>,
 }
 
-/// Joins each line in turn, holding the earlier locks while waiting for the
-/// later ones (the requests come in the one global order).
-async fn take_in_order(
-    settings: &Settings,
-    cluster: &Cluster,
-    lease: i64,
-    requests: &[Request],
-    entries: &mut Vec<Taken>,
-    say: &dyn Fn(String),
-) -> Result<()> {
-    let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
-    // Who we are, once for every request (pid, start time, user as the
-    // file backend's records have them).
-    let label = Record::for_this_process(&settings.step);
-    // etcd keys are not the kernel's to check: the name as the environment
-    // gives it, else the uid's.
-    let user = std::env::var("USER")
-        .ok()
-        .unwrap_or_else(|| proc::process::user_name(nix::unistd::getuid().as_raw()));
-    let host = super::hostname();
-    for request in requests {
-        let key = key_of(&request.name, lease);
-        let mut entry = Entry {
+/// What one run takes: `fixed` in order, then `count` of `candidates`
+/// (`--any`); `members` are the resources the command is given when there
+/// are no candidates.
+#[derive(Debug, Clone)]
+pub(super) struct Wanted {
+    pub fixed: Vec<Request>,
+    pub candidates: Vec<Request>,
+    pub count: usize,
+    pub members: Vec<crate::resource::Resource>,
+}
+
+/// Who we are, for every key's value.
+struct Label {
+    pid: u32,
+    pid_start: u64,
+    user: String,
+    host: String,
+}
+
+impl Label {
+    fn of_this_process(step: &str) -> Label {
+        // Who we are, once for every request (pid, start time, user as the
+        // file backend's records have them).
+        let record = Record::for_this_process(step);
+        // etcd keys are not the kernel's to check: the name as the
+        // environment gives it, else the uid's.
+        let user = std::env::var("USER")
+            .ok()
+            .unwrap_or_else(|| proc::process::user_name(nix::unistd::getuid().as_raw()));
+        Label {
+            pid: record.pid,
+            pid_start: record.pid_start,
+            user,
+            host: super::hostname(),
+        }
+    }
+
+    fn entry(&self, settings: &Settings, request: &Request) -> Entry {
+        Entry {
             step: settings.step.clone(),
-            pid: label.pid,
-            pid_start: Some(label.pid_start),
+            pid: self.pid,
+            pid_start: Some(self.pid_start),
             child: None,
-            user: user.clone(),
-            host: host.clone(),
+            user: self.user.clone(),
+            host: self.host.clone(),
             since_ms: now_ms(),
             granted_ms: None,
             command: settings.command.clone(),
-            exclusive: request.exclusive,
+            exclusive: request.exclusive && request.slots == 0,
             via: request.via.as_ref().map(|v| v.as_str().to_owned()),
-        };
-        let value = serde_json::to_vec(&entry).expect("entries serialise");
-        let joined = cluster
+            slots: (request.slots > 0).then_some(request.slots),
+        }
+    }
+}
+
+/// What every take of one run shares.
+struct Taking<'a> {
+    settings: &'a Settings,
+    cluster: &'a Cluster,
+    lease: i64,
+    label: Label,
+    deadline: Option<Instant>,
+    say: &'a dyn Fn(String),
+}
+
+impl Taking<'_> {
+    /// Joins each line in turn, holding the earlier locks while waiting for
+    /// the later ones (the requests come in the one global order).
+    async fn in_order(&self, requests: &[Request], entries: &mut Vec<Taken>) -> Result<()> {
+        for request in requests {
+            let (_, taken) = self.first(std::slice::from_ref(request)).await?;
+            entries.push(taken);
+        }
+        Ok(())
+    }
+
+    /// `--any`: `count` of `candidates` (sorted), the first that are or
+    /// become free, picked as the file backend picks them: each from the
+    /// candidates after the last pick that leave enough for the rest, so
+    /// holding one while waiting for another never goes against the global
+    /// lock order.
+    async fn any(
+        &self,
+        candidates: &[Request],
+        count: usize,
+        entries: &mut Vec<Taken>,
+    ) -> Result<()> {
+        let mut start = 0;
+        for pick in 0..count {
+            let window = &candidates[start..candidates.len() - (count - 1 - pick)];
+            let (index, taken) = self.first(window).await?;
+            entries.push(taken);
+            start += index + 1;
+        }
+        Ok(())
+    }
+
+    /// Joins the lines of `requests` at once (one transaction, one
+    /// revision) and waits until one of them holds; leaves the others'
+    /// lines. The index of the one taken, and the lock.
+    async fn first(&self, requests: &[Request]) -> Result<(usize, Taken)> {
+        let Taking {
+            settings,
+            cluster,
+            lease,
+            label,
+            deadline,
+            say,
+        } = self;
+        let (lease, deadline) = (*lease, *deadline);
+        let mut entries: Vec<Entry> = requests.iter().map(|r| label.entry(settings, r)).collect();
+        let keys: Vec<String> = requests.iter().map(|r| key_of(&r.name, lease)).collect();
+        let values: Vec<Vec<u8>> = entries
+            .iter()
+            .map(|e| serde_json::to_vec(e).expect("entries serialise"))
+            .collect();
+        let (lines, joined_at) = cluster
             .ask("joining the line", |mut client| {
-                let value = value.clone();
-                let key = &key;
-                async move { join_line(&mut client, &request.name, key, value, lease).await }
+                let joins: Vec<(&crate::resource::Resource, &str, Vec<u8>)> = requests
+                    .iter()
+                    .zip(&keys)
+                    .zip(&values)
+                    .map(|((r, k), v)| (&r.name, k.as_str(), v.clone()))
+                    .collect();
+                async move { join_lines(&mut client, &joins, lease).await }
             })
             .await?;
-        let started = Instant::now();
-        let joined_at = joined.1;
+        let mut waits: Vec<Waiting> = requests
+            .iter()
+            .zip(keys)
+            .zip(lines)
+            .map(|((request, key), line)| Waiting { request, key, line })
+            .collect();
+        // Everyone uses a resource with one size (0: a plain lock).
+        for wait in &waits {
+            let ours = wait.request.slots;
+            if let Some(theirs) = wait
+                .line
+                .iter()
+                .filter(|p| p.key != wait.key && p.entry.is_some())
+                .map(Place::slots)
+                .find(|&theirs| theirs != ours)
+            {
+                return Err(crate::messages::slots_mismatch(
+                    wait.request.name.as_str(),
+                    theirs,
+                    ours,
+                ));
+            }
+        }
         // The put's own revision unless an answer was lost and the put was
         // made again: then the first one's, which the key keeps.
-        let fence = joined
-            .0
+        let fences: Vec<i64> = waits
             .iter()
-            .find(|p| p.key == key)
-            .map_or(joined_at, |p| p.create_revision);
-        let waited = wait_turn(settings, cluster, request, &key, joined, deadline, say).await?;
+            .map(|w| {
+                w.line
+                    .iter()
+                    .find(|p| p.key == w.key)
+                    .map_or(joined_at, |p| p.create_revision)
+            })
+            .collect();
+        let started = Instant::now();
+        let name = if requests.len() == 1 {
+            requests[0].name.as_str().to_owned()
+        } else {
+            let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
+            format!("any of {}", names.join(" "))
+        };
+        let (index, waited) = wait_turn(
+            settings, cluster, &name, &mut waits, joined_at, deadline, say,
+        )
+        .await?;
+        let others: Vec<String> = waits
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != index)
+            .map(|(_, w)| w.key.clone())
+            .collect();
+        if !others.is_empty() {
+            cluster
+                .ask("leaving the other lines", |mut client| {
+                    let txn = etcd_client::Txn::new().and_then(
+                        others
+                            .iter()
+                            .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
+                            .collect::<Vec<_>>(),
+                    );
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+        }
+        let request = &requests[index];
+        let key = waits.swap_remove(index).key;
+        let slot = if request.slots > 0 {
+            Some(claim_slot(settings, cluster, lease, request, &key, deadline).await?)
+        } else {
+            None
+        };
+        let mut entry = entries.swap_remove(index);
         entry.granted_ms = Some(now_ms());
         if waited && !settings.quiet {
             say(messages::got(
@@ -451,34 +693,170 @@ async fn take_in_order(
                 &settings.step,
             ));
         }
-        entries.push(Taken {
-            request: request.name.clone(),
-            key,
-            entry,
-            fence,
-            joined_at,
-        });
+        Ok((
+            index,
+            Taken {
+                request: request.name.clone(),
+                key,
+                entry,
+                fence: fences[index],
+                joined_at,
+                slot,
+            },
+        ))
     }
-    Ok(())
 }
 
-/// Waits until nothing stands before `key` in its line; says whether it had
-/// to wait. Sleeps on one watch of the line, never polls. etcd
-/// failing meanwhile is retried: the lease's own deadline decides when the
-/// wait is lost.
+/// `--slots`: numbers this holder, with the lowest slot key nobody has
+/// (see the module doc). At most N holders exist at once, so one frees up
+/// soon if none is left (a holder whose line key was removed by hand keeps
+/// its slot key until its lease is revoked).
+/// Keys put there by anything but a holder (by hand, without a lease) can
+/// take every number: then `-n` and `-w` bound this wait as they bound the
+/// line's, naming the keys.
+async fn claim_slot(
+    settings: &Settings,
+    cluster: &Cluster,
+    lease: i64,
+    request: &Request,
+    line_key: &str,
+    deadline: Option<Instant>,
+) -> Result<u64> {
+    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+    let prefix = super::slot_prefix(&request.name);
+    let started = Instant::now();
+    loop {
+        let response = cluster
+            .ask("numbering the slot", |mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
+            .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut used = HashSet::new();
+        for kv in response.kvs() {
+            let number = String::from_utf8_lossy(kv.key())
+                .strip_prefix(&prefix)
+                .and_then(|n| n.parse::<u64>().ok());
+            let Some(number) = number else { continue };
+            // Ours already: an answer that was lost, and the put made again.
+            if kv.lease() == lease {
+                return Ok(number);
+            }
+            used.insert(number);
+        }
+        if let Some(free) = (1..=request.slots).find(|n| !used.contains(n)) {
+            let key = super::slot_key(&request.name, free);
+            let taken = cluster
+                .ask("numbering the slot", |mut client| {
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(
+                            key.as_str(),
+                            line_key,
+                            Some(PutOptions::new().with_lease(lease)),
+                        )]);
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+            if taken.succeeded() {
+                return Ok(free);
+            }
+            continue;
+        }
+        // Every number taken: wait for one to go, and look again.
+        let why = || {
+            format!(
+                "every slot number is taken ({prefix}1..{}), by keys no holder's lease keeps",
+                request.slots
+            )
+        };
+        if settings.no_wait {
+            return Err(crate::exit::busy(
+                settings.conflict_code,
+                format!("{} is busy: {}", request.name.as_str(), why()),
+            ));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(crate::exit::busy(
+                settings.conflict_code,
+                format!(
+                    "gave up on {} after {}: {}",
+                    request.name.as_str(),
+                    human_duration(started.elapsed()),
+                    why()
+                ),
+            ));
+        }
+        let Ok((_, mut client)) = cluster.client("watching the slots").await else {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            continue;
+        };
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let gone = async {
+            let mut stream = client.watch(prefix.clone(), Some(options)).await?;
+            while let Some(response) = stream.message().await? {
+                if response.canceled()
+                    || response
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                {
+                    break;
+                }
+            }
+            Ok::<_, etcd_client::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), gone).await;
+    }
+}
+
+/// One line waited in: the request, our key and the line as last known.
+struct Waiting<'a> {
+    request: &'a Request,
+    key: String,
+    line: Vec<Place>,
+}
+
+impl Waiting<'_> {
+    /// Whether nothing stands before our key; an error if it is gone.
+    fn ours(&self) -> Result<bool> {
+        let index = self.position()?;
+        Ok(blockers(&self.line, index).is_empty())
+    }
+
+    fn position(&self) -> Result<usize> {
+        self.line
+            .iter()
+            .position(|p| p.key == self.key)
+            .ok_or_else(|| place_gone(self.request.name.as_str()))
+    }
+}
+
+/// Waits until nothing stands before our key in one of the lines of
+/// `waits` (read at `revision`); says which, and whether it had to wait.
+/// Sleeps on one watch stream over the lines, never polls. etcd failing
+/// meanwhile is retried: the lease's own deadline decides when the wait is
+/// lost.
 async fn wait_turn(
     settings: &Settings,
     cluster: &Cluster,
-    request: &Request,
-    key: &str,
-    joined: (Vec<Place>, i64),
+    name: &str,
+    waits: &mut [Waiting<'_>],
+    revision: i64,
     deadline: Option<Instant>,
     say: &dyn Fn(String),
-) -> Result<bool> {
-    let name = request.name.as_str();
+) -> Result<(usize, bool)> {
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
-    let mut read = Some(joined);
+    let mut revision = revision;
+    let mut read_again = false;
     let mut trouble = Trouble {
         said: false,
         name,
@@ -494,29 +872,46 @@ async fn wait_turn(
                 ),
             )
         };
-        let (line, revision) = match read.take() {
-            Some(line) => line,
-            None => match cluster
-                .ask("reading the line", |mut client| async move {
-                    line_of(&mut client, &request.name).await
+        if read_again {
+            let resources: Vec<&crate::resource::Resource> =
+                waits.iter().map(|w| &w.request.name).collect();
+            match cluster
+                .ask("reading the line", |mut client| {
+                    let resources = resources.clone();
+                    async move { lines_of(&mut client, &resources).await }
                 })
                 .await
             {
-                Ok(line) => line,
+                Ok((lines, read_at)) => {
+                    for (wait, line) in waits.iter_mut().zip(lines) {
+                        wait.line = line;
+                    }
+                    revision = read_at;
+                    read_again = false;
+                }
                 Err(e) => {
                     trouble.ride_out(e, deadline, &gave_up).await?;
                     continue;
                 }
-            },
-        };
-        let Some(index) = line.iter().position(|p| p.key == key) else {
-            return Err(place_gone(name));
-        };
-        let in_the_way = blockers(&line, index);
-        if in_the_way.is_empty() {
-            return Ok(last_report.is_some());
+            }
         }
-        let who = describe_holders(&line);
+        for (i, wait) in waits.iter().enumerate() {
+            if wait.ours()? {
+                return Ok((i, last_report.is_some()));
+            }
+        }
+        let who = waits
+            .iter()
+            .map(|w| {
+                let who = describe_holders(&w.line);
+                if waits.len() == 1 {
+                    who
+                } else {
+                    format!("{who} ({})", w.request.name.as_str())
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
         if settings.no_wait {
             return Err(crate::exit::busy(
                 settings.conflict_code,
@@ -530,26 +925,25 @@ async fn wait_turn(
         if report_due {
             if !settings.quiet {
                 let waited = last_report.map(|_| started.elapsed());
-                say(messages::waiting(
-                    name,
-                    &who,
-                    in_the_way.len(),
-                    waited,
-                    &settings.step,
-                ));
+                let ahead = waits
+                    .iter()
+                    .filter_map(|w| w.position().ok().map(|i| blockers(&w.line, i).len()))
+                    .min()
+                    .unwrap_or(0);
+                say(messages::waiting(name, &who, ahead, waited, &settings.step));
             }
             last_report = Some(Instant::now());
         }
-        let mut in_the_way: HashSet<String> = in_the_way.iter().map(|p| p.key.clone()).collect();
         let next_report = last_report
             .and_then(|t| t.checked_add(settings.report_every))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let until = deadline.map_or(next_report, |d| d.min(next_report));
-        // One watch over the whole line, from just after the revision it
-        // was read at: events come in revision order, so nothing between
-        // the read and the watch is missed, and our own key's removal is
-        // seen before anything that happened after it. Keys put later come
-        // after ours and never stand in the way.
+        // One watch per line on one stream, from just after the revision
+        // they were read at: events come in revision order, so nothing
+        // between the read and the watch is missed, and our own key's
+        // removal is seen before anything that happened after it. Keys put
+        // later come after ours and never stand in the way; each delete is
+        // taken out of the line known.
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -560,10 +954,17 @@ async fn wait_turn(
                 continue;
             }
         };
+        let prefixes: Vec<String> = waits
+            .iter()
+            .map(|w| super::resource_prefix(&w.request.name))
+            .collect();
         let watch = async {
             let mut stream = client
-                .watch(super::resource_prefix(&request.name), Some(options))
+                .watch(prefixes[0].clone(), Some(options.clone()))
                 .await?;
+            for prefix in &prefixes[1..] {
+                stream.watch(prefix.clone(), Some(options.clone())).await?;
+            }
             while let Some(response) = stream.message().await? {
                 if response.canceled() {
                     return Ok(Turn::ReadAgain);
@@ -576,13 +977,19 @@ async fn wait_turn(
                         continue;
                     };
                     let gone = String::from_utf8_lossy(kv.key());
-                    if gone == key {
-                        return Ok(Turn::Lost);
+                    let Some(i) = prefixes.iter().position(|p| gone.starts_with(p.as_str())) else {
+                        continue;
+                    };
+                    let wait = &mut waits[i];
+                    if gone == wait.key {
+                        return Ok(Turn::Lost(i));
                     }
-                    in_the_way.remove(gone.as_ref());
+                    wait.line.retain(|p| p.key != gone);
                 }
-                if in_the_way.is_empty() {
-                    return Ok(Turn::Ours);
+                for (i, wait) in waits.iter().enumerate() {
+                    if wait.ours().unwrap_or(false) {
+                        return Ok(Turn::Ours(i));
+                    }
                 }
             }
             Ok::<_, etcd_client::Error>(Turn::ReadAgain)
@@ -595,9 +1002,13 @@ async fn wait_turn(
                 () = cluster.moved_from(endpoint) => Ok(Turn::ReadAgain),
             }
         };
-        match tokio::time::timeout_at(until.into(), watch).await {
-            Ok(Ok(Turn::Ours)) => return Ok(true),
-            Ok(Ok(Turn::Lost)) => return Err(place_gone(name)),
+        let outcome = tokio::time::timeout_at(until.into(), watch).await;
+        // Whatever the watch saw is in the lines known; reading them again
+        // makes sure, unless the wait is over.
+        read_again = true;
+        match outcome {
+            Ok(Ok(Turn::Ours(i))) => return Ok((i, true)),
+            Ok(Ok(Turn::Lost(i))) => return Err(place_gone(waits[i].request.name.as_str())),
             Ok(Ok(Turn::ReadAgain)) | Err(_) => {}
             // With another endpoint to go to, the reading again that
             // follows says whether etcd is really unreachable.
@@ -637,7 +1048,11 @@ impl Trouble<'_> {
             return Err(gave_up(format!("{err:#}")));
         }
         if !self.said {
-            (self.say)(format!("devlock: {err:#}; still waiting for {}", self.name));
+            (self.say)(format!(
+                "devlock: {}; still waiting for {}",
+                crate::text::clean(&format!("{err:#}")),
+                self.name
+            ));
             self.said = true;
         }
         tokio::time::sleep(RETRY_PAUSE).await;
@@ -647,10 +1062,10 @@ impl Trouble<'_> {
 
 /// How a watch of the line ended.
 enum Turn {
-    /// Nothing stands in the way any more.
-    Ours,
-    /// Our own key was removed.
-    Lost,
+    /// Nothing stands in the way of the one at this index any more.
+    Ours(usize),
+    /// Our own key (in the line at this index) was removed.
+    Lost(usize),
     /// Read the line again (the watch ended or fell behind a compaction).
     ReadAgain,
 }

@@ -8,7 +8,7 @@ use etcd_client::{GetOptions, SortOrder, SortTarget};
 use serde::Serialize;
 
 use super::tls::TlsView;
-use super::{Cluster, Config, PREFIX, Place, blockers, hostname, line_of};
+use super::{Cluster, Config, PREFIX, Place, SLOTS_PREFIX, blockers, hostname, line_of};
 use crate::cli::StatusArgs;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
@@ -35,8 +35,11 @@ struct Report {
 #[derive(Debug, Serialize)]
 struct ResourceView {
     name: String,
-    /// free, held or shared
+    /// free, held, shared or slots
     state: &'static str,
+    /// `--slots N`: N, when its holders or waiters use slots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slots: Option<u64>,
     holders: Vec<PlaceView>,
     waiters: Vec<PlaceView>,
 }
@@ -60,6 +63,9 @@ struct PlaceView {
     exclusive: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     via: Option<String>,
+    /// `--slots`: the slot this holder took (`DEVLOCK_SLOT`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slot: Option<u64>,
     key: String,
     /// The key's create revision: its place in line.
     revision: i64,
@@ -100,6 +106,10 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
             .await?;
         for kv in response.kvs() {
             let place = Place::from_kv(kv);
+            // Slot numbers (`/devlock/.slots/`), read below: no resource.
+            if place.key.starts_with(SLOTS_PREFIX) {
+                continue;
+            }
             let Some(name) = place
                 .key
                 .strip_prefix(PREFIX)
@@ -120,6 +130,7 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         }
     }
     let ttls = lease_ttls(&cluster, &lines).await?;
+    let slots = slot_numbers(&cluster, &lines).await?;
     let here = hostname();
     let now = now_ms();
     let resources = lines
@@ -130,20 +141,25 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
             for (i, place) in line.iter().enumerate() {
                 let ttl = ttls.get(&place.lease).copied();
                 if blockers(&line, i).is_empty() {
-                    holders.push(view(place, &here, now, ttl, None));
+                    let mut held = view(place, &here, now, ttl, None);
+                    held.slot = slots.get(&(name.clone(), place.lease)).copied();
+                    holders.push(held);
                 } else {
                     let position = waiters.len() + 1;
                     waiters.push(view(place, &here, now, ttl, Some(position)));
                 }
             }
+            let size = line.iter().map(Place::slots).find(|&n| n > 0);
             let state = match holders.first() {
                 None => "free",
                 Some(h) if h.exclusive => "held",
+                Some(_) if size.is_some() => "slots",
                 Some(_) => "shared",
             };
             ResourceView {
                 name,
                 state,
+                slots: size,
                 holders,
                 waiters,
             }
@@ -180,6 +196,39 @@ async fn lease_ttls(
     Ok(ttls)
 }
 
+/// The slot each `--slots` holder took, by resource and lease.
+async fn slot_numbers(
+    cluster: &Cluster,
+    lines: &BTreeMap<String, Vec<Place>>,
+) -> Result<HashMap<(String, i64), u64>> {
+    let mut numbers = HashMap::new();
+    for (name, line) in lines {
+        if !line.iter().any(|p| p.slots() > 0) {
+            continue;
+        }
+        let prefix = format!("{SLOTS_PREFIX}{name}/");
+        let response = cluster
+            .ask("reading the slots", |mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
+            .await?;
+        for kv in response.kvs() {
+            let number = String::from_utf8_lossy(kv.key())
+                .strip_prefix(&prefix)
+                .and_then(|n| n.parse::<u64>().ok());
+            if let Some(number) = number {
+                numbers.insert((name.clone(), kv.lease()), number);
+            }
+        }
+    }
+    Ok(numbers)
+}
+
 /// A key as status shows it: a holder, or the waiter at `position`.
 fn view(
     place: &Place,
@@ -214,6 +263,7 @@ fn view(
         command: entry.map(|e| e.command.clone()),
         exclusive: place.exclusive(),
         via: entry.and_then(|e| e.via.clone()),
+        slot: None,
         key: place.key.clone(),
         revision: place.create_revision,
         fence: position.is_none().then_some(place.create_revision),
@@ -237,9 +287,10 @@ fn table(report: &Report, render: Render) -> String {
         }
     };
     for res in &report.resources {
-        let state = match (res.state, res.holders.len()) {
-            ("shared", n) => format!("shared by {n}"),
-            (state, _) => state.to_owned(),
+        let state = match (res.state, res.holders.len(), res.slots) {
+            ("shared", n, _) => format!("shared by {n}"),
+            ("slots", n, Some(of)) => format!("{n} of {of} slots"),
+            (state, _, _) => state.to_owned(),
         };
         if res.holders.is_empty() && res.waiters.is_empty() {
             rows.push(vec![res.name.clone(), state.clone()]);
@@ -248,6 +299,9 @@ fn table(report: &Report, render: Render) -> String {
             let mut step = cell(&h.step);
             if let Some(via) = &h.via {
                 step.push_str(&format!(" (via {})", sanitize(via)));
+            }
+            if let Some(slot) = h.slot {
+                step.push_str(&format!(" (slot {slot})"));
             }
             rows.push(vec![
                 if i == 0 {

@@ -72,16 +72,20 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
         ) {
             Ok(fd) => break fd,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
-            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("creating {}", crate::text::show_path(&path)));
+            }
         }
     };
     let mut text: String = names.iter().map(|n| format!("{n}\n")).collect();
     if text.is_empty() {
         text.push('\n');
     }
-    crate::sys::fs::fchmod(&fd, 0o644).with_context(|| format!("changing {}", path.display()))?;
+    crate::sys::fs::fchmod(&fd, 0o644)
+        .with_context(|| format!("changing {}", crate::text::show_path(&path)))?;
     let file = std::fs::File::from(fd);
     std::os::unix::fs::FileExt::write_all_at(&file, text.as_bytes(), 0)
         .and_then(|()| file.set_len(text.len() as u64))
-        .with_context(|| format!("writing {}", path.display()))
+        .with_context(|| format!("writing {}", crate::text::show_path(&path)))
 }

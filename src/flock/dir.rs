@@ -49,7 +49,9 @@ impl ScratchDir {
                             &dir.fd,
                             nix::sys::stat::Mode::from_bits_truncate(CREATED_DIR_MODE),
                         )
-                        .with_context(|| format!("setting mode of {}", path.display()))?;
+                        .with_context(|| {
+                            format!("setting mode of {}", crate::text::show_path(path))
+                        })?;
                     }
                     return Ok(dir);
                 }
@@ -71,26 +73,29 @@ impl ScratchDir {
                         ExitCode::IoError,
                         format!(
                             "scratch directory {} is a symbolic link; refusing to follow it",
-                            path.display()
+                            crate::text::show_path(path)
                         ),
                     )),
                     Some(libc::ENOTDIR) => Err(coded(
                         ExitCode::IoError,
-                        format!("scratch directory {} is not a directory", path.display()),
+                        format!(
+                            "scratch directory {} is not a directory",
+                            crate::text::show_path(path)
+                        ),
                     )),
                     Some(libc::EACCES) => Err(coded(
                         ExitCode::IoError,
                         format!(
                             "cannot open scratch directory {}: Permission denied (it is kept for \
                          a group this user is not in, or for its owner)",
-                            path.display()
+                            crate::text::show_path(path)
                         ),
                     )),
                     _ => Err(coded(
                         ExitCode::IoError,
                         format!(
                             "cannot open scratch directory {}: {}",
-                            path.display(),
+                            crate::text::show_path(path),
                             crate::proc::os_text(&err)
                         ),
                     )),
@@ -105,6 +110,19 @@ impl ScratchDir {
         };
         dir.refuse_network_filesystem()?;
         Ok(Some(dir))
+    }
+
+    /// The directory open as `fd` (reached and checked by its caller, e.g.
+    /// `devlock setup` from `/`), known as `path` in messages.
+    pub(crate) fn from_fd(path: &Path, fd: OwnedFd) -> Result<ScratchDir> {
+        let dir = ScratchDir {
+            path: path.to_owned(),
+            fd,
+            opens: None,
+            made: Default::default(),
+        };
+        dir.refuse_network_filesystem()?;
+        Ok(dir)
     }
 
     /// A second handle on the same directory.
@@ -181,7 +199,7 @@ impl ScratchDir {
             format!(
                 "scratch directory {} is on {name}, where flock(2) is emulated or unreliable; \
                  use a local directory (--dir or DEVLOCK_DIR)",
-                self.path.display()
+                crate::text::show_path(&self.path)
             ),
         ))
     }
@@ -201,7 +219,7 @@ impl ScratchDir {
                     "scratch directory {} is on a filesystem (type {kind:#x}) where flock(2) does not \
                      exclude: two exclusive locks on one file both succeeded; use a local directory \
                      (--dir or DEVLOCK_DIR), bind-mounted from the host into containers",
-                    self.path.display()
+                    crate::text::show_path(&self.path)
                 ),
             )),
         }
@@ -214,10 +232,11 @@ impl ScratchDir {
             .try_clone()
             .context("duplicating directory handle")?;
         let mut dir = nix::dir::Dir::from_fd(dup)
-            .with_context(|| format!("reading {}", self.path.display()))?;
+            .with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
         let mut names = Vec::new();
         for entry in dir.iter() {
-            let entry = entry.with_context(|| format!("reading {}", self.path.display()))?;
+            let entry =
+                entry.with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
             if let Ok(name) = entry.file_name().to_str()
                 && !matches!(name, "." | "..")
             {
@@ -275,7 +294,7 @@ fn create(path: &Path) -> Result<bool> {
             ExitCode::IoError,
             format!(
                 "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
-                path.display(),
+                crate::text::show_path(path),
                 crate::proc::os_text(&e)
             ),
         )),
@@ -290,7 +309,7 @@ pub(crate) fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| {
         coded(
             ExitCode::Usage,
-            format!("path {} contains a NUL byte", path.display()),
+            format!("path {} contains a NUL byte", crate::text::show_path(path)),
         )
     })
 }

@@ -25,13 +25,15 @@ pub(crate) struct Held {
     pub(crate) request: Request,
     /// What the hold keeps, let go in the order [`Held`]'s `Drop` gives.
     keep: Option<Keep>,
-    /// Whether the lock file may hold our record (decided once, at the
-    /// first label), and whether one was written (to clear on release).
-    record_ok: std::cell::OnceCell<bool>,
+    /// Whether the lock file may hold our record (decided at the first
+    /// label, and withdrawn for good once the file holds anything else),
+    /// and whether one was written (to clear on release).
+    record_ok: std::cell::OnceCell<std::cell::Cell<bool>>,
     wrote: std::cell::Cell<bool>,
-    /// How long the lock file is now, as far as we know (what was there
-    /// at the first label, then what we wrote).
-    len: std::cell::Cell<u64>,
+    /// What the lock file holds, as far as we know: what was there at the
+    /// first label, then what we wrote. Every write and the cut on release
+    /// first check that it still holds exactly this.
+    expect: std::cell::RefCell<Vec<u8>>,
     /// A memory budget (`--mem`), MiB: its registration says so.
     mem_mib: Option<u64>,
 }
@@ -66,7 +68,7 @@ impl Held {
             }),
             record_ok: std::cell::OnceCell::new(),
             wrote: std::cell::Cell::new(false),
-            len: std::cell::Cell::new(u64::MAX),
+            expect: std::cell::RefCell::new(Vec::new()),
             mem_mib: None,
         }
     }
@@ -120,6 +122,13 @@ impl Held {
         fds
     }
 
+    /// Whether this hold's lock file carries its label: a shared hold's
+    /// registration does, an exclusive hold's file unless it holds
+    /// somebody's data (or cannot be written).
+    pub(crate) fn labelled(&self) -> bool {
+        !self.owns_record() || self.record_ok.get().is_some_and(std::cell::Cell::get)
+    }
+
     /// Whether the holder record goes into the lock file itself.
     fn owns_record(&self) -> bool {
         self.request.exclusive && self.request.slots == 0
@@ -148,22 +157,43 @@ impl Held {
         }
         let mut note = None;
         if self.owns_record() {
-            let ok = *self
+            let mut fresh = false;
+            let ok = self
                 .record_ok
                 .get_or_init(|| match keep.lock.may_hold_record() {
-                    Ok(len) => {
-                        self.len.set(len);
-                        true
+                    Ok(now) => {
+                        *self.expect.borrow_mut() = now;
+                        fresh = true;
+                        std::cell::Cell::new(true)
                     }
                     Err(why) => {
                         note = Some(why);
-                        false
+                        std::cell::Cell::new(false)
                     }
                 });
-            // A label only: a failure to write it must not stop the work.
-            if ok && let Ok(len) = record.write_over(keep.lock.file(), self.len.get()) {
-                self.len.set(len);
-                self.wrote.set(true);
+            if ok.get() {
+                let mut expect = self.expect.borrow_mut();
+                // (Read just now, at the first label.)
+                if fresh || keep.lock.holds_exactly(&expect) {
+                    // A label only: a failure to write it must not stop the work.
+                    if record
+                        .write_over(keep.lock.file(), expect.len() as u64)
+                        .is_ok()
+                    {
+                        *expect = record.to_bytes();
+                        self.wrote.set(true);
+                    }
+                } else {
+                    // Somebody else wrote into it since (the command, when
+                    // it uses the same file): theirs from now on.
+                    ok.set(false);
+                    self.wrote.set(false);
+                    note = Some(format!(
+                        "{} was written by someone else during this hold; devlock no longer \
+                         writes into it (nor clears it on release)",
+                        crate::text::show_path(keep.lock.path())
+                    ));
+                }
             }
         } else if let Some(label) = &keep.label_file {
             let _ = label.rewrite(&record);
@@ -214,7 +244,9 @@ impl Drop for Held {
         let Some(keep) = self.keep.take() else {
             return;
         };
-        if self.wrote.get() {
+        // Only what we wrote is cut: a file that holds anything else now
+        // is somebody's data.
+        if self.wrote.get() && keep.lock.holds_exactly(&self.expect.borrow()) {
             let _ = keep.lock.file().set_len(0);
         }
         let Keep {

@@ -128,45 +128,101 @@ impl LockFile {
     }
 
     /// Whether a record may go into this file, and if not, why (one line
-    /// for a warning). Only a file that is empty or already holds a devlock
-    /// record is written: anything else is somebody's data (`--dir .` with
-    /// a `Cargo.lock`). A file linked elsewhere too is written only when
+    /// for a warning); when it may, what the file holds now (nothing, or a
+    /// devlock record), for [`LockFile::holds_exactly`] before each write.
+    /// Only a file that is empty or already holds a devlock record is
+    /// written: anything else is somebody's data (`--dir .` with a
+    /// `Cargo.lock`). A file linked elsewhere too is written only when
     /// everyone may write it anyway, so a link cannot make devlock write
     /// where its linker could not.
-    pub(crate) fn may_hold_record(&self) -> std::result::Result<u64, String> {
-        use std::os::unix::fs::FileExt;
+    pub(crate) fn may_hold_record(&self) -> std::result::Result<Vec<u8>, String> {
         if !self.writable {
             return Err(format!(
                 "{} is not writable for this user; holding it without a record",
-                self.path.display()
+                crate::text::show_path(&self.path)
             ));
         }
         if self.nlink > 1 && self.mode & 0o002 == 0 {
             return Err(format!(
                 "{} has {} hard links; holding it without writing a record into it",
-                self.path.display(),
+                crate::text::show_path(&self.path),
                 self.nlink
             ));
         }
-        // Whether it is devlock's shows in its first bytes (the magic); only
-        // a longer file needs its length asked.
-        let mut start = [0u8; 64];
-        let read = self.file.read_at(&mut start, 0).unwrap_or(usize::MAX);
-        let len = match read {
-            n if n < start.len() => n as u64,
-            n if n == start.len() => self.file.metadata().map_or(u64::MAX, |m| m.len()),
-            _ => u64::MAX,
-        };
-        let prefix = &start[..read.min(start.len())];
-        if len <= crate::flock::record::MAX_RECORD_BYTES as u64
-            && crate::flock::record::is_ours_to_write(prefix)
-        {
-            return Ok(len);
+        match self.contents() {
+            Some(now) if crate::flock::record::is_ours_to_write(&now) => Ok(now),
+            _ => Err(format!(
+                "{} holds data devlock did not write; holding it without a record (status shows no step)",
+                crate::text::show_path(&self.path)
+            )),
         }
-        Err(format!(
-            "{} holds data devlock did not write; holding it without a record (status shows no step)",
-            self.path.display()
-        ))
+    }
+
+    /// The whole file, when it is no longer than a record may be: its size
+    /// asked first, then one read (a second only if it grew meanwhile).
+    fn contents(&self) -> Option<Vec<u8>> {
+        let size = self.file.metadata().ok()?.len();
+        self.contents_of_size(size)
+    }
+
+    /// The file's bytes, expected to be `size` long; `None` when it is
+    /// longer than a record may be or cannot be read.
+    fn contents_of_size(&self, size: u64) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let max = crate::flock::record::MAX_RECORD_BYTES;
+        if size > max as u64 {
+            return None;
+        }
+        // One byte more than expected: a file that grew shows it.
+        let mut buf = vec![0u8; size as usize + 1];
+        let mut len = 0;
+        loop {
+            let want = buf.len() - len;
+            match self.file.read_at(&mut buf[len..], len as u64) {
+                Ok(n) => {
+                    len += n;
+                    // A short read of a regular file is its end.
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+            // Longer than its size said: read on, within bounds.
+            if buf.len() > max {
+                return None;
+            }
+            buf.resize((buf.len() * 2).min(max + 1), 0);
+        }
+        buf.truncate(len);
+        Some(buf)
+    }
+
+    /// Whether the file holds exactly `bytes`, no more and no less: checked
+    /// before every write and before the cut on release, so that what
+    /// anyone else wrote into it meanwhile (the command itself, with
+    /// `--dir .`) is never overwritten or cut.
+    pub(crate) fn holds_exactly(&self, bytes: &[u8]) -> bool {
+        use std::os::unix::fs::FileExt;
+        // One read of a byte more than expected: equal only when exactly
+        // these bytes come back, and then the end.
+        let mut buf = vec![0u8; bytes.len() + 1];
+        let mut len = 0;
+        loop {
+            match self.file.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+            if len >= bytes.len() {
+                // A short read of a regular file is its end; a full one
+                // means it is longer.
+                break;
+            }
+        }
+        len == bytes.len() && buf[..len] == *bytes
     }
 
     /// The open file, for uses other than flock (the queue's byte locks).
@@ -179,7 +235,9 @@ impl LockFile {
         match flock(&self.file, lock_op(exclusive), true) {
             Ok(()) => Ok(TryLock::Taken),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(TryLock::Busy),
-            Err(e) => Err(e).with_context(|| format!("taking the lock on {}", self.path.display())),
+            Err(e) => Err(e).with_context(|| {
+                format!("taking the lock on {}", crate::text::show_path(&self.path))
+            }),
         }
     }
 
@@ -188,7 +246,12 @@ impl LockFile {
     /// wait with `Interrupted` when `keep_waiting` says so.
     pub(crate) fn lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> Result<()> {
         self.sleep_for_lock(exclusive, keep_waiting)
-            .with_context(|| format!("waiting for the lock on {}", self.path.display()))
+            .with_context(|| {
+                format!(
+                    "waiting for the lock on {}",
+                    crate::text::show_path(&self.path)
+                )
+            })
     }
 
     fn sleep_for_lock(&self, exclusive: bool, keep_waiting: &dyn Fn() -> bool) -> io::Result<()> {
@@ -339,7 +402,7 @@ pub(crate) fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
         ExitCode::IoError,
         format!(
             "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
-            path.display(),
+            crate::text::show_path(path),
             kind_of(mode)
         ),
     )
@@ -349,24 +412,24 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
     let message = match err.raw_os_error() {
         Some(libc::ELOOP) => format!(
             "{} is a symbolic link; refusing to follow it in a shared directory",
-            path.display()
+            crate::text::show_path(path)
         ),
         Some(libc::EISDIR) => format!(
             "{} is a directory, not a regular file; refusing to use it",
-            path.display()
+            crate::text::show_path(path)
         ),
         Some(libc::ENXIO) => format!(
             "{} is a socket or device, not a regular file; refusing to use it",
-            path.display()
+            crate::text::show_path(path)
         ),
         Some(libc::EACCES) => format!(
             "cannot open lock file {}: permission denied (its owner made it private; \
              ask them, or have root run devlock setup)",
-            path.display()
+            crate::text::show_path(path)
         ),
         _ => format!(
             "cannot open lock file {}: {}",
-            path.display(),
+            crate::text::show_path(path),
             crate::proc::os_text(&err)
         ),
     };

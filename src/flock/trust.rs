@@ -68,16 +68,16 @@ fn file_issue(path: &Path, owner: u32, name: &str) -> Issue {
     let reason = if name.ends_with(".queue") {
         format!(
             "{} is owned by {who}, who can replace it and reorder the line",
-            path.display()
+            crate::text::show_path(path)
         )
     } else {
         format!(
             "{} is owned by {who}, who can rename or remove it while it is held and so let a second holder in",
-            path.display()
+            crate::text::show_path(path)
         )
     };
     Issue {
-        path: path.display().to_string(),
+        path: crate::text::show_path(path),
         owner: Some(who),
         reason,
     }
@@ -107,11 +107,11 @@ pub(crate) fn dir_issues(dir: &ScratchDir) -> Vec<Issue> {
         if foreign(st.st_uid) {
             let who = user(st.st_uid);
             issues.push(Issue {
-                path: path.display().to_string(),
+                path: crate::text::show_path(path),
                 owner: Some(who.clone()),
                 reason: format!(
                     "{} is owned by {who}, who can rename or remove every lock file in it",
-                    path.display()
+                    crate::text::show_path(path)
                 ),
             });
         }
@@ -138,11 +138,11 @@ fn loose_mode(path: &Path, mode: u32, gid: u32) -> Option<Issue> {
         return None;
     };
     Some(Issue {
-        path: path.display().to_string(),
+        path: crate::text::show_path(path),
         owner: None,
         reason: format!(
             "{} is writable by {who} and not sticky, so they can rename or replace what is in it",
-            path.display()
+            crate::text::show_path(path)
         ),
     })
 }
@@ -188,11 +188,11 @@ fn check_chain(path: &Path, issues: &mut Vec<Issue>, through_link: &mut bool) {
         if foreign(meta.uid()) {
             let who = user(meta.uid());
             issues.push(Issue {
-                path: prefix.display().to_string(),
+                path: crate::text::show_path(&prefix),
                 owner: Some(who.clone()),
                 reason: format!(
                     "{} is owned by {who}, who can replace the directory below it",
-                    prefix.display()
+                    crate::text::show_path(&prefix)
                 ),
             });
         }
@@ -243,11 +243,11 @@ pub(crate) fn of_resource(
                 let path = dir.path().join(name);
                 if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     issues.push(Issue {
-                        path: path.display().to_string(),
+                        path: crate::text::show_path(&path),
                         owner: Some(user(st.st_uid)),
                         reason: format!(
                             "{} is a {} owned by {}, not a regular file: devlock refuses it (exit 74)",
-                            path.display(),
+                            crate::text::show_path(&path),
                             crate::flock::file::kind_of(st.st_mode),
                             user(st.st_uid)
                         ),
@@ -330,10 +330,25 @@ impl Notes {
         let mut out = String::new();
         if !issues.is_empty() {
             let reasons: Vec<&str> = issues.iter().map(|i| i.reason.as_str()).collect();
+            // setup makes the directory and its files root's, but refuses
+            // a way to it through what another user owns or may write.
+            let above = found
+                .dir
+                .as_deref()
+                .is_some_and(|dir| issues.iter().any(|i| !Path::new(&i.path).starts_with(dir)));
+            let fix = if above {
+                "devlock setup refuses a --dir below a directory that is not root's, or that \
+                 others may write without the sticky bit: choose another --dir"
+                    .to_owned()
+            } else {
+                format!(
+                    "to make them root's: {}",
+                    fix_command(found.dir.as_deref(), resources.iter().map(String::as_str))
+                )
+            };
             out.push_str(&format!(
-                "devlock: warning: {}; to make them root's: {}\n",
-                reasons.join("; "),
-                fix_command(found.dir.as_deref(), resources.iter().map(String::as_str))
+                "devlock: warning: {}; {fix}\n",
+                reasons.join("; ")
             ));
         }
         for line in lines {
@@ -375,7 +390,7 @@ pub(crate) fn fix_command<'a>(
 ) -> String {
     let mut command = "sudo devlock setup".to_owned();
     if let Some(dir) = dir.filter(|d| *d != Path::new(crate::flock::dir::DEFAULT_DIR)) {
-        command.push_str(&format!(" --dir {}", dir.display()));
+        command.push_str(&format!(" --dir {}", crate::text::show_path(dir)));
     }
     for r in resources {
         command.push(' ');

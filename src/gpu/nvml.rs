@@ -364,7 +364,7 @@ fn start(path: &Path, named: bool) -> Result<&'static Library, Failure> {
         Err(why) => {
             return Err(Failure::Unknown(Unknown::new(format!(
                 "cannot use {} as NVML: {why}",
-                path.display()
+                crate::text::show_path(path)
             ))));
         }
     };

@@ -62,7 +62,7 @@ pub(crate) fn run_tool(
     timeout: Duration,
 ) -> Result<String, String> {
     let output = run(program, args, deadline)
-        .map_err(|e| format!("cannot run {}: {e}", program.display()))?
+        .map_err(|e| format!("cannot run {}: {e}", crate::text::show_path(program)))?
         .ok_or_else(|| {
             format!(
                 "{tool} did not answer within {} (killed)",

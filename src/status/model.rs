@@ -317,7 +317,7 @@ pub(crate) fn gather(
     probe_timeout: Option<Duration>,
 ) -> Result<StatusReport> {
     let mut report = StatusReport {
-        dir: dir_path.display().to_string(),
+        dir: crate::text::show_path(dir_path),
         trust: Trust::default(),
         resources: Vec::new(),
         device_info: None,
@@ -376,9 +376,9 @@ pub(crate) fn gather(
             let registered = all_waiters.remove(resource).unwrap_or_default();
             let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
             if !names.contains(&resource.file_name()) {
-                view.unknown_name = Some(crate::messages::never_used(
-                    &dir.path().display().to_string(),
-                ));
+                view.unknown_name = Some(crate::messages::never_used(&crate::text::show_path(
+                    dir.path(),
+                )));
             }
             view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
             label_from_members(&dir, resource, &table, &mut view, now, &mut sharers);
@@ -756,7 +756,7 @@ fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> For
         Effect::None
     };
     ForeignLock {
-        path: path.display().to_string(),
+        path: crate::text::show_path(path),
         range: lock.range_text(),
         exclusive: lock.exclusive,
         pid,

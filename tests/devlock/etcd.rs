@@ -817,8 +817,7 @@ pub(crate) fn etcd_flags_it_cannot_honour_are_usage_errors() {
     let s = Scratch::new();
     let url = "http://127.0.0.1:1";
     for args in [
-        &["--any", "a", "b", "--", "true"][..],
-        &["--slots", "2", "a", "--", "true"][..],
+        &["--mem", "1GiB", "gpu:0", "--", "true"][..],
         &["--require-idle", "gpu", "--", "true"][..],
         &["--etcd-user", "no-colon", "a", "--", "true"][..],
     ] {
