@@ -202,6 +202,20 @@ fn mib(m: u64) -> String {
     crate::gpu::memory::size(m).replace(' ', "")
 }
 
+/// The widest a row's name is in the table (JSON and CSV keep it whole), so
+/// that the table fits a terminal.
+const MAX_KEY: usize = 24;
+
+/// `text` cut to `max` characters, the last of them `…`.
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// The table: one line per row and the total, in columns.
 pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
     let by_name = match by {
@@ -239,7 +253,7 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
             stopped.push(format!("{} killed", row.observed_later));
         }
         lines.push(vec![
-            crate::text::sanitize(&row.key),
+            clip(&crate::text::sanitize(&row.key), MAX_KEY),
             row.jobs.to_string(),
             hours(row.gpu_hours),
             format!(

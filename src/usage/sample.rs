@@ -117,6 +117,11 @@ fn run(job: &Job, now: &Mutex<Now>, quit: &mpsc::Receiver<()>) {
             _ => return,
         }
         let report = crate::gpu::source::probe(job.probe_timeout).report;
+        if report == DeviceReport::NoInfo {
+            // No GPU source on this machine (no NVML, no nvidia-smi, no
+            // amd-smi): nothing will ever answer, so stop asking.
+            return;
+        }
         let dt = last.elapsed().min(job.period * 2).as_secs_f64();
         last = Instant::now();
         let mut n = now.lock().unwrap_or_else(|e| e.into_inner());

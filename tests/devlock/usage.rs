@@ -177,6 +177,19 @@ pub(crate) fn records_say_how_each_job_ended() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert!(v["event"] == "start" || v["event"] == "end", "{line}");
     }
+    // `devlock busy` outside a hold is a usage error that says why.
+    let out = g
+        .devlock()
+        .env_remove("DEVLOCK_BUSY_FILE")
+        .args(["busy", "1m"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not inside a devlock hold"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 test!(a_killed_devlock_leaves_a_record_observed_later, needs: []);
