@@ -7,6 +7,7 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, register, watch};
 use crate::flock::file::LockFile;
 use crate::flock::nesting::inside_holder;
+use crate::flock::queue::Blocked;
 use crate::flock::race::first_of;
 use crate::flock::wait::{Busy, Wait};
 use crate::interrupt::Stop;
@@ -73,15 +74,20 @@ struct Unit {
 
 impl Unit {
     /// Takes what of the unit is free now, in order, and joins the line of
-    /// the first lock that is not.
-    fn join(ctx: &Context, requests: &[Request]) -> Result<Unit> {
+    /// the first lock that is not; `Err` inside when a lock nobody vouches
+    /// for keeps a line shut (what of the unit was taken is let go).
+    fn join(ctx: &Context, requests: &[Request]) -> Result<std::result::Result<Unit, Blocked>> {
         let mut unit = Unit {
             requests: requests.to_vec(),
             held: Vec::new(),
             waiting: None,
         };
         for request in requests {
-            let mut entry = Entry::join(ctx.dir, request)?;
+            let lock = LockFile::open(ctx.dir, &request.name.file_name())?;
+            let mut entry = match Entry::join_or_blocked(ctx.dir, request, lock)? {
+                Ok(entry) => entry,
+                Err((blocked, _)) => return Ok(Err(blocked)),
+            };
             if matches!(entry.try_now(ctx.dir)?, Attempt::Taken(None)) {
                 unit.held.push(entry);
             } else {
@@ -89,7 +95,7 @@ impl Unit {
                 break;
             }
         }
-        Ok(unit)
+        Ok(Ok(unit))
     }
 
     fn complete(&self) -> bool {
@@ -130,21 +136,50 @@ impl Unit {
 
 /// The first unit that is or becomes complete: its index and its locks.
 fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Resource, Taken)>)> {
+    // A candidate whose line a stranger's lock keeps shut is passed over
+    // while another can be joined: one stranger cannot shut `--any`. Where
+    // every line is shut, the first is named (busy, exit 75).
     let mut joined = Vec::new();
+    let mut joined_units: Vec<&Vec<Request>> = Vec::new();
+    let mut first_blocked = None;
     for requests in units {
-        let unit = Unit::join(ctx, requests)?;
+        let unit = match Unit::join(ctx, requests)? {
+            Ok(unit) => unit,
+            Err(blocked) => {
+                first_blocked.get_or_insert(blocked);
+                continue;
+            }
+        };
         if unit.complete() {
-            return Ok((joined.len(), unit.into_taken(ctx)));
+            let index = units
+                .iter()
+                .position(|u| std::ptr::eq(u, requests))
+                .expect("one of the units");
+            return Ok((index, unit.into_taken(ctx)));
         }
         joined.push(unit);
+        joined_units.push(requests);
     }
+    if joined.is_empty()
+        && let Some(blocked) = first_blocked
+    {
+        return Err(blocked.into_busy());
+    }
+    let index_of = |i: usize| {
+        units
+            .iter()
+            .position(|u| std::ptr::eq(u, joined_units[i]))
+            .expect("one of the units")
+    };
+    let units: Vec<Vec<Request>> = joined_units.iter().map(|u| (*u).clone()).collect();
+    let units = &units[..];
     for (i, unit) in joined.iter().enumerate() {
         if let Some(member) = unit.member_entry()
             && inside_holder(&member.lock, &member.request)?
         {
             let lock = member.lock.try_clone()?;
             let name = member.request.name.clone();
-            return Ok((i, vec![(name, Taken::Inherited(lock))]));
+            return Ok((index_of(i), vec![(name, Taken::Inherited(lock))]));
         }
     }
     let names: Vec<String> = units
@@ -211,5 +246,5 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Reso
         first_of(joined, stop, None, |unit, stop| unit.block(ctx.dir, stop))?
             .ok_or_else(|| anyhow::anyhow!("interrupted"))
     })?;
-    Ok((index, unit.into_taken(ctx)))
+    Ok((index_of(index), unit.into_taken(ctx)))
 }

@@ -180,7 +180,7 @@ const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 /// in use as if a job held it: `-n` says busy, naming the lock, and
 /// otherwise the request waits until it is gone, shown, bounded by `-w`
 /// and ended by a stopping signal like any wait.
-fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> Result<Entry> {
+pub(crate) fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> Result<Entry> {
     let mut lock = lock;
     loop {
         let (blocked, back) = match Entry::join_or_blocked(ctx.dir, request, lock)? {

@@ -2203,3 +2203,50 @@ pub(crate) fn setup_changes_no_file_outside_through_a_planted_hard_link() {
         (0, 0o660, 1)
     );
 }
+
+test!(a_strangers_lock_that_shuts_one_candidates_line_does_not_shut_any, needs: [Root, Tool("setpriv")]);
+/// `--any r q`: a stranger's lock on r's slot agreement passes r over and
+/// the request takes q; with both lines shut, `-n` names the first
+/// stranger's lock (busy, 75), never a usage error.
+pub(crate) fn a_strangers_lock_that_shuts_one_candidates_line_does_not_shut_any() {
+    let s = scene(false);
+    assert!(
+        s.run(&["-n", "--slots", "1", "q", "--", "true"])
+            .status
+            .success()
+    );
+    let queue = |r: &str| {
+        s.dir()
+            .join(format!(".{r}.queue"))
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let at = (AGREE_BASE + 5).to_string();
+    let (_r, _) = stranger_holds(&s, USER_A, &["ofd", &queue("r"), &at, "1", "read"], "r");
+    let out = run_as(
+        &s,
+        USER_B,
+        &[
+            "-w",
+            "30",
+            "--any",
+            "r",
+            "q",
+            "--",
+            "sh",
+            "-c",
+            "echo $DEVLOCK_RESOURCES",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "q", "{}", stderr(&out));
+    let (_q, _) = stranger_holds(&s, USER_A, &["ofd", &queue("q"), &at, "1", "read"], "q");
+    let out = run_as(&s, USER_B, &["-n", "--any", "r", "q", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains("the agreement of --slots 5"),
+        "{}",
+        stderr(&out)
+    );
+}

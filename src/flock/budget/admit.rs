@@ -109,7 +109,10 @@ fn figures(resource: &Resource, room: &Room, ask: &Ask) -> String {
 /// Takes a budget on `request` (`gpu:N`, shared): at once when it is first
 /// in line and fits, else in line (or, with `-n`, not at all).
 pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken> {
-    let mut entry = Entry::join(ctx.dir, request)?;
+    // A stranger's lock that keeps the line shut is waited out (or named,
+    // with -n) as a plain take does.
+    let lock = crate::flock::file::LockFile::open(ctx.dir, &request.name.file_name())?;
+    let mut entry = crate::flock::take::join_waiting(ctx, request, lock)?;
     if inside_holder(&entry.lock, request)? {
         return Ok(Taken::Inherited(entry.lock));
     }
