@@ -60,7 +60,7 @@ pub(crate) struct WaitPlan {
     pub step: String,
     /// What the run registered in the scratch directory, removed before a
     /// timeout or a signal ends the run from the display's thread.
-    pub made: crate::flock::registration::Made,
+    pub made: crate::flock::made::Made,
 }
 
 /// How a wait is shown.

@@ -29,7 +29,7 @@ pub(crate) struct ScratchDir {
     /// Where the files opened in it are logged, for a run's trust notes.
     opens: Option<OpenLog>,
     /// The registrations this process made here that are still there.
-    made: crate::flock::registration::Made,
+    made: crate::flock::made::Made,
 }
 
 /// The files opened in a scratch directory: path, owner and name of each.
@@ -140,7 +140,7 @@ impl ScratchDir {
 
     /// The registrations made here that are still there (shared by every
     /// clone of this handle).
-    pub(crate) fn made(&self) -> &crate::flock::registration::Made {
+    pub(crate) fn made(&self) -> &crate::flock::made::Made {
         &self.made
     }
 

@@ -195,6 +195,7 @@ pub(crate) mod declared;
 pub(crate) mod dir;
 pub(crate) mod entry;
 pub(crate) mod file;
+pub(crate) mod made;
 pub(crate) mod nesting;
 pub(crate) mod queue;
 pub(crate) mod race;

@@ -67,47 +67,6 @@ pub(crate) fn resource_of(file_name: &str) -> Option<(Resource, Kind)> {
 }
 
 /// A live registration; dropping it removes the file.
-/// The registrations a process made in one scratch directory and has not
-/// removed yet, so that a run ending by exit(2) from its waiting display's
-/// thread (a `-w` that runs out, a signal while it waits), whose other
-/// threads' drops never run, removes them as those drops would.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Made(std::sync::Arc<std::sync::Mutex<Vec<MadeEntry>>>);
-
-#[derive(Debug)]
-struct MadeEntry {
-    dir: std::os::fd::RawFd,
-    name: String,
-    /// A shared hold's file, emptied first (see [`Registration`]'s drop).
-    hold: Option<std::os::fd::RawFd>,
-}
-
-impl Made {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<MadeEntry>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Removes every registration still listed: only on the way out of the
-    /// process, whose descriptors the entries borrow.
-    pub(crate) fn remove_all_before_exit(&self) {
-        let mut listed = self.lock();
-        for entry in listed.drain(..) {
-            remove(entry.dir, &entry.name, entry.hold);
-        }
-        // Kept locked: the process exits with it held, and no registration
-        // of another thread is dropped meanwhile.
-        std::mem::forget(listed);
-    }
-}
-
-/// Empties a hold's label, then unlinks the file.
-fn remove(dir: std::os::fd::RawFd, name: &str, hold: Option<std::os::fd::RawFd>) {
-    if let Some(fd) = hold {
-        let _ = crate::sys::fs::truncate_fd(fd);
-    }
-    let _ = crate::sys::fs::unlinkat_raw(dir, name);
-}
-
 #[derive(Debug)]
 pub(crate) struct Registration {
     dir: ScratchDir,
@@ -180,11 +139,11 @@ impl Registration {
             let len = record
                 .write_over(&file, meta.len())
                 .with_context(|| format!("writing registration {}", path.display()))?;
-            dir.made().lock().push(MadeEntry {
-                dir: std::os::fd::AsRawFd::as_raw_fd(&dir.fd()),
-                name: name.clone(),
-                hold: (kind == Kind::Hold).then(|| std::os::fd::AsRawFd::as_raw_fd(&file)),
-            });
+            dir.made().note(
+                std::os::fd::AsRawFd::as_raw_fd(&dir.fd()),
+                &name,
+                (kind == Kind::Hold).then(|| std::os::fd::AsRawFd::as_raw_fd(&file)),
+            );
             return Ok(Registration {
                 dir,
                 name,
@@ -222,23 +181,15 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // Off the list before its descriptors close, and removed under the
-        // list's lock, so that a removal of everything on the way out never
-        // uses a descriptor number that has gone.
-        let made = self.dir.made().clone();
-        let mut listed = made.lock();
-        listed.retain(|e| e.name != self.name);
-        if self.detached {
-            return;
-        }
         // A shared hold's label goes first, so that a child still holding
         // this file through an inherited descriptor carries no stale step
         // (no other registration is ever passed on).
         let hold = (self.kind == Kind::Hold).then(|| std::os::fd::AsRawFd::as_raw_fd(&self.file));
-        remove(
+        self.dir.made().remove(
             std::os::fd::AsRawFd::as_raw_fd(&self.dir.fd()),
             &self.name,
             hold,
+            self.detached,
         );
     }
 }
@@ -294,15 +245,15 @@ impl Deferred {
 
     /// The take's waiter registration, for `ticket`.
     pub(crate) fn start(
-        ctx: &crate::flock::entry::Context,
+        dir: &ScratchDir,
+        mut record: Record,
         request: &crate::request::Request,
         ticket: u64,
     ) -> Deferred {
-        let mut record = ctx.record();
         record.ticket = Some(ticket);
         record.since_ms = record::now_ms();
         record.via = request.via.as_ref().map(Resource::to_string);
-        Deferred::later(ctx.dir, &request.name, record)
+        Deferred::later(dir, &request.name, record)
     }
 }
 
