@@ -846,29 +846,6 @@ pub(crate) fn library_duration(name: &str, text: &str) -> String {
     )
 }
 
-/// Why status flags a name nothing has used: `never used in DIR (no lock
-/// file)`.
-pub(crate) fn never_used(dir: &str) -> String {
-    format!("never used in {}: no lock file", sanitize(dir))
-}
-
-/// Why status flags `gpu:N` the driver does not list: `the driver lists
-/// no GPU 7 (it lists gpu:0 to gpu:3)`.
-pub(crate) fn no_such_gpu(index: u32, listed: &[u32]) -> String {
-    let list = match (listed.iter().min(), listed.iter().max()) {
-        (Some(lo), Some(hi)) if listed.len() as u32 == hi - lo + 1 => {
-            format!("gpu:{lo} to gpu:{hi}")
-        }
-        _ if listed.is_empty() => "none".to_owned(),
-        _ => listed
-            .iter()
-            .map(|i| format!("gpu:{i}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-    };
-    format!("the driver lists no GPU {index}, only {list}")
-}
-
 /// A name a managed directory does not declare: `GPU0 is not one of the
 /// resources root declared in DIR (gpu, gpu:0, ...); did you mean gpu:0?
 /// --new takes it as a new one`.

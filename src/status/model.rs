@@ -330,7 +330,7 @@ pub(crate) fn gather(
         report.resources = wanted
             .iter()
             .map(|r| ResourceView {
-                unknown_name: Some(crate::messages::never_used(&report.dir)),
+                unknown_name: Some(never_used(&report.dir)),
                 ..free_view(r)
             })
             .collect();
@@ -376,9 +376,7 @@ pub(crate) fn gather(
             let registered = all_waiters.remove(resource).unwrap_or_default();
             let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
             if !names.contains(&resource.file_name()) {
-                view.unknown_name = Some(crate::messages::never_used(&crate::text::show_path(
-                    dir.path(),
-                )));
+                view.unknown_name = Some(never_used(&crate::text::show_path(dir.path())));
             }
             view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
             label_from_members(&dir, resource, &table, &mut view, now, &mut sharers);
@@ -441,7 +439,7 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
             && let Some(index) = resource.gpu_index()
             && !all.contains(&index)
         {
-            view.unknown_name = Some(crate::messages::no_such_gpu(index, &all));
+            view.unknown_name = Some(no_such_gpu(index, &all));
         }
         let Some(indices) = devices::gpu_indices(&resource, &all) else {
             continue;
@@ -1308,4 +1306,29 @@ fn view_now(
         SystemTime::now(),
         &mut Sharers::default(),
     )
+}
+
+// Status's own words for a name it flags (messages.rs words status's
+// types, so these live here).
+/// Why status flags a name nothing has used: `never used in DIR (no lock
+/// file)`.
+fn never_used(dir: &str) -> String {
+    format!("never used in {}: no lock file", crate::text::sanitize(dir))
+}
+
+/// Why status flags `gpu:N` the driver does not list: `the driver lists
+/// no GPU 7 (it lists gpu:0 to gpu:3)`.
+fn no_such_gpu(index: u32, listed: &[u32]) -> String {
+    let list = match (listed.iter().min(), listed.iter().max()) {
+        (Some(lo), Some(hi)) if listed.len() as u32 == hi - lo + 1 => {
+            format!("gpu:{lo} to gpu:{hi}")
+        }
+        _ if listed.is_empty() => "none".to_owned(),
+        _ => listed
+            .iter()
+            .map(|i| format!("gpu:{i}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    format!("the driver lists no GPU {index}, only {list}")
 }
