@@ -194,53 +194,23 @@ impl Drop for Registration {
     }
 }
 
-/// How long a wait lasts before its waiter registers: the kernel names it
-/// meanwhile (its place in line, its flock wait), and a wait shorter than
-/// this, most of them on a busy machine, creates and removes no file.
-pub(crate) const REGISTER_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// A waiter's registration, made on a thread of its own once the wait has
-/// lasted [`REGISTER_AFTER`]; dropping it ends the wait's registration,
-/// made or not.
+/// A waiter's registration, made as the wait starts; dropping it ends it.
+/// (Made on a thread once the wait had lasted 50 ms, a wait shorter than
+/// that created no file, but it saved nothing measurable in the 8x25
+/// contention on ext4 or tmpfs (a thread per wait costs what the file
+/// does), and a message or status in the first 50 ms could then name the
+/// waiter only by its pid.)
 #[derive(Debug)]
-pub(crate) struct Deferred(Option<std::sync::Arc<(std::sync::Mutex<Later>, std::sync::Condvar)>>);
-
-#[derive(Debug)]
-enum Later {
-    Waiting,
-    Made(Option<Registration>),
-    Over,
+pub(crate) struct WaitRegistration {
+    _made: Option<Registration>,
 }
 
-impl Deferred {
-    /// Registers `record` as a waiter for `resource` if the wait is still
-    /// on after [`REGISTER_AFTER`].
-    pub(crate) fn later(dir: &ScratchDir, resource: &Resource, record: Record) -> Deferred {
-        let Ok(dir) = dir.try_clone() else {
-            return Deferred(None);
-        };
-        let shared = std::sync::Arc::new((
-            std::sync::Mutex::new(Later::Waiting),
-            std::sync::Condvar::new(),
-        ));
-        let theirs = shared.clone();
-        let resource = resource.clone();
-        let spawned = std::thread::Builder::new()
-            .name("devlock-register".into())
-            .stack_size(64 * 1024)
-            .spawn(move || {
-                let (state, wake) = &*theirs;
-                let guard = state.lock().unwrap_or_else(|e| e.into_inner());
-                let (mut guard, _) = wake
-                    .wait_timeout_while(guard, REGISTER_AFTER, |s| matches!(s, Later::Waiting))
-                    .unwrap_or_else(|e| e.into_inner());
-                if matches!(*guard, Later::Waiting) {
-                    *guard = Later::Made(
-                        Registration::create(&dir, &resource, &record, Kind::Wait).ok(),
-                    );
-                }
-            });
-        Deferred(spawned.is_ok().then_some(shared))
+impl WaitRegistration {
+    /// Registers `record` as a waiter for `resource`.
+    pub(crate) fn make(dir: &ScratchDir, resource: &Resource, record: Record) -> WaitRegistration {
+        WaitRegistration {
+            _made: Registration::create(dir, resource, &record, Kind::Wait).ok(),
+        }
     }
 
     /// The take's waiter registration, for `ticket`.
@@ -249,30 +219,11 @@ impl Deferred {
         mut record: Record,
         request: &crate::request::Request,
         ticket: u64,
-    ) -> Deferred {
+    ) -> WaitRegistration {
         record.ticket = Some(ticket);
         record.since_ms = record::now_ms();
         record.via = request.via.as_ref().map(Resource::to_string);
-        Deferred::later(dir, &request.name, record)
-    }
-}
-
-impl Drop for Deferred {
-    fn drop(&mut self) {
-        let Some(shared) = self.0.take() else {
-            return;
-        };
-        let (state, wake) = &*shared;
-        let made = {
-            let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::replace(&mut *guard, Later::Over)
-        };
-        wake.notify_all();
-        // Removed here, on the waiting thread (the file goes before the
-        // command starts).
-        if let Later::Made(registration) = made {
-            drop(registration);
-        }
+        WaitRegistration::make(dir, &request.name, record)
     }
 }
 

@@ -575,11 +575,15 @@ pub fn trials() -> Vec<libtest_mimic::Trial> {
                     None => trial,
                 }
             } else if required {
-                // (One run only on request fails only when asked for.)
-                libtest_mimic::Trial::test(name, move || {
+                // (One run only on request fails only when asked for, and
+                // says why it is not run otherwise.)
+                let trial = libtest_mimic::Trial::test(name, move || {
                     Err(format!("{why}, and DEVLOCK_TEST_REQUIRE_TOOLS=1").into())
-                })
-                .with_ignored_flag(test.ignored.is_some())
+                });
+                match test.ignored {
+                    Some(reason) => trial.with_kind(reason).with_ignored_flag(true),
+                    None => trial,
+                }
             } else {
                 libtest_mimic::Trial::test(name, || Ok(()))
                     .with_kind(why)

@@ -294,6 +294,9 @@ pub(crate) fn a_wait_behind_a_queued_whole_group_request_names_it() {
         .spawn()
         .unwrap();
     wait_blocked(&s.lock_path("gpu"), 1);
+    // Named by its step once registered (between joining the line and
+    // registering, the kernel names its pid only).
+    s.wait_for_status("gpu", "whole registered", |v| registered_waiters(v) == 1);
     // gpu:1 is free, but its group's line has `whole` first.
     let busy = s.run(&["-n", "gpu:1", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75));
