@@ -33,12 +33,15 @@ pub enum BudgetEvent {
 /// Receives a hold's [`BudgetEvent`]s, on the watch's thread.
 pub type BudgetSink = Box<dyn FnMut(BudgetEvent) + Send>;
 
-#[derive(Default)]
-struct Outbox {
-    sink: Option<BudgetSink>,
-    /// Said before a sink was set.
-    pending: Vec<BudgetEvent>,
-    stopped: Option<String>,
+type Outbox = super::outbox::Outbox<BudgetEvent>;
+
+impl super::outbox::Event for BudgetEvent {
+    fn stop_line(&self) -> Option<&String> {
+        match self {
+            BudgetEvent::Stop(line) => Some(line),
+            _ => None,
+        }
+    }
 }
 
 /// A budget held: its hold (shared with the watch, which steps aside and
@@ -219,35 +222,11 @@ fn watch_loop(
             } else {
                 BudgetEvent::OverBudget(line)
             };
-            deliver(outbox, event);
+            super::outbox::deliver(outbox, event);
         }
         match quit.recv_timeout(TICK) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-    }
-}
-
-/// Passes `event` to the sink, outside the outbox's lock (the sink may wait
-/// for the interpreter while the caller holds it and asks the outbox).
-fn deliver(outbox: &Mutex<Outbox>, event: BudgetEvent) {
-    let sink = {
-        let mut o = outbox.lock().unwrap_or_else(|e| e.into_inner());
-        if let BudgetEvent::Stop(line) = &event {
-            o.stopped = Some(line.clone());
-        }
-        match o.sink.take() {
-            Some(sink) => sink,
-            None => {
-                o.pending.push(event);
-                return;
-            }
-        }
-    };
-    let mut sink = sink;
-    sink(event);
-    let mut o = outbox.lock().unwrap_or_else(|e| e.into_inner());
-    if o.sink.is_none() {
-        o.sink = Some(sink);
     }
 }

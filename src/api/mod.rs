@@ -4,6 +4,7 @@
 mod budget;
 mod hold;
 mod lock;
+mod outbox;
 mod spec;
 mod take;
 mod usage;

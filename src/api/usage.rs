@@ -27,11 +27,15 @@ pub enum IdleEvent {
 /// Receives a hold's [`IdleEvent`]s, on the usage thread.
 pub type IdleSink = Box<dyn FnMut(IdleEvent) + Send>;
 
-#[derive(Default)]
-struct Outbox {
-    sink: Option<IdleSink>,
-    pending: Vec<IdleEvent>,
-    stopped: Option<String>,
+type Outbox = super::outbox::Outbox<IdleEvent>;
+
+impl super::outbox::Event for IdleEvent {
+    fn stop_line(&self) -> Option<&String> {
+        match self {
+            IdleEvent::Stop(line) => Some(line),
+            _ => None,
+        }
+    }
 }
 
 /// What the take knows of the hold's usage.
@@ -166,7 +170,7 @@ fn tick_loop(tracker: &Mutex<Option<Tracker>>, outbox: &Mutex<Outbox>, quit: &mp
                 Act::Warn(text) => IdleEvent::Idle(plain(&text)),
                 Act::Stop(text) => IdleEvent::Stop(plain(&text)),
             };
-            deliver(outbox, event);
+            super::outbox::deliver(outbox, event);
         }
         match quit.recv_timeout(Duration::from_secs(1)) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -179,27 +183,4 @@ fn tick_loop(tracker: &Mutex<Option<Tracker>>, outbox: &Mutex<Outbox>, quit: &mp
 fn plain(text: &str) -> String {
     let line = text.trim_end_matches('\n');
     line.strip_prefix("devlock: ").unwrap_or(line).to_owned()
-}
-
-/// Passes `event` to the sink, outside the outbox's lock.
-fn deliver(outbox: &Mutex<Outbox>, event: IdleEvent) {
-    let sink = {
-        let mut o = outbox.lock().unwrap_or_else(|e| e.into_inner());
-        if let IdleEvent::Stop(line) = &event {
-            o.stopped = Some(line.clone());
-        }
-        match o.sink.take() {
-            Some(sink) => sink,
-            None => {
-                o.pending.push(event);
-                return;
-            }
-        }
-    };
-    let mut sink = sink;
-    sink(event);
-    let mut o = outbox.lock().unwrap_or_else(|e| e.into_inner());
-    if o.sink.is_none() {
-        o.sink = Some(sink);
-    }
 }

@@ -102,14 +102,7 @@ impl ScratchDir {
                 };
             }
         };
-        let dir = ScratchDir {
-            path: path.to_owned(),
-            fd,
-            opens: None,
-            made: Default::default(),
-        };
-        dir.refuse_network_filesystem()?;
-        Ok(Some(dir))
+        ScratchDir::from_fd(path, fd).map(Some)
     }
 
     /// The directory open as `fd` (reached and checked by its caller, e.g.
