@@ -284,7 +284,16 @@ pub(crate) fn live_waiters(
     for (name, resource, kind, named_pid) in candidates {
         if named_pid == std::process::id() {
             // Our own: opening it here and closing it again would drop
-            // its tag (a POSIX lock ends at any close in the process).
+            // its tag (a POSIX lock ends at any close in the process), so
+            // it is read through the descriptor this process holds it by.
+            if let Some(record) = own_record(dir, name) {
+                waiters.push(Waiter {
+                    resource,
+                    kind,
+                    record,
+                    believed: true,
+                });
+            }
             continue;
         }
         let Ok((file, meta)) = open_checked(dir, name) else {
@@ -339,9 +348,27 @@ pub(crate) fn live_waiters(
     waiters
 }
 
+/// The record in our own registration `name`, read through a descriptor
+/// of this process that has it open (none: it is not ours to show).
+fn own_record(dir: &ScratchDir, name: &str) -> Option<Record> {
+    let st =
+        nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+    let fds = std::fs::read_dir("/proc/self/fd").ok()?;
+    let fd = fds
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<std::os::fd::RawFd>().ok())
+        .find(|&fd| crate::sys::fs::file_id_of(fd) == Some((st.st_dev, st.st_ino)))?;
+    let mut buf = vec![0u8; record::MAX_RECORD_BYTES + 1];
+    let len = crate::sys::fs::pread_raw(fd, &mut buf, 0).ok()?;
+    let record = record::parse(&buf[..len])?;
+    (record.pid == std::process::id()).then_some(record)
+}
+
 /// How many registrations nobody holds a look opens (to sweep them): the
-/// rest wait for later looks, however many were planted.
-const SWEEP_PER_LOOK: usize = 16;
+/// rest wait for later looks, however many were planted. Enough for every
+/// waiter of a busy machine's kill storm (a CI cancel of a make -j32) in
+/// one look, about 3 ms at most.
+const SWEEP_PER_LOOK: usize = 256;
 
 /// Removes a registration whose owner died. Taking its lock first proves the
 /// owner is gone (a live owner holds it for as long as it waits).

@@ -239,3 +239,14 @@ pub(crate) fn unlinkat_raw(dir: RawFd, name: &str) -> io::Result<()> {
         nix::unistd::UnlinkatFlags::NoRemoveDir,
     )?)
 }
+
+/// `pread` from descriptor number `fd` of this process, which the caller
+/// found open (no new descriptor: closing one would end the process's POSIX
+/// locks on the file).
+pub(crate) fn pread_raw(fd: RawFd, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    close_on_exec(fd).ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the descriptor is open (just checked), and the borrow ends
+    // with this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    Ok(nix::sys::uio::pread(fd, buf, at as libc::off_t)?)
+}
