@@ -143,39 +143,60 @@ impl Cluster {
         let started = Instant::now();
         let first = self.current();
         let mut worst: Option<anyhow::Error> = None;
-        for k in 0..n {
-            let endpoint = (first + k) % n;
-            let left = budget.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                break;
+        // Round after round while the members answer that they have no
+        // leader or it changed (an election, after one was stopped or cut
+        // off: etcdctl rides it out too), within the budget; any other
+        // failure of every endpoint is said at once.
+        let mut round = 0;
+        loop {
+            if round > 0 {
+                let electing = worst.as_ref().is_some_and(|w| {
+                    let said = format!("{w:#}");
+                    ELECTING.iter().any(|e| said.contains(e))
+                });
+                let left = budget.saturating_sub(started.elapsed());
+                if !electing || left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(ELECTION_PAUSE.min(left)).await;
             }
-            // A share of the budget for each endpoint but the last, which
-            // gets what is left.
-            let attempt_for = if k + 1 < n {
-                left.min(ATTEMPT_TIMEOUT.min(budget / n as u32))
-            } else {
-                left
-            };
-            let attempt = async {
-                let client = self.client_of(endpoint).await?;
-                request(client).await
-            };
-            let err = match tokio::time::timeout(attempt_for, attempt).await {
-                Ok(Ok(value)) => return Ok((endpoint, value)),
-                Ok(Err(e)) => self.config.diagnose(self.url(endpoint), doing, e).await,
-                Err(_) => self
-                    .config
-                    .no_answer(self.url(endpoint), doing, attempt_for),
-            };
-            // A refusal is the cluster's answer, not one member's trouble.
-            if exit_code_of(&err) == ExitCode::EtcdDenied || exit_code_of(&err) == ExitCode::Usage {
-                return Err(err);
+            round += 1;
+            for k in 0..n {
+                let endpoint = (first + k) % n;
+                let left = budget.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                // A share of the budget for each endpoint but the last, which
+                // gets what is left.
+                let attempt_for = if k + 1 < n {
+                    left.min(ATTEMPT_TIMEOUT.min(budget / n as u32))
+                } else {
+                    left
+                };
+                let attempt = async {
+                    let client = self.client_of(endpoint).await?;
+                    request(client).await
+                };
+                let err = match tokio::time::timeout(attempt_for, attempt).await {
+                    Ok(Ok(value)) => return Ok((endpoint, value)),
+                    Ok(Err(e)) => self.config.diagnose(self.url(endpoint), doing, e).await,
+                    Err(_) => self
+                        .config
+                        .no_answer(self.url(endpoint), doing, attempt_for),
+                };
+                // A refusal is the cluster's answer, not one member's trouble.
+                if exit_code_of(&err) == ExitCode::EtcdDenied
+                    || exit_code_of(&err) == ExitCode::Usage
+                {
+                    return Err(err);
+                }
+                self.failed(endpoint);
+                worst = Some(match worst {
+                    Some(w) if telling(&w) >= telling(&err) => w,
+                    _ => err,
+                });
             }
-            self.failed(endpoint);
-            worst = Some(match worst {
-                Some(w) if telling(&w) >= telling(&err) => w,
-                _ => err,
-            });
         }
         let err = worst.unwrap_or_else(|| self.config.no_answer(self.url(first), doing, budget));
         Err(if n > 1 {
@@ -188,6 +209,16 @@ impl Cluster {
         })
     }
 }
+
+/// What members say during an election, which a next round gets past.
+const ELECTING: [&str; 3] = [
+    "etcdserver: no leader",
+    "etcdserver: leader changed",
+    "etcdserver: request timed out",
+];
+
+/// The pause between rounds of asking members that have no leader.
+const ELECTION_PAUSE: Duration = Duration::from_millis(100);
 
 /// How much an endpoint's failure says, to report the most telling one
 /// when all fail: a TLS failure (the files or the server's certificate),
