@@ -113,6 +113,23 @@ impl Cluster {
         self.ask_within(REQUEST_TIMEOUT, doing, request).await
     }
 
+    /// Every key under `prefix` (one request, as [`Cluster::ask`]).
+    pub(crate) async fn get_prefix(
+        &self,
+        doing: &str,
+        prefix: &str,
+    ) -> Result<etcd_client::GetResponse> {
+        self.ask(doing, |mut client| {
+            let prefix = prefix.to_owned();
+            async move {
+                client
+                    .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+                    .await
+            }
+        })
+        .await
+    }
+
     /// [`Cluster::ask`] in at most `budget`.
     pub(crate) async fn ask_within<T, F, Fut>(
         &self,

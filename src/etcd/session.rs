@@ -722,20 +722,11 @@ async fn claim_slot(
     line_key: &str,
     deadline: Option<Instant>,
 ) -> Result<u64> {
-    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
     let prefix = super::slot_prefix(&request.name);
     let started = Instant::now();
     loop {
-        let response = cluster
-            .ask("numbering the slot", |mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(GetOptions::new().with_prefix()))
-                        .await
-                }
-            })
-            .await?;
+        let response = cluster.get_prefix("numbering the slot", &prefix).await?;
         let revision = response.header().map_or(0, |h| h.revision());
         let mut used = HashSet::new();
         for kv in response.kvs() {

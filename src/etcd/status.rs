@@ -207,16 +207,7 @@ async fn slot_numbers(
             continue;
         }
         let prefix = format!("{SLOTS_PREFIX}{name}/");
-        let response = cluster
-            .ask("reading the slots", |mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(GetOptions::new().with_prefix()))
-                        .await
-                }
-            })
-            .await?;
+        let response = cluster.get_prefix("reading the slots", &prefix).await?;
         for kv in response.kvs() {
             let number = String::from_utf8_lossy(kv.key())
                 .strip_prefix(&prefix)
