@@ -499,7 +499,8 @@ fn seen(watch: &Watch) -> Seen {
     // Naming who is ahead needs the registrations; only read them when
     // somebody is.
     if place.is_some_and(|p| p > 1) {
-        let view = status::describe(&watch.lock, &watch.dir, &watch.resource);
+        let view =
+            status::describe_in_line(&watch.lock, &watch.dir, &watch.resource, watch.agreement);
         let me = std::process::id();
         let ahead: Vec<WaiterView> = match view.waiters.iter().position(|w| w.pid == Some(me)) {
             Some(mine) => view.waiters[..mine].to_vec(),
@@ -513,7 +514,7 @@ fn seen(watch: &Watch) -> Seen {
         return Seen { view, ahead, place };
     }
     Seen {
-        view: status::describe_holders(&watch.lock, &watch.dir, &watch.resource),
+        view: status::describe_holders(&watch.lock, &watch.dir, &watch.resource, watch.agreement),
         ahead: Vec::new(),
         place,
     }

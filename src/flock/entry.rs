@@ -455,6 +455,7 @@ pub(crate) fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Optio
         resource: request.name.clone(),
         lock: entry.lock.try_clone().ok()?,
         ticket: Some(entry.ticket.number),
+        agreement: Some(request.slots),
         label: label_of(request),
         room: None,
     })

@@ -91,6 +91,7 @@ fn stranger_watch(
         resource: request.name.clone(),
         lock,
         ticket: None,
+        agreement: None,
         label: label_of(request),
         room: Some(room),
     })
@@ -203,6 +204,7 @@ pub(crate) fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> 
                     resource: request.name.clone(),
                     lock: lock.try_clone().ok()?,
                     ticket: None,
+                    agreement: None,
                     label: label_of(request),
                     room: Some(room),
                 })

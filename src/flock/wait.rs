@@ -24,6 +24,9 @@ pub(crate) struct Watch {
     pub lock: LockFile,
     /// Our place in line, when we have one.
     pub ticket: Option<u64>,
+    /// The slot count our place in line agreed on (0: a plain lock), when
+    /// we have one: our own agreement byte, which names nobody else.
+    pub agreement: Option<u64>,
     /// What the lines call it: the resource, or for a group taken on a
     /// member's behalf, the member with its group.
     pub label: String,

@@ -565,6 +565,7 @@ fn view_of(
         registered,
         now,
         sharers,
+        Asker::STATUS,
     );
     if file.is_none() {
         view.record = Some("private");
@@ -587,6 +588,7 @@ fn queue_id(dir: &ScratchDir, lock_name: &str) -> Option<FileId> {
 /// The view of one lock file: holders from the kernel's table, labelled by
 /// the lock file's record (an exclusive holder) or by registrations (shared
 /// holders), the line of waiters, and locks that are not devlock's.
+/// `asker` says who asks (see [`Asker`]).
 #[allow(clippy::too_many_arguments)]
 fn build_view(
     resource: &Resource,
@@ -598,6 +600,7 @@ fn build_view(
     registered: Vec<Waiter>,
     now: SystemTime,
     sharers: &mut Sharers,
+    asker: Asker,
 ) -> ResourceView {
     let mut view = free_view(resource);
     view.lock = Some(id);
@@ -685,15 +688,19 @@ fn build_view(
         .filter(|t| !settled.contains(t))
         .collect();
     let blocked: Vec<u32> = table.blocked(id).map(|l| l.pid).collect();
-    view.waiters = waiter_views(
-        &waiting,
-        &blocked,
-        &line.tickets,
-        &holder_tickets,
-        queue,
-        now,
-    );
-    if let (Some(n), Some(q)) = (line.agreed_slots, queue) {
+    if asker.waiters {
+        view.waiters = waiter_views(
+            &waiting,
+            &blocked,
+            &line.tickets,
+            &holder_tickets,
+            queue,
+            now,
+        );
+    }
+    if let (Some(n), Some(q)) = (line.agreed_slots, queue)
+        && asker.agreement != Some(n)
+    {
         stranger_agreement(&mut view, dir, resource, q, n);
     }
     slot_strangers(
@@ -1232,6 +1239,7 @@ pub(crate) fn describe_holders(
     lock: &LockFile,
     dir: &ScratchDir,
     resource: &Resource,
+    own_agreement: Option<u64>,
 ) -> ResourceView {
     let table = LockTable::read().unwrap_or_default();
     let held = table.is_locked(lock.id());
@@ -1248,7 +1256,12 @@ pub(crate) fn describe_holders(
     } else {
         Vec::new()
     };
-    let mut view = view_now(lock, dir, resource, &table, registered);
+    // Held: no waiter is shown, so none is looked for.
+    let asker = Asker {
+        agreement: own_agreement,
+        waiters: !held,
+    };
+    let mut view = view_now(lock, dir, resource, &table, registered, asker);
     view.waiters
         .retain(|w| !held && w.source == WaiterSource::Unregistered);
     label_from_members(
@@ -1265,12 +1278,27 @@ pub(crate) fn describe_holders(
 /// The state of one resource whose lock file we have open (for the busy
 /// message).
 pub(crate) fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> ResourceView {
+    describe_in_line(lock, dir, resource, None)
+}
+
+/// [`describe`], asked by a waiter in that line that agreed on
+/// `own_agreement` slots (see [`build_view`]).
+pub(crate) fn describe_in_line(
+    lock: &LockFile,
+    dir: &ScratchDir,
+    resource: &Resource,
+    own_agreement: Option<u64>,
+) -> ResourceView {
     let mut attempt = 0;
     loop {
         let table = LockTable::read().unwrap_or_default();
         let names = dir.entries().unwrap_or_default();
         let registered = waiters::live_waiters(dir, &names, &table, |r| r == resource);
-        let mut view = view_now(lock, dir, resource, &table, registered);
+        let asker = Asker {
+            agreement: own_agreement,
+            waiters: true,
+        };
+        let mut view = view_now(lock, dir, resource, &table, registered, asker);
         attempt += 1;
         if attempt >= UNREGISTERED_TRIES || !has_unregistered(&view) {
             label_from_members(
@@ -1294,6 +1322,7 @@ fn view_now(
     resource: &Resource,
     table: &LockTable,
     registered: Vec<waiters::Waiter>,
+    asker: Asker,
 ) -> ResourceView {
     build_view(
         resource,
@@ -1305,7 +1334,28 @@ fn view_now(
         registered,
         SystemTime::now(),
         &mut Sharers::default(),
+        asker,
     )
+}
+
+/// Who asks for a view, so that it looks for no more than is shown.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asker {
+    /// The slot count a waiter asking about its own line agreed on: that
+    /// agreement byte is its own, vouched for without the scan of every
+    /// process's descriptors that a stranger's needs (a waiting line looks
+    /// every second).
+    pub agreement: Option<u64>,
+    /// Whether the waiters are shown (a holder's waiting line shows none).
+    pub waiters: bool,
+}
+
+impl Asker {
+    /// `status` and the busy messages: everything, believed of nobody.
+    const STATUS: Asker = Asker {
+        agreement: None,
+        waiters: true,
+    };
 }
 
 // Status's own words for a name it flags (messages.rs words status's

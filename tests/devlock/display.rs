@@ -365,3 +365,80 @@ pub(crate) fn got_is_said_only_when_the_command_is_about_to_start() {
         "{rest}"
     );
 }
+
+/// Processes with many descriptors each, standing in for a busy machine's
+/// workers; killed (the whole group) when dropped.
+struct Crowd(std::process::Child);
+
+impl Crowd {
+    fn start(processes: u32, descriptors: u32) -> Crowd {
+        use std::os::unix::process::CommandExt;
+        let script = format!(
+            "for i in $(seq 10 $((10 + {descriptors}))); do eval \"exec $i</dev/null\"; done; \
+             for i in $(seq {processes}); do sleep 1000 & done; echo ready; wait"
+        );
+        let mut child = Command::new("bash")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        wait_for_line(&mut BufReader::new(child.stdout.take().unwrap()), "ready");
+        Crowd(child)
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of the group we made.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+/// `syscr` of `/proc/PID/io`: the read calls a process made so far.
+fn read_calls(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscr: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Read calls a waiting line makes per redraw, over three redraws.
+fn reads_per_redraw(pty: &Pty, waiter: u32) -> u64 {
+    let redraws = |out: &str| out.matches("\r\x1b[K").count();
+    let from = redraws(&pty.output());
+    pty.wait_until("a redraw", |out| redraws(out) > from);
+    let (first, before) = (redraws(&pty.output()), read_calls(waiter));
+    pty.wait_until("three more redraws", |out| redraws(out) >= first + 3);
+    let looks = (redraws(&pty.output()) - first) as u64;
+    (read_calls(waiter) - before) / looks
+}
+
+test!(a_waiting_line_reads_no_more_on_a_busy_machine, needs: [Tool("bash")]);
+/// A waiting devlock looks again every second (live) or at each report: a
+/// look reads what concerns its lock (the kernel's lock table, the holder's
+/// descriptors and record), never every process's descriptors, so a
+/// machine with thousands of busy processes costs it nothing more. Counted
+/// in read calls (a scan of the crowd below is over 2000 a look).
+pub(crate) fn a_waiting_line_reads_no_more_on_a_busy_machine() {
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["r"], "h");
+    let pty = Pty::new(100);
+    let mut waiter = pty.spawn(s.devlock().args(["r", "--", "true"]));
+    pty.wait_for("1st in line");
+    let idle = reads_per_redraw(&pty, waiter.id());
+    let crowd = Crowd::start(80, 25);
+    let busy = reads_per_redraw(&pty, waiter.id());
+    drop(crowd);
+    release(&s, "h");
+    assert!(wait_child(&mut waiter).success());
+    wait_child(&mut holder);
+    assert!(
+        busy < idle + 300,
+        "a look read {busy} times with 80 more processes of 25 descriptors each, {idle} without"
+    );
+}
