@@ -568,6 +568,9 @@ pub(crate) fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io:
 pub(crate) struct LineView {
     pub tickets: Vec<u64>,
     pub agreed_slots: Option<u64>,
+    /// Every agreement byte held (more than one where a stranger holds
+    /// another size's beside the devlocks'), in order.
+    pub agreements: Vec<u64>,
     pub foreign: Vec<RangeLock>,
 }
 
@@ -588,6 +591,7 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
         } else if lock.ofd && !lock.exclusive && single && (AGREE_BASE..AGREE_END).contains(&start)
         {
             view.agreed_slots = Some((start - AGREE_BASE) as u64);
+            view.agreements.push((start - AGREE_BASE) as u64);
         } else if lock.ofd && !lock.exclusive && start > SLOT_BASE {
             // A waiter's read lock over the tickets before its own, held
             // for an instant as its turn comes.
@@ -597,6 +601,8 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
     }
     view.tickets.sort_unstable();
     view.tickets.dedup();
+    view.agreements.sort_unstable();
+    view.agreements.dedup();
     view
 }
 

@@ -698,10 +698,23 @@ fn build_view(
             now,
         );
     }
-    if let (Some(n), Some(q)) = (line.agreed_slots, queue)
-        && asker.agreement != Some(n)
-    {
-        stranger_agreement(&mut view, dir, resource, q, n);
+    if let Some(q) = queue {
+        // Each agreement byte on its own: a stranger's beside a devlock's
+        // is named, and the devlock's size still counted.
+        // (All decided on the view as the kernel shows it, before any
+        // stranger is added to it.)
+        let (vouched, strangers): (Vec<u64>, Vec<u64>) = line
+            .agreements
+            .iter()
+            .partition(|&&n| asker.agreement == Some(n) || agreement_vouched(&view, q, n));
+        for n in strangers {
+            stranger_agreement(&mut view, dir, resource, q, n);
+        }
+        if view.slots.is_none()
+            && let Some(&n) = vouched.iter().find(|&&n| n > 0)
+        {
+            view.slots = Some(n);
+        }
     }
     slot_strangers(
         &mut view,
@@ -746,12 +759,41 @@ fn build_view(
     view
 }
 
+/// Whether a devlock in the view vouches for the agreement on `n` slots:
+/// its owner, per the kernel's fdinfo, is one of the holders and waiters
+/// shown, or, where this user cannot see owners, somebody is shown at all.
+fn agreement_vouched(view: &ResourceView, queue: FileId, n: u64) -> bool {
+    let owners = agreement_owners(queue, n);
+    if owners.is_empty() {
+        return !view.holders.is_empty()
+            || view
+                .waiters
+                .iter()
+                .any(|w| w.source == WaiterSource::Registration);
+    }
+    let ours: Vec<u32> = view
+        .holders
+        .iter()
+        .flat_map(|h| h.pids.iter().copied())
+        .chain(view.waiters.iter().filter_map(|w| w.pid))
+        .collect();
+    owners.iter().any(|p| ours.contains(p))
+}
+
+/// The processes this user can see holding the agreement byte of `n` slots.
+fn agreement_owners(queue: FileId, n: u64) -> Vec<u32> {
+    let at = 4096 + n;
+    proc::locks::range_lock_owners(queue)
+        .into_iter()
+        .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 /// An agreement on the slot count that no devlock in the view vouches for
-/// (its owner, per the kernel's fdinfo, is none of the holders and waiters
-/// shown, or, where this user cannot see owners, nobody is shown at all) is
-/// a stranger's lock on a byte that matters: named as a lock that is not
-/// devlock's, and for a count of slots, as the resource held (by it), never
-/// `free` with a count nobody uses.
+/// ([`agreement_vouched`]) is a stranger's lock on a byte that matters:
+/// named as a lock that is not devlock's, and for a count of slots, as the
+/// resource held (by it), never `free` with a count nobody uses.
 fn stranger_agreement(
     view: &mut ResourceView,
     dir: &ScratchDir,
@@ -760,29 +802,9 @@ fn stranger_agreement(
     n: u64,
 ) {
     let at = 4096 + n;
-    let owners: Vec<(u32, RangeLock)> = proc::locks::range_lock_owners(queue)
-        .into_iter()
-        .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
-        .collect();
-    let ours: Vec<u32> = view
-        .holders
-        .iter()
-        .flat_map(|h| h.pids.iter().copied())
-        .chain(view.waiters.iter().filter_map(|w| w.pid))
-        .collect();
-    let vouched = if owners.is_empty() {
-        !view.holders.is_empty()
-            || view
-                .waiters
-                .iter()
-                .any(|w| w.source == WaiterSource::Registration)
-    } else {
-        owners.iter().any(|(p, _)| ours.contains(p))
-    };
-    if vouched {
-        return;
+    if view.slots == Some(n) {
+        view.slots = None;
     }
-    view.slots = None;
     let lock = RangeLock {
         file: queue,
         pid: None,
@@ -802,8 +824,8 @@ fn stranger_agreement(
     }
     if n > 0 && view.holders.is_empty() {
         const NOTE: &str = "a lock that is not devlock's on the slot agreement";
-        let mut holder = match owners.first() {
-            Some((pid, _)) => bare(vec![*pid], None, HolderSource::NoRecord, true),
+        let mut holder = match agreement_owners(queue, n).first() {
+            Some(pid) => bare(vec![*pid], None, HolderSource::NoRecord, true),
             None => invisible_holder(NOTE),
         };
         holder.note = Some(NOTE.to_owned());

@@ -2250,3 +2250,47 @@ pub(crate) fn a_strangers_lock_that_shuts_one_candidates_line_does_not_shut_any(
         stderr(&out)
     );
 }
+
+test!(a_strangers_agreement_beside_a_devlocks_is_named_in_status, needs: [Root, Tool("setpriv")]);
+/// A `--slots 3` holder holds its agreement byte; a stranger then read-locks
+/// the byte of `--slots 5` beside it, which keeps every new request out of
+/// the line. Status names the stranger's byte and still counts the holder's
+/// 3 slots, whichever of the two the kernel's table lists first.
+pub(crate) fn a_strangers_agreement_beside_a_devlocks_is_named_in_status() {
+    let s = scene(false);
+    let q = s.dir().join(".r.queue");
+    let (_holder, holder) = hold_as(&s, 0, &["--slots", "3", "r"], "h");
+    let at = (AGREE_BASE + 5).to_string();
+    let (_lock, pid) = stranger_holds(
+        &s,
+        USER_A,
+        &["ofd", q.to_str().unwrap(), &at, "1", "read"],
+        "a",
+    );
+    let view = s.resource_status("r");
+    let foreign = view["foreign_locks"].as_array().unwrap();
+    assert!(
+        foreign
+            .iter()
+            .any(|f| f["range"] == "4101" && f["effect"] == "blocks the slot agreement"),
+        "{view}"
+    );
+    assert_eq!(view["slots"], 3, "{view}");
+    assert!(
+        view["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["pids"].as_array().unwrap().contains(&holder.into())),
+        "{view}"
+    );
+    let out = s.run(&["-n", "--slots", "3", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains(&format!("pid {pid}, nobody")),
+        "{}",
+        stderr(&out)
+    );
+    release(&s, "a");
+    release(&s, "h");
+}
