@@ -567,9 +567,8 @@ pub(crate) fn count_ahead(dir: &ScratchDir, lock_name: &str, number: u64) -> io:
 #[derive(Debug, Default)]
 pub(crate) struct LineView {
     pub tickets: Vec<u64>,
-    pub agreed_slots: Option<u64>,
-    /// Every agreement byte held (more than one where a stranger holds
-    /// another size's beside the devlocks'), in order.
+    /// Every agreement byte held, as slot counts (more than one where a
+    /// stranger holds another size's beside the devlocks'), in order.
     pub agreements: Vec<u64>,
     pub foreign: Vec<RangeLock>,
 }
@@ -590,7 +589,6 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
             view.tickets.push(ticket as u64);
         } else if lock.ofd && !lock.exclusive && single && (AGREE_BASE..AGREE_END).contains(&start)
         {
-            view.agreed_slots = Some((start - AGREE_BASE) as u64);
             view.agreements.push((start - AGREE_BASE) as u64);
         } else if lock.ofd && !lock.exclusive && start > SLOT_BASE {
             // A waiter's read lock over the tickets before its own, held

@@ -194,39 +194,6 @@ impl Drop for Registration {
     }
 }
 
-/// A waiter's registration, made as the wait starts; dropping it ends it.
-/// (Made on a thread once the wait had lasted 50 ms, a wait shorter than
-/// that created no file, but it saved nothing measurable in the 8x25
-/// contention on ext4 or tmpfs (a thread per wait costs what the file
-/// does), and a message or status in the first 50 ms could then name the
-/// waiter only by its pid.)
-#[derive(Debug)]
-pub(crate) struct WaitRegistration {
-    _made: Option<Registration>,
-}
-
-impl WaitRegistration {
-    /// Registers `record` as a waiter for `resource`.
-    pub(crate) fn make(dir: &ScratchDir, resource: &Resource, record: Record) -> WaitRegistration {
-        WaitRegistration {
-            _made: Registration::create(dir, resource, &record, Kind::Wait).ok(),
-        }
-    }
-
-    /// The take's waiter registration, for `ticket`.
-    pub(crate) fn start(
-        dir: &ScratchDir,
-        mut record: Record,
-        request: &crate::request::Request,
-        ticket: u64,
-    ) -> WaitRegistration {
-        record.ticket = Some(ticket);
-        record.since_ms = record::now_ms();
-        record.via = request.via.as_ref().map(Resource::to_string);
-        WaitRegistration::make(dir, &request.name, record)
-    }
-}
-
 /// A registration that the kernel confirms is alive and its own.
 #[derive(Debug, Clone)]
 pub(crate) struct Waiter {

@@ -6,11 +6,10 @@
 use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
-use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, watch};
+use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, register, watch};
 use crate::flock::file::{Leased, LockFile};
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
-use crate::flock::registration::WaitRegistration;
 use crate::flock::wait::{Busy, Wait};
 use crate::messages::label_of;
 use crate::request::Request;
@@ -146,10 +145,9 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
         drop(ticket);
         return Err(busy(request, lock));
     }
-    // Named by the kernel from its first instant (its place in line, and
-    // once at the front its flock(2) wait, pid and all); labelled with its
-    // step only once the wait lasts (most end first, and cost no file).
-    let registration = WaitRegistration::start(ctx.dir, ctx.record(), request, entry.ticket.number);
+    // Named by its registration from its first instant (and by the kernel:
+    // its place in line, and once at the front its flock(2) wait).
+    let registration = register(ctx, request, entry.ticket.number);
     let label = label_of(request);
     let shows = ctx.shows();
     let watches = shows

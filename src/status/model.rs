@@ -624,7 +624,6 @@ fn build_view(
     let line = queue
         .map(|q| crate::flock::queue::line_view(table, q))
         .unwrap_or_default();
-    view.slots = line.agreed_slots.filter(|n| *n > 0);
     if let Some(q) = queue {
         let path = dir
             .path()
@@ -710,11 +709,7 @@ fn build_view(
         for n in strangers {
             stranger_agreement(&mut view, dir, resource, q, n);
         }
-        if view.slots.is_none()
-            && let Some(&n) = vouched.iter().find(|&&n| n > 0)
-        {
-            view.slots = Some(n);
-        }
+        view.slots = vouched.into_iter().find(|&n| n > 0);
     }
     slot_strangers(
         &mut view,
@@ -802,9 +797,6 @@ fn stranger_agreement(
     n: u64,
 ) {
     let at = 4096 + n;
-    if view.slots == Some(n) {
-        view.slots = None;
-    }
     let lock = RangeLock {
         file: queue,
         pid: None,
@@ -1285,7 +1277,7 @@ pub(crate) fn describe_holders(
     };
     let mut view = view_now(lock, dir, resource, &table, registered, asker);
     view.waiters
-        .retain(|w| !held && w.source == WaiterSource::Unregistered);
+        .retain(|w| w.source == WaiterSource::Unregistered);
     label_from_members(
         dir,
         resource,
