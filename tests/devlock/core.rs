@@ -777,3 +777,18 @@ pub(crate) fn the_binary_does_not_load_libgcc_s() {
     assert!(dynamic.contains("libc.so.6"), "{dynamic}");
     assert!(!dynamic.contains("libgcc_s"), "{dynamic}");
 }
+
+test!(the_binary_packs_its_relative_relocations, needs: [Tool("readelf")]);
+pub(crate) fn the_binary_packs_its_relative_relocations() {
+    // build.rs links with -z pack-relative-relocs: as RELA entries, the
+    // loader read and applied some 2,200 of them in every run, a tenth of
+    // an uncontended run's CPU (bench/RESULTS.md).
+    let out = Command::new("readelf").args(["-d", BIN]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dynamic = stdout(&out);
+    assert!(dynamic.contains("(RELR)"), "{dynamic}");
+    let out = Command::new("readelf").args(["-r", BIN]).output().unwrap();
+    let relocations = stdout(&out);
+    let relative = relocations.matches("_RELATIVE").count();
+    assert!(relative < 50, "{relative} RELA relative relocations left");
+}

@@ -425,20 +425,50 @@ test!(a_waiting_line_reads_no_more_on_a_busy_machine, needs: [Tool("bash")]);
 /// machine with thousands of busy processes costs it nothing more. Counted
 /// in read calls (a scan of the crowd below is over 2000 a look).
 pub(crate) fn a_waiting_line_reads_no_more_on_a_busy_machine() {
+    looks_stay_local(0);
+}
+
+test!(a_waiting_line_further_back_reads_no_more_on_a_busy_machine, needs: [Tool("bash")]);
+/// The same, for a waiter with others ahead of it: its look also names the
+/// waiters in front (their registrations), still never a scan of the crowd.
+pub(crate) fn a_waiting_line_further_back_reads_no_more_on_a_busy_machine() {
+    looks_stay_local(2);
+}
+
+/// A pty waiter behind `ahead` other waiters: its reads per redraw alone,
+/// then with 80 more processes of 25 descriptors each.
+fn looks_stay_local(ahead: usize) {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["r"], "h");
+    let mut in_front: Vec<_> = (0..ahead)
+        .map(|i| {
+            let child = s
+                .devlock()
+                .args(["r", "--", "true"])
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            wait_blocked(&s.lock_path("r"), i + 1);
+            child
+        })
+        .collect();
     let pty = Pty::new(100);
     let mut waiter = pty.spawn(s.devlock().args(["r", "--", "true"]));
-    pty.wait_for("1st in line");
+    let place = ["1st", "2nd", "3rd"][ahead];
+    pty.wait_for(&format!("{place} in line"));
     let idle = reads_per_redraw(&pty, waiter.id());
     let crowd = Crowd::start(80, 25);
     let busy = reads_per_redraw(&pty, waiter.id());
     drop(crowd);
     release(&s, "h");
+    for child in &mut in_front {
+        assert!(wait_child(child).success());
+    }
     assert!(wait_child(&mut waiter).success());
     wait_child(&mut holder);
     assert!(
         busy < idle + 300,
-        "a look read {busy} times with 80 more processes of 25 descriptors each, {idle} without"
+        "a look {ahead} behind the front read {busy} times with 80 more processes of 25 \
+         descriptors each, {idle} without"
     );
 }
