@@ -296,6 +296,29 @@ pub(crate) fn nested_take_passes_through_instead_of_deadlocking() {
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
 }
 
+test!(a_nested_take_finds_a_hold_far_up_the_descriptor_table, needs: [Tool("bash")]);
+pub(crate) fn a_nested_take_finds_a_hold_far_up_the_descriptor_table() {
+    // The inherited hold is looked for number by number below the table's
+    // size, and in a listing of /proc/self/fd where the table is too big to
+    // poll: a hold on fd 900 is in a 1024-slot table (polled), one on fd
+    // 3000 in a 4096-slot one (listed).
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.dir()).unwrap();
+    for fd in [900, 3000] {
+        let script = format!(
+            "ulimit -n 4096 && exec {fd}>\"$1\" && flock {fd} && exec \"$2\" -n r -- sh -c 'exit 4'"
+        );
+        let out = Command::new("bash")
+            .args(["-c", &script, "bash"])
+            .arg(s.lock_path("r"))
+            .arg(BIN)
+            .env("DEVLOCK_DIR", s.dir())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "fd {fd}: {}", stderr(&out));
+    }
+}
+
 test!(a_copied_environment_is_not_mistaken_for_holding, needs: []);
 pub(crate) fn a_copied_environment_is_not_mistaken_for_holding() {
     // Another job holds r; a process that merely copied a holder's
