@@ -794,9 +794,7 @@ pub(crate) fn the_binary_does_not_load_libgcc_s() {
     // build.rs links the unwinder statically: libgcc_s's constructor runs
     // dozens of cpuid instructions, each a trap to the hypervisor on a VM,
     // in every run (bench/RESULTS.md).
-    let out = Command::new("readelf").args(["-d", BIN]).output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let dynamic = stdout(&out);
+    let dynamic = readelf("-d");
     assert!(dynamic.contains("libc.so.6"), "{dynamic}");
     assert!(!dynamic.contains("libgcc_s"), "{dynamic}");
 }
@@ -806,12 +804,15 @@ pub(crate) fn the_binary_packs_its_relative_relocations() {
     // build.rs links with -z pack-relative-relocs: as RELA entries, the
     // loader read and applied some 2,200 of them in every run, a tenth of
     // an uncontended run's CPU (bench/RESULTS.md).
-    let out = Command::new("readelf").args(["-d", BIN]).output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let dynamic = stdout(&out);
+    let dynamic = readelf("-d");
     assert!(dynamic.contains("(RELR)"), "{dynamic}");
-    let out = Command::new("readelf").args(["-r", BIN]).output().unwrap();
-    let relocations = stdout(&out);
-    let relative = relocations.matches("_RELATIVE").count();
+    let relative = readelf("-r").matches("_RELATIVE").count();
     assert!(relative < 50, "{relative} RELA relative relocations left");
+}
+
+/// What `readelf FLAG` says of the binary.
+fn readelf(flag: &str) -> String {
+    let out = Command::new("readelf").args([flag, BIN]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
 }
