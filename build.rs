@@ -18,12 +18,14 @@
 //! binary carries one 24-byte RELA entry per pointer in its read-only data
 //! (some 2,200 here, 53 kB), which the dynamic loader reads in every run; as
 //! DT_RELR the same relocations take 640 bytes. The RELA table cost about a
-//! tenth of an uncontended run's CPU (bench/RESULTS.md, "#22, fourth round"), and it
-//! keeps the binary position-independent (ASLR), where `-no-pie` would not.
-//! The linker (rust-lld, rustc's default here since 1.90, or GNU ld 2.38 and
-//! later) emits DT_RELR only against a glibc that can read it (2.36 and
-//! later, which the binary then requires, as any newer symbol version
-//! would); an older GNU ld warns and ignores the option.
+//! tenth of an uncontended run's CPU (bench/RESULTS.md, "#22, fourth round"),
+//! and it keeps the binary position-independent (ASLR), where `-no-pie` would
+//! not. The linker (rust-lld, or GNU ld 2.38 and later) then makes the
+//! binary require `GLIBC_ABI_DT_RELR`, which only glibc 2.36 and later
+//! define, whatever glibc it links against: so it is asked for only when the
+//! build is for this machine and its glibc (`getconf GNU_LIBC_VERSION`) is
+//! 2.36 or later. A binary built on an older glibc, or for another machine,
+//! goes without.
 
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
@@ -32,7 +34,31 @@ fn main() {
         .is_ok_and(|f| f.split(',').any(|f| f == "crt-static"));
     if os == "linux" && env == "gnu" && !static_crt {
         println!("cargo:rustc-link-lib=static:-bundle=gcc_eh");
-        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+        if glibc_reads_relr() {
+            println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+        }
     }
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// Whether the glibc the binary will run on reads DT_RELR (2.36 and later):
+/// asked of this machine's `getconf` when the build is for this machine.
+fn glibc_reads_relr() -> bool {
+    if std::env::var("HOST").ok() != std::env::var("TARGET").ok() {
+        return false;
+    }
+    let Ok(out) = std::process::Command::new("getconf")
+        .arg("GNU_LIBC_VERSION")
+        .output()
+    else {
+        return false;
+    };
+    // "glibc 2.36"
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut version = text.trim().trim_start_matches("glibc ").split('.');
+    let number = |part: Option<&str>| part.and_then(|p| p.parse::<u32>().ok());
+    matches!(
+        (number(version.next()), number(version.next())),
+        (Some(major), Some(minor)) if (major, minor) >= (2, 36)
+    )
 }

@@ -70,19 +70,28 @@ pub(crate) fn inherited_fds(lock: &LockFile) -> Vec<RawFd> {
 /// Each inherited descriptor on the lock's file with a granted lock, and
 /// the lock's mode (true for exclusive).
 fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
     let mut modes = Vec::new();
-    for (number, close_on_exec) in proc::process::own_descriptors() {
+    for fd in fds.flatten() {
+        let Some(name) = fd.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
         // The cheap test first: most of our descriptors are close-on-exec.
-        if close_on_exec {
+        if !inheritable(&name) {
             continue;
         }
+        let Ok(number) = name.parse::<RawFd>() else {
+            continue;
+        };
         let same = crate::sys::fs::file_id_of(number)
             .is_some_and(|(dev, ino)| proc::locks::FileId::from_metadata(dev, ino) == lock.id());
         if !same {
             continue;
         }
         modes.extend(
-            proc::locks::locks_of_fd("self", &number.to_string())
+            proc::locks::locks_of_fd("self", &name)
                 .iter()
                 .filter(|l| l.file == lock.id() && !l.blocked)
                 .map(|l| (number, l.exclusive)),
@@ -100,4 +109,13 @@ pub(crate) fn fd_holds(fd: RawFd, lock: &LockFile) -> bool {
         && proc::locks::locks_of_fd("self", &fd.to_string())
             .iter()
             .any(|l| l.file == lock.id() && !l.blocked)
+}
+
+/// Whether one of our descriptors survives exec (so it came from our parent:
+/// devlock's own lock files are close-on-exec until it starts the command).
+fn inheritable(fd: &str) -> bool {
+    let Ok(fd) = fd.parse::<RawFd>() else {
+        return false;
+    };
+    crate::sys::fs::close_on_exec(fd) == Some(false)
 }

@@ -107,52 +107,6 @@ pub fn is_stopped(pid: u32) -> bool {
     stat(pid).is_some_and(|s| matches!(s.state, 'T' | 't'))
 }
 
-/// The descriptors this process has open, lowest first, each with whether
-/// it is close-on-exec (`F_GETFD`).
-///
-/// Why not a listing of `/proc/self/fd`: procfs makes a dentry and an inode
-/// for each descriptor it lists, which made that listing the largest part
-/// of what a place in line cost (bench/RESULTS.md, "#22, fourth round").
-/// Every open descriptor is below the descriptor table's size (`FDSize` in
-/// `/proc/self/status`), so one poll(2) of every number below it, which
-/// waits for nothing and changes nothing, finds them all. A table grown
-/// past [`PROBED_TABLE_SIZE`] is listed after all.
-pub(crate) fn own_descriptors() -> Vec<(std::os::fd::RawFd, bool)> {
-    let size = read_small("/proc/self/status").and_then(|status| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("FDSize:"))
-            .and_then(|size| size.trim().parse::<std::os::fd::RawFd>().ok())
-    });
-    let polled = size
-        .filter(|&size| size <= PROBED_TABLE_SIZE)
-        .and_then(|size| crate::sys::fs::open_below(size).ok());
-    let numbers = polled.unwrap_or_else(listed_descriptors);
-    numbers
-        .into_iter()
-        .filter_map(|fd| Some((fd, crate::sys::fs::close_on_exec(fd)?)))
-        .collect()
-}
-
-/// The largest descriptor table [`own_descriptors`] polls (a table starts
-/// at 64 and doubles as it fills): a poll of 1024 numbers costs about what
-/// listing a few descriptors does, and a larger table is one that held
-/// many descriptors at once.
-const PROBED_TABLE_SIZE: std::os::fd::RawFd = 1024;
-
-/// The descriptor numbers `/proc/self/fd` lists, lowest first.
-fn listed_descriptors() -> Vec<std::os::fd::RawFd> {
-    let Ok(entries) = fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
-    let mut fds: Vec<std::os::fd::RawFd> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    fds.sort_unstable();
-    fds
-}
-
 /// The boot id, which tells records written before the last reboot apart.
 pub(crate) fn boot_id() -> Option<String> {
     Some(

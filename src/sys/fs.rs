@@ -180,31 +180,6 @@ pub(crate) fn close_on_exec(fd: RawFd) -> Option<bool> {
     (flags >= 0).then_some(flags & libc::FD_CLOEXEC != 0)
 }
 
-/// The descriptor numbers below `size` that are open in this process, from
-/// one poll(2) that waits for nothing: a closed number comes back
-/// `POLLNVAL`. (So does an `O_PATH` descriptor, which can hold no lock.)
-pub(crate) fn open_below(size: RawFd) -> io::Result<Vec<RawFd>> {
-    let mut fds: Vec<libc::pollfd> = (0..size)
-        .map(|fd| libc::pollfd {
-            fd,
-            events: 0,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: poll reads and writes exactly `fds.len()` pollfd entries of the
-    // array it is given; a number that is not open is reported, not used,
-    // and a timeout of 0 never waits.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-    if ready < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fds
-        .iter()
-        .filter(|p| p.revents & libc::POLLNVAL == 0)
-        .map(|p| p.fd)
-        .collect())
-}
-
 /// The device and inode of the file open as descriptor number `fd`, if
 /// this process has it open (fstat, not a walk of `/proc/self/fd/N`).
 pub(crate) fn file_id_of(fd: RawFd) -> Option<(u64, u64)> {
