@@ -699,15 +699,25 @@ fn build_view(
     }
     if let Some(q) = queue {
         // Each agreement byte on its own: a stranger's beside a devlock's
-        // is named, and the devlock's size still counted.
-        // (All decided on the view as the kernel shows it, before any
-        // stranger is added to it.)
-        let (vouched, strangers): (Vec<u64>, Vec<u64>) = line
-            .agreements
-            .iter()
-            .partition(|&&n| asker.agreement == Some(n) || agreement_vouched(&view, q, n));
-        for n in strangers {
-            stranger_agreement(&mut view, dir, resource, q, n);
+        // is named, and the devlock's size still counted. A waiter's own
+        // byte needs no look at the owners. (All decided on the view as the
+        // kernel shows it, before any stranger is added to it.)
+        let mut vouched = Vec::new();
+        let mut strangers = Vec::new();
+        for &n in &line.agreements {
+            if asker.agreement == Some(n) {
+                vouched.push(n);
+                continue;
+            }
+            let owners = agreement_owners(q, n);
+            if agreement_vouched(&view, &owners) {
+                vouched.push(n);
+            } else {
+                strangers.push((n, owners));
+            }
+        }
+        for (n, owners) in strangers {
+            stranger_agreement(&mut view, dir, resource, q, n, &owners);
         }
         view.slots = vouched.into_iter().find(|&n| n > 0);
     }
@@ -754,11 +764,11 @@ fn build_view(
     view
 }
 
-/// Whether a devlock in the view vouches for the agreement on `n` slots:
-/// its owner, per the kernel's fdinfo, is one of the holders and waiters
-/// shown, or, where this user cannot see owners, somebody is shown at all.
-fn agreement_vouched(view: &ResourceView, queue: FileId, n: u64) -> bool {
-    let owners = agreement_owners(queue, n);
+/// Whether a devlock in the view vouches for an agreement whose byte
+/// `owners` hold ([`agreement_owners`]): one of them is one of the holders
+/// and waiters shown, or, where this user cannot see owners, somebody is
+/// shown at all.
+fn agreement_vouched(view: &ResourceView, owners: &[u32]) -> bool {
     if owners.is_empty() {
         return !view.holders.is_empty()
             || view
@@ -788,13 +798,15 @@ fn agreement_owners(queue: FileId, n: u64) -> Vec<u32> {
 /// An agreement on the slot count that no devlock in the view vouches for
 /// ([`agreement_vouched`]) is a stranger's lock on a byte that matters:
 /// named as a lock that is not devlock's, and for a count of slots, as the
-/// resource held (by it), never `free` with a count nobody uses.
+/// resource held (by the first of `owners`, or by somebody this user cannot
+/// see), never `free` with a count nobody uses.
 fn stranger_agreement(
     view: &mut ResourceView,
     dir: &ScratchDir,
     resource: &Resource,
     queue: FileId,
     n: u64,
+    owners: &[u32],
 ) {
     let at = 4096 + n;
     let lock = RangeLock {
@@ -816,7 +828,7 @@ fn stranger_agreement(
     }
     if n > 0 && view.holders.is_empty() {
         const NOTE: &str = "a lock that is not devlock's on the slot agreement";
-        let mut holder = match agreement_owners(queue, n).first() {
+        let mut holder = match owners.first() {
             Some(pid) => bare(vec![*pid], None, HolderSource::NoRecord, true),
             None => invisible_holder(NOTE),
         };

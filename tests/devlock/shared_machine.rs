@@ -147,6 +147,12 @@ fn one_line(out: &Output) -> String {
 }
 
 /// The scratch directory as root's devlock makes it (1777, root).
+/// `out` is busy (75), and its one line names `who`.
+fn assert_busy_naming(out: &Output, who: &str) {
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(out));
+    assert!(one_line(out).contains(who), "{}", stderr(out));
+}
+
 fn open_dir(s: &Scratch) {
     assert!(s.run(&["-n", "warm-up", "--", "true"]).status.success());
 }
@@ -1552,12 +1558,7 @@ pub(crate) fn a_strangers_lock_on_an_agreement_byte_is_occupancy_never_a_usage_e
         assert!(as_b["holders"][0]["pid"].is_null(), "{as_b}");
         // Another user cannot see whose it is: busy, never a usage error.
         let out = run_as(&s, USER_B, &["-n", "--slots", "3", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        assert!(
-            one_line(&out).contains("held by a process this user cannot see"),
-            "{}",
-            stderr(&out)
-        );
+        assert_busy_naming(&out, "held by a process this user cannot see");
         occupancy_is_bounded(&s, &named, &[], "a");
         // The same size as the stranger's is occupancy too: slots wait.
         let (_lock, _) = stranger_holds(&s, USER_A, &["ofd", q, &at, "1", "read"], "b");
@@ -1593,12 +1594,7 @@ pub(crate) fn a_lock_on_the_top_ticket_byte_parked_in_a_socket_is_occupancy() {
         );
         let (_lock, _) = stranger_holds(&s, USER_A, &["parked", "ofd", q, &at, "1"], "b");
         let out = run_as(&s, USER_B, &["-n", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        assert!(
-            one_line(&out).contains("held by a process this user cannot see"),
-            "{}",
-            stderr(&out)
-        );
+        assert_busy_naming(&out, "held by a process this user cannot see");
         release(&s, "b");
         // A plain flock parked the same way: root's status says who took
         // it and that it is alive, never "gone".
@@ -1703,12 +1699,7 @@ pub(crate) fn a_plain_flock_on_a_slot_file_is_a_holder_of_that_slot() {
         let as_b = status_as(&s, USER_B, "r");
         assert_ne!(as_b["state"], "free", "{as_b}");
         let out = s.run(&["-n", "--slots", "1", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        assert!(
-            one_line(&out).contains(&format!("pid {pid}")),
-            "{}",
-            stderr(&out)
-        );
+        assert_busy_naming(&out, &format!("pid {pid}"));
         let out = s.run(&["-w", "300ms", "--slots", "1", "r", "--", "true"]);
         assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
         assert!(
@@ -2243,12 +2234,7 @@ pub(crate) fn a_strangers_lock_that_shuts_one_candidates_line_does_not_shut_any(
     assert_eq!(stdout(&out).trim(), "q", "{}", stderr(&out));
     let (_q, _) = stranger_holds(&s, USER_A, &["ofd", &queue("q"), &at, "1", "read"], "q");
     let out = run_as(&s, USER_B, &["-n", "--any", "r", "q", "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    assert!(
-        one_line(&out).contains("the agreement of --slots 5"),
-        "{}",
-        stderr(&out)
-    );
+    assert_busy_naming(&out, "the agreement of --slots 5");
 }
 
 test!(a_strangers_agreement_beside_a_devlocks_is_named_in_status, needs: [Root, Tool("setpriv")]);
@@ -2285,12 +2271,7 @@ pub(crate) fn a_strangers_agreement_beside_a_devlocks_is_named_in_status() {
         "{view}"
     );
     let out = s.run(&["-n", "--slots", "3", "r", "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    assert!(
-        one_line(&out).contains(&format!("pid {pid}, nobody")),
-        "{}",
-        stderr(&out)
-    );
+    assert_busy_naming(&out, &format!("pid {pid}, nobody"));
     release(&s, "a");
     release(&s, "h");
 }
