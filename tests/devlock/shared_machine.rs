@@ -1223,7 +1223,8 @@ pub(crate) fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
 /// Makes some live process other than the one that had it take `pid`: the
 /// kernel hands out last_pid + 1, so set it just below and start sleeps
 /// until one gets it (any other process that takes it first is just as
-/// unrelated, and will do).
+/// unrelated, and will do, as long as the job forks nothing meanwhile: a
+/// child of the job's command would hold the lock it inherited).
 fn reuse_pid(pid: u32) -> Option<Killed> {
     let last = Path::new("/proc/sys/kernel/ns_last_pid");
     for _ in 0..2000 {
@@ -1253,7 +1254,12 @@ fn pid_reuse_round(shared: bool) {
         args.push("-s");
     }
     args.push("r");
-    let (script, ready) = hold_script(&s, "h");
+    // A command that forks nothing once ready (see `reuse_pid`).
+    let ready = s.work("ready-h");
+    let script = format!(
+        "echo $$ > {r}.tmp && mv {r}.tmp {r} && exec sleep 1000",
+        r = ready.display()
+    );
     let mut holder = s
         .devlock()
         .args(&args)
@@ -1274,7 +1280,6 @@ fn pid_reuse_round(shared: bool) {
     // Root sees the command holding it through the descriptor it inherited.
     let view = s.resource_status("r");
     let h = &view["holders"][0];
-    // (the command's own children, its sleeps, inherit the lock too)
     let pids = h["pids"].as_array().unwrap();
     assert!(
         pids.contains(&command.into()) && !pids.contains(&devlock_pid.into()),
@@ -1298,7 +1303,7 @@ fn pid_reuse_round(shared: bool) {
         "{what}: {view}"
     );
     assert_eq!(h["source"], "unknown", "{what}: {view}");
-    std::fs::write(s.work("release-h"), "").unwrap();
+    signal(command, libc::SIGKILL);
     wait_gone(command);
 }
 
