@@ -30,13 +30,24 @@ pub(crate) fn read(dir: &ScratchDir) -> Option<Vec<Resource>> {
         0,
     )
     .ok()?;
-    let mut file = std::fs::File::from(fd);
+    let file = std::fs::File::from(fd);
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 || meta.len() > MOST {
         return None;
     }
-    let mut text = String::new();
-    file.read_to_string(&mut text).ok()?;
+    let mut bytes = Vec::new();
+    file.take(MOST + 1).read_to_end(&mut bytes).ok()?;
+    parse(&bytes)
+}
+
+/// The names a `.names` file lists, one a line: a line that names no
+/// resource is skipped; a file larger than [`MOST`] or not UTF-8 is no
+/// list root wrote.
+pub(crate) fn parse(bytes: &[u8]) -> Option<Vec<Resource>> {
+    if bytes.len() as u64 > MOST {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
     Some(
         text.lines()
             .filter_map(|l| l.trim().parse::<Resource>().ok())
@@ -45,7 +56,9 @@ pub(crate) fn read(dir: &ScratchDir) -> Option<Vec<Resource>> {
 }
 
 /// Writes `names` as the declared list (root, from setup and forget): a
-/// file of another type or owner at the path is replaced, never followed.
+/// file of another type or owner at the path, or one with another link
+/// (whose other name may be anywhere), is replaced, never followed nor
+/// written through.
 pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
     let path = dir.path().join(FILE);
     let c_name = crate::flock::dir::c_path(FILE.as_ref())?;
@@ -54,7 +67,8 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
         match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) {
             Ok(fd) => {
                 let st = nix::sys::stat::fstat(fd.as_fd())?;
-                if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == 0 {
+                if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == 0 && st.st_nlink == 1
+                {
                     break fd;
                 }
             }

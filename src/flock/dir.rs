@@ -61,10 +61,20 @@ impl ScratchDir {
     }
 
     /// Opens the directory if it exists; `Ok(None)` when it does not.
+    /// Root reaches it from `/` through root's directories only (see
+    /// [`root_way`]); another user by its path, as every user's own
+    /// take does (the take's path pays nothing more).
     pub(crate) fn open(path: &Path) -> Result<Option<ScratchDir>> {
-        let c_path = c_path(path)?;
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = match crate::sys::fs::open(&c_path, flags) {
+        let opened = if crate::sys::process::effective_uid() == 0 {
+            match root_way(path)? {
+                Some(parent) => parent.open(),
+                None => return Ok(None),
+            }
+        } else {
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            crate::sys::fs::open(&c_path(path)?, flags)
+        };
+        let fd = match opened {
             Ok(fd) => fd,
             Err(err) => {
                 return match err.raw_os_error() {
@@ -305,9 +315,42 @@ pub(crate) fn flock_excludes(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Resul
     }
 }
 
-/// Makes the directory; `false` when someone else made it first.
+/// The directory that holds the lock directory `path`, for root: walked
+/// to from `/` (see [`crate::cmd::setup_path::walk`]), root's all the way
+/// and writable by nobody else unless sticky, so that no user decides where
+/// root makes, writes or removes a file; `None` when a directory on the way
+/// is missing. Anything else refuses with exit 74, naming the real path at
+/// fault and its owner.
+fn root_way(path: &Path) -> Result<Option<crate::cmd::setup_path::Parent>> {
+    use crate::cmd::setup_path::{Stop, Way, walk};
+    let way = Way {
+        verb: "use",
+        ..Way::SETUP
+    };
+    match walk(path, way) {
+        Ok(parent) => Ok(Some(parent)),
+        Err(Stop::Missing(_)) => Ok(None),
+        Err(Stop::Refused(e)) => Err(e),
+    }
+}
+
+/// Makes the directory; `false` when someone else made it first. Root
+/// makes it relative to the directory above, reached by [`root_way`].
 fn create(path: &Path) -> Result<bool> {
-    match std::fs::create_dir(path) {
+    let made = if crate::sys::process::effective_uid() == 0 {
+        match root_way(path)? {
+            Some(parent) => nix::sys::stat::mkdirat(
+                &parent.fd,
+                parent.name.as_os_str(),
+                nix::sys::stat::Mode::from_bits_truncate(0o700),
+            )
+            .map_err(std::io::Error::from),
+            None => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        }
+    } else {
+        std::fs::create_dir(path)
+    };
+    match made {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(coded(

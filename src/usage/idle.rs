@@ -88,21 +88,47 @@ impl Policy {
     }
 }
 
-/// The site's default idle timeout: [`SITE_FILE`] in the scratch directory,
-/// believed only when the directory and the file are root's, the file
-/// regular with one link (nobody else can have written it).
-pub(crate) fn site_default(dir: &Path) -> Option<Duration> {
-    use std::os::unix::fs::MetadataExt;
-    let dir_meta = std::fs::symlink_metadata(dir).ok()?;
-    if dir_meta.uid() != 0 || !dir_meta.is_dir() {
+/// The site's default idle timeout: [`SITE_FILE`] in the scratch directory
+/// open as `dir`, believed only when the directory and the file are root's,
+/// the file regular with one link and writable by nobody else (nobody else
+/// can have written it). Opened relative to the directory, never through a
+/// link, and never waited on (a FIFO there is not read).
+pub(crate) fn site_default(dir: &crate::flock::dir::ScratchDir) -> Option<Duration> {
+    use nix::fcntl::OFlag;
+    use std::io::Read;
+    if nix::sys::stat::fstat(dir.fd()).ok()?.st_uid != 0 {
         return None;
     }
-    let path = dir.join(SITE_FILE);
-    let meta = std::fs::symlink_metadata(&path).ok()?;
-    if meta.uid() != 0 || !meta.is_file() || meta.nlink() != 1 || meta.len() > 64 {
+    let name = std::ffi::CString::new(SITE_FILE).expect("no NUL in the name");
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = crate::sys::fs::openat(dir.fd(), &name, flags, 0).ok()?;
+    let st = nix::sys::stat::fstat(&fd).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || st.st_uid != 0
+        || st.st_nlink != 1
+        || st.st_mode & 0o022 != 0
+    {
         return None;
     }
-    let text = std::fs::read_to_string(&path).ok()?;
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(MOST_SITE + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    parse_site(&bytes)
+}
+
+/// The longest [`SITE_FILE`] believed.
+const MOST_SITE: u64 = 64;
+
+/// What a [`SITE_FILE`] says: one duration (`2h`, `90m`, a bare number of
+/// seconds), not zero; anything longer than [`MOST_SITE`] bytes, not UTF-8
+/// or not a duration says nothing.
+pub(crate) fn parse_site(bytes: &[u8]) -> Option<Duration> {
+    if bytes.len() as u64 > MOST_SITE {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
     crate::cli::parse_duration(text.trim())
         .ok()
         .filter(|d| !d.is_zero())

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use nix::fcntl::OFlag;
@@ -42,13 +42,26 @@ pub(crate) struct Job {
     pub measured: Measured,
 }
 
-/// Every job in `dir`, and notes on what was skipped and why.
+/// Every job in `dir`, and notes on what was skipped and why. The
+/// directory is reached as [`super::open_dir`] reaches it: through another
+/// user's directory or link nothing is read, and the note says whose it
+/// is; a directory another user owns is read, with a note that its records
+/// may be incomplete (they can remove any).
 pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<String>)> {
-    let dir_fd = super::open_dir(dir, false)?;
+    let (dir_fd, st) = match super::open_dir(dir, false) {
+        Ok(found) => found,
+        Err(super::Unusable::Missing) => {
+            return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        }
+        Err(super::Unusable::Refused(why)) => {
+            return Ok((Vec::new(), vec![format!("no records read: {why}")]));
+        }
+    };
     let mut notes = Vec::new();
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
+    if let Some(why) = super::distrust(dir, &st) {
+        notes.push(format!("{why}: records may be missing"));
+    }
+    let mut names = names(&dir_fd)?;
     names.sort();
     let mut jobs: Vec<Job> = Vec::new();
     let mut index: HashMap<(u32, String), usize> = HashMap::new();
@@ -115,15 +128,46 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
     Ok((jobs, notes))
 }
 
-/// `UID.jsonl` or `UID.jsonl.old`: the uid it is named for.
+/// `UID.jsonl`, `UID.TAG.jsonl` or either's `.old`: the uid it is named
+/// for.
 fn uid_of_name(name: &str) -> Option<u32> {
     let stem = name
         .strip_suffix(".jsonl")
         .or_else(|| name.strip_suffix(".jsonl.old"))?;
-    if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
+    parse_stem(stem).map(|(uid, _)| uid)
+}
+
+/// A usage file's stem, `UID` or `UID.TAG` (TAG sixteen lowercase hex
+/// digits): the uid, and whether it is tagged.
+pub(super) fn parse_stem(stem: &str) -> Option<(u32, bool)> {
+    let (uid, tag) = match stem.split_once('.') {
+        Some((uid, tag)) => (uid, Some(tag)),
+        None => (stem, None),
+    };
+    if uid.is_empty() || !uid.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    stem.parse().ok()
+    if let Some(tag) = tag
+        && (tag.len() != 16 || !tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    {
+        return None;
+    }
+    Some((uid.parse().ok()?, tag.is_some()))
+}
+
+/// The names in the directory open as `dir` (read through the descriptor,
+/// never by path again); names that are not UTF-8 are no usage file's.
+pub(super) fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
+    let mut listing = nix::dir::Dir::from_fd(dir.try_clone()?)?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        if let Ok(name) = entry?.file_name().to_str()
+            && !matches!(name, "." | "..")
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
 }
 
 fn add(jobs: &mut Vec<Job>, index: &mut HashMap<(u32, String), usize>, uid: u32, line: Line) {

@@ -1899,18 +1899,29 @@ pub(crate) fn escapes_in_a_path_through_another_users_link_never_reach_the_termi
         "ln",
         &["-s", evil.to_str().unwrap(), link.to_str().unwrap()]
     ));
+    // Open to all, so that B can make the lock directory in it.
+    assert!(user_does(
+        USER_A,
+        "chmod",
+        &["1777", evil.to_str().unwrap()]
+    ));
     let dir = link.join("locks");
     let d = dir.to_str().unwrap();
-    let run = |args: &[&str]| {
-        Command::new(BIN)
-            .env("DEVLOCK_DIR", d)
+    let run_as = |uid: u32, args: &[&str]| {
+        let mut cmd = if uid == 0 {
+            Command::new(BIN)
+        } else {
+            as_user(uid, BIN)
+        };
+        cmd.env("DEVLOCK_DIR", d)
             .env("DEVLOCK_NVML", "none")
             .args(args)
             .stdin(Stdio::null())
             .output()
             .unwrap()
     };
-    let out = run(&["-n", "r", "--", "true"]);
+    let run = |args: &[&str]| run_as(0, args);
+    let out = run_as(USER_B, &["-n", "r", "--", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(!has_raw_controls(&out.stderr), "raw escapes: {err:?}");
@@ -1925,12 +1936,25 @@ pub(crate) fn escapes_in_a_path_through_another_users_link_never_reach_the_termi
         "no fix that setup would refuse: {err}"
     );
     for args in [&["status", "r"][..], &["status", "--json", "r"]] {
-        let out = run(args);
+        let out = run_as(USER_B, args);
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(
             !has_raw_controls(&out.stdout) && !has_raw_controls(&out.stderr),
             "{args:?}: {:?}",
             stdout(&out)
+        );
+    }
+    // Root never goes through A's link: a take and status refuse the way,
+    // naming it sanitised.
+    for args in [&["-n", "r", "--", "true"][..], &["status", "r"]] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(74), "{args:?}: {}", stderr(&out));
+        assert!(!has_raw_controls(&out.stderr), "{:?}", stderr(&out));
+        assert!(
+            one_line(&out).contains("(to ")
+                && one_line(&out).contains("x?]0;pwned?y) owned by nobody"),
+            "{}",
+            stderr(&out)
         );
     }
     // Setup refuses the way, naming it sanitised.
