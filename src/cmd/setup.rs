@@ -367,7 +367,15 @@ fn take_dir(
             }
         }
         // Root's now, so nobody but root can move it: if it is still at
-        // the path, it stays there.
+        // the path, it stays there. A rename that passed the kernel's
+        // sticky check before the fchown may still be under way, though:
+        // making the name again waits for it (it takes the directory's
+        // lock, which a rename holds throughout) and fails.
+        let _ = nix::sys::stat::mkdirat(
+            &parent.fd,
+            name,
+            nix::sys::stat::Mode::from_bits_truncate(0o700),
+        );
         let still = nix::sys::stat::fstatat(&parent.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino);
         if !still {

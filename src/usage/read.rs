@@ -70,6 +70,21 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
         let Some(named_uid) = uid_of_name(&name) else {
             continue;
         };
+        // Judged before it is opened (a FIFO or a device is never opened,
+        // another user's private file is named as what it is), and again
+        // through the descriptor.
+        let judged = nix::sys::stat::fstatat(
+            &dir_fd,
+            name.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        let Ok(looked) = judged else {
+            continue;
+        };
+        if let Some(why) = untrusted_file(&looked, named_uid) {
+            notes.push(format!("{name}: skipped: {why}"));
+            continue;
+        }
         let c_name = CString::new(name.as_str()).expect("a file name has no NUL");
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let fd = match crate::sys::fs::openat(dir_fd.as_fd(), &c_name, flags, 0) {
@@ -82,17 +97,8 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
         let Ok(st) = nix::sys::stat::fstat(&fd) else {
             continue;
         };
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
-            notes.push(format!("{name}: skipped: not a regular file with one link"));
-            continue;
-        }
-        if st.st_uid != named_uid {
-            notes.push(format!(
-                "{name}: skipped: owned by {}, not by the user it is named for ({}); its \
-                 lines are counted for nobody",
-                crate::proc::process::user_name(st.st_uid),
-                crate::proc::process::user_name(named_uid)
-            ));
+        if let Some(why) = untrusted_file(&st, named_uid) {
+            notes.push(format!("{name}: skipped: {why}"));
             continue;
         }
         let mut text = Vec::new();
@@ -126,6 +132,22 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
         }
     }
     Ok((jobs, notes))
+}
+
+/// Why a usage file named for `named_uid` (its fstat `st`) is not counted,
+/// if it is not: only a regular file with one link that the user it is
+/// named for owns is that user's.
+fn untrusted_file(st: &libc::stat, named_uid: u32) -> Option<String> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
+        return Some("not a regular file with one link".to_owned());
+    }
+    (st.st_uid != named_uid).then(|| {
+        format!(
+            "owned by {}, not by the user it is named for ({}); its lines are counted for nobody",
+            crate::proc::process::user_name(st.st_uid),
+            crate::proc::process::user_name(named_uid)
+        )
+    })
 }
 
 /// `UID.jsonl`, `UID.TAG.jsonl` or either's `.old`: the uid it is named

@@ -32,7 +32,7 @@ fn fixture(name: &str) -> String {
 }
 
 /// The system's python3, which every user can run.
-fn python() -> &'static str {
+pub(crate) fn python() -> &'static str {
     if Path::new("/usr/bin/python3").exists() {
         "/usr/bin/python3"
     } else {
@@ -104,7 +104,7 @@ fn stranger_holds(s: &Scratch, uid: u32, args: &[&str], tag: &str) -> (Killed, u
 }
 
 /// Runs a command as `uid` to completion; whether it succeeded.
-fn user_does(uid: u32, program: &str, args: &[&str]) -> bool {
+pub(crate) fn user_does(uid: u32, program: &str, args: &[&str]) -> bool {
     as_user(uid, program)
         .args(args)
         .stdin(Stdio::null())
@@ -138,7 +138,7 @@ fn status_as(s: &Scratch, uid: u32, name: &str) -> serde_json::Value {
 }
 
 /// The one line a failing devlock says.
-fn one_line(out: &Output) -> String {
+pub(crate) fn one_line(out: &Output) -> String {
     let err = stderr(out);
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(err.starts_with("devlock: "), "{err}");
