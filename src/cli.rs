@@ -231,7 +231,9 @@ pub enum Command {
         (exit 2).\n\n\
         It also makes the usage directory (/var/lib/devlock/usage, or \
         $DEVLOCK_USAGE_DIR) root's, 1777 (root:G 1770 with --group), where every \
-        user's holds keep their records (see devlock-report(1)); with \
+        user's holds keep their records (see devlock-report(1)), reached as --dir is \
+        and checked before anything changes (a directory missing above it is made, \
+        root's 0755); with \
         --idle-timeout DURATION it sets the site's default idle timeout."
     )]
     Setup(SetupArgs),
@@ -292,7 +294,12 @@ records), else /var/lib/devlock/usage where devlock setup made it, else \
 /var/tmp/devlock-usage (made sticky and world-writable on first use). A file \
 counts only for the user the kernel says owns it, and only when it is named for \
 that user, a regular file with one link: nobody can write records counted as \
-another user's. A hold without an end line whose holder is gone (devlock was \
+another user's. Where another user made UID.jsonl (or its .old) first, the \
+holds' lines go to UID.TAG.jsonl (TAG random), which nobody can make first. A \
+usage directory another user owns (not root, not the caller) is not written to \
+(the run says so once) and the report notes that its records may be missing; \
+none is reached through another user's directory or symbolic link (for root: \
+anyone's but root's). A hold without an end line whose holder is gone (devlock was \
 killed, the machine went down) counts up to its last line, marked observed \
 later. A file over 16 MiB is renamed UID.jsonl.old (replacing the one before) as \
 its next hold starts; both are read.";

@@ -103,3 +103,66 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
         .and_then(|()| file.set_len(text.len() as u64))
         .with_context(|| format!("writing {}", crate::text::show_path(&path)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A line of a `.names` file as root writes it, or as another writer
+    /// might have left it: a name, padding, controls, far numbers, long
+    /// runs, invalid UTF-8.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            "[a-z][a-z0-9_.-]{0,12}(:[0-9]{1,5})?".prop_map(String::into_bytes),
+            "[ \t]{0,3}gpu:[0-9]{1,30}[ \t\r]{0,3}".prop_map(String::into_bytes),
+            "[\\x00-\\x1f\\x7f\u{202e}]{1,8}".prop_map(String::into_bytes),
+            "x{60,80}".prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 0..40),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the bytes: no panic, at most one name a line, and every
+        /// name one that a run accepts and prints as it was written.
+        #[test]
+        fn any_bytes_give_at_most_a_name_a_line(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            if let Some(names) = parse(&bytes) {
+                let lines = bytes.split(|&b| b == b'\n').count();
+                prop_assert!(names.len() <= lines);
+                for n in &names {
+                    let again: Option<Resource> = n.as_str().parse().ok();
+                    prop_assert_eq!(again.as_ref(), Some(n));
+                }
+            }
+        }
+
+        /// Lines mixed from names and garbage: exactly the lines that name
+        /// a resource come back, in order; one invalid UTF-8 byte anywhere
+        /// makes it no list at all.
+        #[test]
+        fn the_names_among_garbage_come_back_in_order(lines in proptest::collection::vec(line(), 0..64)) {
+            let bytes = lines.join(&b'\n');
+            let got = parse(&bytes);
+            let Ok(text) = std::str::from_utf8(&bytes) else {
+                prop_assert!(got.is_none());
+                return Ok(());
+            };
+            let want: Vec<Resource> = text
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            prop_assert_eq!(got, Some(want));
+        }
+    }
+
+    #[test]
+    fn a_list_larger_than_root_writes_is_none() {
+        let mut big = b"gpu\n".repeat((MOST / 4) as usize);
+        assert_eq!(parse(&big).map(|v| v.len()), Some((MOST / 4) as usize));
+        big.push(b'\n');
+        assert!(parse(&big).is_none());
+    }
+}

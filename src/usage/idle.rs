@@ -231,6 +231,51 @@ mod tests {
         assert!(p.check(Some(at(110)), at(300)).is_empty(), "stopped once");
     }
 
+    mod site_file {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever the bytes: no panic, and a timeout only from a
+            /// short file, never zero.
+            #[test]
+            fn any_bytes_give_no_timeout_or_a_short_files_nonzero_one(
+                bytes in proptest::collection::vec(any::<u8>(), 0..200)
+            ) {
+                if let Some(d) = parse_site(&bytes) {
+                    prop_assert!(bytes.len() as u64 <= MOST_SITE);
+                    prop_assert!(!d.is_zero());
+                }
+            }
+
+            /// Adversarial text: far numbers, fractions, signs, units,
+            /// controls and padding; never a panic, and what setup writes
+            /// reads back the same.
+            #[test]
+            fn far_numbers_and_junk_never_panic(
+                text in "[ \t\n\r]{0,3}[-+]?[0-9]{0,40}(\\.[0-9]{0,20})?(e[0-9]{1,4})?(ns|us|ms|s|m|h|d|w|y|years|NaN|inf|[\\x00-\\x1f])?[ \t\n]{0,3}",
+                secs in 1u64..10_000_000_000,
+            ) {
+                let _ = parse_site(text.as_bytes());
+                let written = format!("{}\n", humantime::format_duration(Duration::from_secs(secs)));
+                prop_assert_eq!(parse_site(written.as_bytes()), Some(Duration::from_secs(secs)));
+            }
+        }
+
+        #[test]
+        fn a_zero_a_long_or_a_broken_file_says_nothing() {
+            assert_eq!(parse_site(b"2h\n"), Some(Duration::from_secs(7200)));
+            assert_eq!(parse_site(b"90"), Some(Duration::from_secs(90)));
+            for bad in [&b"0s"[..], b"", b"\xff2h", b"-5s", b"nan", b"1e400"] {
+                assert_eq!(parse_site(bad), None, "{bad:?}");
+            }
+            let long = format!("{}2h", " ".repeat(63));
+            assert_eq!(parse_site(long.as_bytes()), None);
+        }
+    }
+
     #[test]
     fn a_long_timeout_has_a_bounded_grace() {
         assert_eq!(grace(Duration::from_secs(7200)), MAX_GRACE);
