@@ -123,6 +123,7 @@ pub(crate) fn setup_raced_by_a_user_swapping_the_usage_directory_for_a_link_chan
         pid_in(&ready);
         let out = run_as(&s, 0, &usage, &["setup", "r"]);
         drop(racer);
+        assert_untouched(&file, &dir);
         match out.status.code() {
             Some(0) => {
                 took_over += 1;
@@ -144,7 +145,6 @@ pub(crate) fn setup_raced_by_a_user_swapping_the_usage_directory_for_a_link_chan
             }
             _ => panic!("setup: {}{}", stdout(&out), stderr(&out)),
         }
-        assert_untouched(&file, &dir);
     }
     assert!(took_over > 0, "setup never won ({raced} raced out)");
 }
