@@ -1,13 +1,15 @@
 //! Usage records: one JSON line when a hold's command has started, one every
 //! [`PROGRESS_EVERY`] while it runs and one when it has ended, appended to
-//! the holder's own file in the usage directory (`UID.jsonl`), kept across
-//! reboots; and where that directory is.
+//! the holder's own file in the usage directory (`UID.jsonl`, or
+//! `UID.TAG.jsonl` where a co-user made that name first), kept across
+//! reboots; and where that directory is, and whether it can be trusted.
 //!
 //! Who a record is for comes from the kernel, never from the line: a file
 //! counts for the user who owns it (fstat), and only a regular file with one
 //! link does. A user can therefore write false lines only into a file of
-//! their own, counted as their own jobs. Nothing here runs before the
-//! command has started: the take pays nothing.
+//! their own, counted as their own jobs; and nobody else can remove one in
+//! a sticky directory that root or its user owns, the only kind written to.
+//! Nothing here runs before the command has started: the take pays nothing.
 
 pub(crate) mod history;
 pub(crate) mod idle;
@@ -365,10 +367,11 @@ fn open_own(dir: &Path) -> Result<std::fs::File, String> {
         return Ok(file);
     }
     // Ours (checked): renamed over the old one (ours or missing, or the
-    // rename fails and this file grows on), then made anew.
+    // rename fails and this file grows on), then made anew under the same
+    // stem, so that a user keeps one file and one .old.
     let (from, to) = (format!("{stem}.jsonl"), format!("{stem}.jsonl.old"));
     if nix::fcntl::renameat(&dir_fd, from.as_str(), &dir_fd, to.as_str()).is_ok()
-        && let Ok((_, anew)) = open_file(&dir_fd, uid)
+        && let Ok(Some(anew)) = open_stem(&dir_fd, &stem, uid)
     {
         return Ok(anew);
     }
@@ -378,45 +381,50 @@ fn open_own(dir: &Path) -> Result<std::fs::File, String> {
 /// The file of this user's records in the usage directory open as `dir`,
 /// and its stem: `UID.jsonl`, or, where a co-user made that name (or its
 /// `.old`) first, one of this user's `UID.TAG.jsonl` (TAG sixteen random
-/// hex digits: nobody can make it before this user has). Made 0644 with
-/// O_EXCL when missing, opened without O_CREAT when there
-/// (`fs.protected_regular`), never through a symbolic link, and kept only
-/// as a regular file of this user's with one link: in a sticky directory
-/// nobody else can then rename, replace or remove it.
+/// hex digits: nobody can make it before this user has).
 fn open_file(dir: &OwnedFd, uid: u32) -> io::Result<(String, std::fs::File)> {
-    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     for _ in 0..TRIES {
         let stem = stem_for(dir, uid)?;
-        let name = CString::new(format!("{stem}.jsonl")).expect("no NUL in a number");
-        let fd = match crate::sys::fs::openat(dir.as_fd(), &name, flags | OFlag::O_NONBLOCK, 0) {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                match crate::sys::fs::openat(
-                    dir.as_fd(),
-                    &name,
-                    flags | OFlag::O_CREAT | OFlag::O_EXCL,
-                    0o644,
-                ) {
-                    Ok(fd) => {
-                        crate::sys::fs::fchmod(&fd, 0o644)?;
-                        fd
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            // Something else took the name meanwhile (a link, a FIFO, a
-            // file of theirs): looked at again, and passed over.
-            Err(_) => continue,
-        };
-        let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
-        if is_ours(&st, uid) {
-            return Ok((stem, std::fs::File::from(fd)));
+        if let Some(file) = open_stem(dir, &stem, uid)? {
+            return Ok((stem, file));
         }
     }
     Err(io::Error::other(
         "co-users keep taking the names of this user's usage file",
     ))
+}
+
+/// `STEM.jsonl` open for appending: made 0644 with O_EXCL when missing,
+/// opened without O_CREAT when there (`fs.protected_regular`), never
+/// through a symbolic link, and kept only as a regular file of this user's
+/// with one link (in a sticky directory nobody else can then rename,
+/// replace or remove it); `None` when something else took the name.
+fn open_stem(dir: &OwnedFd, stem: &str, uid: u32) -> io::Result<Option<std::fs::File>> {
+    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let name = CString::new(format!("{stem}.jsonl")).expect("no NUL in a number");
+    let fd = match crate::sys::fs::openat(dir.as_fd(), &name, flags | OFlag::O_NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match crate::sys::fs::openat(
+                dir.as_fd(),
+                &name,
+                flags | OFlag::O_CREAT | OFlag::O_EXCL,
+                0o644,
+            ) {
+                Ok(fd) => {
+                    crate::sys::fs::fchmod(&fd, 0o644)?;
+                    fd
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        // Something else took the name meanwhile (a link, a FIFO, a file
+        // of theirs): passed over.
+        Err(_) => return Ok(None),
+    };
+    let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
+    Ok(is_ours(&st, uid).then(|| std::fs::File::from(fd)))
 }
 
 /// A regular file of `uid`'s with one link.
@@ -446,12 +454,15 @@ fn stem_for(dir: &OwnedFd, uid: u32) -> io::Result<String> {
     let mut tagged: Vec<String> = read::names(dir)?
         .into_iter()
         .filter_map(|name| {
-            let stem = name.strip_suffix(".jsonl")?;
+            let stem = name
+                .strip_suffix(".jsonl")
+                .or_else(|| name.strip_suffix(".jsonl.old"))?;
             let (named, tag) = read::parse_stem(stem)?;
             (named == uid && tag).then(|| stem.to_owned())
         })
         .collect();
     tagged.sort();
+    tagged.dedup();
     if let Some(stem) = tagged.into_iter().find(|s| usable(s)) {
         return Ok(stem);
     }

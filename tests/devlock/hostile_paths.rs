@@ -293,9 +293,7 @@ fn tagged_files(dir: &Path, uid: u32) -> Vec<PathBuf> {
             let name = p.file_name().unwrap().to_str().unwrap().to_owned();
             name.strip_prefix(&format!("{uid}."))
                 .and_then(|rest| rest.strip_suffix(".jsonl"))
-                .is_some_and(|tag| {
-                    tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit())
-                })
+                .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
         })
         .collect()
 }
@@ -362,13 +360,35 @@ pub(crate) fn in_a_managed_usage_directory_a_co_user_cannot_stop_hide_or_remove_
         assert!(!user_does(USER_B, "sh", &["-c", &script]), "{script}");
     }
     assert_eq!(std::fs::read_to_string(file).unwrap(), text);
-    // Root's report and A's count both jobs for A, and name the squat.
+    // Past 16 MiB it becomes the same stem's .old as the next hold starts,
+    // and the hold goes on under the same stem: one file and one .old.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(17 << 20)
+        .unwrap();
+    let out = run_as(&s, USER_A, &usage, &["--step", "third", "r", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(tagged_files(&usage, USER_A), files, "the same stem");
+    let old = PathBuf::from(format!("{}.old", file.display()));
+    assert_eq!(std::fs::metadata(&old).unwrap().len(), 17 << 20);
+    assert_eq!(owner_mode(&old), (USER_A, 0o644));
+    let text = std::fs::read_to_string(file).unwrap();
+    assert_eq!(text.matches("\"event\":\"start\"").count(), 1, "{text}");
+    // Root's report and A's count every job for A, and name the squat.
     for uid in [0, USER_A] {
         let (doc, err) = report_json(&s, uid, &usage);
-        assert_eq!(steps_of(&doc, "nobody"), ["first", "second"], "{doc}");
+        assert_eq!(
+            steps_of(&doc, "nobody"),
+            ["first", "second", "third"],
+            "{doc}"
+        );
         let notes = doc["notes"].to_string();
         assert!(
-            notes.contains(&format!("{a}.jsonl: skipped: owned by {USER_B}, not by the user")),
+            notes.contains(&format!(
+                "{a}.jsonl: skipped: owned by {USER_B}, not by the user"
+            )),
             "{notes}"
         );
         assert_eq!(err, "");
