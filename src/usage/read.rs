@@ -261,3 +261,29 @@ fn holder_alive(start: &Start) -> bool {
     };
     this_boot && crate::proc::process::start_time(start.pid) == Some(start.pid_start)
 }
+
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    #[test]
+    fn usage_files_are_named_for_a_uid_with_an_optional_random_tag() {
+        for (name, uid) in [
+            ("1000.jsonl", Some(1000)),
+            ("1000.jsonl.old", Some(1000)),
+            ("0.0123456789abcdef.jsonl", Some(0)),
+            ("7.0123456789abcdef.jsonl.old", Some(7)),
+            ("1000.0123456789ABCDEF.jsonl", None),
+            ("1000.0123456789abcde.jsonl", None),
+            ("1000.0123456789abcdef0.jsonl", None),
+            ("1000..jsonl", None),
+            (".jsonl", None),
+            ("+1.jsonl", None),
+            ("99999999999.jsonl", None),
+            ("1000.jsonl.old.old", None),
+            ("1000.json", None),
+        ] {
+            assert_eq!(uid_of_name(name), uid, "{name}");
+        }
+    }
+}
