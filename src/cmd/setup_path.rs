@@ -90,18 +90,6 @@ pub(crate) enum Stop {
     Refused(anyhow::Error),
 }
 
-impl From<Stop> for anyhow::Error {
-    fn from(stop: Stop) -> anyhow::Error {
-        match stop {
-            Stop::Missing(real) => coded(
-                ExitCode::IoError,
-                format!("{} does not exist", show_path(&real)),
-            ),
-            Stop::Refused(e) => e,
-        }
-    }
-}
-
 /// Setup's walk to the directory that holds `--dir` (see [`walk`]): a
 /// missing directory on the way is refused too.
 pub(crate) fn reach(dir: &Path) -> Result<Parent> {
