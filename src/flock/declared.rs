@@ -128,7 +128,7 @@ mod tests {
         /// Whatever the bytes: no panic, at most one name a line, and every
         /// name one that a run accepts and prints as it was written.
         #[test]
-        fn any_bytes_give_at_most_a_name_a_line(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        fn any_bytes_give_at_most_a_name_a_line(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
             if let Some(names) = parse(&bytes) {
                 let lines = bytes.split(|&b| b == b'\n').count();
                 prop_assert!(names.len() <= lines);
@@ -143,7 +143,7 @@ mod tests {
         /// a resource come back, in order; one invalid UTF-8 byte anywhere
         /// makes it no list at all.
         #[test]
-        fn the_names_among_garbage_come_back_in_order(lines in proptest::collection::vec(line(), 0..64)) {
+        fn the_names_among_garbage_come_back_in_order(lines in proptest::collection::vec(line(), 0..24)) {
             let bytes = lines.join(&b'\n');
             let got = parse(&bytes);
             let Ok(text) = std::str::from_utf8(&bytes) else {
@@ -160,8 +160,9 @@ mod tests {
 
     #[test]
     fn a_list_larger_than_root_writes_is_none() {
-        let mut big = b"gpu\n".repeat((MOST / 4) as usize);
-        assert_eq!(parse(&big).map(|v| v.len()), Some((MOST / 4) as usize));
+        let mut big = b"gpu\n".to_vec();
+        big.resize(MOST as usize, b'x');
+        assert_eq!(parse(&big).map(|v| v.len()), Some(1));
         big.push(b'\n');
         assert!(parse(&big).is_none());
     }
