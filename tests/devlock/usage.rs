@@ -649,7 +649,9 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
         "{table}"
     );
     assert!(
-        stderr(&out).contains("1 unreadable lines skipped"),
+        stderr(&out).contains(&format!(
+            "devlock: note: {uid}.jsonl: 1 line skipped, unreadable or out of bounds"
+        )),
         "{}",
         stderr(&out)
     );
