@@ -302,7 +302,9 @@ none is reached through another user's directory or symbolic link (for root: \
 anyone's but root's). A hold without an end line whose holder is gone (devlock was \
 killed, the machine went down) counts up to its last line, marked observed \
 later. A file over 16 MiB is renamed UID.jsonl.old (replacing the one before) as \
-its next hold starts; both are read.";
+its next hold starts; both are read. Each line is checked against bounds (times, \
+lists, figures) before use: one that fails is skipped and counted in one note \
+naming its file.";
 
 /// Arguments of `devlock report`.
 #[derive(Debug, Args)]

@@ -344,10 +344,7 @@ pub(crate) fn render(snapshot: &Snapshot) -> String {
         indices
             .into_iter()
             .map(|i| {
-                let held = snapshot
-                    .history
-                    .get(&i)
-                    .map_or(0, |s| crate::usage::history::held_ms(s));
+                let held = snapshot.history.get(&i).map_or(0, |day| day.held_ms);
                 (vec![i.to_string()], held as f64 / 1000.0)
             })
             .collect(),

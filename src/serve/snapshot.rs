@@ -37,8 +37,9 @@ pub(crate) struct Snapshot {
     pub(crate) history: Arc<History>,
 }
 
-/// Each GPU's holds of the last 24 hours.
-pub(crate) type History = std::collections::BTreeMap<u32, Vec<crate::usage::history::Span>>;
+/// Each GPU's holds of the last 24 hours (bounded: see
+/// [`crate::usage::history`]).
+pub(crate) type History = std::collections::BTreeMap<u32, crate::usage::history::Day>;
 
 /// How long a history answers before the records are read again.
 const HISTORY_FRESH_FOR: Duration = Duration::from_secs(60);

@@ -13,6 +13,7 @@
 
 pub(crate) mod history;
 pub(crate) mod idle;
+pub(crate) mod line;
 pub(crate) mod read;
 pub(crate) mod report;
 pub(crate) mod sample;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use nix::fcntl::OFlag;
 
-use super::{How, Line, MAX_LINE, Measured, Start};
+use super::{How, Line, Measured, Start, line};
 
 /// Largest usage file read (a file is rotated at [`super::ROTATE_AT`]).
 const MAX_FILE: u64 = 64 * 1024 * 1024;
@@ -65,7 +65,6 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
     names.sort();
     let mut jobs: Vec<Job> = Vec::new();
     let mut index: HashMap<(u32, String), usize> = HashMap::new();
-    let mut unreadable = 0usize;
     for name in names {
         let Some(named_uid) = uid_of_name(&name) else {
             continue;
@@ -105,28 +104,16 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
         let _ = std::fs::File::from(fd)
             .take(MAX_FILE)
             .read_to_end(&mut text);
-        for raw in text.split(|&b| b == b'\n') {
-            if raw.is_empty() {
-                continue;
-            }
-            let line = (raw.len() <= MAX_LINE)
-                .then(|| serde_json::from_slice::<Line>(raw).ok())
-                .flatten();
-            let Some(line) = line else {
-                unreadable += 1;
-                continue;
-            };
-            add(&mut jobs, &mut index, st.st_uid, line);
-        }
+        notes.extend(add_file(
+            &mut jobs, &mut index, st.st_uid, &name, &text, now_ms,
+        ));
     }
-    if unreadable > 0 {
-        notes.push(format!("{unreadable} unreadable lines skipped"));
-    }
+    let here = Here::now();
     for job in &mut jobs {
         if job.ending == Ending::Recorded {
             continue;
         }
-        if holder_alive(&job.start) {
+        if here.runs(&job.start) {
             job.ending = Ending::Running;
             job.end_ms = now_ms.max(job.start.start_ms);
         }
@@ -192,6 +179,38 @@ pub(super) fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
     Ok(names)
 }
 
+/// Adds the lines of one file (`name`, owned by `uid`) to `jobs`, each
+/// taken in by [`line::parse`] as read at `now_ms`; a note naming the file
+/// when it skipped any, with the first one's number and why.
+fn add_file(
+    jobs: &mut Vec<Job>,
+    index: &mut HashMap<(u32, String), usize>,
+    uid: u32,
+    name: &str,
+    text: &[u8],
+    now_ms: u64,
+) -> Option<String> {
+    let mut skipped = 0usize;
+    let mut first = None;
+    for (number, raw) in text.split(|&b| b == b'\n').enumerate() {
+        if raw.is_empty() {
+            continue;
+        }
+        match line::parse(raw, now_ms) {
+            Ok(line) => add(jobs, index, uid, line),
+            Err(why) => {
+                skipped += 1;
+                first.get_or_insert((number + 1, why));
+            }
+        }
+    }
+    let (number, why) = first?;
+    Some(format!(
+        "{name}: {skipped} {} skipped, unreadable or out of bounds (line {number}: {why})",
+        if skipped == 1 { "line" } else { "lines" }
+    ))
+}
+
 fn add(jobs: &mut Vec<Job>, index: &mut HashMap<(u32, String), usize>, uid: u32, line: Line) {
     match line {
         Line::Start(start) => {
@@ -249,17 +268,72 @@ fn add(jobs: &mut Vec<Job>, index: &mut HashMap<(u32, String), usize>, uid: u32,
     }
 }
 
-/// Whether the holder a start line names still runs here: this host, this
-/// boot, the pid with the same start time.
-fn holder_alive(start: &Start) -> bool {
-    if start.host.is_some() && start.host != super::host() {
-        return false;
+/// This host and boot, looked up once per read: whether a start line's
+/// holder still runs here.
+struct Here {
+    host: Option<String>,
+    boot_id: Option<String>,
+}
+
+impl Here {
+    fn now() -> Here {
+        Here {
+            host: super::host(),
+            boot_id: crate::proc::process::boot_id(),
+        }
     }
-    let this_boot = match (&start.boot_id, crate::proc::process::boot_id()) {
-        (Some(then), Some(now)) => *then == now,
-        _ => true,
-    };
-    this_boot && crate::proc::process::start_time(start.pid) == Some(start.pid_start)
+
+    /// Whether the holder `start` names still runs here: this host, this
+    /// boot, the pid with the same start time.
+    fn runs(&self, start: &Start) -> bool {
+        if start.host.is_some() && start.host != self.host {
+            return false;
+        }
+        let this_boot = match (&start.boot_id, &self.boot_id) {
+            (Some(then), Some(now)) => then == now,
+            _ => true,
+        };
+        this_boot && crate::proc::process::start_time(start.pid) == Some(start.pid_start)
+    }
+}
+
+#[cfg(test)]
+impl Job {
+    /// A job `uid` held on `gpus` from `start_ms` to `end_ms`, as its step,
+    /// ended by an exit: for the tests of what is made of jobs.
+    pub(crate) fn for_test(
+        uid: u32,
+        start_ms: u64,
+        end_ms: u64,
+        gpus: Vec<u32>,
+        step: &str,
+    ) -> Job {
+        Job {
+            uid,
+            start: Start {
+                v: super::VERSION,
+                job: format!("j-{start_ms}-{end_ms}"),
+                resources: vec![crate::gpu::gate::GPU_GROUP.into()],
+                gpus,
+                step: step.into(),
+                pid: 1,
+                pid_start: 1,
+                boot_id: None,
+                host: None,
+                start_ms,
+                waited_ms: 0,
+                mem_mib: None,
+                idle_timeout_s: None,
+                from: "cli".into(),
+            },
+            end_ms,
+            ending: Ending::Recorded,
+            how: Some(How::Exit),
+            code: Some(0),
+            signal: None,
+            measured: Measured::default(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -69,6 +69,7 @@ mod etcd_tls;
 mod generated;
 mod granularity;
 mod hostile_paths;
+mod hostile_records;
 mod kills;
 mod manners;
 mod nvml;

@@ -55,7 +55,7 @@ fn hold_script(s: &Scratch, tag: &str) -> (String, PathBuf) {
 }
 
 /// `devlock` as `uid` (root for 0), with the scratch directory's env.
-fn devlock_as(s: &Scratch, uid: u32) -> Command {
+pub(crate) fn devlock_as(s: &Scratch, uid: u32) -> Command {
     let mut cmd = if uid == 0 {
         Command::new(BIN)
     } else {
@@ -115,7 +115,7 @@ pub(crate) fn user_does(uid: u32, program: &str, args: &[&str]) -> bool {
 }
 
 /// Writes `bytes` over the file at `path`, as `uid`.
-fn write_as(uid: u32, path: &Path, bytes: &[u8]) {
+pub(crate) fn write_as(uid: u32, path: &Path, bytes: &[u8]) {
     let mut child = as_user(uid, python())
         .arg(fixture("stranger.py"))
         .arg("write")
