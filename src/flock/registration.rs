@@ -293,9 +293,9 @@ pub(crate) fn live_waiters(
         // kernel shows holding this very file.
         let inherited = own
             && !alive_in_kernel
-            && record.child.is_some_and(|c| {
-                record.names_child(c) && crate::proc::locks::holds_flock(c, id) == Some(true)
-            });
+            && record
+                .child
+                .is_some_and(|c| record.names_child(c) && table.holds_flock(c, id) == Some(true));
         if alive_in_kernel || inherited || (own && kind == Kind::Hold) {
             waiters.push(Waiter {
                 resource,
