@@ -316,7 +316,8 @@ fn step(
     match &mut conn.phase {
         Phase::Reading(head) => {
             let before = head.len();
-            let Some((_, ended)) = read_some(&mut conn.stream, &mut chunk, head, http::MAX_HEAD + 4)
+            let Some((_, ended)) =
+                read_some(&mut conn.stream, &mut chunk, head, http::MAX_HEAD + 4)
             else {
                 return false;
             };
@@ -508,7 +509,10 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let now = Instant::now() + Duration::from_secs(100);
         let mut conns = HashMap::new();
-        conns.insert(1, conn(&stream, 9, Phase::Answering { head_only: false }, now));
+        conns.insert(
+            1,
+            conn(&stream, 9, Phase::Answering { head_only: false }, now),
+        );
         conns.insert(
             2,
             conn(
