@@ -395,6 +395,151 @@ mod tests {
         }
     }
 
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// What a refusal may be: 400, 405, 431 or 505, a short body.
+        fn refused_as_documented(response: &Response) -> Result<(), TestCaseError> {
+            prop_assert!(
+                [400, 405, 431, 505].contains(&response.status),
+                "{}",
+                response.status
+            );
+            prop_assert!(response.body.len() < 1024);
+            prop_assert!(!reason(response.status).is_empty());
+            Ok(())
+        }
+
+        /// A request accepted is what serve can act on: GET or HEAD, a
+        /// path of the head's own bytes without controls or spaces, a
+        /// Host without controls.
+        fn accepted_is_sane(head: &[u8], request: &Request) -> Result<(), TestCaseError> {
+            prop_assert!(request.path.starts_with('/'));
+            prop_assert!(request.path.len() <= head.len());
+            prop_assert!(!request.path.bytes().any(|b| b <= b' ' || b == 0x7f));
+            prop_assert!(!request.path.contains(['?', '#']));
+            if let Some(host) = &request.host {
+                prop_assert!(host.len() <= head.len());
+                prop_assert!(!host.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f));
+                let _ = is_local_host(host);
+            }
+            Ok(())
+        }
+
+        /// Pieces of request heads, right and wrong.
+        fn line_piece() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                3 => prop::sample::select(vec![
+                    "GET", "HEAD", "POST", "get", "G(T", "", " ", "/", "/metrics", "/?a=b#c",
+                    "http://localhost:1/x", "HTTP://x", "ftp://x/", "*", "HTTP/1.1", "HTTP/1.0",
+                    "HTTP/2", "HTTP/", "Host: localhost", "Host: a", "Host:", "Host : a",
+                    "Content-Length: 0", "Content-Length: 99999999999999999999",
+                    "Transfer-Encoding: chunked", "X: \u{1}", " folded", "\t", "\r", "\r\n",
+                    "\n", ":", "a:b",
+                ]).prop_map(|p| p.as_bytes().to_vec()),
+                1 => prop::collection::vec(any::<u8>(), 0..16),
+                1 => "\\PC{0,16}".prop_map(String::into_bytes),
+                1 => (1usize..10_000).prop_map(|n| vec![b'x'; n]),
+            ]
+        }
+
+        fn head_of_pieces() -> impl Strategy<Value = Vec<u8>> {
+            prop::collection::vec(
+                (
+                    line_piece(),
+                    prop::sample::select(vec![&b" "[..], b"\r\n", b"\n", b""]),
+                ),
+                0..24,
+            )
+            .prop_map(|pieces| {
+                let mut head: Vec<u8> = pieces
+                    .into_iter()
+                    .flat_map(|(piece, sep)| piece.into_iter().chain(sep.iter().copied()))
+                    .collect();
+                head.extend_from_slice(b"\r\n\r\n");
+                head
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any bytes: no panic; refused as documented, or accepted
+            /// and sane.
+            #[test]
+            fn any_head_is_refused_as_documented_or_sane(
+                head in prop_oneof![
+                    prop::collection::vec(any::<u8>(), 0..(MAX_HEAD + 64)),
+                    head_of_pieces(),
+                ],
+            ) {
+                match parse(&head) {
+                    Ok(request) => accepted_is_sane(&head, &request)?,
+                    Err(refusal) => refused_as_documented(&refusal)?,
+                }
+                if let Some(end) = head_end(&head) {
+                    prop_assert!(end <= head.len());
+                    prop_assert!(head[..end].ends_with(b"\n\n") || head[..end].ends_with(b"\r\n\r\n"));
+                }
+            }
+
+            /// A well-formed GET or HEAD of any path and Host is read as
+            /// it was sent, however many fields (within the limit) and
+            /// whatever their values; one field too many is a 431.
+            #[test]
+            fn well_formed_requests_are_read_as_sent(
+                head_method in any::<bool>(),
+                path in "/[A-Za-z0-9._~/%-]{0,200}",
+                query in prop::option::of("[A-Za-z0-9=&%]{0,50}"),
+                host in "[a-z0-9.-]{1,60}(:[0-9]{1,5})?",
+                fields in prop::collection::vec(("[A-Za-z0-9-]{1,20}", "[ -~]{0,100}"), 0..MAX_FIELDS),
+                too_many in any::<bool>(),
+            ) {
+                let method = if head_method { "HEAD" } else { "GET" };
+                let target = match &query {
+                    Some(q) => format!("{path}?{q}"),
+                    None => path.clone(),
+                };
+                let mut text = format!("{method} {target} HTTP/1.1\r\nHost: {host}\r\n");
+                let fields: Vec<_> = fields
+                    .into_iter()
+                    .filter(|(name, _)| {
+                        !["host", "content-length", "transfer-encoding"]
+                            .contains(&name.to_ascii_lowercase().as_str())
+                    })
+                    .collect();
+                let mut count = 1 + fields.len();
+                for (name, value) in &fields {
+                    text.push_str(&format!("{name}: {value}\r\n"));
+                }
+                while too_many && count <= MAX_FIELDS {
+                    text.push_str("X-Pad: 1\r\n");
+                    count += 1;
+                }
+                text.push_str("\r\n");
+                match parse(text.as_bytes()) {
+                    Ok(request) => {
+                        prop_assert!(count <= MAX_FIELDS);
+                        prop_assert_eq!(request.method, if head_method { Method::Head } else { Method::Get });
+                        prop_assert_eq!(request.path, path);
+                        prop_assert_eq!(request.host.as_deref(), Some(host.as_str()));
+                    }
+                    Err(refusal) => {
+                        prop_assert!(count > MAX_FIELDS, "{}: {}", refusal.status, text);
+                        prop_assert_eq!(refusal.status, 431);
+                    }
+                }
+            }
+
+            /// Any Host: no panic (it is compared, never resolved).
+            #[test]
+            fn any_host_is_judged_without_panic(host in "\\PC{0,300}") {
+                let _ = is_local_host(&host);
+            }
+        }
+    }
+
     #[test]
     fn dates_are_imf_fixdates() {
         use std::time::Duration;
