@@ -115,10 +115,12 @@ impl Descriptors {
     }
 
     /// What the descriptors of every process this user may inspect (root:
-    /// all) hold, by file.
+    /// all) hold, by file: the scan another look made less than
+    /// [`SCAN_FRESH`] ago (the candidates of one `--any` share it), else
+    /// one made now from this look's readings.
     pub(crate) fn everyone(&self) -> Arc<FdScan> {
         self.everyone
-            .get_or_init(|| Arc::new(FdScan::of(|pid| self.of(pid))))
+            .get_or_init(|| shared_scan(SCAN_FRESH, || FdScan::of(|pid| self.of(pid))))
             .clone()
     }
 }
@@ -171,8 +173,8 @@ impl FdScan {
     }
 }
 
-/// How long one pass over the processes answers for, outside a look (a
-/// take's questions: is this agreement byte a devlock's).
+/// How long one pass over every process answers for, to later looks and
+/// to a take's questions (is this agreement byte a devlock's).
 pub(crate) const SCAN_FRESH: Duration = Duration::from_millis(250);
 
 static SCAN: Mutex<Option<(Instant, Arc<FdScan>)>> = Mutex::new(None);
@@ -187,13 +189,19 @@ pub(crate) fn fd_scan() -> Arc<FdScan> {
 /// question whose answer decides, not only names: is this lock a
 /// devlock's, asked again after the cached scan did not show its owner).
 pub(crate) fn fd_scan_within(fresh: Duration) -> Arc<FdScan> {
+    shared_scan(fresh, || FdScan::of(|pid| read_process(pid).map(Arc::new)))
+}
+
+/// The shared scan if one made less than `fresh` ago answers, else the one
+/// `make` makes now, shared from then on.
+fn shared_scan(fresh: Duration, make: impl FnOnce() -> FdScan) -> Arc<FdScan> {
     let mut cached = SCAN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((at, scan)) = cached.as_ref()
         && at.elapsed() < fresh
     {
         return scan.clone();
     }
-    let scan = Arc::new(FdScan::of(|pid| read_process(pid).map(Arc::new)));
+    let scan = Arc::new(make());
     *cached = Some((Instant::now(), scan.clone()));
     scan
 }
