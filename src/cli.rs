@@ -381,8 +381,12 @@ The default port, 10425, is outside Prometheus' list of exporter ports (full fro
 range for ephemeral ports (32768-60999, where a client's port can take it first) \
 and clear of what GPU machines often run (Jupyter, TensorBoard, Ray, the kubelet \
 at 10250). A request is a GET or HEAD of one of those three paths, its request \
-line and headers at most 8 KiB and read within 5 seconds; 16 are answered at \
-once and more get 503. Listening on a loopback address, it answers only requests \
+line and headers at most 8 KiB and in within 5 seconds of the connection (else \
+408). It keeps 256 connections, waiting on all of them in one thread, so a \
+client that sends half a request and waits costs it a slot, not a thread: one \
+connection more drops the oldest idle or slow one (still sending its request, \
+or not reading its answer), and is told 503 only while all 256 are being \
+answered (see LIMITS in devlock-serve(1)). Listening on a loopback address, it answers only requests \
 for localhost or an IP address (Host), so that a web page elsewhere cannot read \
 it through DNS rebinding. To share it beyond this machine, put a reverse proxy \
 with authentication in front (see WHO CAN SEE WHAT in devlock-serve(1)). It exits 1 when it cannot \

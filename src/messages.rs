@@ -741,6 +741,12 @@ pub(crate) mod serve {
         format!("devlock serve is answering {limit} requests already; try again in a moment\n")
     }
 
+    /// What stopped the server once it listened (poll failed, no thread
+    /// could start).
+    pub(crate) fn stopped(err: &std::io::Error) -> String {
+        format!("devlock serve stopped: {}", crate::proc::os_text(err))
+    }
+
     /// 500: the status could not be read (the scratch directory is unsafe,
     /// /proc cannot be read).
     pub(crate) fn no_status(err: &anyhow::Error) -> String {

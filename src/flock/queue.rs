@@ -613,7 +613,7 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
 pub(crate) fn holds_place(table: &LockTable, queue: FileId, ticket: u64, pid: u32) -> bool {
     let at = SLOT_BASE as u64 + ticket;
     let place = |l: &RangeLock| !l.blocked && l.exclusive && l.start == at && l.end == Some(at);
-    match crate::proc::locks::range_locks_of(pid, queue) {
+    match table.range_locks_of(pid, queue) {
         Some(own) => own.iter().any(place),
         None => table.ranges(queue).iter().any(|l| l.ofd && place(l)),
     }

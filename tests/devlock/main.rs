@@ -70,6 +70,7 @@ mod generated;
 mod granularity;
 mod hostile_paths;
 mod hostile_records;
+mod hostile_serve;
 mod kills;
 mod manners;
 mod nvml;

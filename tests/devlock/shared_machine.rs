@@ -23,7 +23,7 @@ const SLOT_BASE: u64 = 1 << 20;
 /// Where the slot-count agreement bytes start.
 const AGREE_BASE: u64 = 4096;
 
-fn fixture(name: &str) -> String {
+pub(crate) fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
