@@ -163,6 +163,18 @@ impl ScratchDir {
         &self.path
     }
 
+    /// Whether an exclusive holder's record goes into its lock file here:
+    /// only in a directory made for locks, sticky as devlock and `devlock
+    /// setup` make them (and /tmp is), where `NAME.lock` is the gate's.
+    /// Anywhere else (`--dir .` in a project) `NAME.lock` may be a file the
+    /// command owns (cargo's `Cargo.lock`, yarn's `yarn.lock`), and one
+    /// devlock made would hand the command its record as the file's
+    /// content (issue #32.10): the record goes into a registration of its
+    /// own, as a shared holder's does, and the lock file is never written.
+    pub(crate) fn records_in_lock_files(&self) -> bool {
+        nix::sys::stat::fstat(self.fd.as_fd()).is_ok_and(|st| st.st_mode & libc::S_ISVTX != 0)
+    }
+
     pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
