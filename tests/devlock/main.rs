@@ -68,6 +68,7 @@ mod etcd_server;
 mod etcd_tls;
 mod generated;
 mod granularity;
+mod hostile_takes;
 mod kills;
 mod manners;
 mod nvml;
