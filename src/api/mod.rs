@@ -15,7 +15,7 @@ use std::time::Duration;
 pub use crate::take::HeldLock;
 pub use budget::{BudgetEvent, BudgetSink};
 pub use hold::Hold;
-pub use lock::{Guard, Lock, Options, Wait};
+pub use lock::{Lock, Options, Wait};
 pub use spec::{Spec, duration_of};
 pub use take::Acquiring;
 pub use usage::{IdleEvent, IdleSink};

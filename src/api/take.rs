@@ -368,6 +368,12 @@ mod tests {
     #[test]
     fn a_member_takes_its_group_shared_and_sets_cuda() {
         let tmp = tempfile::tempdir().unwrap();
+        // A directory made for locks (sticky): the records are in the lock files.
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+        )
+        .unwrap();
         let hold = take_now(tmp.path(), &Spec::new(["gpu:1", "gpu:0"]), &[]).unwrap();
         assert_eq!(hold.resources(), ["gpu:0", "gpu:1"]);
         assert_eq!(hold.cuda_visible_devices().as_deref(), Some("0,1"));

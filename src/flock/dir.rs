@@ -173,6 +173,27 @@ impl ScratchDir {
         &self.path
     }
 
+    /// Whether an exclusive holder's record goes into its lock file here:
+    /// only in a directory made for locks, sticky as devlock and `devlock
+    /// setup` make them (and /tmp is), where `NAME.lock` is the gate's, or
+    /// one this user cannot write (its lock files were made for it). In a
+    /// directory of this user's own (`--dir .` in a project) `NAME.lock`
+    /// may be a file the command owns (cargo's `Cargo.lock`, yarn's
+    /// `yarn.lock`), and one devlock made would hand the command its record
+    /// as the file's content (issue #32.10): the record goes into a
+    /// registration of its own, as a shared holder's does, and the lock
+    /// file is never written.
+    pub(crate) fn records_in_lock_files(&self) -> bool {
+        nix::sys::stat::fstat(self.fd.as_fd()).is_ok_and(|st| st.st_mode & libc::S_ISVTX != 0)
+            || nix::unistd::faccessat(
+                self.fd.as_fd(),
+                ".",
+                nix::unistd::AccessFlags::W_OK,
+                nix::fcntl::AtFlags::AT_EACCESS,
+            )
+            .is_err()
+    }
+
     pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -391,5 +412,24 @@ mod tests {
         // /dev/shm and /tmp are tmpfs or a disk: known, so not probed.
         let kind = crate::sys::fs::filesystem_type(opened.fd()).unwrap();
         assert!(LOCAL_FILESYSTEMS.contains(&kind), "{kind:#x}");
+    }
+
+    /// Issue #32.10: a record goes into a lock file only in a directory
+    /// made for locks (sticky), or one this user cannot write.
+    #[test]
+    fn records_go_into_lock_files_only_in_a_directory_made_for_locks() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |m| std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(m));
+        let opened = ScratchDir::open(dir.path()).unwrap().unwrap();
+        mode(0o755).unwrap();
+        assert!(!opened.records_in_lock_files(), "a project's directory");
+        mode(0o1777).unwrap();
+        assert!(opened.records_in_lock_files(), "made for locks");
+        if !nix::unistd::geteuid().is_root() {
+            mode(0o555).unwrap();
+            assert!(opened.records_in_lock_files(), "made for this user");
+        }
+        mode(0o700).unwrap();
     }
 }

@@ -951,10 +951,13 @@ pub(crate) fn holders_of(
         .iter()
         .map(|lock| {
             let taker = lock.pid;
+            // An exclusive holder's record is in the lock file, or (outside
+            // a directory made for locks) in its registration.
+            let registered = holds.iter().find(|r| r.pid == taker);
             let recorded = if lock.exclusive {
-                record.filter(|r| r.pid == taker)
+                record.filter(|r| r.pid == taker).or(registered)
             } else {
-                holds.iter().find(|r| r.pid == taker)
+                registered
             };
             let alive = proc::process::start_time(taker).is_some();
             // The kernel's table names the pid that took the lock; the
@@ -1240,9 +1243,10 @@ pub(crate) fn describe_holders(
     let held = table.is_locked(lock.id());
     let shared = table.holders(lock.id()).any(|l| !l.exclusive);
     // The registrations are read only when they matter: a shared hold's
-    // labels, or, when nobody holds it, to tell the places in line ahead
+    // labels (or an exclusive one's outside a directory made for locks),
+    // or, when nobody holds it, to tell the places in line ahead
     // that no devlock registered (a stranger's lock) from those it did.
-    let registered = if shared || !held {
+    let registered = if shared || !held || !dir.records_in_lock_files() {
         let names = dir.entries().unwrap_or_default();
         waiters::live_waiters(dir, &names, &table, |r| r == resource)
             .into_iter()

@@ -135,10 +135,14 @@ pub(crate) fn parse_site(bytes: &[u8]) -> Option<Duration> {
 }
 
 /// The busy file of a hold: a path in the temporary directory named for the
-/// holder, which `devlock busy` creates (the holder never does: nothing is
-/// made before the command starts) and sets into the future; believed only
-/// while it is a regular file of the holder's user; removed when the hold
-/// ends.
+/// holder and a token of 128 random bits drawn once per process, which
+/// `devlock busy` creates (the holder never does: nothing is made before
+/// the command starts) and sets into the future; believed only while it is
+/// a regular file of the holder's user; removed when the hold ends. Only
+/// the job learns the name (in its environment, which no other user can
+/// read): a name derivable from `/proc` could be created first by another
+/// user in a shared `/tmp`, where the sticky bit and `protected_regular`
+/// then refuse the job its own `devlock busy` (issue #32.4).
 #[derive(Debug, Clone)]
 pub(crate) struct BusyFile {
     pub path: std::path::PathBuf,
@@ -148,8 +152,9 @@ impl BusyFile {
     pub(crate) fn for_holder(pid: u32, pid_start: u64) -> BusyFile {
         BusyFile {
             path: std::env::temp_dir().join(format!(
-                "devlock-busy-{}-{pid}-{pid_start}",
-                nix::unistd::geteuid()
+                "devlock-busy-{}-{pid}-{pid_start}-{:032x}",
+                nix::unistd::geteuid(),
+                process_token()
             )),
         }
     }
@@ -169,6 +174,21 @@ impl BusyFile {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// This process's token for its busy files: the kernel's random bits, or
+/// (where getrandom(2) is refused, as a seccomp filter may) std's randomly
+/// keyed hash of the time, which no other user can predict either.
+fn process_token() -> u128 {
+    static TOKEN: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        crate::sys::random::random_u128().unwrap_or_else(|_| {
+            use std::hash::BuildHasher;
+            let keyed = std::hash::RandomState::new();
+            let now = SystemTime::now();
+            u128::from(keyed.hash_one(now)) << 64 | u128::from(keyed.hash_one((now, 1u8)))
+        })
+    })
 }
 
 /// `devlock busy [DUR]`: the hold this process runs under counts as busy

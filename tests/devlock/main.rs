@@ -71,6 +71,7 @@ mod granularity;
 mod hostile_paths;
 mod hostile_records;
 mod hostile_serve;
+mod hostile_takes;
 mod kills;
 mod manners;
 mod nvml;
