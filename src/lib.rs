@@ -49,7 +49,7 @@ mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, IdleEvent, IdleSink, Lock, Options,
+    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, IdleEvent, IdleSink, Kept, Lock, Options,
     Spec, Wait, duration_of, status_document,
 };
 pub use error::{Busy, Error, Holder, NotSupported, Result};

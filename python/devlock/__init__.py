@@ -85,7 +85,9 @@ __all__ = [
     "UnsafeFile",
     "UsageError",
     "lock",
+    "lock_async",
     "pass_fds",
+    "run_in_thread",
     "status",
 ]
 
@@ -151,14 +153,16 @@ class Held(NamedTuple):
 
 
 class _Entry:
-    """One block's native hold, and the process that took it."""
+    """One block's native hold, the kept holds it took back (see
+    :func:`_take_back_kept`), and the process that took it."""
 
-    __slots__ = ("native", "pid", "locks")
+    __slots__ = ("native", "pid", "locks", "adopted")
 
-    def __init__(self, native: Any, locks: List[Tuple[str, bool]]) -> None:
+    def __init__(self, native: Any, locks: List[Tuple[str, bool]], adopted: List[Any]) -> None:
         self.native = native
         self.pid = os.getpid()
         self.locks = locks
+        self.adopted = adopted
 
 
 # --- Memory budgets -------------------------------------------------------
@@ -203,12 +207,67 @@ _stack: contextvars.ContextVar[Tuple[_Entry, ...]] = contextvars.ContextVar(
 # what it inherited (whatever thread of the parent held it).
 _live: Dict[int, _Entry] = {}
 _live_lock = threading.Lock()
+# Holds of this process kept past their block's end while the device is
+# busy (release="device"), each held by a keeper thread of the library.
+_kept: List[Any] = []
 
 
 def _after_fork_in_child() -> None:
     global _live_lock
     # Another thread of the parent may have held it at the fork.
     _live_lock = threading.Lock()
+    # The parent's keepers decide when a kept hold goes; the child's copies
+    # of its descriptors must not keep the lock past that.
+    for kept in _kept:
+        kept.forget_in_child()
+    _kept.clear()
+
+
+def _take_back_kept() -> List[Any]:
+    """Every hold this process keeps past a block's end, taken back from its
+    keeper: a new block runs inside them (taking one of their locks again
+    would wait for this very process), and its end decides again."""
+    if not _kept:
+        return []
+    with _live_lock:
+        kept = list(_kept)
+        _kept.clear()
+    holds = []
+    for k in kept:
+        hold = k.take_back()
+        if hold is not None:
+            holds.append(hold)
+    return holds
+
+
+def _say(line: str, level: int) -> None:
+    """A ``logging`` record of logger ``devlock``; on stderr as the command
+    line says it when nothing handles that logger."""
+    if logger.hasHandlers():
+        logger.log(level, line)
+        return
+    try:
+        sys.stderr.write(f"devlock: {line}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _let_go(holds: List[Any], release: str) -> None:
+    """Lets go of a block's holds at its end: at once with
+    ``release="block"``; else once the driver no longer lists this process
+    (or one it started) on their GPUs, saying once why a hold is kept."""
+    for hold in holds:
+        if release == "block":
+            hold.release()
+            continue
+        kept = hold.release_when_free()
+        if kept is None:
+            continue
+        with _live_lock:
+            _kept[:] = [k for k in _kept if k.is_held()]
+            _kept.append(kept)
+        _say(kept.line(), logging.WARNING)
 
 
 if hasattr(os, "register_at_fork"):
@@ -241,6 +300,8 @@ def pass_fds() -> Tuple[int, ...]:
     fds = set()
     for entry in _covering():
         fds.update(entry.native.fds())
+        for hold in entry.adopted:
+            fds.update(hold.fds())
     return tuple(sorted(fds))
 
 
@@ -487,6 +548,40 @@ class lock:
       ``devlock busy DUR`` (or touching ``$DEVLOCK_BUSY_FILE`` into the
       future, see devlock-busy(1)).
 
+    * ``release`` (default ``"device"``): when the block lets go. The
+      block's end asks the driver once (NVML, else ``nvidia-smi``, else AMD's
+      source); when it still lists this process, or a process it started,
+      on a GPU of the block (``gpu``, ``gpu:N``, a MIG instance), the lock is
+      kept, by a thread of the library started only then, and let go as soon
+      as the driver no longer lists them (memory freed, CUDA context
+      destroyed, the process gone): the next job in line does not start on
+      a GPU that still holds this process's memory. It says once why (a
+      WARNING record of logger ``devlock``) with the remedies; while kept,
+      ``devlock status``, ``devlock -n`` and :class:`Busy` name it (``held
+      by notebook-eval (pid 4242, ana): block ended 3m ago, still 19.8 GiB on
+      gpu:0``), it counts as idle (an ``idle_timeout`` lets it go rather
+      than stop anything), and its usage record says when the block ended.
+      A later block of this process takes a kept hold back and runs inside
+      it. ``release="block"`` lets go at the block's end, as before, for
+      code that frees the device itself. Without a driver to ask (no NVML,
+      no ``nvidia-smi``, no AMD source), or when it fails, the block's end
+      lets go. PyTorch keeps its CUDA context and cached memory for the
+      life of the process: ``del model; gc.collect();
+      torch.cuda.empty_cache()`` frees the memory, but the context (some
+      hundreds of MiB) stays listed until the process ends::
+
+          with devlock.lock("gpu:0", step="eval"):
+              model = load().cuda()
+              evaluate(model)
+          del model; gc.collect(); torch.cuda.empty_cache()   # the lock goes once freed
+
+    Worker threads: the lock belongs to the process, not to the thread that
+    holds the block. Other threads' device work counts as this process's:
+    a block that ends while another thread still computes on the device is
+    kept until the driver no longer lists the process (with
+    ``release="device"``), and another thread's own ``devlock.lock`` of the
+    same resource waits its turn while the block runs.
+
     Every hold the block takes itself appends its usage record (start, end,
     what its GPUs did) to the user's file in the usage directory, as the
     command line does (``devlock report`` sums them; ``from`` is
@@ -527,7 +622,10 @@ class lock:
         settle: Union[float, str, None] = None,
         mem_strict: bool = False,
         idle_timeout: Union[float, str, None] = None,
+        release: str = "device",
     ) -> None:
+        if release not in ("device", "block"):
+            raise UsageError(f"release must be \"device\" or \"block\", got {release!r}")
         for name, size in (("mem", mem), ("mem_headroom", mem_headroom)):
             if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int))):
                 raise TypeError(f"{name} must be a str such as '20GiB' or an int of MiB, not {type(size).__name__}")
@@ -560,38 +658,59 @@ class lock:
         self._settle = None if settle is None else _check_seconds("settle", settle)
         self._mem_strict = bool(mem_strict)
         self._idle_timeout = None if idle_timeout is None else _check_seconds("idle_timeout", idle_timeout)
+        self._release = release
         # One per block entered with this object (it may be re-entered).
         self._blocks: List[Tuple[_Entry, "contextvars.Token[Tuple[_Entry, ...]]", Optional[Dict[str, Optional[str]]]]] = []
 
     def __repr__(self) -> str:
         return f"devlock.lock({', '.join(map(repr, self._resources))})"
 
-    def __enter__(self) -> Held:
+    def _start(self) -> Tuple[Any, Optional[Any], List[Any]]:
+        """Starts the take: (acquiring, the hold when taken at once, the
+        kept holds taken back to run inside)."""
         step = self._step if self._step is not None else _default_step()
+        adopted = _take_back_kept()
         inside = [lk for entry in _covering() for lk in entry.locks]
-        acquiring = _native.start(
-            self._resources,
-            dir=_dir_of(self._dir),
-            step=step,
-            wait=self._wait,
-            timeout=self._timeout,
-            shared=self._shared,
-            slots=self._slots,
-            any=self._any,
-            count=self._count,
-            mem=self._mem,
-            mem_headroom=self._mem_headroom,
-            settle=self._settle,
-            mem_strict=self._mem_strict,
-            inside=inside,
-            idle_timeout=self._idle_timeout,
-        )
-        hold = acquiring.wait(0.0)
+        inside += [lk for hold in adopted for lk in hold.locks()]
+        try:
+            acquiring = _native.start(
+                self._resources,
+                dir=_dir_of(self._dir),
+                step=step,
+                wait=self._wait,
+                timeout=self._timeout,
+                shared=self._shared,
+                slots=self._slots,
+                any=self._any,
+                count=self._count,
+                mem=self._mem,
+                mem_headroom=self._mem_headroom,
+                settle=self._settle,
+                mem_strict=self._mem_strict,
+                inside=inside,
+                idle_timeout=self._idle_timeout,
+            )
+            hold = acquiring.wait(0.0)
+        except BaseException:
+            _let_go(adopted, self._release)
+            raise
+        return acquiring, hold, adopted
+
+    def __enter__(self) -> Held:
+        acquiring, hold, adopted = self._start()
         if hold is None:
-            hold = self._wait_for(acquiring)
+            try:
+                hold = self._wait_for(acquiring)
+            except BaseException:
+                _let_go(adopted, self._release)
+                raise
+        return self._entered(hold, adopted)
+
+    def _entered(self, hold: Any, adopted: List[Any]) -> Held:
+        step = self._step if self._step is not None else _default_step()
         resources, locks, fds, slot, cuda, nested = hold.info()
         mem_mib = hold.budget_mib()
-        entry = _Entry(hold, locks)
+        entry = _Entry(hold, locks + [lk for h in adopted for lk in h.locks()], adopted)
         saved: Optional[Dict[str, Optional[str]]] = None
         try:
             if mem_mib is not None:
@@ -608,6 +727,7 @@ class lock:
             if saved is not None:
                 _restore_env(saved)
             hold.release()
+            _let_go(adopted, self._release)
             raise
         with _live_lock:
             _live[id(entry)] = entry
@@ -639,6 +759,14 @@ class lock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
+        holds, stop = self._leave(exc)
+        _let_go(holds, self._release)
+        if stop is not None:
+            raise stop from exc
+
+    def _leave(self, exc: Optional[BaseException]) -> Tuple[List[Any], Optional[BaseException]]:
+        """Leaves the block but for letting go: (the holds to let go, the
+        stop to raise in place of the ``KeyboardInterrupt`` that ended it)."""
         entry, token, saved = self._blocks.pop()
         try:
             _stack.reset(token)
@@ -650,10 +778,199 @@ class lock:
         interrupted = isinstance(exc, KeyboardInterrupt)
         stopped = entry.native.stopped_over_budget() if interrupted else None
         idle = entry.native.stopped_idle() if interrupted and stopped is None else None
-        entry.native.release()
         if saved is not None:
             _restore_env(saved)
+        stop: Optional[BaseException] = None
         if stopped is not None and not isinstance(exc, OverBudget):
-            raise OverBudget(stopped) from exc
-        if idle is not None and not isinstance(exc, IdleStopped):
-            raise IdleStopped(idle) from exc
+            stop = OverBudget(stopped)
+        elif idle is not None and not isinstance(exc, IdleStopped):
+            stop = IdleStopped(idle)
+        return [entry.native] + entry.adopted, stop
+
+    # --- asyncio (see lock_async) ---------------------------------------
+
+    async def _aenter(self) -> Held:
+        import asyncio
+
+        acquiring, hold, adopted = self._start()
+        if hold is None:
+            try:
+                hold = await self._wait_async(acquiring)
+            except BaseException:
+                await _through_cancels(asyncio.get_running_loop().run_in_executor(None, _let_go, adopted, self._release))
+                raise
+        return self._entered(hold, adopted)
+
+    async def _wait_async(self, acquiring: Any) -> Any:
+        """Waits for the take's outcome without blocking the event loop: the
+        library's waiting thread wakes it through a pipe; a cancel leaves the
+        line at once."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        display = _Display(self._quiet, self._report_every)
+        # An event loop's stderr is a log, not a line to redraw.
+        display.live = False
+        fd = acquiring.ready_fd()
+        try:
+            while True:
+                hold = acquiring.wait(0.0)
+                if hold is not None:
+                    break
+                display.tick(acquiring)
+                woken: "asyncio.Future[None]" = loop.create_future()
+                # The first look at 0.25 s shows a wait as the command line does.
+                delay = self._report_every if display.shown else 0.25
+                if fd is None:
+                    delay = min(delay, _POLL)
+                left = acquiring.time_left()
+                if left is not None:
+                    delay = min(delay, left)
+                timer = loop.call_later(delay, _wake, woken)
+                if fd is not None:
+                    loop.add_reader(fd, _wake, woken)
+                try:
+                    await woken
+                finally:
+                    timer.cancel()
+                    if fd is not None:
+                        loop.remove_reader(fd)
+        except BaseException:
+            acquiring.cancel()
+            raise
+        display.done(hold.done_line())
+        return hold
+
+    async def _aexit(self, exc: Optional[BaseException]) -> None:
+        import asyncio
+
+        holds, stop = self._leave(exc)
+        # The device check is a driver query (a cold nvidia-smi takes
+        # seconds): off the loop, and carried through a cancel.
+        await _through_cancels(asyncio.get_running_loop().run_in_executor(None, _let_go, holds, self._release))
+        if stop is not None:
+            raise stop from exc
+
+
+def _wake(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _through_cancels(future: "asyncio.Future[Any]") -> Any:
+    """Awaits ``future`` to its end whatever cancels the awaiting task: each
+    cancel is absorbed while it runs, and the first is raised once it is done
+    (its own outcome then unread)."""
+    import asyncio
+
+    cancelled: Optional[BaseException] = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as e:
+            own = future.done() and (
+                future.cancelled() or isinstance(future.exception(), asyncio.CancelledError)
+            )
+            if not own and cancelled is None:
+                cancelled = e
+        except BaseException:
+            # The future's own failure: result() below raises it.
+            pass
+    if cancelled is not None:
+        if not future.cancelled():
+            future.exception()
+        raise cancelled
+    return future.result()
+
+
+class lock_async:
+    """``async with devlock.lock_async(...)``: :class:`lock` for asyncio code
+    (an inference server, an async job runner), with the same arguments and
+    rules: the same line, ``Busy``, ``Timeout``, durations as strings,
+    budgets, idle policy, records, and the release when the device is free.
+
+    The wait never blocks the event loop: the library waits in line on a
+    thread of its own and wakes the loop through a pipe once the lock is
+    taken (or the timeout passes), so other tasks run meanwhile. Cancelling
+    the waiting task (``task.cancel()``, ``asyncio.timeout``) leaves the line
+    at once; nothing is left queued. Nesting is per task: a ``lock_async`` or
+    ``lock`` of a resource that an enclosing block of the same task holds
+    passes through (each task has its own blocks: the blocks held are a
+    context variable, copied into a task when it is created). The block's
+    end asks the driver on a worker thread, off the loop::
+
+        import devlock
+
+        async def generate(prompt):
+            async with devlock.lock_async("gpu:0", step="api", timeout="30s"):
+                return await asyncio.to_thread(model.generate, prompt)
+
+    A cancel inside the block (the client went away) ends the block at once,
+    whatever the threads it started still do on the device; for work in a
+    thread use :func:`run_in_thread`, which keeps the lock until the thread
+    has returned.
+    """
+
+    def __init__(self, *resources: str, **options: Any) -> None:
+        self._lock = lock(*resources, **options)
+
+    def __repr__(self) -> str:
+        return f"devlock.lock_async({', '.join(map(repr, self._lock._resources))})"
+
+    async def __aenter__(self) -> Held:
+        return await self._lock._aenter()
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        await self._lock._aexit(exc)
+
+
+async def run_in_thread(fn: Any, /, *args: Any, resource: Union[str, Tuple[str, ...], List[str]], **options: Any) -> Any:
+    """Runs ``fn(*args)`` in a worker thread of its own under the lock of
+    ``resource`` (one name, or a list of names), taken as
+    :class:`lock_async` takes it (``options`` are its keyword arguments), and
+    returns what it returns::
+
+        result = await devlock.run_in_thread(model.generate, prompt, resource="gpu:0")
+
+    The fix for ``await asyncio.to_thread(...)`` inside the block, which lets
+    go when the awaiting task is cancelled while the thread still computes
+    on the device: here a cancel while the thread runs keeps the lock until
+    the thread has returned (a thread cannot be stopped; its GPU work goes
+    on), absorbing any further cancels, and then raises the cancellation
+    (the thread's own outcome is dropped). A cancel while still waiting for
+    the lock leaves the line at once, and ``fn`` never runs. ``fn`` runs in a
+    copy of the task's context, so a ``devlock.lock`` of the same resource
+    inside it passes through.
+    """
+    import asyncio
+
+    resources = (resource,) if isinstance(resource, str) else tuple(resource)
+    async with lock_async(*resources, **options):
+        loop = asyncio.get_running_loop()
+        done: "asyncio.Future[Any]" = loop.create_future()
+        context = contextvars.copy_context()
+
+        def settle(result: Any, error: Optional[BaseException]) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def work() -> None:
+            try:
+                result = context.run(fn, *args)
+            except BaseException as e:
+                loop.call_soon_threadsafe(settle, None, e)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        name = getattr(fn, "__name__", "fn")
+        threading.Thread(target=work, name=f"devlock-run-{name}", daemon=True).start()
+        return await _through_cancels(done)
