@@ -54,7 +54,11 @@ import threading
 import time
 import warnings
 from types import TracebackType
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, NamedTuple, Optional, Tuple, Type, Union
+
+if TYPE_CHECKING:
+    # Imported where used: `import devlock` does not pay for asyncio.
+    import asyncio
 
 from . import _devlock as _native
 
@@ -622,7 +626,7 @@ class lock:
         settle: Union[float, str, None] = None,
         mem_strict: bool = False,
         idle_timeout: Union[float, str, None] = None,
-        release: str = "device",
+        release: Literal["device", "block"] = "device",
     ) -> None:
         if release not in ("device", "block"):
             raise UsageError(f"release must be \"device\" or \"block\", got {release!r}")

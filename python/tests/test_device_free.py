@@ -179,7 +179,7 @@ def test_release_block_lets_go_at_the_blocks_end(scratch: Scratch, gpu: Gpu) -> 
     out = scratch.run("-n", "gpu:0", "--", "true")
     assert out.returncode == 0, out.stderr
     with pytest.raises(devlock.UsageError):
-        devlock.lock("gpu:0", release="thread")
+        devlock.lock("gpu:0", release="thread")  # type: ignore[arg-type]
 
 
 def test_a_free_device_is_let_go_at_the_blocks_end(scratch: Scratch, gpu: Gpu) -> None:
