@@ -198,11 +198,14 @@ fn to_py(py: Python<'_>, err: devlock::Error) -> PyErr {
             }
             if let Some(busy) = busy {
                 exc.setattr("resource", &busy.resource)?;
-                let holder = busy.holder.clone().map_or_else(Holder::default, |h| Holder {
-                    step: h.step,
-                    pid: h.pid,
-                    user: h.user,
-                });
+                let holder = busy
+                    .holder
+                    .clone()
+                    .map_or_else(Holder::default, |h| Holder {
+                        step: h.step,
+                        pid: h.pid,
+                        user: h.user,
+                    });
                 exc.setattr("holder", Bound::new(py, holder)?)?;
             }
             Ok(PyErr::from_value(exc))

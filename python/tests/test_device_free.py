@@ -173,6 +173,23 @@ def test_a_later_block_of_the_process_runs_inside_a_kept_hold(scratch: Scratch, 
     assert waiter.finish().returncode == 0
 
 
+def test_the_idle_policy_lets_a_kept_hold_go_and_stops_nothing(
+    scratch: Scratch, gpu: Gpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEVLOCK_SAMPLE_EVERY", "100ms")
+    me = os.getpid()
+    with devlock.lock("gpu:0", step="py-idle-kept", idle_timeout="1s"):
+        gpu.list(me, 512)
+    waiter = scratch.cli_waiter("gpu:0", script="echo got")
+    scratch.wait_waiters("gpu:0", 1)
+    # Still listed: the idle policy (1 s, then 1 s of grace) lets it go; no
+    # SIGINT reaches this thread (the block is over, there is nothing to stop).
+    waiter.line("got")
+    assert waiter.finish().returncode == 0
+    ends = [e for e in end_lines(scratch) if "block_end_ms" in e]
+    assert len(ends) == 1 and ends[0]["how"] == "idle", ends
+
+
 def test_release_block_lets_go_at_the_blocks_end(scratch: Scratch, gpu: Gpu) -> None:
     with devlock.lock("gpu:0", release="block"):
         gpu.list(os.getpid(), 512)

@@ -113,6 +113,7 @@ impl Hold {
             }
         }
         if let Some(b) = &self.budget {
+            b.set_kept(kept.is_some());
             b.with(|held| held.label(&record));
         }
         if let Some(u) = &self.usage {
