@@ -175,6 +175,7 @@ def main() -> None:
                     help="also the block's end with a driver query, and lock_async (needs cc)")
     args = ap.parse_args()
     dir = args.dir or tempfile.mkdtemp(prefix="devlock-bench-py-")
+    os.makedirs(dir, exist_ok=True)
     path = os.path.join(dir, "bench-flock.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
 
