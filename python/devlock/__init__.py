@@ -44,6 +44,7 @@ Nesting, forks and subprocesses:
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import json
 import logging
@@ -242,6 +243,16 @@ def _take_back_kept() -> List[Any]:
         if hold is not None:
             holds.append(hold)
     return holds
+
+
+def _release_kept_at_exit() -> None:
+    """The interpreter ends: its kept holds go with it (the kernel would let
+    go anyway); letting go here writes their usage records' end lines."""
+    for kept in list(_kept):
+        kept.release()
+
+
+atexit.register(_release_kept_at_exit)
 
 
 def _say(line: str, level: int) -> None:
@@ -849,9 +860,12 @@ class lock:
         import asyncio
 
         holds, stop = self._leave(exc)
-        # The device check is a driver query (a cold nvidia-smi takes
-        # seconds): off the loop, and carried through a cancel.
-        await _through_cancels(asyncio.get_running_loop().run_in_executor(None, _let_go, holds, self._release))
+        if self._release == "device" and any(h.asks_the_driver() for h in holds):
+            # The device check is a driver query (a cold nvidia-smi takes
+            # seconds): off the loop, and carried through a cancel.
+            await _through_cancels(asyncio.get_running_loop().run_in_executor(None, _let_go, holds, self._release))
+        else:
+            _let_go(holds, self._release)
         if stop is not None:
             raise stop from exc
 

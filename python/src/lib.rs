@@ -464,6 +464,11 @@ impl PyHold {
         py.detach(move || drop(hold));
     }
 
+    /// Whether release_when_free asks the driver (else it lets go at once).
+    fn asks_the_driver(&self) -> bool {
+        self.with(devlock::Hold::asks_the_driver, false)
+    }
+
     /// Lets go now when the driver lists neither this process nor one it
     /// started on the hold's GPUs (one query, GIL released); else keeps it
     /// until it no longer does, and returns the Kept hold. Idempotent.

@@ -63,11 +63,11 @@ impl Hold {
     /// child's copy, and when no driver answers (no GPU source, or an error:
     /// the block's end as before).
     pub fn release_when_device_free(self) -> Option<Kept> {
-        let me = std::process::id();
-        let gpus = self.gpu_resources();
-        if self.is_nested() || self.pid() != me || gpus.is_empty() {
+        if !self.asks_the_driver() {
             return None;
         }
+        let me = std::process::id();
+        let gpus = self.gpu_resources();
         let report = crate::gpu::source::probe(self.probe_timeout()).report;
         let used = still_used(&report, &gpus, me)?;
         let ended_ms = crate::flock::record::now_ms();
@@ -93,6 +93,14 @@ impl Hold {
             return None;
         }
         Some(Kept { shared, line })
+    }
+}
+
+impl Hold {
+    /// Whether [`Hold::release_when_device_free`] asks the driver (else it
+    /// lets go at once): a hold of this process that took a GPU of its own.
+    pub fn asks_the_driver(&self) -> bool {
+        !self.is_nested() && self.pid() == std::process::id() && !self.gpu_resources().is_empty()
     }
 }
 
