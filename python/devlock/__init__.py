@@ -19,6 +19,16 @@ arrival order, and ``devlock status`` shows a Python holder like any other::
 
     devlock.status()                                    # the document of devlock status --json
 
+A block over a GPU lets go when the device is free, not when the block ends
+(``release="device"``, see :class:`lock`): while the driver still lists this
+process on the GPU (a CUDA context, cached memory, a model a notebook keeps)
+the lock is kept, and other users see why. For asyncio::
+
+    async with devlock.lock_async("gpu:0"):             # waits without blocking the loop
+        ...
+    await devlock.run_in_thread(model.generate, prompt, resource="gpu:0")
+                                                        # a cancel keeps the lock until the thread returns
+
 Nesting, forks and subprocesses:
 
 * A nested ``devlock.lock`` of something an enclosing block of the same
