@@ -911,7 +911,7 @@ async def _through_cancels(future: "asyncio.Future[Any]") -> Any:
     return future.result()
 
 
-class lock_async:
+class lock_async(lock):
     """``async with devlock.lock_async(...)``: :class:`lock` for asyncio code
     (an inference server, an async job runner), with the same arguments and
     rules: the same line, ``Busy``, ``Timeout``, durations as strings,
@@ -939,14 +939,14 @@ class lock_async:
     has returned.
     """
 
-    def __init__(self, *resources: str, **options: Any) -> None:
-        self._lock = lock(*resources, **options)
-
     def __repr__(self) -> str:
-        return f"devlock.lock_async({', '.join(map(repr, self._lock._resources))})"
+        return f"devlock.lock_async({', '.join(map(repr, self._resources))})"
+
+    def __enter__(self) -> Held:
+        raise TypeError("devlock.lock_async is entered with `async with`; `with` takes devlock.lock")
 
     async def __aenter__(self) -> Held:
-        return await self._lock._aenter()
+        return await self._aenter()
 
     async def __aexit__(
         self,
@@ -954,7 +954,7 @@ class lock_async:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        await self._lock._aexit(exc)
+        await self._aexit(exc)
 
 
 async def run_in_thread(fn: Any, /, *args: Any, resource: Union[str, Tuple[str, ...], List[str]], **options: Any) -> Any:

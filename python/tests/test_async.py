@@ -169,3 +169,6 @@ def test_lock_async_follows_the_blocking_rules(scratch: Scratch) -> None:
     asyncio.run(main())
     holder.release()
     assert holder.finish().returncode == 0
+    with pytest.raises(TypeError, match="async with"):
+        with devlock.lock_async("r"):
+            pass
