@@ -177,7 +177,9 @@ pub enum Command {
         exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
         or unknown), note, container, and with a --mem budget mem_mib, used_mib (measured now), \
         starting (it still holds its place in line: the next budget waits) and \
-        over_budget; idle_for_ms while its GPUs computed nothing for its job}], waiters: [{step, pid, user, since, waiting_for_ms, \
+        over_budget; idle_for_ms while its GPUs computed nothing for its job; kept_for_ms, kept_mib \
+        and kept_gpu while a library hold is kept past its block's end because its process still \
+        uses the GPU}], waiters: [{step, pid, user, since, waiting_for_ms, \
         position, ticket, stopped, source (registration, flock or unregistered), \
         mem_mib (with --mem: the budget asked)}], \
         record (unreadable or private), stale_record, foreign_locks: [{path, range, \

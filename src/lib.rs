@@ -50,8 +50,8 @@ mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, HeldLock, Hold, IdleEvent, IdleSink, Lock, Options, Spec,
-    Wait, duration_of, status_document,
+    Acquiring, BudgetEvent, BudgetSink, HeldLock, Hold, IdleEvent, IdleSink, Kept, Lock, Options,
+    Spec, Wait, duration_of, status_document,
 };
 pub use error::{Busy, Error, Holder, NotSupported, Result};
 pub use resource::Resource;

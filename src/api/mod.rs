@@ -3,6 +3,7 @@
 
 mod budget;
 mod hold;
+mod keep;
 mod lock;
 mod outbox;
 mod spec;
@@ -15,6 +16,7 @@ use std::time::Duration;
 pub use crate::take::HeldLock;
 pub use budget::{BudgetEvent, BudgetSink};
 pub use hold::Hold;
+pub use keep::Kept;
 pub use lock::{Lock, Options, Wait};
 pub use spec::{Spec, duration_of};
 pub use take::Acquiring;

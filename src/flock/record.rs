@@ -33,6 +33,8 @@ const MAX_TICKET: u64 = 1 << 32;
 const MAX_SLOT: u64 = u16::MAX as u64;
 /// Largest memory figure a record may carry: 1 PiB, far past any device.
 const MAX_MEM_MIB: u64 = 1 << 30;
+/// Largest GPU index a record may carry.
+const MAX_GPU_INDEX: u32 = 1 << 16;
 
 /// What devlock writes about a holder or waiter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +79,18 @@ pub struct Record {
     /// written while idle, so a reader from before it meets it only then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since_ms: Option<u64>,
+    /// A library hold kept past its block's end because its process still
+    /// uses the device: milliseconds since the epoch when the block ended
+    /// (a label for status; only written while kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_ms: Option<u64>,
+    /// While kept: what the process still used at the last look, MiB, on
+    /// `kept_gpu` (the GPU where it uses the most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_mib: Option<u64>,
+    /// While kept: the GPU `kept_mib` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_gpu: Option<u32>,
 }
 
 impl Record {
@@ -96,6 +110,9 @@ impl Record {
             mem_mib: None,
             over_mib: None,
             idle_since_ms: None,
+            kept_ms: None,
+            kept_mib: None,
+            kept_gpu: None,
         }
     }
 
@@ -283,6 +300,9 @@ impl Record {
             && self.mem_mib.is_none_or(|m| (1..=MAX_MEM_MIB).contains(&m))
             && self.over_mib.is_none_or(|m| m <= MAX_MEM_MIB)
             && self.idle_since_ms.is_none_or(|t| t <= latest)
+            && self.kept_ms.is_none_or(|t| t <= latest)
+            && self.kept_mib.is_none_or(|m| m <= MAX_MEM_MIB)
+            && self.kept_gpu.is_none_or(|g| g <= MAX_GPU_INDEX)
             && self
                 .boot_id
                 .as_ref()
@@ -372,6 +392,9 @@ mod tests {
             r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"child":7}"#,
             r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"command":["x"]}"#,
             r#"{"step":"s","pid":-1,"pid_start":1,"since_ms":1}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"kept_gpu":4294967295}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"kept_ms":18446744073709551615}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"kept_mib":18446744073709551615}"#,
         ] {
             assert_eq!(parse(&forged(body)), None, "{body}");
         }

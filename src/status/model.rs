@@ -153,6 +153,15 @@ pub(crate) struct Holder {
     /// sampled them (a label from its record).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_for_ms: Option<u64>,
+    /// A library hold kept past its block's end while its process still
+    /// uses the device: how long ago the block ended, and what it still
+    /// used there at its last look (from its record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_for_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_gpu: Option<u32>,
     /// The place in line its record names.
     #[serde(skip)]
     pub ticket: Option<u64>,
@@ -1049,6 +1058,9 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         over_budget: None,
         over_mib: None,
         idle_for_ms: None,
+        kept_for_ms: None,
+        kept_mib: None,
+        kept_gpu: None,
         ticket: None,
         container: first.and_then(proc::container::container_of),
     }
@@ -1077,6 +1089,14 @@ fn labelled(
     holder.idle_for_ms = r
         .idle_since_ms
         .map(|t| elapsed_ms(std::time::UNIX_EPOCH + Duration::from_millis(t), now));
+    if let Some(t) = r.kept_ms {
+        holder.kept_for_ms = Some(elapsed_ms(
+            std::time::UNIX_EPOCH + Duration::from_millis(t),
+            now,
+        ));
+        holder.kept_mib = r.kept_mib;
+        holder.kept_gpu = r.kept_gpu;
+    }
     holder
 }
 

@@ -139,9 +139,12 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             if h.stopped {
                 step.push_str(" (stopped)");
             }
-            if let Some(idle) = h.idle_for_ms {
+            if let Some(idle) = h.idle_for_ms.filter(|_| h.kept_for_ms.is_none()) {
                 let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
                 step.push_str(&format!(" (idle {idle})"));
+            }
+            if let Some(kept) = crate::messages::kept_phrase(h) {
+                step.push_str(&format!(" (kept: {kept})"));
             }
             if let Some(container) = &h.container {
                 step.push_str(&format!(" (in {})", sanitize(container)));

@@ -143,6 +143,11 @@ pub(crate) enum Line {
         code: Option<i32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signal: Option<i32>,
+        /// A library hold kept past its block's end while its process still
+        /// used the device: when the block ended (the hold went on to
+        /// `end_ms`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        block_end_ms: Option<u64>,
         #[serde(flatten)]
         measured: Measured,
     },
@@ -232,7 +237,14 @@ impl Log {
         });
     }
 
-    pub(crate) fn end(&self, how: How, code: Option<i32>, signal: Option<i32>, measured: Measured) {
+    pub(crate) fn end(
+        &self,
+        how: How,
+        code: Option<i32>,
+        signal: Option<i32>,
+        block_end_ms: Option<u64>,
+        measured: Measured,
+    ) {
         self.write(&Line::End {
             v: VERSION,
             job: self.job.clone(),
@@ -240,6 +252,7 @@ impl Log {
             how,
             code,
             signal,
+            block_end_ms,
             measured,
         });
     }
