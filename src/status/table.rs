@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
-use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
+use crate::status::model::{
+    Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource, WaiterView,
+};
 use crate::text::{sanitize, short_duration};
 
 /// How a table is drawn: in colour or not, and fitted to a terminal's
@@ -62,10 +64,13 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         header.push("ON GPU");
     }
     let mut rows: Vec<Row> = vec![Row::Cells(header.iter().map(|h| h.to_string()).collect())];
-    // Idle: free as far as status can tell, and nothing in its way. A lock
-    // in an unknown state, or one that another user's lock or a renamed
-    // file concerns, is never counted away.
-    let idle = |res: &&ResourceView| {
+    // The GPU's own figures, on lines of their own after the lock rows.
+    let mut figures: Vec<Row> = Vec::new();
+    let requests = waits_on_several(report);
+    // Unused: free as far as status can tell, and nothing in its way. A
+    // lock in an unknown state, or one that another user's lock or a
+    // renamed file concerns, is never counted away.
+    let unused = |res: &&ResourceView| {
         res.state == State::Free
             && res.holders.is_empty()
             && res.waiters.is_empty()
@@ -74,14 +79,14 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             && res.unknown_name.is_none()
     };
     let hidden = if report.hide_idle {
-        report.resources.iter().filter(idle).count()
+        report.resources.iter().filter(unused).count()
     } else {
         0
     };
     for res in report
         .resources
         .iter()
-        .filter(|res| !(report.hide_idle && idle(res)))
+        .filter(|res| !(report.hide_idle && unused(res)))
     {
         let mut state = match res.state {
             State::Free => "free".to_owned(),
@@ -116,10 +121,8 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 (Some(step), _) => sanitize(step),
                 (None, HolderSource::NoRecord) => format!("({name}, no record)"),
                 (None, HolderSource::Inherited) => format!("({name}, inherited)"),
-                (None, _) => match &h.note {
-                    Some(note) => format!("(unknown: {note})"),
-                    None => "(unknown)".to_owned(),
-                },
+                // Why is in --json's note, and devlock-status(1).
+                (None, _) => "(owner hidden from you)".to_owned(),
             };
             if let Some(via) = &h.via {
                 step.push_str(&format!(" (via {})", sanitize(via)));
@@ -127,19 +130,13 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             if let Some(slot) = h.slot {
                 step.push_str(&format!(" (slot {slot})"));
             }
-            let pids = if h.pids.is_empty() {
-                "?".to_owned()
-            } else {
-                h.pids
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
+            // The process the kernel names (the devlock): its command and
+            // whatever else holds the lock are in --json's pids.
+            let pid = h.pids.first().map_or("?".to_owned(), u32::to_string);
             if h.stopped {
                 step.push_str(" (stopped)");
             }
-            if let Some(idle) = h.idle_for_ms {
+            if let Some(idle) = h.idle_for_ms.filter(|_| h.via.is_none()) {
                 let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
                 step.push_str(&format!(" (idle {idle})"));
             }
@@ -155,7 +152,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 },
                 if first { state.clone() } else { String::new() },
                 step,
-                pids,
+                pid,
                 h.user.as_deref().map_or("?".to_owned(), sanitize),
                 duration_cell(h.held_for_ms),
             ];
@@ -185,7 +182,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             && res.holders.iter().any(|h| h.mem_mib.is_some())
         {
             use crate::gpu::memory::size;
-            rows.push(Row::Line(format!(
+            figures.push(Row::Line(format!(
                 "{} memory: {} of {} budgeted, {} used by them, {} outside the gate, {} room",
                 res.name,
                 size(m.budgets_mib),
@@ -195,7 +192,11 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 size(m.room_mib)
             )));
         }
-        for w in &res.waiters {
+        for w in res
+            .waiters
+            .iter()
+            .filter(|w| !requests.iter().any(|r| r.is(w)))
+        {
             let stopped = if w.stopped { " (stopped)" } else { "" };
             let step = match (w.step.as_deref(), w.source) {
                 (Some(step), _) => sanitize(step),
@@ -220,6 +221,24 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             rows.push(Row::Cells(row));
         }
     }
+    for request in &requests {
+        let w = request.waiter;
+        let mut row = vec![
+            request.resources.clone(),
+            format!("waits (any){}", if w.stopped { " (stopped)" } else { "" }),
+            w.step.as_deref().map_or("?".to_owned(), sanitize),
+            w.pid.map_or("?".to_owned(), |p| p.to_string()),
+            w.user.as_deref().map_or("?".to_owned(), sanitize),
+            duration_cell(w.waiting_for_ms),
+        ];
+        if with_budgets {
+            row.push(w.mem_mib.map_or(String::new(), |mem| {
+                format!("asks {}", crate::gpu::memory::size(mem))
+            }));
+        }
+        rows.push(Row::Cells(row));
+    }
+    rows.extend(figures);
     let mut out = if rows.len() > 1 {
         // STEP, PID and ON GPU give way first.
         let last = 5 + usize::from(with_budgets) + usize::from(with_devices);
@@ -237,10 +256,84 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             _ => ("locks", ""),
         };
         out.push_str(&format!(
-            "({none_in_use}{hidden} idle {locks} not shown: devlock status --all lists them)\n"
+            "({none_in_use}{hidden} unused {locks} not shown: devlock status --all lists them)\n"
         ));
     }
     out
+}
+
+/// One request that waits on several locks at once (`--any`): one row for
+/// all of them, after the locks' own rows, in place of a row under each.
+struct Request<'a> {
+    waiter: &'a WaiterView,
+    /// The locks it waits on, short: `gpu:0-3`, `gpu:0,2`, `a,b`.
+    resources: String,
+}
+
+impl Request<'_> {
+    fn is(&self, w: &WaiterView) -> bool {
+        w.source == WaiterSource::Registration && w.pid == self.waiter.pid
+    }
+}
+
+/// The registered waiters found in the line of more than one lock shown,
+/// in the order of their first row. A devlock waits on one lock at a time
+/// but with `--any`, so a pid in two lines is one request.
+fn waits_on_several(report: &StatusReport) -> Vec<Request<'_>> {
+    let mut found: Vec<(&WaiterView, Vec<&str>)> = Vec::new();
+    for res in &report.resources {
+        for w in res
+            .waiters
+            .iter()
+            .filter(|w| w.source == WaiterSource::Registration && w.pid.is_some())
+        {
+            match found.iter_mut().find(|(f, _)| f.pid == w.pid) {
+                Some((_, names)) => names.push(&res.name),
+                None => found.push((w, vec![&res.name])),
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter(|(_, names)| names.len() > 1)
+        .map(|(waiter, names)| Request {
+            waiter,
+            resources: short_list(&names),
+        })
+        .collect()
+}
+
+/// Names listed short: GPUs in runs (`gpu:0-3,6`), the rest by name.
+fn short_list(names: &[&str]) -> String {
+    let mut gpus: Vec<u32> = Vec::new();
+    let mut others: Vec<&str> = Vec::new();
+    for name in names {
+        match name.strip_prefix("gpu:").and_then(|n| n.parse::<u32>().ok()) {
+            Some(index) => gpus.push(index),
+            None => others.push(name),
+        }
+    }
+    gpus.sort_unstable();
+    gpus.dedup();
+    let mut runs: Vec<String> = Vec::new();
+    let mut at = 0;
+    while at < gpus.len() {
+        let mut end = at;
+        while end + 1 < gpus.len() && gpus[end + 1] == gpus[end] + 1 {
+            end += 1;
+        }
+        runs.push(match end - at {
+            0 => gpus[at].to_string(),
+            _ => format!("{}-{}", gpus[at], gpus[end]),
+        });
+        at = end + 1;
+    }
+    let mut parts: Vec<String> = Vec::new();
+    if !runs.is_empty() {
+        parts.push(format!("gpu:{}", runs.join(",")));
+    }
+    parts.extend(others.iter().map(|o| sanitize(o)));
+    parts.join(",")
 }
 
 /// `20 GiB, starting`, `20 GiB, over budget: 27 GiB of 20 GiB`

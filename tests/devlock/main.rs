@@ -71,6 +71,7 @@ mod granularity;
 mod kills;
 mod manners;
 mod nvml;
+mod screens;
 mod serve;
 mod serve_scene;
 mod shared_machine;
