@@ -1244,14 +1244,32 @@ mod tests {
         for (argv, says) in [
             (&["devlock", "-c", "make", "r"][..], "-- sh -c 'COMMAND'"),
             (&["devlock", "--command", "make", "r"], "-- sh -c 'COMMAND'"),
-            (&["devlock", "-u", "r", "--", "true"], "-u has no equivalent"),
-            (&["devlock", "--unlock", "r", "--", "true"], "--unlock has no"),
-            (&["devlock", "-o", "r", "--", "true"], "-o has no equivalent"),
+            (
+                &["devlock", "-u", "r", "--", "true"],
+                "-u has no equivalent",
+            ),
+            (
+                &["devlock", "--unlock", "r", "--", "true"],
+                "--unlock has no",
+            ),
+            (
+                &["devlock", "-o", "r", "--", "true"],
+                "-o has no equivalent",
+            ),
             (&["devlock", "--close", "r", "--", "true"], "--close has no"),
-            (&["devlock", "-F", "r", "--", "true"], "-F has no equivalent"),
-            (&["devlock", "--no-fork", "r", "--", "true"], "--no-fork has no"),
+            (
+                &["devlock", "-F", "r", "--", "true"],
+                "-F has no equivalent",
+            ),
+            (
+                &["devlock", "--no-fork", "r", "--", "true"],
+                "--no-fork has no",
+            ),
             (&["devlock", "--verbose", "r", "--", "true"], "unless -q"),
-            (&["devlock", "-nu", "r", "--", "true"], "-u has no equivalent"),
+            (
+                &["devlock", "-nu", "r", "--", "true"],
+                "-u has no equivalent",
+            ),
         ] {
             let err = Cli::try_parse_from(argv).unwrap_err();
             let line = usage_line(&err.render().to_string());

@@ -626,7 +626,36 @@ mod tests {
     }
 
     /// Every family defined above.
-    const ALL: &[&Family] = &[&BUILD_INFO, &STATUS_DURATION, &STATUS_TIMESTAMP, &DIR_MANAGED, &TRUST_ISSUES, &LOCK_STATE, &LOCK_HOLDERS, &LOCK_WAITERS, &HOLDER_HELD, &WAITER_WAITING, &HOLDER_BUDGET, &HOLDER_OVER_BUDGET, &HOLDER_IDLE, &GPU_HELD_DAY, &HOLDER_GPU_USED, &GPU_INFO, &GPU_TOTAL, &GPU_USED, &GPU_GATED, &GPU_UNGATED, &GPU_PROCESSES, &GPU_UTILIZATION, &GPU_BUDGETED, &GPU_ROOM, &MIG_TOTAL, &MIG_USED, &DEVICE_STATUS, &DEVICE_SOURCE];
+    const ALL: &[&Family] = &[
+        &BUILD_INFO,
+        &STATUS_DURATION,
+        &STATUS_TIMESTAMP,
+        &DIR_MANAGED,
+        &TRUST_ISSUES,
+        &LOCK_STATE,
+        &LOCK_HOLDERS,
+        &LOCK_WAITERS,
+        &HOLDER_HELD,
+        &WAITER_WAITING,
+        &HOLDER_BUDGET,
+        &HOLDER_OVER_BUDGET,
+        &HOLDER_IDLE,
+        &GPU_HELD_DAY,
+        &HOLDER_GPU_USED,
+        &GPU_INFO,
+        &GPU_TOTAL,
+        &GPU_USED,
+        &GPU_GATED,
+        &GPU_UNGATED,
+        &GPU_PROCESSES,
+        &GPU_UTILIZATION,
+        &GPU_BUDGETED,
+        &GPU_ROOM,
+        &MIG_TOTAL,
+        &MIG_USED,
+        &DEVICE_STATUS,
+        &DEVICE_SOURCE,
+    ];
 
     /// The families and labels as the exposition writes them.
     fn families() -> Vec<(&'static str, &'static [&'static str])> {

@@ -808,9 +808,7 @@ fn drop_places_in_line(
     }
     let names = dir.entries().unwrap_or_default();
     let mut waits: HashMap<u32, usize> = HashMap::new();
-    for w in waiters::live_waiters(dir, &names, table, |r| {
-        r.held_shared().contains(resource)
-    }) {
+    for w in waiters::live_waiters(dir, &names, table, |r| r.held_shared().contains(resource)) {
         if w.kind == Kind::Wait && w.believed {
             *waits.entry(w.record.pid).or_default() += 1;
         }

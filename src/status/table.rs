@@ -308,7 +308,10 @@ fn short_list(names: &[&str]) -> String {
     let mut gpus: Vec<u32> = Vec::new();
     let mut others: Vec<&str> = Vec::new();
     for name in names {
-        match name.strip_prefix("gpu:").and_then(|n| n.parse::<u32>().ok()) {
+        match name
+            .strip_prefix("gpu:")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
             Some(index) => gpus.push(index),
             None => others.push(name),
         }

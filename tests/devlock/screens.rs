@@ -64,12 +64,13 @@ impl Lab {
             .unwrap();
         }
         lab.bob = lab.wait(USER_B, &["--step", "eval", "gpu:0"]);
-        lab.s.wait_for_status("gpu:0", "eval in line", |v| {
-            has_waiter(v, "eval")
-        });
+        lab.s
+            .wait_for_status("gpu:0", "eval in line", |v| has_waiter(v, "eval"));
         lab.carol = lab.wait(
             USER_C,
-            &["--step", "sweep", "--any", "gpu:0", "gpu:1", "gpu:2", "gpu:3"],
+            &[
+                "--step", "sweep", "--any", "gpu:0", "gpu:1", "gpu:2", "gpu:3",
+            ],
         );
         for gpu in ["gpu:0", "gpu:1", "gpu:2", "gpu:3"] {
             lab.s
@@ -127,9 +128,10 @@ impl Lab {
 }
 
 fn has_waiter(view: &serde_json::Value, step: &str) -> bool {
-    view["waiters"]
-        .as_array()
-        .is_some_and(|w| w.iter().any(|w| w["step"] == step && w["source"] == "registration"))
+    view["waiters"].as_array().is_some_and(|w| {
+        w.iter()
+            .any(|w| w["step"] == step && w["source"] == "registration")
+    })
 }
 
 fn steps(list: &serde_json::Value) -> Vec<String> {
@@ -166,7 +168,11 @@ pub(crate) fn the_scene_of_case_one_shows_every_user_one_row_per_request_in_80_c
                 .clone()
         };
         let group = view("gpu");
-        assert_eq!(steps(&group["holders"]), ["bench", "train"], "as {uid}: {group}");
+        assert_eq!(
+            steps(&group["holders"]),
+            ["bench", "train"],
+            "as {uid}: {group}"
+        );
         for holder in group["holders"].as_array().unwrap() {
             assert_ne!(holder["source"], "unknown", "as {uid}: {group}");
             assert!(
@@ -175,7 +181,11 @@ pub(crate) fn the_scene_of_case_one_shows_every_user_one_row_per_request_in_80_c
             );
         }
         assert_eq!(steps(&group["waiters"]), Vec::<String>::new(), "as {uid}");
-        assert_eq!(steps(&view("gpu:0")["waiters"]), ["eval", "sweep"], "as {uid}");
+        assert_eq!(
+            steps(&view("gpu:0")["waiters"]),
+            ["eval", "sweep"],
+            "as {uid}"
+        );
         for gpu in ["gpu:1", "gpu:2", "gpu:3"] {
             assert_eq!(steps(&view(gpu)["holders"]), ["bench"], "as {uid}");
             assert_eq!(steps(&view(gpu)["waiters"]), ["sweep"], "as {uid}");
@@ -192,7 +202,11 @@ pub(crate) fn the_scene_of_case_one_shows_every_user_one_row_per_request_in_80_c
                 .collect()
         };
         let sweep = with("sweep");
-        assert_eq!(sweep.len(), 1, "one row for the --any request, as {uid}:\n{table}");
+        assert_eq!(
+            sweep.len(),
+            1,
+            "one row for the --any request, as {uid}:\n{table}"
+        );
         assert!(
             sweep[0].starts_with("gpu:0-3 ") && sweep[0].contains("waits (any)"),
             "as {uid}:\n{table}"
@@ -255,8 +269,10 @@ pub(crate) fn the_scenes_metrics_count_holders_and_waiters_apart_with_no_minus_z
             .count();
         assert_eq!(waiting, 5, "eval once, sweep in four lines, as {uid}");
         assert!(
-            !values.keys().any(|k| k.starts_with("devlock_holder_held_seconds{")
-                && (k.contains("step=\"eval\"") || k.contains("step=\"sweep\""))),
+            !values
+                .keys()
+                .any(|k| k.starts_with("devlock_holder_held_seconds{")
+                    && (k.contains("step=\"eval\"") || k.contains("step=\"sweep\""))),
             "a waiter among the holders, as {uid}:\n{text}"
         );
     }
@@ -337,13 +353,31 @@ pub(crate) fn flocks_spellings_are_taken_or_refused_with_devlocks() {
     release(&s, "x");
     wait_child(&mut holder);
     for (args, says) in [
-        (&["-c", "true", "gpu"][..], "devlock RESOURCE -- sh -c 'COMMAND'"),
-        (&["--command", "true", "gpu"], "devlock RESOURCE -- sh -c 'COMMAND'"),
-        (&["-u", "gpu", "--", "true"], "releases the lock when its command exits"),
+        (
+            &["-c", "true", "gpu"][..],
+            "devlock RESOURCE -- sh -c 'COMMAND'",
+        ),
+        (
+            &["--command", "true", "gpu"],
+            "devlock RESOURCE -- sh -c 'COMMAND'",
+        ),
+        (
+            &["-u", "gpu", "--", "true"],
+            "releases the lock when its command exits",
+        ),
         (&["-o", "gpu", "--", "true"], "always inherits the lock"),
-        (&["--close", "gpu", "--", "true"], "always inherits the lock"),
-        (&["-F", "gpu", "--", "true"], "runs the command as its child"),
-        (&["--no-fork", "gpu", "--", "true"], "runs the command as its child"),
+        (
+            &["--close", "gpu", "--", "true"],
+            "always inherits the lock",
+        ),
+        (
+            &["-F", "gpu", "--", "true"],
+            "runs the command as its child",
+        ),
+        (
+            &["--no-fork", "gpu", "--", "true"],
+            "runs the command as its child",
+        ),
         (&["--verbose", "gpu", "--", "true"], "unless -q"),
         (&["-x", "-s", "gpu", "--", "true"], "cannot be used with"),
     ] {
@@ -354,4 +388,53 @@ pub(crate) fn flocks_spellings_are_taken_or_refused_with_devlocks() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("did you mean"), "{args:?}: {err}");
     }
+}
+
+test!(a_gpus_budget_figures_follow_the_lock_rows, needs: []);
+/// The `gpu:0 memory: …` line of a budgeted GPU comes after every lock
+/// row, never between a holder and its line.
+pub(crate) fn a_gpus_budget_figures_follow_the_lock_rows() {
+    let s = Scratch::new();
+    let gpus = s.work("gpus");
+    std::fs::create_dir(&gpus).unwrap();
+    std::fs::write(gpus.join("gpus"), "0 81920\n").unwrap();
+    let devlock = || {
+        let mut cmd = s.devlock();
+        cmd.env(
+            "DEVLOCK_NVIDIA_SMI",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
+        )
+        .env("FAKE_GPU_DIR", &gpus)
+        .stdin(Stdio::null());
+        cmd
+    };
+    let (script, ready) = hold_script(&s, "small");
+    let _small = Killed(
+        devlock()
+            .args([
+                "--step", "small", "--mem", "20GiB", "gpu:0", "--", "sh", "-c", &script,
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    pid_in(&ready);
+    let _big = Killed(
+        devlock()
+            .args(["--step", "big", "--mem", "70GiB", "gpu:0", "--", "true"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    s.wait_for_status("gpu:0", "big in line", |v| has_waiter(v, "big"));
+    let out = devlock().arg("status").output().unwrap();
+    let table = stdout(&out);
+    let rows = lock_rows(&table);
+    let at = |needle: &str| {
+        rows.iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} in:\n{table}"))
+    };
+    assert!(at("waits #1") < at("gpu:0 memory:"), "{table}");
+    assert_eq!(at("gpu:0 memory:"), rows.len() - 1, "{table}");
 }
