@@ -27,7 +27,7 @@ function __fish_devlock_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -l wait -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds; flock\'s --wait works too)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out (1-255)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status, and the waiter\'s lines in logs (default: the command\'s basename)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take [default: 1]' -r -f
@@ -47,12 +47,12 @@ complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
-complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -l nonblock -l nb -d 'Fail at once if the lock is busy, naming who holds it'
+complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it (flock\'s --nonblock and --nb work too)'
 complete -c devlock -n "__fish_devlock_needs_command" -l new -d 'Take a name a managed directory does not declare (`devlock setup` lists its names), rather than refuse it as a likely typo; and say nothing of a new name close to a known one'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
-complete -c devlock -n "__fish_devlock_needs_command" -s x -s e -l exclusive -d 'Take the locks exclusive: the default, accepted as util-linux flock spells it'
+complete -c devlock -n "__fish_devlock_needs_command" -s x -l exclusive -d 'Take the locks exclusive: the default, accepted (and -e) as util-linux flock spells it; its options devlock has no equivalent for (-c, -u, -o, -F, --verbose) are refused with what devlock does instead'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
 complete -c devlock -n "__fish_devlock_needs_command" -l mem-strict -d 'With --mem: stop the job (as a signal to devlock would) when it stays more than 10% over its budget for --settle'
 complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -139,11 +139,11 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until --wait -E -w
+    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until --wait -E -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand

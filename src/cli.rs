@@ -451,13 +451,14 @@ pub struct RunArgs {
     #[arg(last = true, value_name = "COMMAND", value_hint = clap::ValueHint::CommandWithArguments)]
     pub command: Vec<OsString>,
 
-    /// Fail at once if the lock is busy, naming who holds it
-    #[arg(short = 'n', long, visible_aliases = ["nonblock", "nb"])]
+    /// Fail at once if the lock is busy, naming who holds it (flock's
+    /// --nonblock and --nb work too)
+    #[arg(short = 'n', long, aliases = ["nonblock", "nb"])]
     pub no_wait: bool,
 
     /// Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number
-    /// is seconds)
-    #[arg(short = 'w', long, visible_alias = "wait", value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    /// is seconds; flock's --wait works too)
+    #[arg(short = 'w', long, alias = "wait", value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub timeout: Option<Duration>,
 
     /// Exit code when the lock is busy or the wait times out (1-255)
@@ -495,9 +496,10 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub shared: bool,
 
-    /// Take the locks exclusive: the default, accepted as util-linux flock
-    /// spells it
-    #[arg(short = 'x', long, visible_short_alias = 'e', conflicts_with_all = ["shared", "mem", "slots"])]
+    /// Take the locks exclusive: the default, accepted (and -e) as util-linux
+    /// flock spells it; its options devlock has no equivalent for (-c, -u, -o,
+    /// -F, --verbose) are refused with what devlock does instead
+    #[arg(short = 'x', long, short_alias = 'e', conflicts_with_all = ["shared", "mem", "slots"])]
     pub exclusive: bool,
 
     /// Admit up to N holders of the RESOURCE at once; each learns its slot in
