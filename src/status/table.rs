@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
-use crate::status::model::{
-    Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource, WaiterView,
-};
+use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
 use crate::text::{sanitize, short_duration};
 
 /// How a table is drawn: in colour or not, and fitted to a terminal's
@@ -66,7 +64,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
     let mut rows: Vec<Row> = vec![Row::Cells(header.iter().map(|h| h.to_string()).collect())];
     // The GPU's own figures, on lines of their own after the lock rows.
     let mut figures: Vec<Row> = Vec::new();
-    let requests = waits_on_several(report);
+    let requests = crate::status::requests::waits_on_several(report);
     // Unused: free as far as status can tell, and nothing in its way. A
     // lock in an unknown state, or one that another user's lock or a
     // renamed file concerns, is never counted away.
@@ -260,83 +258,6 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         ));
     }
     out
-}
-
-/// One request that waits on several locks at once (`--any`): one row for
-/// all of them, after the locks' own rows, in place of a row under each.
-struct Request<'a> {
-    waiter: &'a WaiterView,
-    /// The locks it waits on, short: `gpu:0-3`, `gpu:0,2`, `a,b`.
-    resources: String,
-}
-
-impl Request<'_> {
-    fn is(&self, w: &WaiterView) -> bool {
-        w.source == WaiterSource::Registration && w.pid == self.waiter.pid
-    }
-}
-
-/// The registered waiters found in the line of more than one lock shown,
-/// in the order of their first row. A devlock waits on one lock at a time
-/// but with `--any`, so a pid in two lines is one request.
-fn waits_on_several(report: &StatusReport) -> Vec<Request<'_>> {
-    let mut found: Vec<(&WaiterView, Vec<&str>)> = Vec::new();
-    for res in &report.resources {
-        for w in res
-            .waiters
-            .iter()
-            .filter(|w| w.source == WaiterSource::Registration && w.pid.is_some())
-        {
-            match found.iter_mut().find(|(f, _)| f.pid == w.pid) {
-                Some((_, names)) => names.push(&res.name),
-                None => found.push((w, vec![&res.name])),
-            }
-        }
-    }
-    found
-        .into_iter()
-        .filter(|(_, names)| names.len() > 1)
-        .map(|(waiter, names)| Request {
-            waiter,
-            resources: short_list(&names),
-        })
-        .collect()
-}
-
-/// Names listed short: GPUs in runs (`gpu:0-3,6`), the rest by name.
-fn short_list(names: &[&str]) -> String {
-    let mut gpus: Vec<u32> = Vec::new();
-    let mut others: Vec<&str> = Vec::new();
-    for name in names {
-        match name
-            .strip_prefix("gpu:")
-            .and_then(|n| n.parse::<u32>().ok())
-        {
-            Some(index) => gpus.push(index),
-            None => others.push(name),
-        }
-    }
-    gpus.sort_unstable();
-    gpus.dedup();
-    let mut runs: Vec<String> = Vec::new();
-    let mut at = 0;
-    while at < gpus.len() {
-        let mut end = at;
-        while end + 1 < gpus.len() && gpus[end + 1] == gpus[end] + 1 {
-            end += 1;
-        }
-        runs.push(match end - at {
-            0 => gpus[at].to_string(),
-            _ => format!("{}-{}", gpus[at], gpus[end]),
-        });
-        at = end + 1;
-    }
-    let mut parts: Vec<String> = Vec::new();
-    if !runs.is_empty() {
-        parts.push(format!("gpu:{}", runs.join(",")));
-    }
-    parts.extend(others.iter().map(|o| sanitize(o)));
-    parts.join(",")
 }
 
 /// `20 GiB, starting`, `20 GiB, over budget: 27 GiB of 20 GiB`
