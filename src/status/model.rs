@@ -448,6 +448,15 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
     let info = probed.report;
     let all: Vec<u32> = info.devices().iter().map(|d| d.index).collect();
     let listed = matches!(info, DeviceReport::Devices(_));
+    // A device held whole (its lock or its group's, exclusively, without a
+    // budget) has no room for a budget: a `--mem` taker waits for it.
+    let whole = |v: &ResourceView| v.holders.iter().any(|h| h.exclusive && h.mem_mib.is_none());
+    let held_whole: Vec<String> = report
+        .resources
+        .iter()
+        .filter(|v| whole(v))
+        .map(|v| v.name.clone())
+        .collect();
     for view in &mut report.resources {
         let Ok(resource) = view.name.parse::<Resource>() else {
             continue;
@@ -512,7 +521,16 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
                 budgets_mib: room.budgeted_mib(),
                 used_inside_mib: room.used_inside_mib,
                 used_outside_mib: room.used_outside_mib,
-                room_mib: room.free_mib(),
+                room_mib: if held_whole.contains(&view.name)
+                    || resource
+                        .held_shared()
+                        .iter()
+                        .any(|g| held_whole.iter().any(|w| w == g.as_str()))
+                {
+                    0
+                } else {
+                    room.free_mib()
+                },
             });
         }
     }
@@ -649,7 +667,8 @@ fn build_view(
             .map(|l| foreign_lock(&path, l, table))
             .collect();
     }
-    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    let mut kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    let in_line_for_members = drop_places_in_line(&mut kernel_holders, dir, resource, table);
     let read = match file {
         Some(f) if !kernel_holders.is_empty() => record::read_from(f),
         _ => ReadRecord::Empty,
@@ -718,7 +737,10 @@ fn build_view(
                 continue;
             }
             let owners = agreement_owners(table, q, n);
-            if agreement_vouched(&view, &owners) {
+            // A member's waiter joins the group's line too.
+            if agreement_vouched(&view, &owners)
+                || owners.iter().any(|p| in_line_for_members.contains(p))
+            {
                 vouched.push(n);
             } else {
                 strangers.push((n, owners));
@@ -762,6 +784,45 @@ fn build_view(
         });
     }
     view
+}
+
+/// A request waiting for a member (`gpu:0`, or with `--any` each of
+/// `gpu:0`..`gpu:3`) holds the member's group (`gpu`, and a MIG instance's
+/// GPU too) shared meanwhile, once per member it waits on, so that a taker
+/// of the whole group waits behind it: a place in line, not a hold. The
+/// kernel lists those shared locks among the group's holders, where they
+/// read as holders (to a user who cannot see the waiter's descriptors, as
+/// unknown ones). A believed registration of a wait on a member (the kernel
+/// shows its very process holding it, by its descriptors or its tag) takes
+/// one such shared lock of its process out, per member waited on: the
+/// waiter is shown as the member's waiter, for every user. Returns the
+/// pids whose places were taken out.
+fn drop_places_in_line(
+    kernel_holders: &mut Vec<proc::locks::KernelLock>,
+    dir: &ScratchDir,
+    resource: &Resource,
+    table: &LockTable,
+) -> Vec<u32> {
+    if kernel_holders.iter().all(|l| l.exclusive) {
+        return Vec::new();
+    }
+    let names = dir.entries().unwrap_or_default();
+    let mut waits: HashMap<u32, usize> = HashMap::new();
+    for w in waiters::live_waiters(dir, &names, table, |r| r.held_shared().contains(resource)) {
+        if w.kind == Kind::Wait && w.believed {
+            *waits.entry(w.record.pid).or_default() += 1;
+        }
+    }
+    let mut dropped = Vec::new();
+    kernel_holders.retain(|l| match waits.get_mut(&l.pid) {
+        Some(n) if *n > 0 && !l.exclusive => {
+            *n -= 1;
+            dropped.push(l.pid);
+            false
+        }
+        _ => true,
+    });
+    dropped
 }
 
 /// Whether a devlock in the view vouches for an agreement whose byte

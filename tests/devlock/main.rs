@@ -75,6 +75,7 @@ mod hostile_takes;
 mod kills;
 mod manners;
 mod nvml;
+mod screens;
 mod serve;
 mod serve_scene;
 mod shared_machine;

@@ -329,7 +329,7 @@ pub(crate) fn status_json_is_status_json_without_command_lines() {
 }
 
 /// `/metrics` as `name{labels}` → value.
-fn samples(text: &str) -> std::collections::HashMap<String, f64> {
+pub(crate) fn samples(text: &str) -> std::collections::HashMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
@@ -344,7 +344,7 @@ fn samples(text: &str) -> std::collections::HashMap<String, f64> {
         .collect()
 }
 
-fn promtool_check(text: &str) {
+pub(crate) fn promtool_check(text: &str) {
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -42,7 +42,7 @@ pub(crate) fn python() -> &'static str {
 
 /// A holder's script: writes its pid into `ready-TAG` (in one rename), then
 /// holds until `release-TAG` exists or the test's directory is gone.
-fn hold_script(s: &Scratch, tag: &str) -> (String, PathBuf) {
+pub(crate) fn hold_script(s: &Scratch, tag: &str) -> (String, PathBuf) {
     let ready = s.work(&format!("ready-{tag}"));
     let release = s.work(&format!("release-{tag}"));
     let script = format!(
@@ -67,13 +67,13 @@ pub(crate) fn devlock_as(s: &Scratch, uid: u32) -> Command {
     cmd
 }
 
-fn run_as(s: &Scratch, uid: u32, args: &[&str]) -> Output {
+pub(crate) fn run_as(s: &Scratch, uid: u32, args: &[&str]) -> Output {
     devlock_as(s, uid).args(args).output().unwrap()
 }
 
 /// `devlock ARGS -- sh -c HOLD` as `uid`, once it holds: the guard and the
 /// command's pid.
-fn hold_as(s: &Scratch, uid: u32, args: &[&str], tag: &str) -> (Killed, u32) {
+pub(crate) fn hold_as(s: &Scratch, uid: u32, args: &[&str], tag: &str) -> (Killed, u32) {
     let (script, ready) = hold_script(s, tag);
     let child = devlock_as(s, uid)
         .args(args)
