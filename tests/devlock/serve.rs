@@ -663,7 +663,7 @@ fn unit_arguments() -> Vec<String> {
         .find_map(|l| l.strip_prefix("ExecStart="))
         .expect("the unit has an ExecStart");
     let mut words = exec.split_whitespace();
-    assert_eq!(words.next(), Some("/usr/local/bin/devlock"), "{exec}");
+    assert_eq!(words.next(), Some("/usr/bin/devlock"), "{exec}");
     words.map(str::to_owned).collect()
 }
 
