@@ -448,3 +448,33 @@ pub(crate) fn an_open_usage_directory_another_user_made_is_not_used_and_report_n
     let (doc, _) = report_json(&s, USER_B, &usage);
     assert_eq!(doc["notes"].as_array().unwrap().len(), 0, "{doc}");
 }
+
+test!(setup_and_forget_write_no_names_list_through_another_link, needs: [Root]);
+pub(crate) fn setup_and_forget_write_no_names_list_through_another_link() {
+    let s = Scratch::new();
+    let none = Path::new("none");
+    assert!(run_as(&s, 0, none, &["setup", "r"]).status.success());
+    // Root's file elsewhere, linked in at `.names` (as anyone may link a
+    // file they can write, where fs.protected_hardlinks is off).
+    let outside = s.work("outside");
+    std::fs::write(&outside, "# root's own\n").unwrap();
+    let names = s.dir().join(".names");
+    std::fs::remove_file(&names).unwrap();
+    std::fs::hard_link(&outside, &names).unwrap();
+    for args in [&["setup", "r2"][..], &["forget", "r2"]] {
+        let out = run_as(&s, 0, none, args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            std::fs::read_to_string(&outside).unwrap(),
+            "# root's own\n",
+            "{args:?}"
+        );
+        assert_eq!(std::fs::metadata(&outside).unwrap().nlink(), 1, "{args:?}");
+        if args[0] == "setup" {
+            assert_eq!(std::fs::read_to_string(&names).unwrap(), "r2\n");
+            // Linked in again, for forget's turn.
+            std::fs::remove_file(&names).unwrap();
+            std::fs::hard_link(&outside, &names).unwrap();
+        }
+    }
+}
