@@ -448,9 +448,9 @@ pub struct SetupArgs {
     #[arg(long)]
     pub print_tmpfiles: bool,
 
-    /// The site's default --idle-timeout for every job in this directory
-    /// (written to DIR/.idle-timeout, root's; a job's own --idle-timeout
-    /// wins)
+    /// The site's --idle-timeout for every job in this directory, a ceiling
+    /// (written to DIR/.idle-timeout, root's; a job may ask for a shorter
+    /// one, and a longer one is refused)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub idle_timeout: Option<Duration>,
 }
@@ -558,7 +558,8 @@ pub struct RunArgs {
     /// job as a signal to devlock would, once its GPUs have computed nothing
     /// for DURATION (a job with no process on them is idle too); `devlock
     /// busy DUR` in the job says it works without the GPU [default: the
-    /// site's, set by `devlock setup --idle-timeout`]
+    /// site's, set by `devlock setup --idle-timeout`, which is also the
+    /// longest allowed]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub idle_timeout: Option<Duration>,
 

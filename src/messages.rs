@@ -963,6 +963,23 @@ pub(crate) fn idle_warning(
     )
 }
 
+/// A job's `--idle-timeout` over the site's: `--idle-timeout 1000h is
+/// longer than this machine's idle policy, 8s (/run/lock/devlock/.idle-timeout,
+/// set by the administrator): ask for 8s or less, or leave it out`.
+pub(crate) fn idle_over_site(
+    asked: std::time::Duration,
+    site: std::time::Duration,
+    policy_file: &std::path::Path,
+) -> String {
+    let site = humantime::format_duration(site);
+    format!(
+        "--idle-timeout {} is longer than this machine's idle policy, {site} ({}, set by the \
+         administrator with devlock setup --idle-timeout): ask for {site} or less, or leave it out",
+        humantime::format_duration(asked),
+        crate::text::show_path(policy_file)
+    )
+}
+
 /// Said as an idle hold is stopped.
 pub(crate) fn idle_stop(names: &str, step: &str, idle: std::time::Duration) -> String {
     format!(

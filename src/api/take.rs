@@ -73,7 +73,7 @@ impl Acquiring {
         let label = takes.label();
         let usage = crate::api::usage::Ask {
             started,
-            idle_timeout: spec.idle_timeout,
+            idle_timeout: crate::usage::idle::within_site(spec.idle_timeout, &dir)?,
             probe_timeout: takes.probe_timeout,
             mem_mib: None,
         };

@@ -46,6 +46,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     crate::known::check(&dir, &resources, args.new, args.quiet)?;
     let notes = Notes::new(&mut dir, &resources);
     let dir = dir;
+    let idle_timeout = crate::usage::idle::within_site(args.idle_timeout, &dir)?;
     let wait_plan = WaitPlan {
         deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
@@ -187,9 +188,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         start_ms: record.since_ms,
         waited,
         mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
-        idle_timeout: args
-            .idle_timeout
-            .or_else(|| crate::usage::idle::site_default(&dir)),
+        idle_timeout,
         from: "cli",
         roots: vec![record.pid, child.id()],
         probe_timeout,

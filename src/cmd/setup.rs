@@ -73,7 +73,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             }
         },
     };
-    let plan = Plan {
+    let mut plan = Plan {
         gid,
         group: args.group.clone(),
         dir_mode: if args.group.is_some() { 0o1770 } else { 0o1777 },
@@ -82,7 +82,18 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         slots: args.slots.unwrap_or(0),
     };
     if args.print_tmpfiles {
-        print!("{}", tmpfiles(dir, &plan, args)?);
+        // The boot snippet makes the directory as it is now and as asked:
+        // the resources already declared there (setup merges names too) and
+        // the site's idle policy, so a reboot loses neither.
+        let now = ScratchDir::open(dir).ok().flatten();
+        let declared = now.as_ref().and_then(crate::flock::declared::read);
+        plan.resources.extend(declared.unwrap_or_default());
+        plan.resources.sort();
+        plan.resources.dedup();
+        let idle = args
+            .idle_timeout
+            .or_else(|| now.as_ref().and_then(crate::usage::idle::site_default));
+        print!("{}", tmpfiles(dir, &plan, args, idle)?);
         return Ok(ExitCode::Success);
     }
     if crate::sys::process::effective_uid() != 0 {
@@ -781,7 +792,7 @@ fn unlink(dir: &ScratchDir, name: &str) -> nix::Result<()> {
 
 /// The same set-up as a systemd-tmpfiles(5) snippet, to make it again at
 /// every boot. Paths are quoted where needed and `%` escaped.
-fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
+fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs, idle: Option<Duration>) -> Result<String> {
     let Some(dir_text) = dir.to_str().filter(|d| d.starts_with('/')) else {
         return Err(coded(
             ExitCode::Usage,
@@ -820,7 +831,7 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
     if let Some(n) = args.slots {
         invocation.push_str(&format!(" --slots {n}"));
     }
-    if let Some(t) = args.idle_timeout {
+    if let Some(t) = idle {
         invocation.push_str(&format!(
             " --idle-timeout {}",
             humantime::format_duration(t)
@@ -858,7 +869,7 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs) -> Result<String> {
             quote(&format!("{dir_text}/{}", crate::flock::declared::FILE))
         ));
     }
-    if let Some(timeout) = args.idle_timeout {
+    if let Some(timeout) = idle {
         out.push_str(&format!(
             "f {} 0644 root root - {}\n",
             quote(&format!("{dir_text}/{}", crate::usage::idle::SITE_FILE)),

@@ -118,6 +118,26 @@ pub(crate) fn site_default(dir: &crate::flock::dir::ScratchDir) -> Option<Durati
     parse_site(&bytes)
 }
 
+/// The idle timeout a hold in `dir` runs under: the site's policy is a
+/// ceiling, so a job may ask for a shorter one but not a longer one. A
+/// longer request is refused before anything is taken (exit 2, the policy
+/// named): capping it would stop the job sooner than its owner asked, with
+/// the reason said only after it had waited its turn and started.
+pub(crate) fn within_site(
+    asked: Option<Duration>,
+    dir: &crate::flock::dir::ScratchDir,
+) -> anyhow::Result<Option<Duration>> {
+    let site = site_default(dir);
+    match (asked, site) {
+        (Some(asked), Some(site)) if asked > site => Err(crate::exit::coded(
+            crate::exit::ExitCode::Usage,
+            crate::messages::idle_over_site(asked, site, &dir.path().join(SITE_FILE)),
+        )),
+        (Some(asked), _) => Ok(Some(asked)),
+        (None, site) => Ok(site),
+    }
+}
+
 /// The longest [`SITE_FILE`] believed.
 const MOST_SITE: u64 = 64;
 

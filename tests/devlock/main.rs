@@ -76,6 +76,7 @@ mod kills;
 mod manners;
 mod nvml;
 mod screens;
+mod screens_daily;
 mod serve;
 mod serve_scene;
 mod shared_machine;

@@ -1,0 +1,111 @@
+//! The daily screens of #34 that the administrator and every user rely on:
+//! a site idle policy that is a ceiling and a boot snippet that keeps it,
+//! one short warning before setup. Through the real binary, as root and
+//! as the other users (setpriv).
+
+use std::process::Output;
+
+use crate::harness::*;
+use crate::shared_machine::devlock_as;
+
+fn run_as(s: &Scratch, uid: u32, args: &[&str]) -> Output {
+    devlock_as(s, uid)
+        .env("DEVLOCK_NVML", "none")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+// ----------------------------------------------------------------------------
+// 5. A site policy is a ceiling.
+
+test!(a_longer_idle_timeout_than_the_sites_is_refused_before_the_take, needs: [Root, Tool("setpriv")]);
+pub(crate) fn a_longer_idle_timeout_than_the_sites_is_refused_before_the_take() {
+    let s = Scratch::new();
+    let setup = s.run(&["setup", "--idle-timeout", "8s", "gpu:1"]);
+    assert!(setup.status.success(), "{}", stderr(&setup));
+    let ran = s.work("ran");
+    let touch = format!("touch {}", ran.display());
+    for uid in [USER_A, 0] {
+        let out = run_as(
+            &s,
+            uid,
+            &["--idle-timeout", "1000h", "gpu:1", "--", "sh", "-c", &touch],
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let said = stderr(&out);
+        assert!(
+            said.contains("--idle-timeout 1month 11days 5h 26m 24s is longer than this machine's idle policy, 8s")
+                && said.contains(".idle-timeout"),
+            "{said}"
+        );
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(!ran.exists(), "the command must not run");
+        assert!(
+            !s.lock_path("gpu:1").exists() || s.run(&["status", "gpu:1"]).status.success(),
+            "nothing held"
+        );
+    }
+    // Shorter than the policy, or none (the policy then): it runs.
+    for asked in [&["--idle-timeout", "2s"][..], &[]] {
+        let mut args: Vec<&str> = asked.to_vec();
+        args.extend(["gpu:1", "--", "sh", "-c", &touch]);
+        let out = run_as(&s, USER_B, &args);
+        assert!(out.status.success(), "{asked:?}: {}", stderr(&out));
+        assert!(ran.exists(), "{asked:?}");
+        std::fs::remove_file(&ran).unwrap();
+    }
+}
+
+test!(the_boot_snippet_carries_the_policy_and_only_the_declared_devices, needs: [Root, Tool("systemd-tmpfiles")]);
+pub(crate) fn the_boot_snippet_carries_the_policy_and_only_the_declared_devices() {
+    let s = Scratch::new();
+    let setup = s.run(&["setup", "--idle-timeout", "8s", "gpu", "gpu:0", "gpu:1"]);
+    assert!(setup.status.success(), "{}", stderr(&setup));
+    // Printed later without repeating the policy or the names: both come
+    // from the directory as setup left it.
+    let printed = s.run(&["setup", "--print-tmpfiles"]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let snippet = stdout(&printed);
+    let dir = s.dir().display().to_string();
+    assert!(
+        snippet.contains(&format!("f {dir}/.idle-timeout 0644 root root - 8s\n")),
+        "{snippet}"
+    );
+    for name in ["gpu", "gpu:0", "gpu:1"] {
+        assert!(
+            snippet.contains(&format!("f {dir}/{name}.lock ")),
+            "{name}: {snippet}"
+        );
+    }
+    assert!(!snippet.contains("gpu:2"), "{snippet}");
+    // A policy asked for now wins over the one in force.
+    let asked = s.run(&["setup", "--print-tmpfiles", "--idle-timeout", "2h"]);
+    assert!(stdout(&asked).contains("/.idle-timeout 0644 root root - 2h\n"));
+    // systemd-tmpfiles makes from it what setup made: the policy holds
+    // after a reboot (a fresh root here).
+    let root = s.work("root");
+    std::fs::create_dir(&root).unwrap();
+    let conf = s.work("devlock.conf");
+    std::fs::write(&conf, &snippet).unwrap();
+    let made = std::process::Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.display()))
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    let rebooted = root.join(s.dir().strip_prefix("/").unwrap());
+    assert_eq!(
+        std::fs::read_to_string(rebooted.join(".idle-timeout")).unwrap(),
+        "8s"
+    );
+    let out = std::process::Command::new(BIN)
+        .arg("--dir")
+        .arg(&rebooted)
+        .args(["--idle-timeout", "1h", "gpu:0", "--", "true"])
+        .env("DEVLOCK_NVML", "none")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
