@@ -68,7 +68,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -E -q -s -x -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --any --count --shared --exclusive --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget report busy help"
+            opts="-n -w -E -q -s -x -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --no-setup-warning --any --count --shared --exclusive --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget report busy help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

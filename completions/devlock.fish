@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= E/conflict-exit-code= new step= q/quiet any count= s/shared x/exclusive slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
+    string join \n n/no-wait w/timeout= E/conflict-exit-code= new step= q/quiet no-setup-warning any count= s/shared x/exclusive slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -50,6 +50,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -l etcd-key -d 'The privat
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it (flock\'s --nonblock and --nb work too)'
 complete -c devlock -n "__fish_devlock_needs_command" -l new -d 'Take a name a managed directory does not declare (`devlock setup` lists its names), rather than refuse it as a likely typo; and say nothing of a new name close to a known one'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
+complete -c devlock -n "__fish_devlock_needs_command" -l no-setup-warning -d 'Say nothing of a lock directory that `devlock setup` has not made root\'s (the one-line warning before setup; `devlock status` still lists it), and keep the waiting lines; DEVLOCK_NO_SETUP_WARNING=1 does the same'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
 complete -c devlock -n "__fish_devlock_needs_command" -s x -l exclusive -d 'Take the locks exclusive: the default, accepted (and -e) as util-linux flock spells it; its options devlock has no equivalent for (-c, -u, -o, -F, --verbose) are refused with what devlock does instead'

@@ -497,6 +497,13 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// Say nothing of a lock directory that `devlock setup` has not made
+    /// root's (the one-line warning before setup; `devlock status` still
+    /// lists it), and keep the waiting lines; DEVLOCK_NO_SETUP_WARNING=1
+    /// does the same
+    #[arg(long)]
+    pub no_setup_warning: bool,
+
     /// Take the first of the RESOURCEs that is or becomes free (see --count),
     /// skipping those outside the caller's CUDA_VISIBLE_DEVICES
     #[arg(long)]
@@ -834,6 +841,7 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
             new: false,
             step,
             quiet,
+            no_setup_warning: false,
             any: false,
             count: None,
             shared,

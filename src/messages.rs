@@ -980,6 +980,56 @@ pub(crate) fn idle_over_site(
     )
 }
 
+/// The longest setup warning: it fits one line of a wide terminal.
+pub(crate) const SETUP_WARNING_MOST: usize = 159;
+
+/// The one setup warning of a run in a directory other users can break
+/// (the full list is `devlock status`'s and `--json`'s): `devlock: warning:
+/// /run/lock/devlock is not set up: bob can let a second holder in; fix:
+/// sudo devlock setup gpu:0`. At most
+/// [`SETUP_WARNING_MOST`] characters: the first of `fixes` (each a whole
+/// command, most precise first) that fits with the path, else with "the
+/// lock directory" for it, else a shortened line.
+pub(crate) fn setup_warning(
+    dir: &std::path::Path,
+    owners: &[&str],
+    above: bool,
+    fixes: &[String],
+) -> String {
+    let who = match owners {
+        [] | [_] => owners.first().copied().unwrap_or("another user").to_owned(),
+        [first, rest @ ..] => format!("{first} and {} more", rest.len()),
+    };
+    let said = |dir: &str, fix: &str| {
+        if above {
+            format!(
+                "devlock: warning: a directory above {dir} is {who}'s or open to all; \
+                 choose a --dir under root's (details: devlock status)"
+            )
+        } else {
+            format!(
+                "devlock: warning: {dir} is not set up: {who} can let a second holder in; \
+                 fix: {fix}"
+            )
+        }
+    };
+    let shown = crate::text::show_path(dir);
+    let generic = "sudo devlock setup (devlock status names what)";
+    let line = fixes
+        .iter()
+        .map(|fix| said(&shown, fix))
+        .chain(fixes.iter().map(|fix| said("the lock directory", fix)))
+        .chain([said("the lock directory", generic)])
+        .find(|line| line.chars().count() <= SETUP_WARNING_MOST)
+        .unwrap_or_else(|| {
+            said("the lock directory", generic)
+                .chars()
+                .take(SETUP_WARNING_MOST)
+                .collect()
+        });
+    format!("{line}\n")
+}
+
 /// Said as an idle hold is stopped.
 pub(crate) fn idle_stop(names: &str, step: &str, idle: std::time::Duration) -> String {
     format!(

@@ -44,7 +44,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     interrupt::hold_job_stops();
     let mut dir = ScratchDir::open_or_create(dir_path)?;
     crate::known::check(&dir, &resources, args.new, args.quiet)?;
-    let notes = Notes::new(&mut dir, &resources);
+    let notes = Notes::new(&mut dir, &resources).without_setup_warning(args.no_setup_warning);
     let dir = dir;
     let idle_timeout = crate::usage::idle::within_site(args.idle_timeout, &dir)?;
     let wait_plan = WaitPlan {

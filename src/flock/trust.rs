@@ -263,6 +263,9 @@ pub(crate) fn of_resource(
     Trust::from_issues(issues, root_owned)
 }
 
+/// The variable that silences the setup warning, as `--no-setup-warning`.
+pub(crate) const NO_SETUP_WARNING_ENV: &str = "DEVLOCK_NO_SETUP_WARNING";
+
 /// What one run met that another user could break, for its one warning
 /// line: owned by the run (the command line; the library stays silent),
 /// fed by its scratch directory's opens ([`ScratchDir::log_opens`]) and by
@@ -272,6 +275,8 @@ pub(crate) struct Notes(Mutex<Found>);
 
 #[derive(Debug, Default)]
 struct Found {
+    /// The setup warning was said (or silenced): once per run.
+    said: bool,
     issues: Vec<Issue>,
     resources: BTreeSet<String>,
     lines: Vec<String>,
@@ -298,6 +303,20 @@ impl Notes {
             }
         }
         Notes(Mutex::new(found))
+    }
+
+    /// Silences the setup warning (`--no-setup-warning`, or
+    /// [`NO_SETUP_WARNING_ENV`] set to anything but empty, `0`, `false`,
+    /// `no` or `off`), not the others.
+    pub(crate) fn without_setup_warning(self, flag: bool) -> Notes {
+        let env = std::env::var(NO_SETUP_WARNING_ENV).is_ok_and(|v| {
+            !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "" | "0" | "false" | "no" | "off"
+            )
+        });
+        self.found().said |= flag || env;
+        self
     }
 
     fn found(&self) -> std::sync::MutexGuard<'_, Found> {
@@ -328,27 +347,32 @@ impl Notes {
             return;
         }
         let mut out = String::new();
-        if !issues.is_empty() {
-            let reasons: Vec<&str> = issues.iter().map(|i| i.reason.as_str()).collect();
+        if !issues.is_empty() && !found.said {
+            found.said = true;
             // setup makes the directory and its files root's, but refuses
             // a way to it through what another user owns or may write.
-            let above = found
-                .dir
-                .as_deref()
-                .is_some_and(|dir| issues.iter().any(|i| !Path::new(&i.path).starts_with(dir)));
-            let fix = if above {
-                "devlock setup refuses a --dir below a directory that is not root's, or that \
-                 others may write without the sticky bit: choose another --dir"
-                    .to_owned()
-            } else {
-                format!(
-                    "to make them root's: {}",
-                    fix_command(found.dir.as_deref(), resources.iter().map(String::as_str))
-                )
-            };
-            out.push_str(&format!(
-                "devlock: warning: {}; {fix}\n",
-                reasons.join("; ")
+            let dir = found.dir.clone().unwrap_or_default();
+            let above = issues.iter().any(|i| !Path::new(&i.path).starts_with(&dir));
+            let mut owners: Vec<&str> = Vec::new();
+            for owner in issues
+                .iter()
+                .map(|i| i.owner.as_deref().unwrap_or("anyone"))
+            {
+                if !owners.contains(&owner) {
+                    owners.push(owner);
+                }
+            }
+            let mut fixes = vec![fix_command(
+                Some(&dir),
+                resources.iter().map(String::as_str),
+            )];
+            // GPUs alone: `--gpus` declares every one the driver lists.
+            let gpu_family = |r: &String| r == "gpu" || r.starts_with("gpu:");
+            if resources.iter().all(gpu_family) {
+                fixes.push(fix_command(Some(&dir), ["--gpus"].into_iter()));
+            }
+            out.push_str(&crate::messages::setup_warning(
+                &dir, &owners, above, &fixes,
             ));
         }
         for line in lines {

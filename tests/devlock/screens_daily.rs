@@ -3,6 +3,7 @@
 //! one short warning before setup. Through the real binary, as root and
 //! as the other users (setpriv).
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::Output;
 
 use crate::harness::*;
@@ -108,4 +109,69 @@ pub(crate) fn the_boot_snippet_carries_the_policy_and_only_the_declared_devices(
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+// ----------------------------------------------------------------------------
+// 6. Warnings that fit a line.
+
+/// The `devlock: warning:` lines of `said`.
+fn warnings(said: &str) -> Vec<&str> {
+    said.lines()
+        .filter(|l| l.starts_with("devlock: warning:"))
+        .collect()
+}
+
+test!(the_open_directory_warning_is_one_short_line_with_the_fix, needs: [Root, Tool("setpriv")]);
+pub(crate) fn the_open_directory_warning_is_one_short_line_with_the_fix() {
+    let s = Scratch::new();
+    // An open directory, as the first user's devlock makes one in /run/lock.
+    std::fs::create_dir(s.dir()).unwrap();
+    std::fs::set_permissions(s.dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    // Alice's runs make the open directory and every GPU's files hers.
+    let gpus: Vec<String> = (0..8).map(|i| format!("gpu:{i}")).collect();
+    let mut args: Vec<&str> = vec!["--any", "--count", "8"];
+    args.extend(gpus.iter().map(String::as_str));
+    args.extend(["--", "true"]);
+    let out = run_as(&s, USER_A, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Bob's run over all of them: one line, under 160 characters, the fix.
+    let out = run_as(&s, USER_B, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    let lines = warnings(&said);
+    assert_eq!(lines.len(), 1, "{said}");
+    let line = lines[0];
+    assert!(line.chars().count() < 160, "{} chars: {line}", line.len());
+    assert!(
+        line.contains("is not set up") && line.contains("fix: sudo devlock setup --dir"),
+        "{line}"
+    );
+    // The full list stays in status (every file, its owner, what they can do).
+    let status = run_as(&s, USER_B, &["status", "--json", "gpu:0", "gpu:7"]);
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let issues = json["trust"]["issues"].as_array().unwrap().len()
+        + json["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["trust"]["issues"].as_array().unwrap().len())
+            .sum::<usize>();
+    assert!(issues >= 3, "{json}");
+    // Silenced by a flag or a variable; the waiting line stays.
+    let (guard, _) = crate::shared_machine::hold_as(&s, USER_A, &["gpu:3"], "holder");
+    // Bob's line about who is in the way stays (`-q` would hide it too).
+    let busy = devlock_as(&s, USER_B)
+        .env("DEVLOCK_NVML", "none")
+        .env("DEVLOCK_NO_SETUP_WARNING", "1")
+        .args(["-n", "gpu:3", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    let out = stderr(&busy);
+    assert!(out.contains("gpu:3") && out.contains("held by"), "{out}");
+    assert!(warnings(&out).is_empty(), "{out}");
+    drop(guard);
+    let out = run_as(&s, USER_B, &["--no-setup-warning", "gpu:3", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(warnings(&stderr(&out)).is_empty(), "{}", stderr(&out));
 }

@@ -187,8 +187,8 @@ pub(crate) fn a_holder_whose_lock_file_another_user_renames_says_so_and_status_s
     let warning = wait_for_line(&mut err, "warning");
     assert!(
         warning.contains(&format!(
-            "{} is owned by nobody, who can rename or remove it",
-            s.lock_path("r").display()
+            "{} is not set up: nobody can let a second holder in",
+            s.dir().display()
         )) && warning.contains(&format!("sudo devlock setup --dir {} r", s.dir().display())),
         "{warning}"
     );
@@ -247,9 +247,9 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "one warning line: {err}");
     assert!(
-        err.starts_with(&format!(
-            "devlock: warning: {d} is owned by nobody, who can rename or remove every lock file in it"
-        )) && err.contains(&format!("sudo devlock setup --dir {d} r")),
+        err.starts_with("devlock: warning: ")
+            && err.contains(" is not set up: nobody can let a second holder in; fix: ")
+            && err.contains(&format!("sudo devlock setup --dir {d} r")),
         "{err}"
     );
     let quiet = s
@@ -281,7 +281,7 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
     let lines: Vec<&str> = err.lines().collect();
     assert!(
         lines[0].starts_with("devlock: warning: ")
-            && lines[0].contains(&format!("{d}/q.lock is owned by nobody"))
+            && lines[0].contains(" is not set up: nobody can")
             && lines[1].starts_with("devlock: q · waiting")
             && lines
                 .last()
