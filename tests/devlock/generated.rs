@@ -306,7 +306,7 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
     assert!(reply("devlock -w ").is_empty(), "{stdout}");
     assert!(reply("devlock --report-every ").is_empty(), "{stdout}");
     // Options are clap's to complete.
-    assert_eq!(reply("devlock --no-w"), ["--no-wait"]);
+    assert_eq!(reply("devlock --no"), ["--no-setup-warning", "--no-wait"]);
     // After --: commands, then the command's own arguments.
     assert!(!reply("devlock gpu -- ").contains(&"gpu"));
     assert_eq!(
