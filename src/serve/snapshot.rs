@@ -10,7 +10,9 @@
 //! source that hangs is asked by one request at a time (NVML's own thread
 //! then answers "unknown" at once; see `gpu::nvml`). A failed gather (an
 //! unsafe directory, an unreadable `/proc/locks`) is not kept: the next
-//! request tries again.
+//! request tries again. A gather reads each process's descriptors once
+//! (the lock table carries that reading, see `proc::fdinfo`), so its work
+//! is one pass over them however many locks a stranger holds or `dup`s.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

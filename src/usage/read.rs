@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use nix::fcntl::OFlag;
@@ -43,13 +43,26 @@ pub(crate) struct Job {
     pub measured: Measured,
 }
 
-/// Every job in `dir`, and notes on what was skipped and why.
+/// Every job in `dir`, and notes on what was skipped and why. The
+/// directory is reached as [`super::open_dir`] reaches it: through another
+/// user's directory or link nothing is read, and the note says whose it
+/// is; a directory another user owns is read, with a note that its records
+/// may be incomplete (they can remove any).
 pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<String>)> {
-    let dir_fd = super::open_dir(dir, false)?;
+    let (dir_fd, st) = match super::open_dir(dir, false) {
+        Ok(found) => found,
+        Err(super::Unusable::Missing) => {
+            return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        }
+        Err(super::Unusable::Refused(why)) => {
+            return Ok((Vec::new(), vec![format!("no records read: {why}")]));
+        }
+    };
     let mut notes = Vec::new();
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
+    if let Some(why) = super::distrust(dir, &st) {
+        notes.push(format!("{why}: records may be missing"));
+    }
+    let mut names = names(&dir_fd)?;
     names.sort();
     let mut jobs: Vec<Job> = Vec::new();
     let mut index: HashMap<(u32, String), usize> = HashMap::new();
@@ -57,6 +70,21 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
         let Some(named_uid) = uid_of_name(&name) else {
             continue;
         };
+        // Judged before it is opened (a FIFO or a device is never opened,
+        // another user's private file is named as what it is), and again
+        // through the descriptor.
+        let judged = nix::sys::stat::fstatat(
+            &dir_fd,
+            name.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        let Ok(looked) = judged else {
+            continue;
+        };
+        if let Some(why) = untrusted_file(&looked, named_uid) {
+            notes.push(format!("{name}: skipped: {why}"));
+            continue;
+        }
         let c_name = CString::new(name.as_str()).expect("a file name has no NUL");
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let fd = match crate::sys::fs::openat(dir_fd.as_fd(), &c_name, flags, 0) {
@@ -69,17 +97,8 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
         let Ok(st) = nix::sys::stat::fstat(&fd) else {
             continue;
         };
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
-            notes.push(format!("{name}: skipped: not a regular file with one link"));
-            continue;
-        }
-        if st.st_uid != named_uid {
-            notes.push(format!(
-                "{name}: skipped: owned by {}, not by the user it is named for ({}); its \
-                 lines are counted for nobody",
-                crate::proc::process::user_name(st.st_uid),
-                crate::proc::process::user_name(named_uid)
-            ));
+        if let Some(why) = untrusted_file(&st, named_uid) {
+            notes.push(format!("{name}: skipped: {why}"));
             continue;
         }
         let mut text = Vec::new();
@@ -103,15 +122,62 @@ pub(crate) fn jobs(dir: &Path, now_ms: u64) -> std::io::Result<(Vec<Job>, Vec<St
     Ok((jobs, notes))
 }
 
-/// `UID.jsonl` or `UID.jsonl.old`: the uid it is named for.
+/// Why a usage file named for `named_uid` (its fstat `st`) is not counted,
+/// if it is not: only a regular file with one link that the user it is
+/// named for owns is that user's.
+fn untrusted_file(st: &libc::stat, named_uid: u32) -> Option<String> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
+        return Some("not a regular file with one link".to_owned());
+    }
+    (st.st_uid != named_uid).then(|| {
+        format!(
+            "owned by {}, not by the user it is named for ({}); its lines are counted for nobody",
+            crate::proc::process::user_name(st.st_uid),
+            crate::proc::process::user_name(named_uid)
+        )
+    })
+}
+
+/// `UID.jsonl`, `UID.TAG.jsonl` or either's `.old`: the uid it is named
+/// for.
 fn uid_of_name(name: &str) -> Option<u32> {
     let stem = name
         .strip_suffix(".jsonl")
         .or_else(|| name.strip_suffix(".jsonl.old"))?;
-    if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
+    parse_stem(stem).map(|(uid, _)| uid)
+}
+
+/// A usage file's stem, `UID` or `UID.TAG` (TAG sixteen lowercase hex
+/// digits): the uid, and whether it is tagged.
+pub(super) fn parse_stem(stem: &str) -> Option<(u32, bool)> {
+    let (uid, tag) = match stem.split_once('.') {
+        Some((uid, tag)) => (uid, Some(tag)),
+        None => (stem, None),
+    };
+    if uid.is_empty() || !uid.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    stem.parse().ok()
+    if let Some(tag) = tag
+        && (tag.len() != 16 || !tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    {
+        return None;
+    }
+    Some((uid.parse().ok()?, tag.is_some()))
+}
+
+/// The names in the directory open as `dir` (read through the descriptor,
+/// never by path again); names that are not UTF-8 are no usage file's.
+pub(super) fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
+    let mut listing = nix::dir::Dir::from_fd(dir.try_clone()?)?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        if let Ok(name) = entry?.file_name().to_str()
+            && !matches!(name, "." | "..")
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
 }
 
 /// Adds the lines of one file (`name`, owned by `uid`) to `jobs`, each
@@ -267,6 +333,32 @@ impl Job {
             code: Some(0),
             signal: None,
             measured: Measured::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    #[test]
+    fn usage_files_are_named_for_a_uid_with_an_optional_random_tag() {
+        for (name, uid) in [
+            ("1000.jsonl", Some(1000)),
+            ("1000.jsonl.old", Some(1000)),
+            ("0.0123456789abcdef.jsonl", Some(0)),
+            ("7.0123456789abcdef.jsonl.old", Some(7)),
+            ("1000.0123456789ABCDEF.jsonl", None),
+            ("1000.0123456789abcde.jsonl", None),
+            ("1000.0123456789abcdef0.jsonl", None),
+            ("1000..jsonl", None),
+            (".jsonl", None),
+            ("+1.jsonl", None),
+            ("99999999999.jsonl", None),
+            ("1000.jsonl.old.old", None),
+            ("1000.json", None),
+        ] {
+            assert_eq!(uid_of_name(name), uid, "{name}");
         }
     }
 }
