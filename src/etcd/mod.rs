@@ -60,11 +60,18 @@
 //!
 //! # Fencing
 //!
-//! The create revision is also the holder's fencing token
-//! (`DEVLOCK_FENCE`): etcd's revisions only grow, and a holder holds only
-//! once what stood before it is gone, so each new holder of a resource has a
-//! larger one than all before it (for `--slots`, than every holder before it
-//! in line). Every request goes to one endpoint at a
+//! The holder's fencing token (`DEVLOCK_FENCE`) is the store's revision at
+//! its grant, as `etcdctl lock`'s `ETCD_LOCK_REV` is: the revision of the
+//! join when nothing stood in the way, else of the delete that freed the
+//! way (or of the read that found it free). etcd's revisions only grow, and
+//! a holder is granted only after the key of each holder before it was
+//! deleted, at a revision later than that holder's grant; so every new
+//! holder of a resource has a larger token than all before it, whichever
+//! tool (devlock or `etcdctl lock`) made the grants. (A create revision
+//! would not do: a waiter that joined early and was granted late would
+//! carry a smaller token than an `etcdctl lock` holder before it.) The
+//! command also gets `ETCD_LOCK_KEY` and `ETCD_LOCK_REV` as `etcdctl lock`
+//! sets them. Every request goes to one endpoint at a
 //! time and moves to the next when that one fails (`cluster`); `https://`
 //! endpoints are checked as `tls` says.
 //!
@@ -404,6 +411,9 @@ pub(crate) struct Entry {
     /// `--slots N`: N (then `exclusive` is false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u64>,
+    /// Once granted: the store's revision at the grant (`DEVLOCK_FENCE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<i64>,
 }
 
 /// One key under a resource's prefix, in line order.
@@ -594,6 +604,7 @@ mod tests {
                 exclusive,
                 via: None,
                 slots: None,
+                fence: None,
             }),
         }
     }

@@ -66,10 +66,15 @@ struct PlaceView {
     /// `--slots`: the slot this holder took (`DEVLOCK_SLOT`).
     #[serde(skip_serializing_if = "Option::is_none")]
     slot: Option<u64>,
+    /// For a key devlock did not write: who puts such keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client: Option<&'static str>,
     key: String,
     /// The key's create revision: its place in line.
     revision: i64,
-    /// For a holder: its fencing token (`DEVLOCK_FENCE`), the same revision.
+    /// For a holder: its fencing token (`DEVLOCK_FENCE`), the revision it
+    /// was granted at; for a key devlock did not write (or one not yet
+    /// labelled), its create revision, which that grant is no earlier than.
     #[serde(skip_serializing_if = "Option::is_none")]
     fence: Option<i64>,
     lease: String,
@@ -255,9 +260,12 @@ fn view(
         exclusive: place.exclusive(),
         via: entry.and_then(|e| e.via.clone()),
         slot: None,
+        client: entry.is_none().then_some(messages::FOREIGN_CLIENT),
         key: place.key.clone(),
         revision: place.create_revision,
-        fence: position.is_none().then_some(place.create_revision),
+        fence: position
+            .is_none()
+            .then(|| entry.and_then(|e| e.fence).unwrap_or(place.create_revision)),
         lease: format!("{:016x}", place.lease),
         lease_ttl_s: lease_ttl,
         alive,
@@ -269,9 +277,17 @@ fn table(report: &Report, render: Render) -> String {
         "RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE", "FENCE",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
-    let cell = |v: &Option<String>| v.as_deref().map_or("?".to_owned(), sanitize);
+    // A key devlock did not write has no step, pid, host or user to show:
+    // it is named for who puts such keys, its lease and fence still shown.
+    let cell = |v: &Option<String>| v.as_deref().map_or("-".to_owned(), sanitize);
+    let step_cell = |p: &PlaceView| {
+        p.step
+            .as_deref()
+            .map_or(messages::FOREIGN_CLIENT.to_owned(), sanitize)
+    };
+    let pid_cell = |p: &PlaceView| p.pid.map_or("-".to_owned(), |pid| pid.to_string());
     let lease_cell = |p: &PlaceView| {
-        let ttl = p.lease_ttl_s.map_or("?".to_owned(), |t| format!("{t}s"));
+        let ttl = p.lease_ttl_s.map_or("-".to_owned(), |t| format!("{t}s"));
         match p.alive {
             Some(false) => format!("{ttl} (devlock gone)"),
             _ => ttl,
@@ -287,7 +303,7 @@ fn table(report: &Report, render: Render) -> String {
             rows.push(vec![res.name.clone(), state.clone()]);
         }
         for (i, h) in res.holders.iter().enumerate() {
-            let mut step = cell(&h.step);
+            let mut step = step_cell(h);
             if let Some(via) = &h.via {
                 step.push_str(&format!(" (via {})", sanitize(via)));
             }
@@ -302,7 +318,7 @@ fn table(report: &Report, render: Render) -> String {
                 },
                 if i == 0 { state.clone() } else { String::new() },
                 step,
-                h.pid.map_or("?".to_owned(), |p| p.to_string()),
+                pid_cell(h),
                 cell(&h.host),
                 cell(&h.user),
                 duration_cell(h.held_for_ms),
@@ -318,8 +334,8 @@ fn table(report: &Report, render: Render) -> String {
                     String::new()
                 },
                 format!("waits #{}", w.position.unwrap_or(0)),
-                cell(&w.step),
-                w.pid.map_or("?".to_owned(), |p| p.to_string()),
+                step_cell(w),
+                pid_cell(w),
                 cell(&w.host),
                 cell(&w.user),
                 duration_cell(w.waiting_for_ms),

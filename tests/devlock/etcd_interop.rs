@@ -1,0 +1,243 @@
+//! devlock and `etcdctl lock` (etcd's `concurrency.Mutex`) against one real
+//! etcd server: one gate, whichever tool holds and whichever waits; `-n`,
+//! `-w` and status naming an etcdctl holder for what etcd knows of it.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use crate::etcd::{name, run, spawn, status, wait_for, waiters};
+use crate::etcd_server::shared_etcd;
+use crate::harness::*;
+
+/// What devlock calls a holder whose key it did not write.
+const FOREIGN: &str = "etcdctl lock or another client";
+
+/// Starts `etcdctl lock NAME sh -c SCRIPT`: it waits its turn, runs the
+/// script holding the lock and gives it back when the script ends.
+fn etcdctl_lock(url: &str, lock: &str, script: &str) -> Child {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", url, "lock", lock, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("etcdctl (Debian package etcd-client)")
+}
+
+fn append(line: &str, log: &Path) -> String {
+    format!("echo {line} >> {}", log.display())
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+test!(etcd_interop_an_etcdctl_holder_keeps_devlock_out_and_is_named, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `etcdctl lock /devlock/R` holding: `devlock -n R` exits 75 naming it by
+/// its key, `-w` gives up, status shows it (key, lease TTL, fence; no `?`),
+/// and a waiting `devlock R` runs only once etcdctl's command has ended.
+pub(crate) fn etcd_interop_an_etcdctl_holder_keeps_devlock_out_and_is_named() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("interop-held-by-etcdctl");
+    let (log, key_file) = (s.work("log"), s.work("key"));
+    let (wait, ready) = wait_for_release(&s, "e");
+    let etcdctl = etcdctl_lock(
+        &url,
+        &format!("/devlock/{r}"),
+        &format!(
+            "echo \"$ETCD_LOCK_KEY\" > {k}; {wait}; {end}",
+            k = key_file.display(),
+            end = append("etcdctl-end", &log)
+        ),
+    );
+    wait_for_file(&ready);
+    let key = read(&key_file).trim().to_owned();
+    assert!(key.starts_with(&format!("/devlock/{r}/")), "{key}");
+
+    let out = run(&s, &url, &["-n", &r, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!(
+            "devlock: {r} is busy: held by {FOREIGN} (key {key}, in line since revision "
+        )),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let out = run(&s, &url, &["-w", "300ms", &r, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("gave up on {r} after")),
+        "{}",
+        stderr(&out)
+    );
+
+    let view = status(&s, &url, &r);
+    let holder = &view["holders"][0];
+    assert_eq!(holder["client"], FOREIGN, "{view}");
+    assert_eq!(holder["key"], key.as_str(), "{view}");
+    assert!(holder["lease_ttl_s"].as_i64().unwrap() > 0, "{view}");
+    assert!(holder["fence"].as_i64().unwrap() > 0, "{view}");
+    let table = stdout(&run(&s, &url, &["status", &r]));
+    assert!(table.contains(FOREIGN), "{table}");
+    assert!(!table.contains('?'), "{table}");
+
+    let waiter = spawn(&s, &url, &["-q", &r], &append("devlock-start", &log));
+    wait_for(&s, &url, &r, "devlock waiting behind etcdctl", |v| {
+        waiters(v) == 1
+    });
+    release(&s, "e");
+    let etcdctl = etcdctl.wait_with_output().unwrap();
+    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
+    let waiter = waiter.wait_with_output().unwrap();
+    assert!(waiter.status.success(), "{}", stderr(&waiter));
+    assert_eq!(read(&log), "etcdctl-end\ndevlock-start\n");
+}
+
+test!(etcd_interop_a_devlock_holder_keeps_etcdctl_lock_waiting, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `devlock R` holding: `etcdctl lock /devlock/R` joins the line (status
+/// shows it waiting, named) and runs only once devlock's command has ended.
+pub(crate) fn etcd_interop_a_devlock_holder_keeps_etcdctl_lock_waiting() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("interop-held-by-devlock");
+    let log = s.work("log");
+    let (wait, ready) = wait_for_release(&s, "d");
+    let holder = spawn(
+        &s,
+        &url,
+        &["-q", &r],
+        &format!("{wait}; {}", append("devlock-end", &log)),
+    );
+    wait_for_file(&ready);
+    let etcdctl = etcdctl_lock(
+        &url,
+        &format!("/devlock/{r}"),
+        &append("etcdctl-start", &log),
+    );
+    wait_for(&s, &url, &r, "etcdctl waiting behind devlock", |v| {
+        waiters(v) == 1
+    });
+    let view = status(&s, &url, &r);
+    assert_eq!(view["waiters"][0]["client"], FOREIGN, "{view}");
+    assert!(view["holders"][0]["client"].is_null(), "{view}");
+    let table = stdout(&run(&s, &url, &["status", &r]));
+    assert!(table.contains(FOREIGN) && !table.contains('?'), "{table}");
+    assert_eq!(read(&log), "");
+    release(&s, "d");
+    let holder = holder.wait_with_output().unwrap();
+    assert!(holder.status.success(), "{}", stderr(&holder));
+    let etcdctl = etcdctl.wait_with_output().unwrap();
+    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
+    assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
+}
+
+test!(etcd_interop_fences_from_mixed_holders_strictly_increase, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// A line of etcdctl and devlock waiters, each joined before the one after
+/// it, granted in turn: the tokens their commands get (`ETCD_LOCK_REV`
+/// from etcdctl, `DEVLOCK_FENCE` from devlock, which sets `ETCD_LOCK_REV`
+/// to the same) strictly increase in the order they held. (A waiter's
+/// create revision would not: an etcdctl waiter granted late exports a
+/// revision later than the devlock waiter that joined behind it.)
+pub(crate) fn etcd_interop_fences_from_mixed_holders_strictly_increase() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("interop-fences");
+    let lock = format!("/devlock/{r}");
+    let log = s.work("log");
+    let (wait, ready) = wait_for_release(&s, "first");
+    let first = etcdctl_lock(
+        &url,
+        &lock,
+        &format!("echo \"e0 $ETCD_LOCK_REV\" >> {}; {wait}", log.display()),
+    );
+    wait_for_file(&ready);
+    let mut line: Vec<Child> = Vec::new();
+    for n in 1..=6 {
+        let child = if n % 2 == 0 {
+            etcdctl_lock(
+                &url,
+                &lock,
+                &format!("echo \"e{n} $ETCD_LOCK_REV\" >> {}", log.display()),
+            )
+        } else {
+            spawn(
+                &s,
+                &url,
+                &["-q", &r],
+                &format!(
+                    "[ \"$DEVLOCK_FENCE\" = \"$ETCD_LOCK_REV\" ] || echo mismatch >> {l}; \
+                     echo \"d{n} $DEVLOCK_FENCE\" >> {l}",
+                    l = log.display()
+                ),
+            )
+        };
+        line.push(child);
+        wait_for(&s, &url, &r, &format!("{n} waiting"), |v| waiters(v) == n);
+    }
+    release(&s, "first");
+    for child in std::iter::once(first).chain(line) {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let text = read(&log);
+    let held: Vec<(&str, i64)> = text
+        .lines()
+        .map(|l| {
+            let (who, fence) = l.split_once(' ').unwrap_or_else(|| panic!("{text}"));
+            (who, fence.parse().unwrap_or_else(|_| panic!("{text}")))
+        })
+        .collect();
+    let order: Vec<&str> = held.iter().map(|(who, _)| *who).collect();
+    assert_eq!(order, ["e0", "d1", "e2", "d3", "e4", "d5", "e6"], "{text}");
+    assert!(
+        held.windows(2).all(|w| w[0].1 < w[1].1),
+        "fences not strictly increasing: {text}"
+    );
+}
+
+test!(etcd_interop_an_etcdctl_lock_script_runs_unchanged_under_devlock, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// A script written for `etcdctl lock`: it checks that its lock key is
+/// there and makes a write guarded by `ETCD_LOCK_REV` in one transaction.
+/// Under etcdctl and then under devlock, both writes are accepted, in order.
+pub(crate) fn etcd_interop_an_etcdctl_lock_script_runs_unchanged_under_devlock() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("interop-script");
+    let fence_key = format!("/devlock-test/{r}/fence");
+    crate::etcd::etcdctl(&url, &["put", &fence_key, &format!("{:020}", 0)]);
+    let out = s.work("out");
+    let script = s.work("guarded.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "set -e\n\
+             export ETCDCTL_API=3 ETCDCTL_ENDPOINTS={url}\n\
+             [ \"$(etcdctl get --print-value-only=false --keys-only \"$ETCD_LOCK_KEY\")\" ] \
+               || {{ echo \"no key $ETCD_LOCK_KEY\" >> {o}; exit 1; }}\n\
+             f=$(printf %020d \"$ETCD_LOCK_REV\")\n\
+             printf 'value(\"%s\") < \"%s\"\\n\\nput %s %s\\n\\n\\n' {fk} $f {fk} $f \
+               | etcdctl txn | head -n1 >> {o}\n",
+            o = out.display(),
+            fk = fence_key,
+        ),
+    )
+    .unwrap();
+    let under_etcdctl = etcdctl_lock(
+        &url,
+        &format!("/devlock/{r}"),
+        &format!("sh {}", script.display()),
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(under_etcdctl.status.success(), "{}", stderr(&under_etcdctl));
+    let under_devlock = run(
+        &s,
+        &url,
+        &["-q", &r, "--", "sh", &script.display().to_string()],
+    );
+    assert!(under_devlock.status.success(), "{}", stderr(&under_devlock));
+    assert_eq!(read(&out), "SUCCESS\nSUCCESS\n");
+}
