@@ -114,11 +114,26 @@ fn split_user(text: &str) -> Option<(&str, &str)> {
     text.split_once(':').filter(|(name, _)| !name.is_empty())
 }
 
-/// Every devlock key starts with this.
-pub(crate) const PREFIX: &str = "/devlock/";
+/// What every devlock key starts with unless `--etcd-prefix` says otherwise.
+pub(crate) const DEFAULT_PREFIX: &str = "/devlock/";
+
+/// The longest `--etcd-prefix`: a key is no place for a document.
+const MAX_PREFIX: usize = 512;
+
+/// `--etcd-prefix`, set once by [`Config::new`]: one run talks to one etcd
+/// under one prefix.
+static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// What every devlock key starts with: resource `R`'s line is
+/// `PREFIX R /`, as `etcdctl lock PREFIX R` makes it.
+pub(crate) fn prefix() -> &'static str {
+    PREFIX.get().map_or(DEFAULT_PREFIX, String::as_str)
+}
 
 /// Where `--slots` holders number themselves (no resource starts with `.`).
-pub(crate) const SLOTS_PREFIX: &str = "/devlock/.slots/";
+pub(crate) fn slots_prefix() -> String {
+    format!("{}.slots/", prefix())
+}
 
 /// Where etcd is and who to be there.
 #[derive(Debug, Clone)]
@@ -132,7 +147,19 @@ impl Config {
     /// Checks the URLs (http://HOST:PORT, https://HOST:PORT or HOST:PORT,
     /// which is https:// when TLS files are given), the user and the TLS
     /// files.
-    pub(crate) fn new(endpoints: &[String], user: Option<&str>, tls: &TlsFiles) -> Result<Config> {
+    pub(crate) fn new(
+        endpoints: &[String],
+        user: Option<&str>,
+        tls: &TlsFiles,
+        prefix: &str,
+    ) -> Result<Config> {
+        if prefix.len() > MAX_PREFIX || prefix.contains('\0') {
+            return Err(coded(
+                ExitCode::Usage,
+                format!("--etcd-prefix must be at most {MAX_PREFIX} bytes, without NUL"),
+            ));
+        }
+        let _ = PREFIX.set(prefix.to_owned());
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| e.trim())
@@ -448,7 +475,7 @@ impl Place {
 }
 
 pub(crate) fn resource_prefix(resource: &Resource) -> String {
-    format!("{PREFIX}{}/", resource.as_str())
+    format!("{}{}/", prefix(), resource.as_str())
 }
 
 pub(crate) fn key_of(resource: &Resource, lease: i64) -> String {
@@ -457,7 +484,7 @@ pub(crate) fn key_of(resource: &Resource, lease: i64) -> String {
 
 /// `/devlock/.slots/R/`: the slot numbers taken of `R`.
 pub(crate) fn slot_prefix(resource: &Resource) -> String {
-    format!("{SLOTS_PREFIX}{}/", resource.as_str())
+    format!("{}{}/", slots_prefix(), resource.as_str())
 }
 
 pub(crate) fn slot_key(resource: &Resource, slot: u64) -> String {
@@ -473,6 +500,45 @@ pub(crate) async fn line_of(
         .get(resource_prefix(resource), Some(line_options()))
         .await?;
     Ok(line_from(&response))
+}
+
+/// At most this many keys are read when looking for a group's members: the
+/// keys are anyone's to write, and a look must stay one bounded request.
+const MEMBER_KEYS_READ: i64 = 4096;
+
+/// The members of `group` (`gpu:0`, `gpu:1:...`) that have a line now,
+/// sorted: the keys under `/devlock/GROUP:`, whoever put them (`etcdctl
+/// lock /devlock/gpu:0` included). Keys that name no resource are skipped.
+pub(crate) async fn members_of(
+    client: &mut Client,
+    group: &Resource,
+) -> Result<Vec<Resource>, etcd_client::Error> {
+    let prefix = format!("{}{}:", self::prefix(), group.as_str());
+    let response = client
+        .get(
+            prefix.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(MEMBER_KEYS_READ),
+            ),
+        )
+        .await?;
+    let mut members: Vec<Resource> = response
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let name = kv.key().strip_prefix(self::prefix().as_bytes())?;
+            let name = &name[..name.iter().position(|&b| b == b'/')?];
+            let name = std::str::from_utf8(name).ok()?;
+            Resource::parse(std::ffi::OsStr::new(name)).ok()
+        })
+        .filter(|member| member.group().as_ref() == Some(group))
+        .collect();
+    members.sort();
+    members.dedup();
+    Ok(members)
 }
 
 /// Several resources' lines read at one revision, in the order asked.
@@ -679,14 +745,15 @@ mod tests {
     fn one_cluster_speaks_one_scheme() {
         let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let none = TlsFiles::default();
-        assert!(Config::new(&urls(&["http://a:1", "https://b:1"]), None, &none).is_err());
+        let default = DEFAULT_PREFIX;
+        assert!(Config::new(&urls(&["http://a:1", "https://b:1"]), None, &none, default).is_err());
         let ca = TlsFiles {
             ca: Some("/nonexistent".into()),
             ..TlsFiles::default()
         };
-        let err = Config::new(&urls(&["http://a:1"]), None, &ca).unwrap_err();
+        let err = Config::new(&urls(&["http://a:1"]), None, &ca, default).unwrap_err();
         assert_eq!(crate::exit::exit_code_of(&err), ExitCode::Usage);
-        let err = Config::new(&urls(&["https://a:1"]), None, &ca).unwrap_err();
+        let err = Config::new(&urls(&["https://a:1"]), None, &ca, default).unwrap_err();
         assert_eq!(crate::exit::exit_code_of(&err), ExitCode::EtcdTls);
         assert!(format!("{err:#}").contains("/nonexistent"), "{err:#}");
     }

@@ -545,7 +545,12 @@ impl Label {
             granted_ms: None,
             command: settings.command.clone(),
             exclusive: request.exclusive && request.slots == 0,
-            via: request.via.as_ref().map(|v| v.as_str().to_owned()),
+            // A member taken for its whole group says which group.
+            via: match (&request.via, request.for_group) {
+                (Some(member), _) => Some(member.as_str().to_owned()),
+                (None, true) => request.name.group().map(|g| g.as_str().to_owned()),
+                (None, false) => None,
+            },
             slots: (request.slots > 0).then_some(request.slots),
             fence: None,
         }
@@ -565,10 +570,43 @@ struct Taking<'a> {
 impl Taking<'_> {
     /// Joins each line in turn, holding the earlier locks while waiting for
     /// the later ones (the requests come in the one global order).
+    /// A whole group held exclusively then takes each member that has a
+    /// line, as the file backend takes each member's lock file: a devlock
+    /// holds a member only with its group shared, so what can still hold
+    /// one is another client (`etcdctl lock /devlock/gpu:0`), which the
+    /// group's take then waits for, or with `-n` names.
     async fn in_order(&self, requests: &[Request], entries: &mut Vec<Taken>) -> Result<()> {
         for request in requests {
             let (_, taken) = self.first(std::slice::from_ref(request)).await?;
             entries.push(taken);
+            let whole_group = request.exclusive
+                && request.slots == 0
+                && request.via.is_none()
+                && request.name.group().is_none();
+            if !whole_group {
+                continue;
+            }
+            let group = &request.name;
+            let members = self
+                .cluster
+                .ask("reading the group's members", |mut client| async move {
+                    super::members_of(&mut client, group).await
+                })
+                .await?;
+            for member in members {
+                if requests.iter().any(|r| r.name == member) {
+                    continue;
+                }
+                let member = Request {
+                    name: member,
+                    exclusive: true,
+                    via: None,
+                    slots: 0,
+                    for_group: true,
+                };
+                let (_, taken) = self.first(std::slice::from_ref(&member)).await?;
+                entries.push(taken);
+            }
         }
         Ok(())
     }
@@ -630,13 +668,20 @@ impl Taking<'_> {
             .zip(lines)
             .map(|((request, key), line)| Waiting { request, key, line })
             .collect();
-        // Everyone uses a resource with one size (0: a plain lock).
+        // Everyone uses a resource with one size (0: a plain lock); a
+        // member taken for its whole group waits for any size, and is no
+        // size itself.
         for wait in &waits {
             let ours = wait.request.slots;
+            let group = wait.request.name.group();
+            let for_group = |e: &Entry| {
+                e.via.is_some() && e.via.as_deref() == group.as_ref().map(|g| g.as_str())
+            };
             if let Some(theirs) = wait
                 .line
                 .iter()
-                .filter(|p| p.key != wait.key && p.entry.is_some())
+                .filter(|_| !wait.request.for_group)
+                .filter(|p| p.key != wait.key && p.entry.as_ref().is_some_and(|e| !for_group(e)))
                 .map(Place::slots)
                 .find(|&theirs| theirs != ours)
             {

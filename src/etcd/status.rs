@@ -8,7 +8,7 @@ use etcd_client::{GetOptions, SortOrder, SortTarget};
 use serde::Serialize;
 
 use super::tls::TlsView;
-use super::{Cluster, Config, PREFIX, Place, SLOTS_PREFIX, blockers, hostname, line_of};
+use super::{Cluster, Config, Place, blockers, hostname, line_of, prefix, slots_prefix};
 use crate::cli::StatusArgs;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
@@ -106,19 +106,22 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         let response = cluster
             .ask("listing locks", |mut client| {
                 let options = options.clone();
-                async move { client.get(PREFIX, Some(options)).await }
+                async move { client.get(prefix(), Some(options)).await }
             })
             .await?;
         for kv in response.kvs() {
             let place = Place::from_kv(kv);
             // Slot numbers (`/devlock/.slots/`), read below: no resource.
-            if place.key.starts_with(SLOTS_PREFIX) {
+            if place.key.starts_with(&slots_prefix()) {
                 continue;
             }
+            // Under a prefix shared with other keys (an empty one: all of
+            // etcd), only the lines of names devlock can take.
             let Some(name) = place
                 .key
-                .strip_prefix(PREFIX)
+                .strip_prefix(prefix())
                 .and_then(|k| k.rsplit_once('/'))
+                .filter(|(name, _)| Resource::parse(std::ffi::OsStr::new(name)).is_ok())
             else {
                 continue;
             };
@@ -175,7 +178,7 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         endpoint: cluster.url(cluster.current()).to_owned(),
         tls: config.tls_view(),
         user: config.user_name().map(str::to_owned),
-        prefix: PREFIX,
+        prefix: prefix(),
         resources,
     })
 }
@@ -211,7 +214,7 @@ async fn slot_numbers(
         if !line.iter().any(|p| p.slots() > 0) {
             continue;
         }
-        let prefix = format!("{SLOTS_PREFIX}{name}/");
+        let prefix = format!("{}{name}/", slots_prefix());
         let response = cluster.get_prefix("reading the slots", &prefix).await?;
         for kv in response.kvs() {
             let number = String::from_utf8_lossy(kv.key())
@@ -347,8 +350,12 @@ fn table(report: &Report, render: Render) -> String {
     let mut out = align(&rows, render, &[2, 3], paint_lock_cell);
     if report.resources.is_empty() {
         out.push_str(&format!(
-            "(no locks in etcd at {} under {PREFIX})\n",
-            report.etcd.join(",")
+            "(no locks in etcd at {} under {})\n",
+            report.etcd.join(","),
+            match report.prefix {
+                "" => "the bare names (an empty --etcd-prefix)",
+                prefix => prefix,
+            }
         ));
     }
     let identity = match (&report.tls, &report.user) {

@@ -241,3 +241,212 @@ pub(crate) fn etcd_interop_an_etcdctl_lock_script_runs_unchanged_under_devlock()
     assert!(under_devlock.status.success(), "{}", stderr(&under_devlock));
     assert_eq!(read(&out), "SUCCESS\nSUCCESS\n");
 }
+
+test!(etcd_interop_an_etcdctl_member_holder_keeps_the_whole_group_out, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `etcdctl lock /devlock/G:0` holding: `devlock -n G` names it, a waiting
+/// `devlock G` runs only once it has ended (as a whole-group take waits for
+/// a plain `flock G:0.lock` on one machine), and an etcdctl take of the
+/// member that comes later waits behind the group's holder.
+pub(crate) fn etcd_interop_an_etcdctl_member_holder_keeps_the_whole_group_out() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let group = name("igm");
+    let member = format!("{group}:0");
+    let log = s.work("log");
+    let (wait, ready) = wait_for_release(&s, "e");
+    let etcdctl = etcdctl_lock(
+        &url,
+        &format!("/devlock/{member}"),
+        &format!("{wait}; {}", append("etcdctl-end", &log)),
+    );
+    wait_for_file(&ready);
+    let out = run(&s, &url, &["-n", &group, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("busy: held by {FOREIGN} (key /devlock/{member}/")),
+        "{}",
+        stderr(&out)
+    );
+    let (wait_d, _) = wait_for_release(&s, "d");
+    let waiter = spawn(
+        &s,
+        &url,
+        &["-q", &group],
+        &format!(
+            "{}; {wait_d}; {}",
+            append("devlock-start", &log),
+            append("devlock-end", &log)
+        ),
+    );
+    wait_for(
+        &s,
+        &url,
+        &member,
+        "the group's take waiting for the member",
+        |v| waiters(v) == 1,
+    );
+    assert_eq!(status(&s, &url, &group)["state"], "held");
+    assert_eq!(read(&log), "");
+    let later = etcdctl_lock(
+        &url,
+        &format!("/devlock/{member}"),
+        &append("etcdctl-again", &log),
+    );
+    wait_for(
+        &s,
+        &url,
+        &member,
+        "a second etcdctl behind the group",
+        |v| waiters(v) == 2,
+    );
+    release(&s, "e");
+    let etcdctl = etcdctl.wait_with_output().unwrap();
+    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
+    wait_for_file(&s.work("ready-d"));
+    let view = status(&s, &url, &member);
+    assert_eq!(view["holders"][0]["via"], group.as_str(), "{view}");
+    release(&s, "d");
+    let waiter = waiter.wait_with_output().unwrap();
+    assert!(waiter.status.success(), "{}", stderr(&waiter));
+    let later = later.wait_with_output().unwrap();
+    assert!(later.status.success(), "{}", stderr(&later));
+    assert_eq!(
+        read(&log),
+        "etcdctl-end\ndevlock-start\ndevlock-end\netcdctl-again\n"
+    );
+}
+
+test!(etcd_interop_a_devlock_member_holder_keeps_etcdctl_off_the_group, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `devlock G:0` holding (its group shared): `etcdctl lock /devlock/G`
+/// waits, and runs once devlock's command has ended.
+pub(crate) fn etcd_interop_a_devlock_member_holder_keeps_etcdctl_off_the_group() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let group = name("igd");
+    let member = format!("{group}:0");
+    let log = s.work("log");
+    let (wait, ready) = wait_for_release(&s, "d");
+    let holder = spawn(
+        &s,
+        &url,
+        &["-q", &member],
+        &format!("{wait}; {}", append("devlock-end", &log)),
+    );
+    wait_for_file(&ready);
+    let etcdctl = etcdctl_lock(
+        &url,
+        &format!("/devlock/{group}"),
+        &append("etcdctl-start", &log),
+    );
+    wait_for(&s, &url, &group, "etcdctl waiting for the group", |v| {
+        waiters(v) == 1
+    });
+    release(&s, "d");
+    let holder = holder.wait_with_output().unwrap();
+    assert!(holder.status.success(), "{}", stderr(&holder));
+    let etcdctl = etcdctl.wait_with_output().unwrap();
+    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
+    assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
+}
+
+test!(etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `etcdctl lock /devlock/G` holding: `devlock -n G:0` names it, and a
+/// waiting `devlock G:0` runs once etcdctl's command has ended.
+pub(crate) fn etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let group = name("ige");
+    let member = format!("{group}:0");
+    let log = s.work("log");
+    let (wait, ready) = wait_for_release(&s, "e");
+    let etcdctl = etcdctl_lock(
+        &url,
+        &format!("/devlock/{group}"),
+        &format!("{wait}; {}", append("etcdctl-end", &log)),
+    );
+    wait_for_file(&ready);
+    let out = run(&s, &url, &["-n", &member, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(stderr(&out).contains(FOREIGN), "{}", stderr(&out));
+    let waiter = spawn(&s, &url, &["-q", &member], &append("devlock-start", &log));
+    wait_for(
+        &s,
+        &url,
+        &group,
+        "the member's take waiting for the group",
+        |v| waiters(v) == 1,
+    );
+    release(&s, "e");
+    let etcdctl = etcdctl.wait_with_output().unwrap();
+    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
+    let waiter = waiter.wait_with_output().unwrap();
+    assert!(waiter.status.success(), "{}", stderr(&waiter));
+    assert_eq!(read(&log), "etcdctl-end\ndevlock-start\n");
+}
+
+test!(etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// A team's `etcdctl lock R` (no prefix) meets devlock with an empty
+/// prefix, from the flag or the variable; another prefix is another gate;
+/// and `--etcd-prefix /team/` meets `etcdctl lock /team/R`.
+pub(crate) fn etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("interop-bare");
+    let log = s.work("log");
+    let (wait, ready) = wait_for_release(&s, "e");
+    let etcdctl = etcdctl_lock(&url, &r, &wait);
+    wait_for_file(&ready);
+    let out = run(&s, &url, &["--etcd-prefix=", "-n", &r, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{FOREIGN} (key {r}/")),
+        "{}",
+        stderr(&out)
+    );
+    let out = crate::etcd::devlock(&s, &url)
+        .env("DEVLOCK_ETCD_PREFIX", "")
+        .args(["-n", &r, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let out = run(&s, &url, &["-n", &r, "--", "true"]);
+    assert!(out.status.success(), "under /devlock/: {}", stderr(&out));
+    let out = run(
+        &s,
+        &url,
+        &["--etcd-prefix", "/team/", "-n", &r, "--", "true"],
+    );
+    assert!(out.status.success(), "under /team/: {}", stderr(&out));
+    let table = stdout(&run(&s, &url, &["--etcd-prefix=", "status", &r]));
+    assert!(table.contains(FOREIGN), "{table}");
+    release(&s, "e");
+    assert!(etcdctl.wait_with_output().unwrap().status.success());
+
+    let (wait, ready) = wait_for_release(&s, "d");
+    let holder = spawn(
+        &s,
+        &url,
+        &["-q", "--etcd-prefix", "/team/", &r],
+        &format!("{wait}; {}", append("devlock-end", &log)),
+    );
+    wait_for_file(&ready);
+    let etcdctl = etcdctl_lock(&url, &format!("/team/{r}"), &append("etcdctl-start", &log));
+    poll_until(
+        "etcdctl waiting under /team/",
+        || {
+            stdout(&run(
+                &s,
+                &url,
+                &["--etcd-prefix", "/team/", "status", "--json", &r],
+            ))
+        },
+        |json| {
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            waiters(&v["resources"][0]) == 1
+        },
+    );
+    release(&s, "d");
+    assert!(holder.wait_with_output().unwrap().status.success());
+    assert!(etcdctl.wait_with_output().unwrap().status.success());
+    assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
+}
