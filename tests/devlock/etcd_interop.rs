@@ -450,3 +450,125 @@ pub(crate) fn etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name() 
     assert!(etcdctl.wait_with_output().unwrap().status.success());
     assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
 }
+
+test!(etcd_interop_no_lost_update_with_mixed_clients_and_a_partition, needs: [Root, Tool("etcd"), Tool("etcdctl"), Tool("unshare"), Tool("timeout")]);
+/// In the spirit of Jepsen's lock-etcd-set: six clients on three machines
+/// (m1 and m2 straight to etcd, m3 through a proxy that is cut once 30
+/// writes are in), a devlock and an `etcdctl lock` on each, 50
+/// read-modify-write cycles each on one counter, every write one
+/// transaction guarded by the holder's fence (`ETCD_LOCK_REV`, which
+/// devlock sets too) and recording that fence. The counter equals the
+/// number of writes the guard accepted, and the accepted fences strictly
+/// increase in the counter's order.
+pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
+    let (_server, url) = shared_etcd();
+    let proxy = crate::etcd_server::Proxy::to(&url);
+    let s = Scratch::new();
+    let r = name("interop-set");
+    let base = format!("/devlock-test/{r}");
+    crate::etcd::etcdctl(
+        &url,
+        &["put", &format!("{base}/fence"), &format!("{:020}", 0)],
+    );
+    crate::etcd::etcdctl(&url, &["put", &format!("{base}/counter"), "0"]);
+    let accepted = s.work("accepted");
+    let stops = s.work("stops");
+    // One cycle, run holding the lock: read the counter, write it + 1 if
+    // no later fence has written, and record the write under its fence.
+    let rmw = s.work("rmw.sh");
+    std::fs::write(
+        &rmw,
+        format!(
+            "export ETCDCTL_API=3\n\
+             f=$(printf %020d \"$ETCD_LOCK_REV\")\n\
+             n=$(timeout 10 etcdctl get --print-value-only {base}/counter) || exit 1\n\
+             m=$((n+1))\n\
+             printf 'value(\"{base}/fence\") < \"%s\"\\n\\nput {base}/fence %s\\nput {base}/counter %s\\nput {base}/accepted/%s %s\\n\\n\\n' \
+               $f $f $m $f $m | timeout 10 etcdctl txn | head -n1 | grep -qx SUCCESS \
+               && echo \"$f $m\" >> {a}\n\
+             exit 0\n",
+            a = accepted.display()
+        ),
+    )
+    .unwrap();
+    let clients: Vec<Child> = [("m1", &url), ("m2", &url), ("m3", &proxy.url)]
+        .into_iter()
+        .flat_map(|(host, at)| {
+            let devlock = format!(
+                "timeout -s KILL 20 {BIN} -q --ttl 4s --kill-after 1s {r} -- sh {}",
+                rmw.display()
+            );
+            let etcdctl = format!(
+                "timeout -s KILL 20 etcdctl lock --ttl=3 /devlock/{r} -- sh {}",
+                rmw.display()
+            );
+            [("devlock", devlock), ("etcdctl", etcdctl)].map(|(tool, take)| {
+                let template = crate::etcd::devlock(&s, at);
+                let mut cmd = Command::new("unshare");
+                // A client cut off stops; the others go on.
+                let script = format!(
+                    "hostname {host} && for i in $(seq 50); do {take} || \
+                     {{ echo \"{host} {tool} cycle $i: exit $?\" >> {stops}; break; }}; done",
+                    stops = stops.display()
+                );
+                cmd.args(["--uts", "sh", "-c", &script]);
+                for (key, value) in template.get_envs() {
+                    match value {
+                        Some(value) => cmd.env(key, value),
+                        None => cmd.env_remove(key),
+                    };
+                }
+                cmd.env("ETCDCTL_API", "3").env("ETCDCTL_ENDPOINTS", at);
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+        })
+        .collect();
+    poll_until(
+        "30 writes before the partition",
+        || read(&accepted).lines().count(),
+        |&n| n >= 30,
+    );
+    proxy.cut();
+    // Each cycle is bounded (SIGKILL after 20s: etcdctl lock ignores
+    // SIGTERM), and a client cut off stops.
+    for mut client in clients {
+        client.wait().unwrap();
+    }
+    let counter: usize = crate::etcd::etcdctl(
+        &url,
+        &["get", "--print-value-only", &format!("{base}/counter")],
+    )
+    .trim()
+    .parse()
+    .unwrap();
+    let keys = crate::etcd::etcdctl(&url, &["get", "--prefix", &format!("{base}/accepted/")]);
+    // Key and value lines: /accepted/FENCE then the counter it wrote.
+    let lines: Vec<&str> = keys.lines().collect();
+    let writes: Vec<(i64, usize)> = lines
+        .chunks(2)
+        .map(|kv| {
+            let fence = kv[0].rsplit('/').next().unwrap().parse().unwrap();
+            (fence, kv[1].parse().unwrap())
+        })
+        .collect();
+    assert!(counter > 30, "{counter}");
+    assert_eq!(counter, writes.len(), "a lost update: {keys}");
+    let mut by_counter = writes.clone();
+    by_counter.sort_by_key(|&(_, n)| n);
+    assert!(
+        by_counter.iter().enumerate().all(|(i, &(_, n))| n == i + 1),
+        "{keys}"
+    );
+    assert!(
+        by_counter.windows(2).all(|w| w[0].0 < w[1].0),
+        "fences not increasing with the counter: {keys}"
+    );
+    // Only the clients cut off stopped early.
+    let stopped = read(&stops);
+    assert!(stopped.lines().all(|l| l.starts_with("m3 ")), "{stopped}");
+    let logged = read(&accepted).lines().count();
+    assert!(logged <= counter, "{logged} > {counter}");
+}
