@@ -68,7 +68,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -E -q -s -x -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --no-setup-warning --any --count --shared --exclusive --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget report busy help"
+            opts="-n -w -E -q -s -x -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --no-setup-warning --any --count --shared --exclusive --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help --version status setup serve forget report busy help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -249,6 +249,13 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -257,7 +264,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__busy)
-            opts="-h --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -330,6 +337,13 @@ _devlock() {
                     fi
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
                     fi
                     return 0
                     ;;
@@ -341,7 +355,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__forget)
-            opts="-h --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -414,6 +428,13 @@ _devlock() {
                     fi
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
                     fi
                     return 0
                     ;;
@@ -537,7 +558,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__report)
-            opts="-h --since --until --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --since --until --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -631,6 +652,13 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -639,7 +667,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__serve)
-            opts="-h --listen --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --listen --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -722,6 +750,13 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -730,7 +765,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__setup)
-            opts="-h --group --gpus --slots --print-tmpfiles --idle-timeout --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --group --gpus --slots --print-tmpfiles --idle-timeout --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -827,6 +862,13 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -835,7 +877,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__status)
-            opts="-h --all --json --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help"
+            opts="-h --all --json --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -911,6 +953,13 @@ _devlock() {
                     fi
                     return 0
                     ;;
+                --etcd-prefix)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -931,14 +980,14 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
+        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is an option whose value nothing completes (a duration, a number, a name).
 _devlock_value_is_free() {
     case $1 in
-        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
+        --conflict-exit-code | --count | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
     esac
     return 1
 }

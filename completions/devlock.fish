@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= E/conflict-exit-code= new step= q/quiet no-setup-warning any count= s/shared x/exclusive slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
+    string join \n n/no-wait w/timeout= E/conflict-exit-code= new step= q/quiet no-setup-warning any count= s/shared x/exclusive slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= etcd-prefix= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -47,6 +47,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_needs_command" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it (flock\'s --nonblock and --nb work too)'
 complete -c devlock -n "__fish_devlock_needs_command" -l new -d 'Take a name a managed directory does not declare (`devlock setup` lists its names), rather than refuse it as a likely typo; and say nothing of a new name close to a known one'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
@@ -72,6 +73,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, unused ones too'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table (every lock file, unused ones too)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -85,6 +87,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-user -d '
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l gpus -d 'Declare gpu, gpu:0 .. gpu:N-1 and their MIG instances for the GPUs the probe (NVML, nvidia-smi, amd-smi) lists'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l print-tmpfiles -d 'Print a systemd-tmpfiles snippet for this set-up instead of making it'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -96,6 +99,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-user -d '
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand serve" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
@@ -104,6 +108,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-user -d 
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l since -d 'Start of the window: a duration back from now (7d, 12h) or a UTC time (2026-11-30, 2026-11-30T08:00:00Z)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l until -d 'End of the window, as --since [default: now]' -r -f
@@ -118,6 +123,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-user -d 
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l json -d 'Print one JSON document, with every job, instead of a table'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l csv -d 'Print CSV, one line per row and the total'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -128,6 +134,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-user -d 'e
 complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
+complete -c devlock -n "__fish_devlock_using_subcommand busy" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand busy" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
@@ -140,11 +147,11 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
+    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand

@@ -113,17 +113,32 @@ pub struct Cli {
     /// others can read it)
     #[arg(long, global = true, value_name = "FILE", env = "DEVLOCK_ETCD_KEY", value_parser = path_parser(), value_hint = clap::ValueHint::FilePath)]
     pub etcd_key: Option<PathBuf>,
+
+    /// What every etcd key devlock puts starts with: resource R is the lock
+    /// `etcdctl lock PREFIXR` takes. Empty locks the bare name (so
+    /// `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty
+    /// DEVLOCK_ETCD_PREFIX means that too
+    #[arg(
+        long,
+        global = true,
+        value_name = "PREFIX",
+        env = "DEVLOCK_ETCD_PREFIX",
+        default_value = "/devlock/",
+        value_hint = clap::ValueHint::Other
+    )]
+    pub etcd_prefix: String,
 }
 
 /// The flags of the etcd feature, marked in --help when the build left it
 /// out (they still parse, so that using one says how to get it).
 #[cfg(not(feature = "etcd"))]
-const ETCD_FLAGS: [&str; 7] = [
+const ETCD_FLAGS: [&str; 8] = [
     "etcd",
     "etcd_user",
     "etcd_ca",
     "etcd_cert",
     "etcd_key",
+    "etcd_prefix",
     "ttl",
     "kill_after",
 ];
@@ -746,6 +761,12 @@ impl Cli {
         if from_env("etcd") && cli.etcd.iter().all(String::is_empty) {
             cli.etcd.clear();
         }
+        // The one variable whose empty value is a value: the bare names.
+        if matches.value_source("etcd_prefix") == Some(ValueSource::DefaultValue)
+            && std::env::var_os("DEVLOCK_ETCD_PREFIX").is_some_and(|v| v.is_empty())
+        {
+            cli.etcd_prefix.clear();
+        }
         if from_env("etcd_user") && cli.etcd_user.as_deref() == Some("") {
             cli.etcd_user = None;
         }
@@ -865,6 +886,7 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
         etcd_ca: None,
         etcd_cert: None,
         etcd_key: None,
+        etcd_prefix: "/devlock/".to_owned(),
     })
 }
 

@@ -380,9 +380,17 @@ pub(crate) mod etcd {
         )
     }
 
-    /// A key in a resource's line that devlock did not write.
-    pub(crate) fn foreign_key(key: &str) -> String {
-        format!("a key devlock did not write ({})", sanitize(key))
+    /// Who holds a key in a resource's line that devlock did not write:
+    /// `etcdctl lock` (etcd's `concurrency.Mutex`) puts exactly such keys.
+    pub(crate) const FOREIGN_CLIENT: &str = "etcdctl lock or another client";
+
+    /// A key in a resource's line that devlock did not write, with what
+    /// etcd says of it: its key and the revision it joined the line at.
+    pub(crate) fn foreign_key(key: &str, revision: i64) -> String {
+        format!(
+            "{FOREIGN_CLIENT} (key {}, in line since revision {revision})",
+            sanitize(key)
+        )
     }
 
     /// Why `--mem` is refused with `--etcd`.

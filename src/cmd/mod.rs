@@ -41,7 +41,8 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
         cert: cli.etcd_cert.clone(),
         key: cli.etcd_key.clone(),
     };
-    let config = crate::etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref(), &tls)?;
+    let config =
+        crate::etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref(), &tls, &cli.etcd_prefix)?;
     match cli.subcommand {
         Some(Command::Status(args)) => crate::etcd::status::run(&args, config),
         Some(Command::Setup(_)) => Err(crate::exit::coded(

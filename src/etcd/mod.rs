@@ -60,11 +60,18 @@
 //!
 //! # Fencing
 //!
-//! The create revision is also the holder's fencing token
-//! (`DEVLOCK_FENCE`): etcd's revisions only grow, and a holder holds only
-//! once what stood before it is gone, so each new holder of a resource has a
-//! larger one than all before it (for `--slots`, than every holder before it
-//! in line). Every request goes to one endpoint at a
+//! The holder's fencing token (`DEVLOCK_FENCE`) is the store's revision at
+//! its grant, as `etcdctl lock`'s `ETCD_LOCK_REV` is: the revision of the
+//! join when nothing stood in the way, else of the delete that freed the
+//! way (or of the read that found it free). etcd's revisions only grow, and
+//! a holder is granted only after the key of each holder before it was
+//! deleted, at a revision later than that holder's grant; so every new
+//! holder of a resource has a larger token than all before it, whichever
+//! tool (devlock or `etcdctl lock`) made the grants. (A create revision
+//! would not do: a waiter that joined early and was granted late would
+//! carry a smaller token than an `etcdctl lock` holder before it.) The
+//! command also gets `ETCD_LOCK_KEY` and `ETCD_LOCK_REV` as `etcdctl lock`
+//! sets them. Every request goes to one endpoint at a
 //! time and moves to the next when that one fails (`cluster`); `https://`
 //! endpoints are checked as `tls` says.
 //!
@@ -107,11 +114,26 @@ fn split_user(text: &str) -> Option<(&str, &str)> {
     text.split_once(':').filter(|(name, _)| !name.is_empty())
 }
 
-/// Every devlock key starts with this.
-pub(crate) const PREFIX: &str = "/devlock/";
+/// What every devlock key starts with unless `--etcd-prefix` says otherwise.
+pub(crate) const DEFAULT_PREFIX: &str = "/devlock/";
+
+/// The longest `--etcd-prefix`: a key is no place for a document.
+const MAX_PREFIX: usize = 512;
+
+/// `--etcd-prefix`, set once by [`Config::new`]: one run talks to one etcd
+/// under one prefix.
+static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// What every devlock key starts with: resource `R`'s line is
+/// `PREFIX R /`, as `etcdctl lock PREFIX R` makes it.
+pub(crate) fn prefix() -> &'static str {
+    PREFIX.get().map_or(DEFAULT_PREFIX, String::as_str)
+}
 
 /// Where `--slots` holders number themselves (no resource starts with `.`).
-pub(crate) const SLOTS_PREFIX: &str = "/devlock/.slots/";
+pub(crate) fn slots_prefix() -> String {
+    format!("{}.slots/", prefix())
+}
 
 /// Where etcd is and who to be there.
 #[derive(Debug, Clone)]
@@ -125,7 +147,19 @@ impl Config {
     /// Checks the URLs (http://HOST:PORT, https://HOST:PORT or HOST:PORT,
     /// which is https:// when TLS files are given), the user and the TLS
     /// files.
-    pub(crate) fn new(endpoints: &[String], user: Option<&str>, tls: &TlsFiles) -> Result<Config> {
+    pub(crate) fn new(
+        endpoints: &[String],
+        user: Option<&str>,
+        tls: &TlsFiles,
+        prefix: &str,
+    ) -> Result<Config> {
+        if prefix.len() > MAX_PREFIX || prefix.contains('\0') {
+            return Err(coded(
+                ExitCode::Usage,
+                format!("--etcd-prefix must be at most {MAX_PREFIX} bytes, without NUL"),
+            ));
+        }
+        let _ = PREFIX.set(prefix.to_owned());
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| e.trim())
@@ -404,6 +438,9 @@ pub(crate) struct Entry {
     /// `--slots N`: N (then `exclusive` is false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u64>,
+    /// Once granted: the store's revision at the grant (`DEVLOCK_FENCE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<i64>,
 }
 
 /// One key under a resource's prefix, in line order.
@@ -438,7 +475,7 @@ impl Place {
 }
 
 pub(crate) fn resource_prefix(resource: &Resource) -> String {
-    format!("{PREFIX}{}/", resource.as_str())
+    format!("{}{}/", prefix(), resource.as_str())
 }
 
 pub(crate) fn key_of(resource: &Resource, lease: i64) -> String {
@@ -447,7 +484,7 @@ pub(crate) fn key_of(resource: &Resource, lease: i64) -> String {
 
 /// `/devlock/.slots/R/`: the slot numbers taken of `R`.
 pub(crate) fn slot_prefix(resource: &Resource) -> String {
-    format!("{SLOTS_PREFIX}{}/", resource.as_str())
+    format!("{}{}/", slots_prefix(), resource.as_str())
 }
 
 pub(crate) fn slot_key(resource: &Resource, slot: u64) -> String {
@@ -463,6 +500,45 @@ pub(crate) async fn line_of(
         .get(resource_prefix(resource), Some(line_options()))
         .await?;
     Ok(line_from(&response))
+}
+
+/// At most this many keys are read when looking for a group's members: the
+/// keys are anyone's to write, and a look must stay one bounded request.
+const MEMBER_KEYS_READ: i64 = 4096;
+
+/// The members of `group` (`gpu:0`, `gpu:1:...`) that have a line now,
+/// sorted: the keys under `/devlock/GROUP:`, whoever put them (`etcdctl
+/// lock /devlock/gpu:0` included). Keys that name no resource are skipped.
+pub(crate) async fn members_of(
+    client: &mut Client,
+    group: &Resource,
+) -> Result<Vec<Resource>, etcd_client::Error> {
+    let prefix = format!("{}{}:", self::prefix(), group.as_str());
+    let response = client
+        .get(
+            prefix.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(MEMBER_KEYS_READ),
+            ),
+        )
+        .await?;
+    let mut members: Vec<Resource> = response
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let name = kv.key().strip_prefix(self::prefix().as_bytes())?;
+            let name = &name[..name.iter().position(|&b| b == b'/')?];
+            let name = std::str::from_utf8(name).ok()?;
+            Resource::parse(std::ffi::OsStr::new(name)).ok()
+        })
+        .filter(|member| member.group().as_ref() == Some(group))
+        .collect();
+    members.sort();
+    members.dedup();
+    Ok(members)
 }
 
 /// Several resources' lines read at one revision, in the order asked.
@@ -594,6 +670,7 @@ mod tests {
                 exclusive,
                 via: None,
                 slots: None,
+                fence: None,
             }),
         }
     }
@@ -668,14 +745,15 @@ mod tests {
     fn one_cluster_speaks_one_scheme() {
         let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let none = TlsFiles::default();
-        assert!(Config::new(&urls(&["http://a:1", "https://b:1"]), None, &none).is_err());
+        let default = DEFAULT_PREFIX;
+        assert!(Config::new(&urls(&["http://a:1", "https://b:1"]), None, &none, default).is_err());
         let ca = TlsFiles {
             ca: Some("/nonexistent".into()),
             ..TlsFiles::default()
         };
-        let err = Config::new(&urls(&["http://a:1"]), None, &ca).unwrap_err();
+        let err = Config::new(&urls(&["http://a:1"]), None, &ca, default).unwrap_err();
         assert_eq!(crate::exit::exit_code_of(&err), ExitCode::Usage);
-        let err = Config::new(&urls(&["https://a:1"]), None, &ca).unwrap_err();
+        let err = Config::new(&urls(&["https://a:1"]), None, &ca, default).unwrap_err();
         assert_eq!(crate::exit::exit_code_of(&err), ExitCode::EtcdTls);
         assert!(format!("{err:#}").contains("/nonexistent"), "{err:#}");
     }

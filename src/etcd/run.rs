@@ -187,6 +187,17 @@ fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<supervise
     if let Some(slot) = got.slot {
         env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
     }
+    // What `etcdctl lock` tells its command, for the first resource, so
+    // scripts written for it run unchanged (a nested take passes its
+    // enclosing one's on).
+    if let Some(key) = &got.lock_key {
+        let first = got.resources.first();
+        let fence = got.fences.iter().find(|(name, _)| Some(name) == first);
+        env.push(("ETCD_LOCK_KEY".into(), key.into()));
+        if let Some((_, fence)) = fence {
+            env.push(("ETCD_LOCK_REV".into(), fence.to_string().into()));
+        }
+    }
     let gpu_env = match got.resources.iter().find(|r| r.mig_parent().is_some()) {
         Some(instance) => {
             crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
@@ -233,6 +244,7 @@ fn wait_for_what_it_left(
     };
     let mut first = first;
     let mut said = quiet;
+    let mut empty_looks = 0;
     loop {
         // Reaps any child of ours (devlock is their subreaper).
         match crate::sys::process::poll_child(None, false) {
@@ -253,6 +265,16 @@ fn wait_for_what_it_left(
         }
         if !said && !lease_lost() {
             let left = crate::proc::process::live_descendants(std::process::id());
+            // The last one may have died between the reap and this look
+            // (a zombie is not listed): reap again rather than name nobody.
+            if left.is_empty() && empty_looks < 3 {
+                empty_looks += 1;
+                continue;
+            }
+            if left.is_empty() {
+                said = true;
+                continue;
+            }
             eprintln!(
                 "devlock: the command has exited; holding the lock until what it started has too (pid {})",
                 left.iter()

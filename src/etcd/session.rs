@@ -73,6 +73,9 @@ pub(super) struct Got {
     pub resources: Vec<crate::resource::Resource>,
     /// `--slots`: the slot number taken.
     pub slot: Option<u64>,
+    /// The key of the first of `resources`, when this run put it
+    /// (`ETCD_LOCK_KEY`, as `etcdctl lock` sets it).
+    pub lock_key: Option<String>,
 }
 
 impl Acquired {
@@ -361,6 +364,12 @@ async fn run_session(
         .extend(entries.iter().map(|e| (e.request.clone(), e.fence)));
     got.slot = entries.iter().find_map(|e| e.slot);
     got.resources.sort();
+    got.lock_key = got.resources.first().and_then(|first| {
+        entries
+            .iter()
+            .find(|e| &e.request == first)
+            .map(|e| e.key.clone())
+    });
     report(FromSession::Acquired(
         Ok(Acquired::Taken(got)),
         Some(state.clone()),
@@ -454,7 +463,7 @@ async fn inherited(
                 ),
             ));
         }
-        return Ok(Some(place.create_revision));
+        return Ok(Some(entry.fence.unwrap_or(place.create_revision)));
     }
     Ok(None)
 }
@@ -475,7 +484,8 @@ fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
     if maybe_nested { ancestors } else { Vec::new() }
 }
 
-/// A lock taken: its key, label, fencing token and the revision it joined at.
+/// A lock taken: its key, label, fencing token (the revision it was
+/// granted at) and the revision it joined at.
 struct Taken {
     request: crate::resource::Resource,
     key: String,
@@ -535,8 +545,14 @@ impl Label {
             granted_ms: None,
             command: settings.command.clone(),
             exclusive: request.exclusive && request.slots == 0,
-            via: request.via.as_ref().map(|v| v.as_str().to_owned()),
+            // A member taken for its whole group says which group.
+            via: match (&request.via, request.for_group) {
+                (Some(member), _) => Some(member.as_str().to_owned()),
+                (None, true) => request.name.group().map(|g| g.as_str().to_owned()),
+                (None, false) => None,
+            },
             slots: (request.slots > 0).then_some(request.slots),
+            fence: None,
         }
     }
 }
@@ -554,10 +570,43 @@ struct Taking<'a> {
 impl Taking<'_> {
     /// Joins each line in turn, holding the earlier locks while waiting for
     /// the later ones (the requests come in the one global order).
+    /// A whole group held exclusively then takes each member that has a
+    /// line, as the file backend takes each member's lock file: a devlock
+    /// holds a member only with its group shared, so what can still hold
+    /// one is another client (`etcdctl lock /devlock/gpu:0`), which the
+    /// group's take then waits for, or with `-n` names.
     async fn in_order(&self, requests: &[Request], entries: &mut Vec<Taken>) -> Result<()> {
         for request in requests {
             let (_, taken) = self.first(std::slice::from_ref(request)).await?;
             entries.push(taken);
+            let whole_group = request.exclusive
+                && request.slots == 0
+                && request.via.is_none()
+                && request.name.group().is_none();
+            if !whole_group {
+                continue;
+            }
+            let group = &request.name;
+            let members = self
+                .cluster
+                .ask("reading the group's members", |mut client| async move {
+                    super::members_of(&mut client, group).await
+                })
+                .await?;
+            for member in members {
+                if requests.iter().any(|r| r.name == member) {
+                    continue;
+                }
+                let member = Request {
+                    name: member,
+                    exclusive: true,
+                    via: None,
+                    slots: 0,
+                    for_group: true,
+                };
+                let (_, taken) = self.first(std::slice::from_ref(&member)).await?;
+                entries.push(taken);
+            }
         }
         Ok(())
     }
@@ -619,13 +668,20 @@ impl Taking<'_> {
             .zip(lines)
             .map(|((request, key), line)| Waiting { request, key, line })
             .collect();
-        // Everyone uses a resource with one size (0: a plain lock).
+        // Everyone uses a resource with one size (0: a plain lock); a
+        // member taken for its whole group waits for any size, and is no
+        // size itself.
         for wait in &waits {
             let ours = wait.request.slots;
+            let group = wait.request.name.group();
+            let for_group = |e: &Entry| {
+                e.via.is_some() && e.via.as_deref() == group.as_ref().map(|g| g.as_str())
+            };
             if let Some(theirs) = wait
                 .line
                 .iter()
-                .filter(|p| p.key != wait.key && p.entry.is_some())
+                .filter(|_| !wait.request.for_group)
+                .filter(|p| p.key != wait.key && p.entry.as_ref().is_some_and(|e| !for_group(e)))
                 .map(Place::slots)
                 .find(|&theirs| theirs != ours)
             {
@@ -636,17 +692,6 @@ impl Taking<'_> {
                 ));
             }
         }
-        // The put's own revision unless an answer was lost and the put was
-        // made again: then the first one's, which the key keeps.
-        let fences: Vec<i64> = waits
-            .iter()
-            .map(|w| {
-                w.line
-                    .iter()
-                    .find(|p| p.key == w.key)
-                    .map_or(joined_at, |p| p.create_revision)
-            })
-            .collect();
         let started = Instant::now();
         let name = if requests.len() == 1 {
             requests[0].name.as_str().to_owned()
@@ -654,7 +699,7 @@ impl Taking<'_> {
             let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
             format!("any of {}", names.join(" "))
         };
-        let (index, waited) = wait_turn(
+        let (index, waited, granted_at) = wait_turn(
             settings, cluster, &name, &mut waits, joined_at, deadline, say,
         )
         .await?;
@@ -686,6 +731,7 @@ impl Taking<'_> {
         };
         let mut entry = entries.swap_remove(index);
         entry.granted_ms = Some(now_ms());
+        entry.fence = Some(granted_at);
         if waited && !settings.quiet {
             say(messages::got(
                 request.name.as_str(),
@@ -699,7 +745,7 @@ impl Taking<'_> {
                 request: request.name.clone(),
                 key,
                 entry,
-                fence: fences[index],
+                fence: granted_at,
                 joined_at,
                 slot,
             },
@@ -843,7 +889,7 @@ async fn wait_turn(
     revision: i64,
     deadline: Option<Instant>,
     say: &dyn Fn(String),
-) -> Result<(usize, bool)> {
+) -> Result<(usize, bool, i64)> {
     let started = Instant::now();
     let mut last_report: Option<Instant> = None;
     let mut revision = revision;
@@ -888,7 +934,7 @@ async fn wait_turn(
         }
         for (i, wait) in waits.iter().enumerate() {
             if wait.ours()? {
-                return Ok((i, last_report.is_some()));
+                return Ok((i, last_report.is_some(), revision));
             }
         }
         let who = waits
@@ -960,6 +1006,7 @@ async fn wait_turn(
                 if response.canceled() {
                     return Ok(Turn::ReadAgain);
                 }
+                let mut deleted_at = 0;
                 for event in response.events() {
                     let Some(kv) = event
                         .kv()
@@ -967,6 +1014,7 @@ async fn wait_turn(
                     else {
                         continue;
                     };
+                    deleted_at = deleted_at.max(kv.mod_revision());
                     let gone = String::from_utf8_lossy(kv.key());
                     let Some(i) = prefixes.iter().position(|p| gone.starts_with(p.as_str())) else {
                         continue;
@@ -979,7 +1027,8 @@ async fn wait_turn(
                 }
                 for (i, wait) in waits.iter().enumerate() {
                     if wait.ours().unwrap_or(false) {
-                        return Ok(Turn::Ours(i));
+                        let at = response.header().map_or(revision, |h| h.revision());
+                        return Ok(Turn::Ours(i, if deleted_at > 0 { deleted_at } else { at }));
                     }
                 }
             }
@@ -998,7 +1047,7 @@ async fn wait_turn(
         // makes sure, unless the wait is over.
         read_again = true;
         match outcome {
-            Ok(Ok(Turn::Ours(i))) => return Ok((i, true)),
+            Ok(Ok(Turn::Ours(i, granted_at))) => return Ok((i, true, granted_at)),
             Ok(Ok(Turn::Lost(i))) => return Err(place_gone(waits[i].request.name.as_str())),
             Ok(Ok(Turn::ReadAgain)) | Err(_) => {}
             // With another endpoint to go to, the reading again that
@@ -1053,8 +1102,9 @@ impl Trouble<'_> {
 
 /// How a watch of the line ended.
 enum Turn {
-    /// Nothing stands in the way of the one at this index any more.
-    Ours(usize),
+    /// Nothing stands in the way of the one at this index any more, since
+    /// this revision (the delete that freed it).
+    Ours(usize, i64),
     /// Our own key (in the line at this index) was removed.
     Lost(usize),
     /// Read the line again (the watch ended or fell behind a compaction).
@@ -1086,7 +1136,7 @@ fn describe_holders(line: &[Place]) -> String {
                     Duration::from_millis(held),
                 )
             }
-            None => messages::foreign_key(&place.key),
+            None => messages::foreign_key(&place.key, place.create_revision),
         })
         .collect();
     shown.join(", ")

@@ -8,7 +8,7 @@ use etcd_client::{GetOptions, SortOrder, SortTarget};
 use serde::Serialize;
 
 use super::tls::TlsView;
-use super::{Cluster, Config, PREFIX, Place, SLOTS_PREFIX, blockers, hostname, line_of};
+use super::{Cluster, Config, Place, blockers, hostname, line_of, prefix, slots_prefix};
 use crate::cli::StatusArgs;
 use crate::exit::ExitCode;
 use crate::flock::record::now_ms;
@@ -66,10 +66,15 @@ struct PlaceView {
     /// `--slots`: the slot this holder took (`DEVLOCK_SLOT`).
     #[serde(skip_serializing_if = "Option::is_none")]
     slot: Option<u64>,
+    /// For a key devlock did not write: who puts such keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client: Option<&'static str>,
     key: String,
     /// The key's create revision: its place in line.
     revision: i64,
-    /// For a holder: its fencing token (`DEVLOCK_FENCE`), the same revision.
+    /// For a holder: its fencing token (`DEVLOCK_FENCE`), the revision it
+    /// was granted at; for a key devlock did not write (or one not yet
+    /// labelled), its create revision, which that grant is no earlier than.
     #[serde(skip_serializing_if = "Option::is_none")]
     fence: Option<i64>,
     lease: String,
@@ -101,19 +106,22 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         let response = cluster
             .ask("listing locks", |mut client| {
                 let options = options.clone();
-                async move { client.get(PREFIX, Some(options)).await }
+                async move { client.get(prefix(), Some(options)).await }
             })
             .await?;
         for kv in response.kvs() {
             let place = Place::from_kv(kv);
             // Slot numbers (`/devlock/.slots/`), read below: no resource.
-            if place.key.starts_with(SLOTS_PREFIX) {
+            if place.key.starts_with(&slots_prefix()) {
                 continue;
             }
+            // Under a prefix shared with other keys (an empty one: all of
+            // etcd), only the lines of names devlock can take.
             let Some(name) = place
                 .key
-                .strip_prefix(PREFIX)
+                .strip_prefix(prefix())
                 .and_then(|k| k.rsplit_once('/'))
+                .filter(|(name, _)| Resource::parse(std::ffi::OsStr::new(name)).is_ok())
             else {
                 continue;
             };
@@ -170,7 +178,7 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
         endpoint: cluster.url(cluster.current()).to_owned(),
         tls: config.tls_view(),
         user: config.user_name().map(str::to_owned),
-        prefix: PREFIX,
+        prefix: prefix(),
         resources,
     })
 }
@@ -206,7 +214,7 @@ async fn slot_numbers(
         if !line.iter().any(|p| p.slots() > 0) {
             continue;
         }
-        let prefix = format!("{SLOTS_PREFIX}{name}/");
+        let prefix = format!("{}{name}/", slots_prefix());
         let response = cluster.get_prefix("reading the slots", &prefix).await?;
         for kv in response.kvs() {
             let number = String::from_utf8_lossy(kv.key())
@@ -255,9 +263,12 @@ fn view(
         exclusive: place.exclusive(),
         via: entry.and_then(|e| e.via.clone()),
         slot: None,
+        client: entry.is_none().then_some(messages::FOREIGN_CLIENT),
         key: place.key.clone(),
         revision: place.create_revision,
-        fence: position.is_none().then_some(place.create_revision),
+        fence: position
+            .is_none()
+            .then(|| entry.and_then(|e| e.fence).unwrap_or(place.create_revision)),
         lease: format!("{:016x}", place.lease),
         lease_ttl_s: lease_ttl,
         alive,
@@ -269,9 +280,17 @@ fn table(report: &Report, render: Render) -> String {
         "RESOURCE", "STATE", "STEP", "PID", "HOST", "USER", "FOR", "LEASE", "FENCE",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
-    let cell = |v: &Option<String>| v.as_deref().map_or("?".to_owned(), sanitize);
+    // A key devlock did not write has no step, pid, host or user to show:
+    // it is named for who puts such keys, its lease and fence still shown.
+    let cell = |v: &Option<String>| v.as_deref().map_or("-".to_owned(), sanitize);
+    let step_cell = |p: &PlaceView| {
+        p.step
+            .as_deref()
+            .map_or(messages::FOREIGN_CLIENT.to_owned(), sanitize)
+    };
+    let pid_cell = |p: &PlaceView| p.pid.map_or("-".to_owned(), |pid| pid.to_string());
     let lease_cell = |p: &PlaceView| {
-        let ttl = p.lease_ttl_s.map_or("?".to_owned(), |t| format!("{t}s"));
+        let ttl = p.lease_ttl_s.map_or("-".to_owned(), |t| format!("{t}s"));
         match p.alive {
             Some(false) => format!("{ttl} (devlock gone)"),
             _ => ttl,
@@ -287,7 +306,7 @@ fn table(report: &Report, render: Render) -> String {
             rows.push(vec![res.name.clone(), state.clone()]);
         }
         for (i, h) in res.holders.iter().enumerate() {
-            let mut step = cell(&h.step);
+            let mut step = step_cell(h);
             if let Some(via) = &h.via {
                 step.push_str(&format!(" (via {})", sanitize(via)));
             }
@@ -302,7 +321,7 @@ fn table(report: &Report, render: Render) -> String {
                 },
                 if i == 0 { state.clone() } else { String::new() },
                 step,
-                h.pid.map_or("?".to_owned(), |p| p.to_string()),
+                pid_cell(h),
                 cell(&h.host),
                 cell(&h.user),
                 duration_cell(h.held_for_ms),
@@ -318,8 +337,8 @@ fn table(report: &Report, render: Render) -> String {
                     String::new()
                 },
                 format!("waits #{}", w.position.unwrap_or(0)),
-                cell(&w.step),
-                w.pid.map_or("?".to_owned(), |p| p.to_string()),
+                step_cell(w),
+                pid_cell(w),
                 cell(&w.host),
                 cell(&w.user),
                 duration_cell(w.waiting_for_ms),
@@ -331,8 +350,12 @@ fn table(report: &Report, render: Render) -> String {
     let mut out = align(&rows, render, &[2, 3], paint_lock_cell);
     if report.resources.is_empty() {
         out.push_str(&format!(
-            "(no locks in etcd at {} under {PREFIX})\n",
-            report.etcd.join(",")
+            "(no locks in etcd at {} under {})\n",
+            report.etcd.join(","),
+            match report.prefix {
+                "" => "the bare names (an empty --etcd-prefix)",
+                prefix => prefix,
+            }
         ));
     }
     let identity = match (&report.tls, &report.user) {

@@ -169,7 +169,9 @@ fn clean(text: &mut String, max: usize) {
         }
         text.truncate(cut);
     }
-    if text.chars().any(crate::text::is_unsafe_char) {
+    // Printable ASCII, as honest texts are, needs no look at each character.
+    let printable = text.bytes().all(|b| (b' '..=b'~').contains(&b));
+    if !printable && text.chars().any(crate::text::is_unsafe_char) {
         *text = crate::text::clean(text);
     }
 }

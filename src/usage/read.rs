@@ -1,6 +1,7 @@
 //! Reading the usage directory back: each user's files, counted for the
-//! user the kernel says owns them, their lines joined into one [`Job`] per
-//! hold, and the end of a hold whose devlock died observed here.
+//! user the kernel says owns them, each line taken in within its bounds
+//! ([`line::parse`]) or skipped and counted, the lines joined into one
+//! [`Job`] per hold, and the end of a hold whose devlock died observed here.
 
 use std::collections::HashMap;
 use std::ffi::CString;

@@ -61,6 +61,8 @@ mod etcd_cluster;
 #[cfg(feature = "etcd")]
 mod etcd_ha;
 #[cfg(feature = "etcd")]
+mod etcd_interop;
+#[cfg(feature = "etcd")]
 mod etcd_pools;
 #[cfg(feature = "etcd")]
 mod etcd_server;

@@ -273,7 +273,12 @@ fn without_moments(value: &serde_json::Value) -> serde_json::Value {
     match value {
         serde_json::Value::Object(map) => map
             .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "held_for_ms" | "waiting_for_ms" | "command"))
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "held_for_ms" | "waiting_for_ms" | "idle_for_ms" | "kept_for_ms" | "command"
+                )
+            })
             .map(|(k, v)| (k.clone(), without_moments(v)))
             .collect(),
         serde_json::Value::Array(items) => items.iter().map(without_moments).collect(),
