@@ -558,7 +558,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__report)
-            opts="-h --since --until --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
+            opts="-h --since --until --user --resource --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -572,6 +572,17 @@ _devlock() {
                     return 0
                     ;;
                 --until)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --user)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --resource)
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o nospace
@@ -980,14 +991,14 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
+        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --resource | --settle | --since | --slots | --step | --timeout | --ttl | --until | --user | -E | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is an option whose value nothing completes (a duration, a number, a name).
 _devlock_value_is_free() {
     case $1 in
-        --conflict-exit-code | --count | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
+        --conflict-exit-code | --count | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --resource | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
     esac
     return 1
 }

@@ -112,6 +112,8 @@ complete -c devlock -n "__fish_devlock_using_subcommand forget" -l etcd-prefix -
 complete -c devlock -n "__fish_devlock_using_subcommand forget" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l since -d 'Start of the window: a duration back from now (7d, 12h) or a UTC time (2026-11-30, 2026-11-30T08:00:00Z)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l until -d 'End of the window, as --since [default: now]' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l user -d 'Only the jobs of this user (a name or a numeric uid)' -r -f -a "(__fish_complete_users)"
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l resource -d 'Only the jobs that held this resource (gpu also matches gpu:N)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l by -d 'What each row sums' -r -f -a "user\t'The user the kernel says owns the records'
 resource\t'Each resource held (a job holding two counts in both, its GPUs split)'
 step\t'The step (--step, or the command\'s name)'
@@ -147,11 +149,11 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
+    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --resource --settle --since --slots --step --timeout --ttl --until --user -E -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --resource --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand

@@ -345,6 +345,14 @@ pub struct ReportArgs {
     #[arg(long, value_name = "WHEN", value_hint = clap::ValueHint::Other)]
     pub until: Option<String>,
 
+    /// Only the jobs of this user (a name or a numeric uid)
+    #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username)]
+    pub user: Option<String>,
+
+    /// Only the jobs that held this resource (gpu also matches gpu:N)
+    #[arg(long, value_name = "RESOURCE", value_hint = clap::ValueHint::Other)]
+    pub resource: Option<String>,
+
     /// What each row sums
     #[arg(long, value_name = "WHAT", value_enum, default_value = "user")]
     pub by: ReportBy,

@@ -36,6 +36,10 @@ pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
             ));
         }
     };
+    let jobs: Vec<read::Job> = jobs
+        .into_iter()
+        .filter(|job| chosen(job, args.user.as_deref(), args.resource.as_deref()))
+        .collect();
     let (rows, total) = report::rows(&jobs, args.by, since, until);
     if args.json {
         let listed: Vec<_> = jobs
@@ -72,6 +76,22 @@ pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
 pub(crate) fn busy(args: &BusyArgs) -> Result<ExitCode> {
     usage::idle::say_busy(args.duration)?;
     Ok(ExitCode::Success)
+}
+
+/// Whether `job` passes `--user` (its records' owner, by name or uid) and
+/// `--resource` (held exactly, or a member of it: `gpu` takes `gpu:0`).
+fn chosen(job: &read::Job, user: Option<&str>, resource: Option<&str>) -> bool {
+    let user_ok = user
+        .is_none_or(|u| u == job.uid.to_string() || u == crate::proc::process::user_name(job.uid));
+    let resource_ok = resource.is_none_or(|r| {
+        job.start.resources.iter().any(|held| {
+            held == r
+                || held
+                    .strip_prefix(r)
+                    .is_some_and(|rest| rest.starts_with(':'))
+        })
+    });
+    user_ok && resource_ok
 }
 
 /// `7d` (back from now), `2026-11-30` or `2026-11-30T08:00:00Z` (UTC).

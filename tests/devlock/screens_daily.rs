@@ -175,3 +175,55 @@ pub(crate) fn the_open_directory_warning_is_one_short_line_with_the_fix() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(warnings(&stderr(&out)).is_empty(), "{}", stderr(&out));
 }
+
+// ----------------------------------------------------------------------------
+// 4. report answers the admin's questions (the filters).
+
+test!(report_user_and_resource_list_exactly_those_jobs, needs: [Root, Tool("setpriv")]);
+pub(crate) fn report_user_and_resource_list_exactly_those_jobs() {
+    let s = Scratch::new();
+    for open in [s.dir(), s.usage_dir()] {
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let job = |uid: u32, step: &str, resource: &str| {
+        let out = devlock_as(&s, uid)
+            .env("DEVLOCK_NVML", "none")
+            .env("DEVLOCK_USAGE_DIR", s.usage_dir())
+            .args(["--step", step, resource, "--", "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    job(USER_A, "alice-1", "gpu:0");
+    job(USER_A, "alice-2", "gpu:1");
+    job(USER_B, "bob-1", "gpu:1");
+    let steps = |filter: &[&str]| -> Vec<String> {
+        let mut args = vec!["report", "--json"];
+        args.extend(filter);
+        let out = s.devlock().args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut steps: Vec<String> = json["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["step"].as_str().unwrap().to_owned())
+            .collect();
+        steps.sort();
+        steps
+    };
+    assert_eq!(steps(&[]), ["alice-1", "alice-2", "bob-1"]);
+    assert_eq!(steps(&["--user", "nobody"]), ["alice-1", "alice-2"]);
+    assert_eq!(steps(&["--user", &USER_B.to_string()]), ["bob-1"]);
+    assert_eq!(steps(&["--resource", "gpu:1"]), ["alice-2", "bob-1"]);
+    assert_eq!(
+        steps(&["--resource", "gpu"]),
+        ["alice-1", "alice-2", "bob-1"]
+    );
+    assert_eq!(
+        steps(&["--user", "nobody", "--resource", "gpu:1"]),
+        ["alice-2"]
+    );
+    assert!(steps(&["--user", "no-such-user"]).is_empty());
+}
