@@ -175,10 +175,16 @@ pub(crate) fn day_name(ms: u64) -> String {
     crate::text::utc_seconds(ms)[..10].to_owned()
 }
 
-/// Hours as the table shows them: `12.5`, `0.02`.
+/// Hours as the table shows them, with the precision they need: `12.5`,
+/// `2.25`, and under an hour minutes or seconds (`42m`, `30s`), never
+/// `0.00`.
 fn hours(h: f64) -> String {
     if h == 0.0 {
         "0".into()
+    } else if h < 1.0 / 60.0 {
+        format!("{}s", (h * 3600.0).round().max(1.0))
+    } else if h < 1.0 {
+        format!("{}m", (h * 60.0).round())
     } else if h < 10.0 {
         format!("{h:.2}")
     } else {
@@ -253,11 +259,8 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
             clip(&crate::text::sanitize(&row.key), MAX_KEY),
             row.jobs.to_string(),
             hours(row.gpu_hours),
-            format!(
-                "{} {}",
-                hours(row.gpu_hours_computing),
-                share(row.gpu_hours_computing, row.gpu_hours_sampled)
-            ),
+            // One number: the share of the sampled GPU time that computed.
+            share(row.gpu_hours_computing, row.gpu_hours_sampled),
             hours(row.gpu_hours_idle),
             crate::text::short_duration(crate::text::seconds(row.wait_s)),
             crate::text::short_duration(crate::text::seconds(row.longest_wait_s)),
@@ -461,5 +464,16 @@ mod tests {
                 prop_assert!(json["end"].as_str().unwrap().len() <= 24, "{}", json);
             }
         }
+    }
+
+    #[test]
+    fn small_values_keep_their_precision_and_a_column_holds_one_number() {
+        assert_eq!(hours(0.0), "0");
+        assert_eq!(hours(30.0 / 3600.0), "30s");
+        assert_eq!(hours(0.1 / 3600.0), "1s");
+        assert_eq!(hours(0.7), "42m");
+        assert_eq!(hours(2.25), "2.25");
+        assert_eq!(hours(96.04), "96.0");
+        assert_eq!(share(0.7, 1.0), "70%");
     }
 }
