@@ -641,7 +641,7 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
     let cells: Vec<&str> = total.split_whitespace().collect();
     assert_eq!(
         &cells[..6],
-        ["total", "4", "8.50", "3.50", "41%", "3.50"],
+        ["total", "4", "8.50", "41%", "3.50", "6m00s"],
         "{table}"
     );
     assert!(
