@@ -558,7 +558,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__report)
-            opts="-h --since --until --user --resource --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
+            opts="-h --since --until --jobs --user --resource --by --json --csv --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -126,6 +126,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-ca -d 'W
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l etcd-prefix -d 'What every etcd key devlock puts starts with: resource R is the lock `etcdctl lock PREFIXR` takes. Empty locks the bare name (so `etcdctl lock gpu` and `devlock --etcd-prefix= gpu` meet); an empty DEVLOCK_ETCD_PREFIX means that too' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand report" -l jobs -d 'One row per job instead of sums: user, step, resources, start, how long it held, its computing share, how it ended'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l json -d 'Print one JSON document, with every job, instead of a table'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -l csv -d 'Print CSV, one line per row and the total'
 complete -c devlock -n "__fish_devlock_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'

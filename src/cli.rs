@@ -345,6 +345,11 @@ pub struct ReportArgs {
     #[arg(long, value_name = "WHEN", value_hint = clap::ValueHint::Other)]
     pub until: Option<String>,
 
+    /// One row per job instead of sums: user, step, resources, start, how
+    /// long it held, its computing share, how it ended
+    #[arg(long, conflicts_with_all = ["json", "csv"])]
+    pub jobs: bool,
+
     /// Only the jobs of this user (a name or a numeric uid)
     #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username)]
     pub user: Option<String>,

@@ -65,7 +65,13 @@ pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
         // Whole: devlock's own words, a file's name in them cleaned.
         eprintln!("devlock: note: {}", crate::text::clean(note));
     }
-    if args.csv {
+    if args.jobs {
+        let listed: Vec<&read::Job> = jobs
+            .iter()
+            .filter(|j| j.start.start_ms < until && j.end_ms.max(j.start.start_ms) >= since)
+            .collect();
+        print!("{}", report::jobs_table(&listed));
+    } else if args.csv {
         print!("{}", report::csv(&rows, &total));
     } else {
         print!("{}", report::table(args.by, &rows, &total));

@@ -366,6 +366,67 @@ pub(crate) struct JobJson<'a> {
     pub from: &'a str,
 }
 
+/// `report --jobs`: one row per job, the admin's questions in order (who,
+/// on what, when, how long, how much of it computed, how it ended).
+pub(crate) fn jobs_table(jobs: &[&Job]) -> String {
+    let mut lines: Vec<[String; 7]> = vec![
+        [
+            "USER",
+            "STEP",
+            "RESOURCES",
+            "START (UTC)",
+            "HELD",
+            "COMPUTE",
+            "ENDED",
+        ]
+        .map(str::to_owned),
+    ];
+    for job in jobs {
+        let j = job_json(job);
+        let held_ms = job.end_ms.saturating_sub(job.start.start_ms);
+        lines.push([
+            clip(&crate::text::sanitize(&j.user), MAX_KEY),
+            clip(&crate::text::sanitize(j.step), MAX_KEY),
+            clip(&crate::text::sanitize(&j.resources.join(",")), MAX_KEY),
+            j.start.get(..16).unwrap_or(&j.start).replace('T', " "),
+            crate::text::short_duration(std::time::Duration::from_millis(held_ms)),
+            share(j.busy_gpu_s, j.sampled_gpu_s),
+            match (j.how, j.code, j.signal) {
+                (Some(how), Some(code), _) => format!("{how} {code}"),
+                (Some(how), None, Some(signal)) => format!("{how} (signal {signal})"),
+                (how, _, _) => how.unwrap_or(j.ending).to_owned(),
+            },
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| {
+                let pad = " ".repeat(widths[c] - cell.chars().count());
+                match c {
+                    4 | 5 => format!("{pad}{cell}"),
+                    6 => cell.clone(),
+                    _ => format!("{cell}{pad}"),
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 pub(crate) fn job_json(job: &Job) -> JobJson<'_> {
     let at = crate::text::utc_millis;
     JobJson {

@@ -226,4 +226,31 @@ pub(crate) fn report_user_and_resource_list_exactly_those_jobs() {
         ["alice-2"]
     );
     assert!(steps(&["--user", "no-such-user"]).is_empty());
+    // The per-job table: one row per job of that user, nobody else's.
+    let out = s
+        .devlock()
+        .args(["report", "--jobs", "--user", "nobody"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("USER") && lines[0].contains("HELD") && lines[0].ends_with("ENDED"),
+        "{table}"
+    );
+    assert_eq!(lines.len(), 3, "{table}");
+    for (line, step, gpu) in [
+        (lines[1], "alice-1", "gpu:0"),
+        (lines[2], "alice-2", "gpu:1"),
+    ] {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            (cells[0], cells[1], cells[2]),
+            ("nobody", step, gpu),
+            "{table}"
+        );
+        assert!(line.ends_with("exit 0"), "{table}");
+    }
+    assert!(!table.contains("bob-1"), "{table}");
 }
