@@ -80,7 +80,7 @@ impl Acquiring {
             probe_timeout: takes.probe_timeout,
             mem_mib: None,
         };
-        let found_busy = match {
+        let first = {
             let now = Context {
                 dir: &dir,
                 step: options.step.clone(),
@@ -89,7 +89,8 @@ impl Acquiring {
                 observer: &Quiet,
             };
             take_all(&now, &takes)
-        } {
+        };
+        let found_busy = match first {
             Ok(taken) => {
                 return Ok(Acquiring {
                     done: Some(Ok(Hold::new(taken, &takes, &options.step, usage))),
