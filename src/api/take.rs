@@ -602,6 +602,37 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_that_runs_out_before_the_wait_shows_names_the_holder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let _outer = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap();
+        // Out of time at once: the waiting thread has (almost always) not
+        // shown its wait yet, as a short timeout on a loaded machine.
+        let mut timing = Acquiring::start(
+            &Spec::new(["r"]),
+            &options(tmp.path(), Wait::Timeout(Duration::ZERO)),
+            &[],
+        )
+        .unwrap();
+        let err = timing
+            .wait(Duration::ZERO)
+            .expect("out of time")
+            .unwrap_err();
+        let busy = err.busy().expect("a Busy");
+        assert!(busy.timed_out);
+        assert_eq!(busy.resource, "r");
+        assert_eq!(
+            busy.holder.as_ref().and_then(|h| h.step.as_deref()),
+            Some("unit")
+        );
+        assert!(
+            busy.message
+                .starts_with("timed out after 0s waiting for r: held by unit (pid "),
+            "{}",
+            busy.message
+        );
+    }
+
+    #[test]
     fn a_cancel_leaves_a_slots_wait_at_the_front_of_the_line_at_once() {
         let tmp = tempfile::tempdir().unwrap();
         let mut spec = Spec::new(["pool"]);
