@@ -34,6 +34,9 @@ pub struct Acquiring {
     label: String,
     /// Whether it had to wait.
     waited: bool,
+    /// Who was in the way when the take found it busy: what a timeout
+    /// says when it runs out before the waiting thread has shown its wait.
+    found_busy: Option<Busy>,
 }
 
 #[derive(Debug)]
@@ -87,7 +90,7 @@ impl Acquiring {
             };
             take_all(&now, &takes)
         };
-        match first {
+        let found_busy = match first {
             Ok(taken) => {
                 return Ok(Acquiring {
                     done: Some(Ok(Hold::new(taken, &takes, &options.step, usage))),
@@ -96,14 +99,15 @@ impl Acquiring {
                     step: options.step.clone(),
                     label,
                     waited: false,
+                    found_busy: None,
                 });
             }
             Err(e) if options.wait == Wait::NoWait || e.downcast_ref::<Busy>().is_none() => {
                 return Err(e);
             }
             // Busy: what it took is let go, and it waits in line.
-            Err(_) => {}
-        }
+            Err(e) => e.downcast_ref::<Busy>().cloned(),
+        };
         let timeout = match options.wait {
             Wait::Timeout(t) => Some(t),
             _ => None,
@@ -160,6 +164,7 @@ impl Acquiring {
             step: options.step.clone(),
             label,
             waited: true,
+            found_busy,
         })
     }
 
@@ -232,16 +237,32 @@ impl Acquiring {
     }
 
     /// The timeout: who is in the way is looked at while still in line,
-    /// then the line is left.
+    /// then the line is left. A timeout that runs out before the waiting
+    /// thread has shown its wait (a short one, on a loaded machine) names
+    /// who was in the way when the take found it busy, as the command
+    /// line's `-w` always can (its deadline is watched by the display of
+    /// the wait, which exists only once the wait does).
     fn give_up(&mut self) -> anyhow::Result<Hold> {
         let mut w = self.waiting.take().expect("waiting");
-        let seen = w.board.in_the_way();
+        let seen = w
+            .board
+            .in_the_way()
+            .map(|(label, phrase, holder, resource)| {
+                (label, phrase, holder.as_ref().map(holder_of), resource)
+            });
         match w.leave() {
             // Taken at the very moment the time ran out: it counts.
             Some(Ok(hold)) => Ok(hold),
             _ => {
                 let (label, phrase, holder, resource) = seen.unwrap_or_else(|| {
-                    (self.label.clone(), String::new(), None, self.label.clone())
+                    let found = self.found_busy.take();
+                    let phrase = found
+                        .as_ref()
+                        .and_then(|b| b.message.find(": ").map(|at| b.message[at..].to_owned()))
+                        .unwrap_or_default();
+                    let holder = found.as_ref().and_then(|b| b.holder.clone());
+                    let resource = found.map_or_else(|| self.label.clone(), |b| b.resource);
+                    (self.label.clone(), phrase, holder, resource)
                 });
                 let line = crate::messages::timed_out(
                     w.timeout.unwrap_or_default(),
@@ -251,7 +272,7 @@ impl Acquiring {
                 );
                 Err(anyhow::Error::new(Busy {
                     resource,
-                    holder: holder.as_ref().map(holder_of),
+                    holder,
                     timed_out: true,
                     message: without_prefix(&line),
                 }))
@@ -547,8 +568,14 @@ mod tests {
                 break line;
             }
         };
+        // How long it says depends on how soon the waiting thread showed
+        // its wait (seconds on a loaded machine); what the line is does not.
+        let waited = line
+            .strip_prefix("devlock: r · waiting ")
+            .and_then(|rest| rest.split_once(" for unit (pid "))
+            .map(|(waited, _)| waited);
         assert!(
-            line.starts_with("devlock: r · waiting 0s for unit (pid "),
+            waited.is_some_and(|w| w.ends_with('s') && w.starts_with(|c: char| c.is_ascii_digit())),
             "{line}"
         );
         assert!(line.ends_with("· 1st in line (unit)"), "{line}");
@@ -569,6 +596,37 @@ mod tests {
         assert!(
             busy.message
                 .starts_with("timed out after 50ms waiting for r: held by unit"),
+            "{}",
+            busy.message
+        );
+    }
+
+    #[test]
+    fn a_timeout_that_runs_out_before_the_wait_shows_names_the_holder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let _outer = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap();
+        // Out of time at once: the waiting thread has (almost always) not
+        // shown its wait yet, as a short timeout on a loaded machine.
+        let mut timing = Acquiring::start(
+            &Spec::new(["r"]),
+            &options(tmp.path(), Wait::Timeout(Duration::ZERO)),
+            &[],
+        )
+        .unwrap();
+        let err = timing
+            .wait(Duration::ZERO)
+            .expect("out of time")
+            .unwrap_err();
+        let busy = err.busy().expect("a Busy");
+        assert!(busy.timed_out);
+        assert_eq!(busy.resource, "r");
+        assert_eq!(
+            busy.holder.as_ref().and_then(|h| h.step.as_deref()),
+            Some("unit")
+        );
+        assert!(
+            busy.message
+                .starts_with("timed out after 0s waiting for r: held by unit (pid "),
             "{}",
             busy.message
         );

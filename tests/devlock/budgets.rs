@@ -1005,6 +1005,10 @@ test!(status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line, needs: 
 pub(crate) fn status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line() {
     let g = Gpus::new(&[140 * GIB]);
     let long = "a-training-run-with-a-rather-long-step-name-for-the-table";
+    // The holder computes, as a training run does: however long a loaded
+    // machine keeps it holding, its row gains no `(idle ...)` label (whose
+    // width would depend on how long that was).
+    std::fs::write(g.state.join("util.0"), "50\n").unwrap();
     let a = mem_on(long, "20GiB", "0.2s", "gpu:0");
     let mut holder = g.job(&a, "a", 0, GIB, false);
     g.wait_ready("a");
@@ -1014,6 +1018,7 @@ pub(crate) fn status_with_budgets_fits_the_terminal_and_keeps_one_record_a_line(
     g.wait_waiting("gpu:0", "big");
     let piped = stdout(&g.run(&["status"]));
     assert!(row_with(&piped, &[long, "20 GiB"]), "{piped}");
+    assert!(!piped.contains("(idle"), "{piped}");
     assert!(row_with(&piped, &[" big ", "asks 130 GiB"]), "{piped}");
     let memory: Vec<&str> = piped.lines().filter(|l| l.contains("budgeted")).collect();
     assert_eq!(memory.len(), 1, "{piped}");
