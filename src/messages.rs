@@ -1011,8 +1011,8 @@ pub(crate) fn setup_warning(
     let said = |dir: &str, fix: &str| {
         if above {
             format!(
-                "devlock: warning: a directory above {dir} is {who}'s or open to all; \
-                 choose a --dir under root's (details: devlock status)"
+                "devlock: warning: {dir}, on the way to the locks, is {who}'s or open to \
+                 all; choose a --dir under root's (details: devlock status)"
             )
         } else {
             format!(
@@ -1022,15 +1022,20 @@ pub(crate) fn setup_warning(
         }
     };
     let shown = crate::text::show_path(dir);
+    let unnamed = if above {
+        "a directory"
+    } else {
+        "the lock directory"
+    };
     let generic = "sudo devlock setup (devlock status names what)";
     let line = fixes
         .iter()
         .map(|fix| said(&shown, fix))
-        .chain(fixes.iter().map(|fix| said("the lock directory", fix)))
-        .chain([said("the lock directory", generic)])
+        .chain(fixes.iter().map(|fix| said(unnamed, fix)))
+        .chain([said(unnamed, generic)])
         .find(|line| line.chars().count() <= SETUP_WARNING_MOST)
         .unwrap_or_else(|| {
-            said("the lock directory", generic)
+            said(unnamed, generic)
                 .chars()
                 .take(SETUP_WARNING_MOST)
                 .collect()

@@ -371,8 +371,13 @@ impl Notes {
             if resources.iter().all(gpu_family) {
                 fixes.push(fix_command(Some(&dir), ["--gpus"].into_iter()));
             }
+            // Above the directory, the way that another user can swap.
+            let named = issues
+                .iter()
+                .rfind(|i| !Path::new(&i.path).starts_with(&dir))
+                .map_or(dir.clone(), |i| PathBuf::from(&i.path));
             out.push_str(&crate::messages::setup_warning(
-                &dir, &owners, above, &fixes,
+                &named, &owners, above, &fixes,
             ));
         }
         for line in lines {
