@@ -80,6 +80,7 @@
 
 mod cluster;
 mod keeper;
+mod parent;
 mod probe;
 pub(crate) mod run;
 mod session;

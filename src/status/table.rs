@@ -139,6 +139,9 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             if h.stopped {
                 step.push_str(" (stopped)");
             }
+            if h.watch_gone {
+                step.push_str(" (watch gone)");
+            }
             if let Some(idle) = h.idle_for_ms {
                 let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
                 step.push_str(&format!(" (idle {idle})"));
