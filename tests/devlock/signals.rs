@@ -473,6 +473,10 @@ pub(crate) fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job
     );
     pty.wait_for("PROMPT> ");
     pty.type_in(b"stty tostop\n");
+    // A lock file that holds somebody's data is held without a record,
+    // and watched (by the job's watcher, which says what it finds).
+    assert!(s.run(&["r", "--", "true"]).status.success());
+    std::fs::write(s.lock_path("r"), "somebody's data\n").unwrap();
     let line = sh_line(&[
         BIN.to_owned(),
         "r".to_owned(),
