@@ -19,6 +19,13 @@ Then the delay from a real SIGINT to ``KeyboardInterrupt`` in another
 interpreter waiting in ``devlock.lock`` (both ends read CLOCK_MONOTONIC).
 Prints a markdown table: median and p90 per take and release in
 microseconds, and the ratio of medians to ``flock``.
+
+With ``--gpu`` (needs ``cc``), the block's end over ``gpu:0``, interleaved
+likewise: ``release="device"`` (one driver query at the end: the fake NVML of
+the tests, tests/fixtures/fake-nvml, in-process; then the fake
+``nvidia-smi``, a subprocess) against ``release="block"`` (no query); and
+``async with devlock.lock_async("bench")`` uncontended (one ``asyncio.run``
+per batch) against the blocking block.
 """
 
 from __future__ import annotations
@@ -83,6 +90,80 @@ def interrupt_latency(dir: str, reps: int) -> list:
     return delays
 
 
+def gpu_ends(dir: str, rounds: int, batch: int) -> dict:
+    """The block's end over gpu:0 with the driver query and without, and
+    lock_async against the blocking block (uncontended)."""
+    import asyncio
+    import shutil
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fake = tempfile.mkdtemp(prefix="devlock-bench-nvml-")
+    library = os.path.join(fake, "libnvidia-ml.so.1")
+    subprocess.run(
+        [shutil.which("cc") or "cc", "-shared", "-fPIC", "-fvisibility=hidden", "-o", library,
+         os.path.join(root, "tests/fixtures/fake-nvml/fake_nvml.c"), "-lpthread"],
+        check=True,
+    )
+    with open(os.path.join(fake, "scenario"), "w") as f:
+        f.write("gpu 0 GPU-00000000-0000-4000-8000-000000000000 81920 0 0 NVIDIA H100\n")
+    # Another process on gpu:0 (not ours): the query finds the device busy,
+    # but not with this process, and lets go.
+    with open(os.path.join(fake, "gpus"), "w") as f:
+        f.write("0 81920\n")
+    os.environ["DEVLOCK_USAGE_DIR"] = "none"
+
+    def gpu_block(release: str):
+        def fn() -> None:
+            with devlock.lock("gpu:0", dir=dir, step="bench", release=release):
+                pass
+        return fn
+
+    def plain() -> None:
+        with devlock.lock("bench", dir=dir, step="bench"):
+            pass
+
+    async def async_batch() -> None:
+        for _ in range(batch):
+            async with devlock.lock_async("bench", dir=dir, step="bench"):
+                pass
+
+    def per_async() -> float:
+        start = time.perf_counter_ns()
+        asyncio.run(async_batch())
+        return (time.perf_counter_ns() - start) / batch / 1000.0
+
+    results = {}
+    for source in ("nvml", "nvidia-smi"):
+        if source == "nvml":
+            os.environ.update(DEVLOCK_NVML=library, FAKE_NVML_PROCESSES=os.path.join(fake, "procs"))
+            os.environ.pop("DEVLOCK_NVIDIA_SMI", None)
+        else:
+            os.environ.update(DEVLOCK_NVML="none", FAKE_GPU_DIR=fake,
+                              DEVLOCK_NVIDIA_SMI=os.path.join(root, "contrib/fake-gpu/nvidia-smi"))
+        with open(os.path.join(fake, "procs"), "w") as f:
+            f.write("0 1 4096\n")
+        with open(os.path.join(fake, "use.other"), "w") as f:
+            f.write("0 1 4096\n")
+        n = batch if source == "nvml" else max(1, batch // 20)
+        ways = [(f"gpu:0 release=\"device\" ({source})", gpu_block("device")),
+                (f"gpu:0 release=\"block\" ({source} set)", gpu_block("block"))]
+        for _, fn in ways:
+            per_op(fn, n)
+        samples = {name: [] for name, _ in ways}
+        for r in range(rounds):
+            for name, fn in (ways if r % 2 else ways[::-1]):
+                samples[name].append(per_op(fn, n))
+        results.update(samples)
+    ways = [("lock_async (uncontended)", per_async), ("lock (uncontended)", lambda: per_op(plain, batch))]
+    per_async()
+    samples = {name: [] for name, _ in ways}
+    for r in range(rounds):
+        for name, fn in (ways if r % 2 else ways[::-1]):
+            samples[name].append(fn())
+    results.update(samples)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=41)
@@ -90,8 +171,11 @@ def main() -> None:
     ap.add_argument("--interrupts", type=int, default=9)
     ap.add_argument("--dir", default=None, help="scratch directory (default: a fresh temp dir)")
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--gpu", action="store_true",
+                    help="also the block's end with a driver query, and lock_async (needs cc)")
     args = ap.parse_args()
     dir = args.dir or tempfile.mkdtemp(prefix="devlock-bench-py-")
+    os.makedirs(dir, exist_ok=True)
     path = os.path.join(dir, "bench-flock.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
 
@@ -136,6 +220,15 @@ def main() -> None:
         }
         print(f"\nSIGINT to KeyboardInterrupt while waiting: median {statistics.median(delays):.1f} ms, "
               f"max {max(delays):.1f} ms over {len(delays)}")
+    if args.gpu:
+        ends = gpu_ends(dir, args.rounds, args.batch)
+        print(f"\nthe block's end, {args.rounds} rounds, interleaved (take + release, µs):\n")
+        print("| way | median µs | p90 µs |")
+        print("|---|---|---|")
+        for name, values in ends.items():
+            med = statistics.median(values)
+            figures[name] = {"median_us": med, "p90_us": pctl(values, 0.9)}
+            print(f"| {name} | {med:.2f} | {pctl(values, 0.9):.2f} |")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=2)

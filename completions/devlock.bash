@@ -68,7 +68,7 @@ _devlock() {
 
     case "${cmd}" in
         devlock)
-            opts="-n -w -q -s -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --any --count --shared --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget report busy help"
+            opts="-n -w -E -q -s -x -h -V --no-wait --timeout --conflict-exit-code --new --step --quiet --any --count --shared --exclusive --slots --require-idle --idle-threshold --mem --mem-headroom --settle --mem-strict --idle-timeout --report-every --ttl --kill-after --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --help --version status setup serve forget report busy help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -89,6 +89,13 @@ _devlock() {
                     return 0
                     ;;
                 --conflict-exit-code)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                -E)
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o nospace
@@ -924,14 +931,14 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -w) return 0 ;;
+        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
     esac
     return 1
 }
 # Whether $1 is an option whose value nothing completes (a duration, a number, a name).
 _devlock_value_is_free() {
     case $1 in
-        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -w) return 0 ;;
+        --conflict-exit-code | --count | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --settle | --since | --slots | --step | --timeout | --ttl | --until | -E | -w) return 0 ;;
     esac
     return 1
 }

@@ -3,7 +3,7 @@
 
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_devlock_global_optspecs
-    string join \n n/no-wait w/timeout= conflict-exit-code= new step= q/quiet any count= s/shared slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
+    string join \n n/no-wait w/timeout= E/conflict-exit-code= new step= q/quiet any count= s/shared x/exclusive slots= require-idle idle-threshold= mem= mem-headroom= settle= mem-strict idle-timeout= report-every= ttl= kill-after= dir= probe-timeout= etcd= etcd-user= etcd-ca= etcd-cert= etcd-key= h/help V/version
 end
 
 function __fish_devlock_needs_command
@@ -27,8 +27,8 @@ function __fish_devlock_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds)' -r -f
-complete -c devlock -n "__fish_devlock_needs_command" -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out (1-255)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -s w -l timeout -d 'Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number is seconds; flock\'s --wait works too)' -r -f
+complete -c devlock -n "__fish_devlock_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock is busy or the wait times out (1-255)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l step -d 'Name the holder shows in status, and the waiter\'s lines in logs (default: the command\'s basename)' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l count -d 'With --any: how many of the RESOURCEs to take [default: 1]' -r -f
 complete -c devlock -n "__fish_devlock_needs_command" -l slots -d 'Admit up to N holders of the RESOURCE at once; each learns its slot in DEVLOCK_SLOT. Everyone using the resource must give the same N' -r -f
@@ -47,11 +47,12 @@ complete -c devlock -n "__fish_devlock_needs_command" -l etcd-user -d 'etcd user
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_needs_command" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
-complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it'
+complete -c devlock -n "__fish_devlock_needs_command" -s n -l no-wait -d 'Fail at once if the lock is busy, naming who holds it (flock\'s --nonblock and --nb work too)'
 complete -c devlock -n "__fish_devlock_needs_command" -l new -d 'Take a name a managed directory does not declare (`devlock setup` lists its names), rather than refuse it as a likely typo; and say nothing of a new name close to a known one'
 complete -c devlock -n "__fish_devlock_needs_command" -s q -l quiet -d 'Print nothing of devlock\'s own but errors: no waiting lines, no warnings (but one that a held lock file was renamed away), and a busy lock or a timeout only in the exit status'
 complete -c devlock -n "__fish_devlock_needs_command" -l any -d 'Take the first of the RESOURCEs that is or becomes free (see --count), skipping those outside the caller\'s CUDA_VISIBLE_DEVICES'
 complete -c devlock -n "__fish_devlock_needs_command" -s s -l shared -d 'Take the locks shared: shared holders run together, an exclusive holder runs alone, and a waiting exclusive request goes first'
+complete -c devlock -n "__fish_devlock_needs_command" -s x -l exclusive -d 'Take the locks exclusive: the default, accepted (and -e) as util-linux flock spells it; its options devlock has no equivalent for (-c, -u, -o, -F, --verbose) are refused with what devlock does instead'
 complete -c devlock -n "__fish_devlock_needs_command" -l require-idle -d 'Before starting, check that no process outside the gate uses the GPUs (gpu:N is GPU N, gpu is all); else release and exit 69'
 complete -c devlock -n "__fish_devlock_needs_command" -l mem-strict -d 'With --mem: stop the job (as a signal to devlock would) when it stays more than 10% over its budget for --settle'
 complete -c devlock -n "__fish_devlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -59,7 +60,7 @@ complete -c devlock -n "__fish_devlock_needs_command" -s V -l version -d 'Print 
 complete -c devlock -n "__fish_devlock_needs_command" -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_needs_command" -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
-complete -c devlock -n "__fish_devlock_needs_command" -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
+complete -c devlock -n "__fish_devlock_needs_command" -a "forget" -d 'Forget unused names: remove their lock, queue and slot files (in a managed directory, root only)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "report" -d 'Sum the usage records: jobs, GPU-hours held, computing and idle, waits, budgets against peaks, by user, resource, step or day'
 complete -c devlock -n "__fish_devlock_needs_command" -a "busy" -d 'Inside a job: count it as busy for its idle timeout for DURATION, through a phase without GPU work (loading data, checkpointing)'
 complete -c devlock -n "__fish_devlock_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -70,8 +71,8 @@ complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-user -d 
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-ca -d 'With https:// etcd endpoints: check the server\'s certificate against the CA certificates in FILE (PEM) instead of the system\'s' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-cert -d 'With https:// etcd endpoints: the client certificate to show etcd (PEM), with --etcd-key' -r -F
 complete -c devlock -n "__fish_devlock_using_subcommand status" -l etcd-key -d 'The private key of --etcd-cert (PEM; refused, as ssh refuses one, when others can read it)' -r -F
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, idle ones too'
-complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table (every lock file, idle ones too)'
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l all -d 'Show every lock file in the directory, unused ones too'
+complete -c devlock -n "__fish_devlock_using_subcommand status" -l json -d 'Print one JSON document instead of a table (every lock file, unused ones too)'
 complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r -f
@@ -130,7 +131,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand busy" -s h -l help -d 'P
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "status" -d 'Show who holds each lock, for how long, and who waits'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "setup" -d 'Make the scratch directory and the resources\' files root\'s, so that no user can rename, remove or replace them (run as root)'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "serve" -d 'Serve the status read-only over HTTP: a page for a browser, /metrics for Prometheus, /status.json for scripts'
-complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "forget" -d 'Forget idle names: remove their lock, queue and slot files (in a managed directory, root only)'
+complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "forget" -d 'Forget unused names: remove their lock, queue and slot files (in a managed directory, root only)'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "report" -d 'Sum the usage records: jobs, GPU-hours held, computing and idle, waits, budgets against peaks, by user, resource, step or day'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "busy" -d 'Inside a job: count it as busy for its idle timeout for DURATION, through a phase without GPU work (loading data, checkpointing)'
 complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_seen_subcommand_from status setup serve forget report busy help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -138,11 +139,11 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -w
+    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free
-    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -w
+    contains -- $argv[1] --conflict-exit-code --count --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --settle --since --slots --step --timeout --ttl --until -E -w
 end
 # Whether $argv[1] is a subcommand.
 function __devlock_is_subcommand

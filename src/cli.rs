@@ -159,9 +159,16 @@ pub enum Command {
         live from /proc, never from a file. A record in a lock file only labels its \
         holder (step, since), and only when the process it names, pid and start \
         time, is the holder the kernel lists; a record whose process is gone is \
-        shown as stale. When status cannot see who holds a lock (a file it cannot \
-        open, a holder outside its PID namespace) it says held by unknown, never \
-        free. status never takes a lock to find out, except inside a child PID \
+        shown as stale. When status cannot see who holds a lock (another user's \
+        process whose descriptors it may not read, a holder outside its PID namespace) \
+        the table says (held, owner hidden from you), never free, and --json's note \
+        says why: the pid that took it, and what this user cannot tell of it. A \
+        request waiting for a member of a group (gpu:0, or with --any each of gpu:0 \
+        to gpu:3) holds the group (gpu) shared meanwhile, so that a taker of the \
+        whole group waits behind it: status shows it as the members' waiter, not as \
+        a holder of the group, for every user, and the table shows a request that \
+        waits on several locks at once as one row, after the locks' own, that names \
+        them all (gpu:0-3). status never takes a lock to find out, except inside a child PID \
         namespace (see devlock(1)); a holder in a container is named with it. With \
         NVML (libnvidia-ml.so.1, or DEVLOCK_NVML), nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
         or, for AMD GPUs, amd-smi (or DEVLOCK_AMD_SMI) or the kernel's DRM fdinfo, it \
@@ -169,15 +176,20 @@ pub enum Command {
         instances, gpu:N:PROFILE:giG.ciC, each with its own), which of them are \
         outside the gate, and which source said so. Files another user could rename or replace are named in a \
         warning, with the fix. The table shows the locks held or waited for, and \
-        counts the idle ones in one line (lock files are never deleted); --all or \
-        naming resources shows them too; --json lists every lock file.\n\n\
+        counts the unused ones in one line (lock files are never deleted); --all or \
+        naming resources shows them too; --json lists every lock file. The PID column \
+        is the process the kernel names (the devlock; --json's pids has its command \
+        too), and a GPU's memory under the budgets is a line of its own after the \
+        lock rows.\n\n\
         --json prints one document: {dir, trust: {safe, managed, issues: [{path, \
         owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
         slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
         exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
         or unknown), note, container, and with a --mem budget mem_mib, used_mib (measured now), \
         starting (it still holds its place in line: the next budget waits) and \
-        over_budget; idle_for_ms while its GPUs computed nothing for its job}], waiters: [{step, pid, user, since, waiting_for_ms, \
+        over_budget; idle_for_ms while its GPUs computed nothing for its job; kept_for_ms, kept_mib \
+        and kept_gpu while a library hold is kept past its block's end because its process still \
+        uses the GPU}], waiters: [{step, pid, user, since, waiting_for_ms, \
         position, ticket, stopped, source (registration, flock or unregistered), \
         mem_mib (with --mem: the budget asked)}], \
         record (unreadable or private), stale_record, foreign_locks: [{path, range, \
@@ -231,7 +243,9 @@ pub enum Command {
         (exit 2).\n\n\
         It also makes the usage directory (/var/lib/devlock/usage, or \
         $DEVLOCK_USAGE_DIR) root's, 1777 (root:G 1770 with --group), where every \
-        user's holds keep their records (see devlock-report(1)); with \
+        user's holds keep their records (see devlock-report(1)), reached as --dir is \
+        and checked before anything changes (a directory missing above it is made, \
+        root's 0755); with \
         --idle-timeout DURATION it sets the site's default idle timeout."
     )]
     Setup(SetupArgs),
@@ -241,11 +255,11 @@ pub enum Command {
     #[command(long_about = SERVE_ABOUT)]
     Serve(ServeArgs),
 
-    /// Forget idle names: remove their lock, queue and slot files (in a
+    /// Forget unused names: remove their lock, queue and slot files (in a
     /// managed directory, root only)
     #[command(
         long_about = "Forget names nobody uses: remove each RESOURCE's lock, queue and \
-        slot files, so that a typo (GPU0.lock) no longer counts among the idle locks. \
+        slot files, so that a typo (GPU0.lock) no longer counts among the unused locks. \
         A name the kernel shows held, waited for or in line is refused (exit 75, \
         naming who), and so is any other that another process has open in a way \
         the kernel shows; the lock file is removed while devlock holds its lock, so \
@@ -292,10 +306,17 @@ records), else /var/lib/devlock/usage where devlock setup made it, else \
 /var/tmp/devlock-usage (made sticky and world-writable on first use). A file \
 counts only for the user the kernel says owns it, and only when it is named for \
 that user, a regular file with one link: nobody can write records counted as \
-another user's. A hold without an end line whose holder is gone (devlock was \
+another user's. Where another user made UID.jsonl (or its .old) first, the \
+holds' lines go to UID.TAG.jsonl (TAG random), which nobody can make first. A \
+usage directory another user owns (not root, not the caller) is not written to \
+(the run says so once) and the report notes that its records may be missing; \
+none is reached through another user's directory or symbolic link (for root: \
+anyone's but root's). A hold without an end line whose holder is gone (devlock was \
 killed, the machine went down) counts up to its last line, marked observed \
 later. A file over 16 MiB is renamed UID.jsonl.old (replacing the one before) as \
-its next hold starts; both are read.";
+its next hold starts; both are read. Each line is checked against bounds (times, \
+lists, figures) before use: one that fails is skipped and counted in one note \
+naming its file.";
 
 /// Arguments of `devlock report`.
 #[derive(Debug, Args)]
@@ -372,8 +393,12 @@ The default port, 10425, is outside Prometheus' list of exporter ports (full fro
 range for ephemeral ports (32768-60999, where a client's port can take it first) \
 and clear of what GPU machines often run (Jupyter, TensorBoard, Ray, the kubelet \
 at 10250). A request is a GET or HEAD of one of those three paths, its request \
-line and headers at most 8 KiB and read within 5 seconds; 16 are answered at \
-once and more get 503. Listening on a loopback address, it answers only requests \
+line and headers at most 8 KiB and in within 5 seconds of the connection (else \
+408). It keeps 256 connections, waiting on all of them in one thread, so a \
+client that sends half a request and waits costs it a slot, not a thread: one \
+connection more drops the oldest idle or slow one (still sending its request, \
+or not reading its answer), and is told 503 only while all 256 are being \
+answered (see LIMITS in devlock-serve(1)). Listening on a loopback address, it answers only requests \
 for localhost or an IP address (Host), so that a web page elsewhere cannot read \
 it through DNS rebinding. To share it beyond this machine, put a reverse proxy \
 with authentication in front (see WHO CAN SEE WHAT in devlock-serve(1)). It exits 1 when it cannot \
@@ -441,17 +466,18 @@ pub struct RunArgs {
     #[arg(last = true, value_name = "COMMAND", value_hint = clap::ValueHint::CommandWithArguments)]
     pub command: Vec<OsString>,
 
-    /// Fail at once if the lock is busy, naming who holds it
-    #[arg(short = 'n', long)]
+    /// Fail at once if the lock is busy, naming who holds it (flock's
+    /// --nonblock and --nb work too)
+    #[arg(short = 'n', long, aliases = ["nonblock", "nb"])]
     pub no_wait: bool,
 
     /// Give up after waiting this long (e.g. 90s, 10m, 1h30m; a bare number
-    /// is seconds)
-    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
+    /// is seconds; flock's --wait works too)
+    #[arg(short = 'w', long, alias = "wait", value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub timeout: Option<Duration>,
 
     /// Exit code when the lock is busy or the wait times out (1-255)
-    #[arg(long, value_name = "N", default_value_t = 75, value_parser = clap::value_parser!(u8), value_hint = clap::ValueHint::Other)]
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 75, value_parser = clap::value_parser!(u8), value_hint = clap::ValueHint::Other)]
     pub conflict_exit_code: u8,
 
     /// Take a name a managed directory does not declare (`devlock setup`
@@ -484,6 +510,12 @@ pub struct RunArgs {
     /// holder runs alone, and a waiting exclusive request goes first
     #[arg(short, long)]
     pub shared: bool,
+
+    /// Take the locks exclusive: the default, accepted (and -e) as util-linux
+    /// flock spells it; its options devlock has no equivalent for (-c, -u, -o,
+    /// -F, --verbose) are refused with what devlock does instead
+    #[arg(short = 'x', long, short_alias = 'e', conflicts_with_all = ["shared", "mem", "slots"])]
+    pub exclusive: bool,
 
     /// Admit up to N holders of the RESOURCE at once; each learns its slot in
     /// DEVLOCK_SLOT. Everyone using the resource must give the same N
@@ -628,15 +660,15 @@ impl RunArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Resources to show, held or not (default: the locks held or waited
-    /// for, and a count of the idle ones)
+    /// for, and a count of the unused ones)
     #[arg(value_name = "RESOURCE")]
     pub resources: Vec<OsString>,
 
-    /// Show every lock file in the directory, idle ones too
+    /// Show every lock file in the directory, unused ones too
     #[arg(long)]
     pub all: bool,
 
-    /// Print one JSON document instead of a table (every lock file, idle
+    /// Print one JSON document instead of a table (every lock file, unused
     /// ones too)
     #[arg(long)]
     pub json: bool,
@@ -804,6 +836,7 @@ fn common_run(args: &[OsString]) -> Option<Cli> {
             any: false,
             count: None,
             shared,
+            exclusive: false,
             slots: None,
             require_idle: false,
             idle_threshold: None,
@@ -874,12 +907,59 @@ pub fn usage_line(rendered: &str) -> String {
             ));
         }
     }
+    if let Some(hint) = flock_only_hint(first) {
+        // Never clap's did-you-mean to an unrelated flag.
+        let first = first.strip_prefix("error: ").unwrap_or(first);
+        return format!("{first}; {hint}");
+    }
     // One hint a message: a line that already says what to try gets no
     // second one.
     if line.contains("did you mean") || line.contains(" (") {
         return line;
     }
     format!("{line} (see {} --help)", help_of(rendered))
+}
+
+/// util-linux flock's options that devlock has no flag for, each with
+/// what to do instead (those it has are accepted under flock's names:
+/// -s, -x/-e, -n/--nb/--nonblock, -w/--wait/--timeout, -E, -h, -V).
+const FLOCK_ONLY: &[(&[&str], &str)] = &[
+    (
+        &["-c", "--command"],
+        "is `-- sh -c` here: devlock RESOURCE -- sh -c 'COMMAND'",
+    ),
+    (
+        &["-u", "--unlock"],
+        "has no equivalent: devlock releases the lock when its command exits",
+    ),
+    (
+        &["-o", "--close"],
+        "has no equivalent: devlock's command always inherits the lock, which is held \
+         until everything it started has exited",
+    ),
+    (
+        &["-F", "--no-fork"],
+        "has no equivalent: devlock always runs the command as its child, which \
+         inherits the lock",
+    ),
+    (
+        &["--verbose"],
+        "is devlock's default: it says what it waits for unless -q",
+    ),
+    (
+        &["--fcntl"],
+        "has no equivalent: devlock's locks are flock(2) locks",
+    ),
+];
+
+/// For clap's `unexpected argument 'X'` where X is one of flock's options
+/// devlock has no flag for: what to do instead.
+fn flock_only_hint(first: &str) -> Option<String> {
+    let (_, rest) = first.split_once("unexpected argument '")?;
+    let (given, _) = rest.split_once('\'')?;
+    let flag = given.split_once('=').map_or(given, |(flag, _)| flag);
+    let (_, hint) = FLOCK_ONLY.iter().find(|(names, _)| names.contains(&flag))?;
+    Some(format!("util-linux flock's {flag} {hint}"))
 }
 
 /// The command whose --help a usage error should point to: `devlock
@@ -1152,6 +1232,69 @@ mod tests {
             usage_line(listing),
             "the following required arguments were not provided --any (see devlock --help)"
         );
+    }
+
+    #[test]
+    fn flocks_spellings_are_taken_or_answered_with_devlocks() {
+        let take = |argv: &[&str]| Cli::try_parse_from(argv).map(|cli| cli.run);
+        for argv in [
+            &["devlock", "-x", "gpu", "--", "true"][..],
+            &["devlock", "--exclusive", "gpu", "--", "true"],
+            &["devlock", "-e", "gpu", "--", "true"],
+        ] {
+            let run = take(argv).unwrap();
+            assert!(run.exclusive && !run.shared, "{argv:?}");
+        }
+        for argv in [
+            &["devlock", "--nb", "r", "--", "true"][..],
+            &["devlock", "--nonblock", "r", "--", "true"],
+            &["devlock", "-xn", "r", "--", "true"],
+        ] {
+            assert!(take(argv).unwrap().no_wait, "{argv:?}");
+        }
+        let run = take(&["devlock", "--wait", "10", "-E", "3", "r", "--", "true"]).unwrap();
+        assert_eq!(
+            (run.timeout, run.conflict_exit_code),
+            (Some(Duration::from_secs(10)), 3)
+        );
+        assert!(take(&["devlock", "-x", "-s", "r", "--", "true"]).is_err());
+        for (argv, says) in [
+            (&["devlock", "-c", "make", "r"][..], "-- sh -c 'COMMAND'"),
+            (&["devlock", "--command", "make", "r"], "-- sh -c 'COMMAND'"),
+            (
+                &["devlock", "-u", "r", "--", "true"],
+                "-u has no equivalent",
+            ),
+            (
+                &["devlock", "--unlock", "r", "--", "true"],
+                "--unlock has no",
+            ),
+            (
+                &["devlock", "-o", "r", "--", "true"],
+                "-o has no equivalent",
+            ),
+            (&["devlock", "--close", "r", "--", "true"], "--close has no"),
+            (
+                &["devlock", "-F", "r", "--", "true"],
+                "-F has no equivalent",
+            ),
+            (
+                &["devlock", "--no-fork", "r", "--", "true"],
+                "--no-fork has no",
+            ),
+            (&["devlock", "--verbose", "r", "--", "true"], "unless -q"),
+            (
+                &["devlock", "-nu", "r", "--", "true"],
+                "-u has no equivalent",
+            ),
+        ] {
+            let err = Cli::try_parse_from(argv).unwrap_err();
+            let line = usage_line(&err.render().to_string());
+            assert!(line.contains(says), "{argv:?}: {line}");
+            assert!(line.contains("util-linux flock's"), "{argv:?}: {line}");
+            assert!(!line.contains("did you mean"), "{argv:?}: {line}");
+            assert_eq!(line.lines().count(), 1);
+        }
     }
 
     #[test]

@@ -73,6 +73,26 @@ impl std::fmt::Display for Busy {
 
 impl std::error::Error for Busy {}
 
+impl Busy {
+    /// A lock devlock did not take in the way (a stranger's byte lock, a
+    /// file lease): busy as a holder is, naming its owner by the kernel's
+    /// pid and `/proc`'s user, as an error.
+    pub(crate) fn stranger(resource: &str, pid: Option<u32>, message: String) -> anyhow::Error {
+        let holder = pid.map(|pid| Holder {
+            step: None,
+            pid: Some(pid),
+            user: crate::proc::process::uid_of(pid)
+                .map(|uid| crate::text::sanitize(&crate::proc::process::user_name(uid))),
+        });
+        anyhow::Error::new(Busy {
+            resource: resource.to_owned(),
+            holder,
+            timed_out: false,
+            message,
+        })
+    }
+}
+
 /// An option of the command line that this build does not have yet.
 #[derive(Debug, Clone)]
 pub struct NotSupported(pub String);

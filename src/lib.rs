@@ -1,11 +1,12 @@
 //! devlock: machine-wide device locks over flock(2), as a library and a CLI.
 //!
-//! The binary is a thin layer over this crate; a Rust program can take the
-//! same locks with [`Lock::acquire`], which waits in the same fair line as the
-//! `devlock` command and passes through a lock this process already holds.
-//! Bindings (the Python package in `python/`) build on [`Acquiring`]: the
-//! command line's options as a [`Spec`], a wait that another thread
-//! watches, shows and stops, and a [`Busy`] that names the holder.
+//! The binary is a thin layer over this crate. The library has one take,
+//! [`Acquiring`], which the command line and the Python package take through
+//! too: the command line's options as a [`Spec`] planned by its rules
+//! (groups, members, slots, budgets, the caller's `CUDA_VISIBLE_DEVICES`),
+//! a wait that another thread watches, shows and stops, and a [`Busy`] that
+//! names the holder. [`Lock::acquire`] is that take waited for on the
+//! calling thread: a Rust program's `devlock NAME --`.
 //!
 //! The library's API is [`Lock`], [`Acquiring`] and [`Hold`] with their
 //! options, the typed [`Error`], [`Resource`] and [`status_document`].
@@ -50,7 +51,7 @@ mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, Guard, HeldLock, Hold, IdleEvent, IdleSink, Lock, Options,
+    Acquiring, BudgetEvent, BudgetSink, HeldLock, Hold, IdleEvent, IdleSink, Kept, Lock, Options,
     Spec, Wait, duration_of, status_document,
 };
 pub use error::{Busy, Error, Holder, NotSupported, Result};

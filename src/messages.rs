@@ -170,6 +170,32 @@ pub(crate) fn holder_label(h: &Holder) -> String {
     }
 }
 
+/// `block ended 3m ago, still 19.8 GiB on gpu:0`: a library hold kept past
+/// its block's end because its process still uses the device.
+pub(crate) fn kept_phrase(h: &Holder) -> Option<String> {
+    let ago = short_duration(Duration::from_millis(h.kept_for_ms?));
+    let still = match (h.kept_mib, h.kept_gpu) {
+        (Some(mib), Some(gpu)) => format!(", still {} on gpu:{gpu}", crate::gpu::memory::size(mib)),
+        (None, Some(gpu)) => format!(", still on gpu:{gpu}"),
+        _ => ", still on its GPU".to_owned(),
+    };
+    Some(format!("block ended {ago} ago{still}"))
+}
+
+/// What the library says once when a block's end keeps its hold.
+pub(crate) fn kept_after_block(names: &str, mib: Option<u64>, gpu: u32) -> String {
+    let uses = match mib {
+        Some(mib) => format!("{} on gpu:{gpu}", crate::gpu::memory::size(mib)),
+        None => format!("memory on gpu:{gpu}"),
+    };
+    format!(
+        "{names} is kept after the block's end: this process (or one it started) still uses \
+         {uses}, and the lock goes when the driver no longer lists it (free it with \
+         `del model; gc.collect(); torch.cuda.empty_cache()`, or end the process; \
+         release=\"block\" lets go at the block's end)"
+    )
+}
+
 pub(crate) fn held_for(h: &Holder) -> Option<String> {
     h.held_for_ms
         .map(|ms| short_duration(Duration::from_millis(ms)))
@@ -250,7 +276,10 @@ pub(crate) fn obstacles(
     ahead: &[WaiterView],
 ) -> (Option<String>, Vec<String>) {
     let held = view.holders.first().map(|h| {
-        let held = held_for(h).map(|d| format!(" for {d}")).unwrap_or_default();
+        let held = match kept_phrase(h) {
+            Some(kept) => format!(": {kept}"),
+            None => held_for(h).map(|d| format!(" for {d}")).unwrap_or_default(),
+        };
         let note = h
             .note
             .as_deref()
@@ -740,6 +769,12 @@ pub(crate) mod serve {
     /// 503: every connection it answers at once is taken.
     pub(crate) fn too_busy(limit: usize) -> String {
         format!("devlock serve is answering {limit} requests already; try again in a moment\n")
+    }
+
+    /// What stopped the server once it listened (poll failed, no thread
+    /// could start).
+    pub(crate) fn stopped(err: &std::io::Error) -> String {
+        format!("devlock serve stopped: {}", crate::proc::os_text(err))
     }
 
     /// 500: the status could not be read (the scratch directory is unsafe,

@@ -9,6 +9,7 @@ use anyhow::Result;
 use crate::error::{Busy, Holder};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Taken};
+use crate::flock::file::Leased;
 use crate::flock::wait::Busy as BusyLock;
 use crate::plan::{Budget, Plan, Seen};
 use crate::request::Request;
@@ -211,12 +212,6 @@ fn take_members(
     Ok(taken)
 }
 
-/// Takes one request (the library's [`crate::Lock`]): a busy lock is a
-/// [`Busy`] in the command line's words.
-pub(crate) fn take_one(ctx: &Context, request: &Request) -> Result<Taken> {
-    crate::flock::take::take(ctx, request).map_err(|e| worded(ctx.dir, e))
-}
-
 /// Whether an enclosing hold of this process covers `request`: the same
 /// lock held in a mode at least as strong, or the request's group held
 /// exclusively. The same lock held only shared while this asks for it
@@ -246,6 +241,16 @@ fn worded(dir: &ScratchDir, err: anyhow::Error) -> anyhow::Error {
 
 /// [`worded`], for a member taken on behalf of `group`, in its words.
 fn worded_as(dir: &ScratchDir, err: anyhow::Error, group: Option<&Resource>) -> anyhow::Error {
+    // A lease met where no wait for it is made (an `--any` candidate's or
+    // a slot's file): busy, as everywhere else.
+    let err = match err.downcast::<Leased>() {
+        Ok(leased) => {
+            let resource = crate::flock::trust::resource_of(&leased.name)
+                .map_or_else(|| leased.name.clone(), |r| r.to_string());
+            return leased.into_busy(&resource);
+        }
+        Err(err) => err,
+    };
     let busy = match err.downcast::<BusyLock>() {
         Ok(busy) => busy,
         Err(err) => return err,

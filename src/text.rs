@@ -15,6 +15,36 @@ pub(crate) fn short_duration(d: Duration) -> String {
     }
 }
 
+/// `seconds` as a duration that never panics: NaN and negative are zero,
+/// anything past [`Duration::MAX`] is that (`Duration::from_secs_f64`
+/// panics on both, and a sum of figures read from a file can be either).
+pub(crate) fn seconds(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds).unwrap_or(if seconds > 0.0 {
+        Duration::MAX
+    } else {
+        Duration::ZERO
+    })
+}
+
+/// The last moment RFC 3339 can write: 9999-12-31T23:59:59.999Z.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
+/// `ms` since the epoch in UTC, `2026-11-30T08:00:00Z`; a time past the
+/// year 9999 as the last second of it (humantime's formatting fails there,
+/// and `to_string` on it panics).
+pub(crate) fn utc_seconds(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(utc(ms)).to_string()
+}
+
+/// [`utc_seconds`] with milliseconds: `2026-11-30T08:00:00.250Z`.
+pub(crate) fn utc_millis(ms: u64) -> String {
+    humantime::format_rfc3339_millis(utc(ms)).to_string()
+}
+
+fn utc(ms: u64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(ms.min(LAST_RFC3339_MS))
+}
+
 /// A duration given in a message: `5s`, `250ms`, `1.5s`.
 pub(crate) fn human_duration(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
@@ -182,6 +212,19 @@ mod tests {
         for (secs, want) in cases {
             assert_eq!(short_duration(Duration::from_secs(secs)), want);
         }
+    }
+
+    #[test]
+    fn figures_from_files_never_panic_a_formatter() {
+        assert_eq!(seconds(f64::NAN), Duration::ZERO);
+        assert_eq!(seconds(-1.0), Duration::ZERO);
+        assert_eq!(seconds(2e22), Duration::MAX);
+        assert_eq!(seconds(1.5), Duration::from_millis(1500));
+        assert!(short_duration(Duration::MAX).ends_with('h'));
+        assert_eq!(utc_seconds(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_millis(1500), "1970-01-01T00:00:01.500Z");
+        assert_eq!(utc_seconds(u64::MAX), "9999-12-31T23:59:59Z");
+        assert_eq!(utc_millis(LAST_RFC3339_MS + 1), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]

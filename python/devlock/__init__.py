@@ -19,6 +19,16 @@ arrival order, and ``devlock status`` shows a Python holder like any other::
 
     devlock.status()                                    # the document of devlock status --json
 
+A block over a GPU lets go when the device is free, not when the block ends
+(``release="device"``, see :class:`lock`): while the driver still lists this
+process on the GPU (a CUDA context, cached memory, a model a notebook keeps)
+the lock is kept, and other users see why. For asyncio::
+
+    async with devlock.lock_async("gpu:0"):             # waits without blocking the loop
+        ...
+    await devlock.run_in_thread(model.generate, prompt, resource="gpu:0")
+                                                        # a cancel keeps the lock until the thread returns
+
 Nesting, forks and subprocesses:
 
 * A nested ``devlock.lock`` of something an enclosing block of the same
@@ -44,6 +54,7 @@ Nesting, forks and subprocesses:
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import json
 import logging
@@ -54,7 +65,7 @@ import threading
 import time
 import warnings
 from types import TracebackType
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, NamedTuple, Optional, Tuple, Type, Union
 
 from . import _devlock as _native
 
@@ -85,7 +96,9 @@ __all__ = [
     "UnsafeFile",
     "UsageError",
     "lock",
+    "lock_async",
     "pass_fds",
+    "run_in_thread",
     "status",
 ]
 
@@ -151,14 +164,16 @@ class Held(NamedTuple):
 
 
 class _Entry:
-    """One block's native hold, and the process that took it."""
+    """One block's native hold, the kept holds it took back (see
+    :func:`_take_back_kept`), and the process that took it."""
 
-    __slots__ = ("native", "pid", "locks")
+    __slots__ = ("native", "pid", "locks", "adopted")
 
-    def __init__(self, native: Any, locks: List[Tuple[str, bool]]) -> None:
+    def __init__(self, native: Any, locks: List[Tuple[str, bool]], adopted: List[Any]) -> None:
         self.native = native
         self.pid = os.getpid()
         self.locks = locks
+        self.adopted = adopted
 
 
 # --- Memory budgets -------------------------------------------------------
@@ -203,12 +218,77 @@ _stack: contextvars.ContextVar[Tuple[_Entry, ...]] = contextvars.ContextVar(
 # what it inherited (whatever thread of the parent held it).
 _live: Dict[int, _Entry] = {}
 _live_lock = threading.Lock()
+# Holds of this process kept past their block's end while the device is
+# busy (release="device"), each held by a keeper thread of the library.
+_kept: List[Any] = []
 
 
 def _after_fork_in_child() -> None:
     global _live_lock
     # Another thread of the parent may have held it at the fork.
     _live_lock = threading.Lock()
+    # The parent's keepers decide when a kept hold goes; the child's copies
+    # of its descriptors must not keep the lock past that.
+    for kept in _kept:
+        kept.forget_in_child()
+    _kept.clear()
+
+
+def _take_back_kept() -> List[Any]:
+    """Every hold this process keeps past a block's end, taken back from its
+    keeper: a new block runs inside them (taking one of their locks again
+    would wait for this very process), and its end decides again."""
+    if not _kept:
+        return []
+    with _live_lock:
+        kept = list(_kept)
+        _kept.clear()
+    holds = []
+    for k in kept:
+        hold = k.take_back()
+        if hold is not None:
+            holds.append(hold)
+    return holds
+
+
+def _release_kept_at_exit() -> None:
+    """The interpreter ends: its kept holds go with it (the kernel would let
+    go anyway); letting go here writes their usage records' end lines."""
+    for kept in list(_kept):
+        kept.release()
+
+
+atexit.register(_release_kept_at_exit)
+
+
+def _say(line: str, level: int) -> None:
+    """A ``logging`` record of logger ``devlock``; on stderr as the command
+    line says it when nothing handles that logger."""
+    if logger.hasHandlers():
+        logger.log(level, line)
+        return
+    try:
+        sys.stderr.write(f"devlock: {line}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _let_go(holds: List[Any], release: str) -> None:
+    """Lets go of a block's holds at its end: at once with
+    ``release="block"``; else once the driver no longer lists this process
+    (or one it started) on their GPUs, saying once why a hold is kept."""
+    for hold in holds:
+        if release == "block":
+            hold.release()
+            continue
+        kept = hold.release_when_free()
+        if kept is None:
+            continue
+        with _live_lock:
+            _kept[:] = [k for k in _kept if k.is_held()]
+            _kept.append(kept)
+        _say(kept.line(), logging.WARNING)
 
 
 if hasattr(os, "register_at_fork"):
@@ -241,6 +321,8 @@ def pass_fds() -> Tuple[int, ...]:
     fds = set()
     for entry in _covering():
         fds.update(entry.native.fds())
+        for hold in entry.adopted:
+            fds.update(hold.fds())
     return tuple(sorted(fds))
 
 
@@ -487,6 +569,40 @@ class lock:
       ``devlock busy DUR`` (or touching ``$DEVLOCK_BUSY_FILE`` into the
       future, see devlock-busy(1)).
 
+    * ``release`` (default ``"device"``): when the block lets go. The
+      block's end asks the driver once (NVML, else ``nvidia-smi``, else AMD's
+      source); when it still lists this process, or a process it started,
+      on a GPU of the block (``gpu``, ``gpu:N``, a MIG instance), the lock is
+      kept, by a thread of the library started only then, and let go as soon
+      as the driver no longer lists them (memory freed, CUDA context
+      destroyed, the process gone): the next job in line does not start on
+      a GPU that still holds this process's memory. It says once why (a
+      WARNING record of logger ``devlock``) with the remedies; while kept,
+      ``devlock status``, ``devlock -n`` and :class:`Busy` name it (``held
+      by notebook-eval (pid 4242, ana): block ended 3m ago, still 19.8 GiB on
+      gpu:0``), it counts as idle (an ``idle_timeout`` lets it go rather
+      than stop anything), and its usage record says when the block ended.
+      A later block of this process takes a kept hold back and runs inside
+      it. ``release="block"`` lets go at the block's end, as before, for
+      code that frees the device itself. Without a driver to ask (no NVML,
+      no ``nvidia-smi``, no AMD source), or when it fails, the block's end
+      lets go. PyTorch keeps its CUDA context and cached memory for the
+      life of the process: ``del model; gc.collect();
+      torch.cuda.empty_cache()`` frees the memory, but the context (some
+      hundreds of MiB) stays listed until the process ends::
+
+          with devlock.lock("gpu:0", step="eval"):
+              model = load().cuda()
+              evaluate(model)
+          del model; gc.collect(); torch.cuda.empty_cache()   # the lock goes once freed
+
+    Worker threads: the lock belongs to the process, not to the thread that
+    holds the block. Other threads' device work counts as this process's:
+    a block that ends while another thread still computes on the device is
+    kept until the driver no longer lists the process (with
+    ``release="device"``), and another thread's own ``devlock.lock`` of the
+    same resource waits its turn while the block runs.
+
     Every hold the block takes itself appends its usage record (start, end,
     what its GPUs did) to the user's file in the usage directory, as the
     command line does (``devlock report`` sums them; ``from`` is
@@ -527,7 +643,10 @@ class lock:
         settle: Union[float, str, None] = None,
         mem_strict: bool = False,
         idle_timeout: Union[float, str, None] = None,
+        release: Literal["device", "block"] = "device",
     ) -> None:
+        if release not in ("device", "block"):
+            raise UsageError(f"release must be \"device\" or \"block\", got {release!r}")
         for name, size in (("mem", mem), ("mem_headroom", mem_headroom)):
             if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int))):
                 raise TypeError(f"{name} must be a str such as '20GiB' or an int of MiB, not {type(size).__name__}")
@@ -560,38 +679,59 @@ class lock:
         self._settle = None if settle is None else _check_seconds("settle", settle)
         self._mem_strict = bool(mem_strict)
         self._idle_timeout = None if idle_timeout is None else _check_seconds("idle_timeout", idle_timeout)
+        self._release = release
         # One per block entered with this object (it may be re-entered).
         self._blocks: List[Tuple[_Entry, "contextvars.Token[Tuple[_Entry, ...]]", Optional[Dict[str, Optional[str]]]]] = []
 
     def __repr__(self) -> str:
         return f"devlock.lock({', '.join(map(repr, self._resources))})"
 
-    def __enter__(self) -> Held:
+    def _start(self) -> Tuple[Any, Optional[Any], List[Any]]:
+        """Starts the take: (acquiring, the hold when taken at once, the
+        kept holds taken back to run inside)."""
         step = self._step if self._step is not None else _default_step()
+        adopted = _take_back_kept()
         inside = [lk for entry in _covering() for lk in entry.locks]
-        acquiring = _native.start(
-            self._resources,
-            dir=_dir_of(self._dir),
-            step=step,
-            wait=self._wait,
-            timeout=self._timeout,
-            shared=self._shared,
-            slots=self._slots,
-            any=self._any,
-            count=self._count,
-            mem=self._mem,
-            mem_headroom=self._mem_headroom,
-            settle=self._settle,
-            mem_strict=self._mem_strict,
-            inside=inside,
-            idle_timeout=self._idle_timeout,
-        )
-        hold = acquiring.wait(0.0)
+        inside += [lk for hold in adopted for lk in hold.locks()]
+        try:
+            acquiring = _native.start(
+                self._resources,
+                dir=_dir_of(self._dir),
+                step=step,
+                wait=self._wait,
+                timeout=self._timeout,
+                shared=self._shared,
+                slots=self._slots,
+                any=self._any,
+                count=self._count,
+                mem=self._mem,
+                mem_headroom=self._mem_headroom,
+                settle=self._settle,
+                mem_strict=self._mem_strict,
+                inside=inside,
+                idle_timeout=self._idle_timeout,
+            )
+            hold = acquiring.wait(0.0)
+        except BaseException:
+            _let_go(adopted, self._release)
+            raise
+        return acquiring, hold, adopted
+
+    def __enter__(self) -> Held:
+        acquiring, hold, adopted = self._start()
         if hold is None:
-            hold = self._wait_for(acquiring)
+            try:
+                hold = self._wait_for(acquiring)
+            except BaseException:
+                _let_go(adopted, self._release)
+                raise
+        return self._entered(hold, adopted)
+
+    def _entered(self, hold: Any, adopted: List[Any]) -> Held:
+        step = self._step if self._step is not None else _default_step()
         resources, locks, fds, slot, cuda, nested = hold.info()
         mem_mib = hold.budget_mib()
-        entry = _Entry(hold, locks)
+        entry = _Entry(hold, locks + [lk for h in adopted for lk in h.locks()], adopted)
         saved: Optional[Dict[str, Optional[str]]] = None
         try:
             if mem_mib is not None:
@@ -608,6 +748,7 @@ class lock:
             if saved is not None:
                 _restore_env(saved)
             hold.release()
+            _let_go(adopted, self._release)
             raise
         with _live_lock:
             _live[id(entry)] = entry
@@ -639,6 +780,14 @@ class lock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
+        holds, stop = self._leave(exc)
+        _let_go(holds, self._release)
+        if stop is not None:
+            raise stop from exc
+
+    def _leave(self, exc: Optional[BaseException]) -> Tuple[List[Any], Optional[BaseException]]:
+        """Leaves the block but for letting go: (the holds to let go, the
+        stop to raise in place of the ``KeyboardInterrupt`` that ended it)."""
         entry, token, saved = self._blocks.pop()
         try:
             _stack.reset(token)
@@ -650,10 +799,25 @@ class lock:
         interrupted = isinstance(exc, KeyboardInterrupt)
         stopped = entry.native.stopped_over_budget() if interrupted else None
         idle = entry.native.stopped_idle() if interrupted and stopped is None else None
-        entry.native.release()
         if saved is not None:
             _restore_env(saved)
+        stop: Optional[BaseException] = None
         if stopped is not None and not isinstance(exc, OverBudget):
-            raise OverBudget(stopped) from exc
-        if idle is not None and not isinstance(exc, IdleStopped):
-            raise IdleStopped(idle) from exc
+            stop = OverBudget(stopped)
+        elif idle is not None and not isinstance(exc, IdleStopped):
+            stop = IdleStopped(idle)
+        return [entry.native] + entry.adopted, stop
+
+
+# asyncio's side is a module of its own, imported on first use: `import
+# devlock` does not pay for asyncio.
+if TYPE_CHECKING:
+    from ._aio import lock_async, run_in_thread
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("lock_async", "run_in_thread"):
+        from . import _aio
+
+        return getattr(_aio, name)
+    raise AttributeError(f"module 'devlock' has no attribute {name!r}")

@@ -198,11 +198,14 @@ fn to_py(py: Python<'_>, err: devlock::Error) -> PyErr {
             }
             if let Some(busy) = busy {
                 exc.setattr("resource", &busy.resource)?;
-                let holder = busy.holder.clone().map_or_else(Holder::default, |h| Holder {
-                    step: h.step,
-                    pid: h.pid,
-                    user: h.user,
-                });
+                let holder = busy
+                    .holder
+                    .clone()
+                    .map_or_else(Holder::default, |h| Holder {
+                        step: h.step,
+                        pid: h.pid,
+                        user: h.user,
+                    });
                 exc.setattr("holder", Bound::new(py, holder)?)?;
             }
             Ok(PyErr::from_value(exc))
@@ -259,6 +262,22 @@ impl PyAcquiring {
             })),
             Some((Err(e), _, _)) => Err(to_py(py, e)),
         }
+    }
+
+    /// A descriptor readable once the outcome is there (for an event loop's
+    /// add_reader), or None when nothing waits.
+    fn ready_fd(&self) -> Option<i32> {
+        self.inner.lock().unwrap().as_ref()?.ready_fd()
+    }
+
+    /// Seconds until the take's timeout runs out, or None without one.
+    fn time_left(&self) -> Option<f64> {
+        let deadline = self.inner.lock().unwrap().as_ref()?.deadline()?;
+        Some(
+            deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .as_secs_f64(),
+        )
     }
 
     /// Leaves the line (GIL released); a lock taken at that moment is let go.
@@ -444,6 +463,59 @@ impl PyHold {
         let hold = self.inner.lock().unwrap().take();
         py.detach(move || drop(hold));
     }
+
+    /// Whether release_when_free asks the driver (else it lets go at once).
+    fn asks_the_driver(&self) -> bool {
+        self.with(devlock::Hold::asks_the_driver, false)
+    }
+
+    /// Lets go now when the driver lists neither this process nor one it
+    /// started on the hold's GPUs (one query, GIL released); else keeps it
+    /// until it no longer does, and returns the Kept hold. Idempotent.
+    fn release_when_free(&self, py: Python<'_>) -> Option<PyKept> {
+        let hold = self.inner.lock().unwrap().take()?;
+        py.detach(move || hold.release_when_device_free())
+            .map(|inner| PyKept { inner })
+    }
+}
+
+/// A hold kept past its block's end while the device is busy (see
+/// devlock::Kept).
+#[pyclass(module = "devlock._devlock", name = "Kept", frozen)]
+struct PyKept {
+    inner: devlock::Kept,
+}
+
+#[pymethods]
+impl PyKept {
+    /// Why it is kept, and the remedies, in one line.
+    fn line(&self) -> String {
+        self.inner.line().to_owned()
+    }
+
+    /// Whether the keeper still holds it.
+    fn is_held(&self) -> bool {
+        self.inner.is_held()
+    }
+
+    /// The hold back from the keeper (a new block of this process runs
+    /// inside it), or None once let go.
+    fn take_back(&self, py: Python<'_>) -> Option<PyHold> {
+        py.detach(|| self.inner.take_back()).map(|hold| PyHold {
+            inner: Mutex::new(Some(hold)),
+            done_line: None,
+        })
+    }
+
+    /// Lets go now (GIL released).
+    fn release(&self, py: Python<'_>) {
+        py.detach(|| self.inner.release());
+    }
+
+    /// In a forked child: closes the child's copies of its descriptors.
+    fn forget_in_child(&self) {
+        self.inner.forget_in_child();
+    }
 }
 
 /// A duration given as text (`"2s"`, `"10m"`, `"90"`), in seconds, as the
@@ -554,6 +626,7 @@ fn _devlock(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyAcquiring>()?;
     m.add_class::<PyHold>()?;
+    m.add_class::<PyKept>()?;
     m.add_function(wrap_pyfunction!(seconds_of, m)?)?;
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;

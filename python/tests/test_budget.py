@@ -25,7 +25,9 @@ FAKE = Path(__file__).resolve().parents[2] / "contrib" / "fake-gpu" / "nvidia-sm
 
 
 class Gpus:
-    """A fake GPU state (FAKE_GPU_DIR) for this process and the CLI it starts."""
+    """A fake GPU state (FAKE_GPU_DIR) for this process and the CLI it starts.
+    A process listed here stays listed after its block: blocks that must let
+    go at their end say release="block" (see test_device_free.py)."""
 
     def __init__(self, state: Path) -> None:
         self.state = state
@@ -70,7 +72,7 @@ def settled(scratch: Scratch, count: int) -> List[Dict[str, Any]]:
 
 PY_HOLDER = r"""
 import os, sys, devlock
-with devlock.lock("gpu:0", mem="20GiB", settle=0.2, step="py-eval") as held:
+with devlock.lock("gpu:0", mem="20GiB", settle=0.2, step="py-eval", release="block") as held:
     with open(os.environ["FAKE_GPU_DIR"] + "/use.py", "w") as f:
         f.write(f"0 {os.getpid()} {20 * 1024}\n")
     print("ready", held.mem_mib, os.environ["DEVLOCK_MEM_MIB"], flush=True)
@@ -115,7 +117,7 @@ def test_a_python_and_a_cli_budget_share_a_device_and_a_third_is_busy_with_figur
     assert out.stderr == f"devlock: {message}\n"
     # The refusal left no place in line behind; 10 GiB still fit.
     assert scratch.resource("gpu:0")["waiters"] == []
-    with devlock.lock("gpu:0", mem="10GiB", wait=False) as third:
+    with devlock.lock("gpu:0", mem="10GiB", wait=False, release="block") as third:
         assert third.mem_mib == 10 * GIB
     for proc in (cli, py):
         proc.release()
@@ -126,7 +128,7 @@ def test_a_python_and_a_cli_budget_share_a_device_and_a_third_is_busy_with_figur
 
 def test_the_python_holder_is_starting_until_its_memory_settles(scratch: Scratch, gpus: Gpus) -> None:
     # settle= far beyond the handshake bound: only the memory can settle it.
-    with devlock.lock("gpu:0", mem="10GiB", settle=10 * HANG, step="py-start"):
+    with devlock.lock("gpu:0", mem="10GiB", settle=10 * HANG, step="py-start", release="block"):
         (mine,) = holders(scratch)
         assert mine["starting"] is True and mine["mem_mib"] == 10 * GIB
         out = scratch.run("-n", "--mem", "1GiB", "gpu:0", "--", "true")
@@ -306,7 +308,7 @@ def test_over_budget_is_one_logging_record_and_marked_in_status(
     scratch: Scratch, gpus: Gpus, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="devlock")
-    with devlock.lock("gpu:0", mem="1GiB", settle=0.2, step="py-greedy"):
+    with devlock.lock("gpu:0", mem="1GiB", settle=0.2, step="py-greedy", release="block"):
         gpus.use("py", 0, os.getpid(), 4 * GIB)
         poll("the holder marked over budget", lambda: holders(scratch)[0], lambda h: h.get("over_budget") is True)
         records = poll(
@@ -329,7 +331,7 @@ STRICT = r"""
 import os, sys, time, devlock
 state = os.environ["FAKE_GPU_DIR"]
 try:
-    with devlock.lock("gpu:0", mem="1GiB", settle=0.3, mem_strict=True, step="py-strict"):
+    with devlock.lock("gpu:0", mem="1GiB", settle=0.3, mem_strict=True, step="py-strict", release="block"):
         with open(state + "/use.py", "w") as f:
             f.write(f"0 {os.getpid()} 4096\n")
         print("ready", flush=True)

@@ -29,7 +29,8 @@ def gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DEVLOCK_NVIDIA_SMI", str(FAKE))
     monkeypatch.setenv("FAKE_GPU_DIR", str(state))
     monkeypatch.setenv("DEVLOCK_SAMPLE_EVERY", "200ms")
-    # This interpreter uses 512 MiB on GPU 0 whenever a job of it runs.
+    # This interpreter uses 512 MiB on GPU 0 whenever a job of it runs (and
+    # after: the blocks here let go at their end, release="block").
     (state / "use.py").write_text(f"0 {os.getpid()} 512\n")
     return state
 
@@ -47,7 +48,7 @@ def test_a_blocks_record_is_the_clis(scratch: Scratch, gpu: Path) -> None:
     (gpu / "util.0").write_text("50\n")
     probes = gpu / "probes"
     probes.write_text("")
-    with devlock.lock("gpu:0", step="py-train"):
+    with devlock.lock("gpu:0", step="py-train", release="block"):
         # Two whole probes (two queries each): the first sample is in.
         deadline = time.monotonic() + HANG
         while len(probes.read_text().splitlines()) < 4:
@@ -69,7 +70,7 @@ def test_an_idle_block_is_warned_then_stopped(
     caplog.set_level(logging.WARNING, logger="devlock")
     deadline = time.monotonic() + HANG
     with pytest.raises(devlock.IdleStopped) as caught:
-        with devlock.lock("gpu:0", step="py-idle", idle_timeout="1s"):
+        with devlock.lock("gpu:0", step="py-idle", idle_timeout="1s", release="block"):
             while time.monotonic() < deadline:
                 time.sleep(0.02)
     assert time.monotonic() < deadline, "never stopped"

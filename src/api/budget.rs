@@ -3,6 +3,7 @@
 //! this process's tree uses, on a thread of the library for the life of the
 //! hold (the command line's supervisor tick, without a command).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -52,6 +53,8 @@ pub(crate) struct Budget {
     pub mem_mib: u64,
     pub total_mib: u64,
     outbox: Arc<Mutex<Outbox>>,
+    /// Kept past its block's end (see [`crate::api::keep`]): the watch rests.
+    kept: Arc<AtomicBool>,
     /// The process that took it.
     pid: u32,
     quit: Option<mpsc::Sender<()>>,
@@ -84,8 +87,9 @@ impl Budget {
         let (settle, strict, step_name) = (planned.settle, planned.strict, step.to_owned());
         let watched = resource.clone();
         let record = Record::for_this_process(step);
+        let kept = Arc::new(AtomicBool::new(false));
         let spawned = {
-            let (held, outbox) = (held.clone(), outbox.clone());
+            let (held, outbox, kept) = (held.clone(), outbox.clone(), kept.clone());
             std::thread::Builder::new()
                 .name("devlock-budget".into())
                 .stack_size(256 * 1024)
@@ -99,7 +103,7 @@ impl Budget {
                         told: Some(Vec::new()),
                         ..Watch::new(monitor, watched, step_name, ask.mem_mib, settle)
                     };
-                    watch_loop(watch, &held, &outbox, &record, &quit_rx);
+                    watch_loop(watch, &held, &outbox, &record, &kept, &quit_rx);
                 })
         };
         let thread = match spawned {
@@ -119,6 +123,7 @@ impl Budget {
             resource,
             mem_mib: planned.mem_mib,
             outbox,
+            kept,
             pid: std::process::id(),
             quit: Some(quit),
             thread,
@@ -136,6 +141,16 @@ impl Budget {
             self.held.try_lock().ok()?
         };
         guard.as_ref().map(f)
+    }
+
+    /// Kept past its block's end, or held by a block again: while kept the
+    /// watch rests (no work is left to measure, relabel or stop; the keeper
+    /// labels the hold), and the hold steps aside for the next budget.
+    pub(crate) fn set_kept(&self, kept: bool) {
+        self.kept.store(kept, Ordering::SeqCst);
+        if kept {
+            self.with(Held::step_aside);
+        }
     }
 
     /// Where the watch's events go from now on (those said before first).
@@ -195,9 +210,16 @@ fn watch_loop(
     held: &Mutex<Option<Held>>,
     outbox: &Mutex<Outbox>,
     record: &Record,
+    kept: &AtomicBool,
     quit: &mpsc::Receiver<()>,
 ) {
     loop {
+        if kept.load(Ordering::SeqCst) {
+            match quit.recv_timeout(TICK) {
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                _ => return,
+            }
+        }
         let actions = watch.check();
         let mut stop = false;
         for action in &actions {

@@ -1,12 +1,14 @@
 //! What a library take holds ([`Hold`]): its locks and budget, which
 //! process took it, what a child must inherit to run inside it, and how it
-//! lets go (in a forked child, only of the child's copies).
+//! lets go (in a forked child, only of the child's copies; past its block
+//! while the device is busy, see [`crate::api::keep`]).
 
 use std::os::fd::{AsRawFd, RawFd};
 
 use crate::api::budget::{Budget, BudgetSink};
 use crate::flock::entry::Taken;
 use crate::flock::nesting::{self, Inherited};
+use crate::flock::record::Record;
 use crate::resource::Resource;
 use crate::take::{HeldLock, Takes};
 
@@ -25,6 +27,9 @@ pub struct Hold {
     /// through: the enclosing hold's record counts it).
     usage: Option<crate::api::usage::Usage>,
     pid: u32,
+    /// Its label, as the take wrote it: what a relabel starts from.
+    record: Record,
+    probe_timeout: std::time::Duration,
 }
 
 impl Hold {
@@ -72,6 +77,47 @@ impl Hold {
             budget,
             usage,
             pid: std::process::id(),
+            record: Record::for_this_process(step),
+            probe_timeout: takes.probe_timeout,
+        }
+    }
+
+    /// The resources it is for that map to GPUs.
+    pub(crate) fn gpu_resources(&self) -> Vec<Resource> {
+        self.members
+            .iter()
+            .filter(|r| crate::gpu::gate::gpu_indices(r, &[]).is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// How long a driver query may take for it.
+    pub(crate) fn probe_timeout(&self) -> std::time::Duration {
+        self.probe_timeout
+    }
+
+    /// Labels every lock it holds as kept past its block's end (since
+    /// `ended_ms`, still using what `used` says; it counts as idle since
+    /// then), or with `None` as held again.
+    pub(crate) fn mark_kept(&self, kept: Option<(u64, crate::api::keep::StillUsed)>) {
+        let mut record = self.record.clone();
+        if let Some((ended_ms, used)) = kept {
+            record.kept_ms = Some(ended_ms);
+            record.kept_mib = used.mib;
+            record.kept_gpu = Some(used.gpu);
+            record.idle_since_ms = Some(ended_ms);
+        }
+        for (_, taken) in &self.taken {
+            if let Taken::Held(held) = taken {
+                let _ = held.label(&record);
+            }
+        }
+        if let Some(b) = &self.budget {
+            b.set_kept(kept.is_some());
+            b.with(|held| held.label(&record));
+        }
+        if let Some(u) = &self.usage {
+            u.kept_since(kept.map(|(ended_ms, _)| ended_ms));
         }
     }
 

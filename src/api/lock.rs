@@ -1,18 +1,13 @@
-//! The library's entry point: take a machine-wide lock from Rust code.
+//! The library's options, and its take waited for on the calling thread
+//! ([`Lock::acquire`], over [`crate::Acquiring`]): a lock from Rust code.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::{Busy, Error, Result};
-use crate::exit::{ExitCode, coded};
-use crate::flock::dir::ScratchDir;
-use crate::flock::entry::{Context, Held, Taken};
-use crate::flock::wait::Quiet;
-use crate::interrupt::Stop;
-use crate::request::Request;
-use crate::resource::Resource;
+use crate::api::{Acquiring, Hold, Spec};
+use crate::error::Result;
 
-/// How long [`Lock::acquire`] may wait.
+/// How long a take ([`Lock::acquire`], [`crate::Acquiring`]) may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// Sleep in the kernel until the lock is free.
@@ -58,137 +53,101 @@ impl Default for Options {
 #[derive(Debug)]
 pub struct Lock;
 
-/// A held lock; dropping it releases the lock (unless it was already held by
-/// this process, in which case the outer holder keeps it).
-#[derive(Debug)]
-pub struct Guard {
-    resource: Resource,
-    held: Option<Held>,
-}
-
-impl Guard {
-    /// The resource this guard holds.
-    pub fn resource(&self) -> &Resource {
-        &self.resource
-    }
-
-    /// Whether this take passed through a lock this process already held.
-    pub fn is_nested(&self) -> bool {
-        self.held.is_none()
-    }
-}
-
 impl Lock {
-    /// Takes `resource` exclusively, machine-wide, waiting as `options.wait`
-    /// says. A lock this process already holds (through another guard, or a
-    /// descriptor inherited from a `devlock` parent) passes through.
+    /// Takes `spec` (a resource's name, or a [`Spec`] with the command
+    /// line's `--shared`, `--slots`, `--any` and `--mem`), machine-wide,
+    /// waiting as `options.wait` says, and holds it until the [`Hold`] is
+    /// dropped. It is [`crate::Acquiring`]'s take, which the command line and
+    /// the Python package take through too, waited for here: the same plan
+    /// (a member `G:M` takes its group `G` shared; a GPU outside the
+    /// caller's `CUDA_VISIBLE_DEVICES` is a usage error), the same files,
+    /// line, records and usage record, the same typed [`crate::Error`]. A
+    /// lock held through a descriptor inherited from a `devlock` parent
+    /// passes through; to take inside a hold of this process, give its
+    /// [`Hold::locks`] to [`crate::Acquiring::start`].
     ///
     /// # Signals
     ///
-    /// The first call installs a handler for `SIGRTMIN+1` that does
-    /// nothing, without `SA_RESTART`, for the life of the process: with
-    /// [`Wait::Timeout`], a timer thread sends it to the waiting thread to
-    /// interrupt its lock call when the time is up (the way util-linux
-    /// flock's `-w` uses SIGALRM, but aimed at one thread). A program that
-    /// uses `SIGRTMIN+1` itself should not use this library's timeout. The
-    /// waiting thread has the signal unblocked while it waits; its mask is
-    /// restored afterwards. No other signal is touched.
+    /// The first wait installs a handler for `SIGRTMIN+1` that does
+    /// nothing, without `SA_RESTART`, for the life of the process: a wait
+    /// sleeps in the kernel on a thread of its own, which blocks every other
+    /// signal, and a timeout (or a cancel) sends it that signal to
+    /// interrupt its lock call (the way util-linux flock's `-w` uses
+    /// SIGALRM, but aimed at one thread). A program that uses `SIGRTMIN+1`
+    /// itself should not wait here. No other signal is touched.
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
     /// let options = devlock::Options { dir: dir.path().into(), ..Default::default() };
-    /// let guard = devlock::Lock::acquire("gpu", &options)?;
+    /// let hold = devlock::Lock::acquire("gpu", &options)?;
     /// // ... use the GPU; every other devlock of "gpu" in this directory waits ...
     /// let busy = std::process::Command::new("flock")
     ///     .args(["-n", &dir.path().join("gpu.lock").to_string_lossy(), "true"])
     ///     .status()?;
     /// assert!(!busy.success());
-    /// drop(guard);
+    /// drop(hold);
     /// # Ok::<(), anyhow::Error>(())
     /// ```
-    pub fn acquire(resource: &str, options: &Options) -> Result<Guard> {
-        Lock::take(resource, options).map_err(Error::from)
-    }
-
-    fn take(resource: &str, options: &Options) -> anyhow::Result<Guard> {
-        let resource: Resource = resource
-            .parse()
-            .map_err(|e: String| coded(ExitCode::Usage, e))?;
-        let dir = ScratchDir::open_or_create(&options.dir)?;
-        let ctx = Context {
-            dir: &dir,
-            step: options.step.clone(),
-            no_wait: options.wait == Wait::NoWait,
-            stop: Stop::default(),
-            observer: &Quiet,
-        };
-        let request = Request {
-            name: resource.clone(),
-            exclusive: true,
-            via: None,
-            slots: 0,
-            for_group: false,
-        };
-        let taken = match options.wait {
-            Wait::Timeout(limit) => {
-                with_deadline(&ctx, limit, || crate::take::take_one(&ctx, &request))
+    pub fn acquire(spec: impl Into<Spec>, options: &Options) -> Result<Hold> {
+        let mut acquiring = Acquiring::start(&spec.into(), options, &[])?;
+        loop {
+            // A timeout ends the wait itself (its deadline bounds each call).
+            if let Some(outcome) = acquiring.wait(Duration::MAX) {
+                return outcome;
             }
-            _ => crate::take::take_one(&ctx, &request),
-        };
-        let taken = match taken {
-            Ok(taken) => taken,
-            // Interrupted because the deadline stopped the wait: the timeout.
-            Err(e) if is_interrupted(&e) && ctx.stop.was_requested() => {
-                return Err(anyhow::Error::new(Busy {
-                    resource: resource.to_string(),
-                    holder: None,
-                    timed_out: true,
-                    message: format!("timed out waiting for {resource}"),
-                }));
-            }
-            Err(e) if is_interrupted(&e) => {
-                return Err(e.context(format!("the wait for {resource} was interrupted")));
-            }
-            Err(e) => return Err(e),
-        };
-        let held = match taken {
-            Taken::Held(held) => {
-                let _ = held.label(&ctx.record());
-                Some(held)
-            }
-            Taken::Inherited(_) => None,
-        };
-        Ok(Guard { resource, held })
-    }
-}
-
-/// Runs `wait` on this thread and interrupts it when `limit` has passed.
-fn with_deadline<T>(ctx: &Context, limit: Duration, wait: impl FnOnce() -> T) -> T {
-    crate::interrupt::install();
-    let me = crate::sys::signal::Thread::current();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let stop = ctx.stop.clone();
-    let timer = std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(limit) {
-            stop.stop(me);
         }
-    });
-    let mask = crate::interrupt::unblock_here();
-    let result = {
-        // Marked finished however `wait` ends, a panic included: the timer
-        // thread interrupts the wait until it is.
-        let _finished = ctx.stop.finished_on_drop();
-        wait()
-    };
-    crate::interrupt::restore(&mask);
-    drop(done_tx);
-    let _ = timer.join();
-    result
+    }
 }
 
-fn is_interrupted(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dir: &std::path::Path, wait: Wait) -> Options {
+        Options {
+            dir: dir.into(),
+            wait,
+            step: "unit".into(),
+        }
+    }
+
+    /// Issue #32.8: a member is taken with its group, by the plan the
+    /// command line and Python use, never as a bare lock of its own.
+    #[test]
+    fn a_member_is_taken_with_its_group_as_the_command_line_takes_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let group = Lock::acquire("gpu", &options(tmp.path(), Wait::Block)).unwrap();
+        let err = Lock::acquire("gpu:0", &options(tmp.path(), Wait::NoWait)).unwrap_err();
+        let busy = err.busy().expect("busy, as devlock -n gpu:0 is");
+        assert_eq!(busy.resource, "gpu", "{busy:?}");
+        assert_eq!(err.exit_code(), 75);
+        drop(group);
+        let member = Lock::acquire("gpu:1", &options(tmp.path(), Wait::NoWait)).unwrap();
+        assert_eq!(member.cuda_visible_devices().as_deref(), Some("1"));
+        assert!(member.locks().contains(&crate::HeldLock {
+            resource: "gpu".into(),
+            exclusive: false
+        }));
+        // The group's exclusive take waits for the member's shared hold.
+        let err = Lock::acquire(
+            "gpu",
+            &options(tmp.path(), Wait::Timeout(Duration::from_millis(20))),
+        )
+        .unwrap_err();
+        assert!(err.busy().is_some_and(|b| b.timed_out), "{err}");
+    }
+
+    #[test]
+    fn a_spec_takes_slots_and_a_usage_error_is_the_command_lines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut spec = Spec::new(["pool"]);
+        spec.slots = Some(2);
+        let now = options(tmp.path(), Wait::NoWait);
+        let a = Lock::acquire(spec.clone(), &now).unwrap();
+        let b = Lock::acquire(spec.clone(), &now).unwrap();
+        assert_ne!(a.slot(), b.slot());
+        assert!(Lock::acquire(spec, &now).unwrap_err().busy().is_some());
+        let err = Lock::acquire("gpu:01", &now).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
+    }
 }

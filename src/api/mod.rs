@@ -3,6 +3,7 @@
 
 mod budget;
 mod hold;
+mod keep;
 mod lock;
 mod outbox;
 mod spec;
@@ -15,7 +16,8 @@ use std::time::Duration;
 pub use crate::take::HeldLock;
 pub use budget::{BudgetEvent, BudgetSink};
 pub use hold::Hold;
-pub use lock::{Guard, Lock, Options, Wait};
+pub use keep::Kept;
+pub use lock::{Lock, Options, Wait};
 pub use spec::{Spec, duration_of};
 pub use take::Acquiring;
 pub use usage::{IdleEvent, IdleSink};

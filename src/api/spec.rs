@@ -54,6 +54,20 @@ impl Spec {
     }
 }
 
+/// An exclusive take of one resource, as `devlock NAME --` takes it.
+impl From<&str> for Spec {
+    fn from(resource: &str) -> Spec {
+        Spec::new([resource])
+    }
+}
+
+/// An exclusive take of one resource, as `devlock NAME --` takes it.
+impl From<String> for Spec {
+    fn from(resource: String) -> Spec {
+        Spec::new([resource])
+    }
+}
+
 /// A duration as the command line reads one (`90`, `1.5`, `90s`, `10m`,
 /// `1h30m`), for the library's option `name` (`timeout`, `settle`): what a
 /// binding does with a string it is given. A text that is none is a usage

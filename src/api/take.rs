@@ -46,6 +46,8 @@ struct Waiting {
     timeout: Option<Duration>,
     /// The process whose thread waits (a forked child has no such thread).
     pid: u32,
+    /// Readable once the outcome is there (an event loop's wake-up).
+    ready: Option<std::io::PipeReader>,
 }
 
 impl Acquiring {
@@ -111,6 +113,11 @@ impl Acquiring {
         let board = Arc::new(Board::default());
         let stop = Stop::default();
         let (tx, rx) = mpsc::channel();
+        // A pipe that cannot be made leaves the event loops to poll.
+        let (ready, mut ready_tx) = match std::io::pipe() {
+            Ok((r, w)) => (Some(r), Some(w)),
+            Err(_) => (None, None),
+        };
         let thread = {
             let (board, stop, step) = (board.clone(), stop.clone(), options.step.clone());
             std::thread::Builder::new()
@@ -131,6 +138,10 @@ impl Acquiring {
                     };
                     // A receiver that gave up drops the hold: released.
                     let _ = tx.send(result.map(|taken| Hold::new(taken, &takes, &ctx.step, usage)));
+                    if let Some(w) = ready_tx.as_mut() {
+                        use std::io::Write;
+                        let _ = w.write_all(b"!");
+                    }
                 })?
         };
         Ok(Acquiring {
@@ -143,6 +154,7 @@ impl Acquiring {
                 deadline: timeout.and_then(|t| started.checked_add(t)),
                 timeout,
                 pid: std::process::id(),
+                ready,
             }),
             started,
             step: options.step.clone(),
@@ -154,6 +166,23 @@ impl Acquiring {
     /// Whether the take had to wait in line (it was not free at once).
     pub fn is_waiting(&self) -> bool {
         self.waited
+    }
+
+    /// A descriptor that becomes readable once the wait has an outcome (for
+    /// an event loop: then [`Acquiring::wait`] with no time returns it);
+    /// `None` when there is no wait to watch. Owned by the take: valid
+    /// until it is dropped or cancelled.
+    pub fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.waiting
+            .as_ref()
+            .and_then(|w| w.ready.as_ref())
+            .map(AsRawFd::as_raw_fd)
+    }
+
+    /// When a timeout given to the take runs out.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.waiting.as_ref().and_then(|w| w.deadline)
     }
 
     /// Waits up to `limit` for the outcome: `None` while still waiting. When
@@ -368,6 +397,12 @@ mod tests {
     #[test]
     fn a_member_takes_its_group_shared_and_sets_cuda() {
         let tmp = tempfile::tempdir().unwrap();
+        // A directory made for locks (sticky): the records are in the lock files.
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+        )
+        .unwrap();
         let hold = take_now(tmp.path(), &Spec::new(["gpu:1", "gpu:0"]), &[]).unwrap();
         assert_eq!(hold.resources(), ["gpu:0", "gpu:1"]);
         assert_eq!(hold.cuda_visible_devices().as_deref(), Some("0,1"));

@@ -114,6 +114,21 @@ impl Usage {
         outbox.sink = Some(sink);
     }
 
+    /// Marks the hold kept past its block's end since `ended_ms` (or held
+    /// by a block again, with `None`): the idle policy counts it idle from
+    /// then, its stop lets the kept hold go rather than stop any work, and
+    /// the end line says when the block ended.
+    pub(crate) fn kept_since(&self, ended_ms: Option<u64>) {
+        if let Some(t) = self
+            .tracker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            t.kept_since_ms = ended_ms;
+        }
+    }
+
     /// The idle stop's line, once the policy said stop.
     pub(crate) fn stopped(&self) -> Option<String> {
         self.outbox
@@ -160,14 +175,19 @@ impl Drop for Usage {
 
 fn tick_loop(tracker: &Mutex<Option<Tracker>>, outbox: &Mutex<Outbox>, quit: &mpsc::Receiver<()>) {
     loop {
-        let acts = {
+        let (acts, kept) = {
             let mut guard = tracker.lock().unwrap_or_else(|e| e.into_inner());
             let Some(t) = guard.as_mut() else { return };
-            t.tick().acts
+            (t.tick().acts, t.kept_since_ms.is_some())
         };
         for act in acts {
             let event = match act {
                 Act::Warn(text) => IdleEvent::Idle(plain(&text)),
+                Act::Stop(text) if kept => {
+                    // No work to stop: the keeper lets the hold go.
+                    outbox.lock().unwrap_or_else(|e| e.into_inner()).stopped = Some(plain(&text));
+                    continue;
+                }
                 Act::Stop(text) => IdleEvent::Stop(plain(&text)),
             };
             super::outbox::deliver(outbox, event);

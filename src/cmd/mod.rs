@@ -7,7 +7,7 @@ pub(crate) mod forget;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod setup;
-mod setup_path;
+pub(crate) mod setup_path;
 pub(crate) mod status;
 
 use anyhow::Result;

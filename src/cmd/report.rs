@@ -1,7 +1,7 @@
 //! `devlock report`: the usage records summed ([`crate::usage::report`]),
 //! and `devlock busy`.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::Result;
 
@@ -43,10 +43,7 @@ pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
             .filter(|j| j.start.start_ms < until && j.end_ms.max(j.start.start_ms) >= since)
             .map(report::job_json)
             .collect();
-        let at = |ms: u64| {
-            humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
-                .to_string()
-        };
+        let at = crate::text::utc_seconds;
         let doc = serde_json::json!({
             "dir": dir,
             "since": at(since),
@@ -61,7 +58,8 @@ pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
         return Ok(ExitCode::Success);
     }
     for note in &notes {
-        eprintln!("devlock: note: {}", crate::text::sanitize(note));
+        // Whole: devlock's own words, a file's name in them cleaned.
+        eprintln!("devlock: note: {}", crate::text::clean(note));
     }
     if args.csv {
         print!("{}", report::csv(&rows, &total));
@@ -101,6 +99,7 @@ fn when(text: &str, now: SystemTime, flag: &str) -> Result<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn windows_are_durations_back_or_utc_times() {

@@ -159,7 +159,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
         idle_timeout: args
             .idle_timeout
-            .or_else(|| crate::usage::idle::site_default(dir_path)),
+            .or_else(|| crate::usage::idle::site_default(&dir)),
         from: "cli",
         roots: vec![record.pid],
         probe_timeout,

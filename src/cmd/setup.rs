@@ -99,10 +99,15 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             ),
         ));
     }
-    // The whole way to --dir is checked before anything changes.
+    // The whole way to --dir, and to the usage directory, is checked before
+    // anything changes.
     let parent = setup_path::reach(dir)?;
+    let usage = usage_way()?;
     let mut report = Report::default();
-    let scratch = take_dir(dir, &parent, &plan, &mut report)?;
+    let scratch = ScratchDir::from_fd(
+        dir,
+        take_dir(dir, &parent, &plan, plan.dir_mode, None, &mut report)?,
+    )?;
     for resource in &plan.resources {
         for name in plan.files(resource) {
             declare(&scratch, &name, &plan, &mut report)?;
@@ -119,7 +124,16 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     if let Some(timeout) = args.idle_timeout {
         site_idle_timeout(&scratch, timeout, &mut report)?;
     }
-    usage_dir(&plan, &mut report)?;
+    if let Some((path, parent)) = &usage {
+        take_dir(
+            path,
+            parent,
+            &plan,
+            plan.dir_mode,
+            Some("usage directory"),
+            &mut report,
+        )?;
+    }
     for issue in crate::flock::trust::dir_issues(&scratch) {
         println!("devlock setup: warning: {}", issue.reason);
     }
@@ -173,7 +187,7 @@ fn site_idle_timeout(dir: &ScratchDir, timeout: Duration, report: &mut Report) -
     let name = crate::usage::idle::SITE_FILE;
     let path = dir.path().join(name);
     let text = format!("{}\n", humantime::format_duration(timeout));
-    let old = crate::usage::idle::site_default(dir.path());
+    let old = crate::usage::idle::site_default(dir);
     if old == Some(timeout) {
         return Ok(());
     }
@@ -190,53 +204,24 @@ fn site_idle_timeout(dir: &ScratchDir, timeout: Duration, report: &mut Report) -
     Ok(())
 }
 
-/// Makes the usage directory root's: sticky, world-writable (group-writable
-/// with --group), so each user makes and keeps a file of their own there.
-fn usage_dir(plan: &Plan, report: &mut Report) -> Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+/// The usage directory setup makes root's (sticky, world-writable;
+/// group-writable with --group, so each user makes and keeps files of
+/// their own there), and the directory above it, walked to as `--dir` is
+/// (directories missing on the way are made, root's 0755): `None` with
+/// `DEVLOCK_USAGE_DIR=none`.
+fn usage_way() -> Result<Option<(std::path::PathBuf, Parent)>> {
     let path = match std::env::var_os(crate::usage::ENV) {
-        Some(v) if v == "none" || v == "off" => return Ok(()),
+        Some(v) if v == "none" || v == "off" => return Ok(None),
         Some(v) if !v.is_empty() => std::path::PathBuf::from(v),
         _ => std::path::PathBuf::from(crate::usage::MANAGED_DIR),
     };
-    if let Some(parent) = path.parent()
-        && !parent.exists()
-    {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let made = match std::fs::create_dir(&path) {
-        Ok(()) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
-        Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+    let way = setup_path::Way {
+        what: "the usage directory",
+        make_missing: true,
+        ..setup_path::Way::SETUP
     };
-    let meta = std::fs::symlink_metadata(&path)
-        .with_context(|| format!("examining {}", path.display()))?;
-    if !meta.is_dir() {
-        return Err(coded(
-            ExitCode::IoError,
-            format!(
-                "{} is not a directory: remove it and run devlock setup again",
-                path.display()
-            ),
-        ));
-    }
-    let mode = plan.dir_mode;
-    if made || meta.uid() != 0 || meta.gid() != plan.gid || meta.mode() & 0o7777 != mode {
-        nix::unistd::chown(
-            &path,
-            Some(nix::unistd::Uid::from_raw(0)),
-            Some(nix::unistd::Gid::from_raw(plan.gid)),
-        )
-        .with_context(|| format!("chown {}", path.display()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("chmod {}", path.display()))?;
-        report.changed(
-            &path,
-            &format!("usage directory ({} {mode:o})", owner_words(plan)),
-        );
-    }
-    Ok(())
+    let parent = setup_path::reach_by(&path, way)?;
+    Ok(Some((path, parent)))
 }
 
 #[derive(Default)]
@@ -294,13 +279,23 @@ fn c_string(text: &str) -> Result<CString> {
     CString::new(text).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
 }
 
-/// Makes the directory root's: created when missing, taken over (through a
-/// descriptor opened without following links, then checked to be still at
-/// the path) when someone else owns it, and whatever else stands at the
-/// path (a symbolic link, a file) removed first. Every step is relative to
-/// the descriptor of the directory above it, which [`setup_path::reach`]
-/// walked to from `/` and checked: nothing here follows a path again.
-fn take_dir(path: &Path, parent: &Parent, plan: &Plan, report: &mut Report) -> Result<ScratchDir> {
+/// Makes the directory root's, with `mode`: created when missing, taken
+/// over (through a descriptor opened without following links, then
+/// checked to be still at the path) when someone else owns it, and
+/// whatever else stands at the path (a symbolic link, a file) removed
+/// first. Every step is relative to the descriptor of the directory above
+/// it, which [`setup_path::reach`] walked to from `/` and checked: nothing
+/// here follows a path again, so a co-user who swaps the directory for a
+/// link (`renameat2(RENAME_EXCHANGE)`) changes only what is opened, never
+/// what is changed. `label` names it in what setup says.
+fn take_dir(
+    path: &Path,
+    parent: &Parent,
+    plan: &Plan,
+    mode: u32,
+    label: Option<&str>,
+    report: &mut Report,
+) -> Result<OwnedFd> {
     let name = parent.name.as_os_str();
     let shown = parent.target();
     let mut created = false;
@@ -357,24 +352,36 @@ fn take_dir(path: &Path, parent: &Parent, plan: &Plan, report: &mut Report) -> R
             continue;
         };
         let st = nix::sys::stat::fstat(&fd)?;
-        let changed = make_ours(&fd, &st, plan.gid, plan.dir_mode)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            continue;
+        }
+        let changed = make_ours(&fd, &st, plan.gid, mode)?;
+        let made = format!("({} {mode:o})", owner_words(plan));
         if created {
-            report.changed(
-                path,
-                &format!("created ({} {:o})", owner_words(plan), plan.dir_mode),
-            );
+            report.changed(path, &format!("{} {made}", label.unwrap_or("created")));
             created = false;
         } else if let Some(what) = changed {
-            report.changed(path, &what);
+            match label {
+                Some(label) => report.changed(path, &format!("{label} {made}: {what}")),
+                None => report.changed(path, &what),
+            }
         }
         // Root's now, so nobody but root can move it: if it is still at
-        // the path, it stays there.
+        // the path, it stays there. A rename that passed the kernel's
+        // sticky check before the fchown may still be under way, though:
+        // making the name again waits for it (it takes the directory's
+        // lock, which a rename holds throughout) and fails.
+        let _ = nix::sys::stat::mkdirat(
+            &parent.fd,
+            name,
+            nix::sys::stat::Mode::from_bits_truncate(0o700),
+        );
         let still = nix::sys::stat::fstatat(&parent.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .is_ok_and(|now| now.st_dev == st.st_dev && now.st_ino == st.st_ino);
         if !still {
             continue;
         }
-        return ScratchDir::from_fd(path, fd);
+        return Ok(fd);
     }
     Err(coded(
         ExitCode::IoError,

@@ -1,9 +1,11 @@
-//! How `devlock setup` reaches its `--dir`: from `/`, one component at a
-//! time, each opened relative to the one before without following links
-//! (`openat(O_NOFOLLOW|O_DIRECTORY)`) and checked through its descriptor
-//! (`fstat`), so that nothing a user owns decides where setup acts. What
-//! setup does afterwards is relative to the descriptor of the last
-//! directory above `--dir`, never by path again.
+//! How root reaches a directory it acts in (setup's `--dir` and usage
+//! directory, a root take's, forget's, status's and serve's lock directory,
+//! the usage directory of a root run or report), and a user the usage
+//! directory: from `/`, one component at a time, each opened relative to
+//! the one before without following links (`openat(O_NOFOLLOW|O_DIRECTORY)`)
+//! and checked through its descriptor (`fstat`), so that nothing another
+//! user owns decides where it acts. What is done afterwards is relative to
+//! the descriptor of the last directory above, never by path again.
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
@@ -21,41 +23,115 @@ use crate::text::show_path;
 /// As many symbolic links as the kernel follows in one path (`MAXSYMLINKS`).
 const MAX_LINKS: usize = 40;
 
-/// The directory that holds `--dir`, open and trusted: root's, and
-/// writable by nobody else unless sticky, as is every directory above it.
+/// The directory that holds the one walked to, open and trusted: root's
+/// (or the trusted user's), and writable by nobody else unless sticky, as
+/// is every directory above it.
 pub(crate) struct Parent {
     /// The descriptor everything below is made and opened through.
     pub fd: OwnedFd,
     /// Its real path (symbolic links resolved), for messages.
     pub real: PathBuf,
-    /// The last component of `--dir`: the directory setup makes its own.
+    /// The last component: the directory itself (setup makes it its own).
     pub name: OsString,
 }
 
 impl Parent {
-    /// The real path of `--dir` itself.
+    /// The real path of the directory itself.
     pub(crate) fn target(&self) -> PathBuf {
         self.real.join(&self.name)
     }
 }
 
-/// Walks to the directory that holds `dir` (made absolute against the
-/// working directory). Root's symbolic links are followed (only root can
-/// change them, in directories only root may write or that are sticky);
-/// anything else refuses with exit 74 before setup has changed anything:
-/// a directory or link above `dir` that another user owns, one that group
-/// or others may write without the sticky bit, a component that is missing
-/// or not a directory.
+/// How a walk is judged and what its refusal says.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Way<'a> {
+    /// What was to be done, in a refusal: "set up", "use".
+    pub verb: &'a str,
+    /// What the directory is, in a refusal: "--dir", "the usage directory".
+    pub what: &'a str,
+    /// A user trusted besides root (the caller, when not root): a record
+    /// writer may go through its own directories; root never through
+    /// anyone's but root's.
+    pub also: Option<u32>,
+    /// Make a missing directory on the way (this process's, 0755) instead
+    /// of refusing: below a directory only root (or the caller) can write,
+    /// nobody else can have put anything.
+    pub make_missing: bool,
+}
+
+impl Way<'_> {
+    /// Setup's way to `--dir`: root's only, nothing made on the way.
+    pub(crate) const SETUP: Way<'static> = Way {
+        verb: "set up",
+        what: "--dir",
+        also: None,
+        make_missing: false,
+    };
+
+    fn trusts(&self, uid: u32) -> bool {
+        uid == 0 || self.also == Some(uid)
+    }
+
+    fn owners(&self) -> String {
+        match self.also {
+            Some(uid) => format!("root's or {}'s", user(uid)),
+            None => "root's".to_owned(),
+        }
+    }
+}
+
+/// Why a walk stopped.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// A directory on the way does not exist (its real path).
+    Missing(PathBuf),
+    /// Anything else: the one-line refusal (exit 74, or 2 for a `dir`
+    /// that names no directory to make).
+    Refused(anyhow::Error),
+}
+
+/// Setup's walk to the directory that holds `--dir` (see [`walk`]): a
+/// missing directory on the way is refused too.
 pub(crate) fn reach(dir: &Path) -> Result<Parent> {
+    reach_by(dir, Way::SETUP)
+}
+
+/// [`walk`], a missing directory on the way refused as setup refuses it.
+pub(crate) fn reach_by(dir: &Path, way: Way<'_>) -> Result<Parent> {
+    walk(dir, way).map_err(|stop| match stop {
+        Stop::Missing(here) => coded(
+            ExitCode::IoError,
+            format!(
+                "refusing to {} {}: {} does not exist (setup makes only the last \
+                 directory of {}: make those above it first, root's); nothing was changed",
+                way.verb,
+                show_path(dir),
+                show_path(&here),
+                way.what
+            ),
+        ),
+        Stop::Refused(e) => e,
+    })
+}
+
+/// Walks to the directory that holds `dir` (made absolute against the
+/// working directory). Symbolic links that `way` trusts the owner of are
+/// followed (only root can change root's, in directories only root may
+/// write or that are sticky); anything else stops the walk with a refusal
+/// (exit 74) before anything has been changed: a directory or link above
+/// `dir` that another user owns, one that group or others may write
+/// without the sticky bit, a component that is not a directory; a missing
+/// one stops it as [`Stop::Missing`] unless `way.make_missing`.
+pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
     let absolute = if dir.is_absolute() {
         dir.to_owned()
     } else {
         std::env::current_dir()
             .map_err(|e| {
-                coded(
+                Stop::Refused(coded(
                     ExitCode::IoError,
                     format!("cannot find the working directory: {e}"),
-                )
+                ))
             })?
             .join(dir)
     };
@@ -63,26 +139,28 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
     let name = match parts.pop_back() {
         Some(Component::Normal(name)) => name.to_owned(),
         _ => {
-            return Err(coded(
+            return Err(Stop::Refused(coded(
                 ExitCode::Usage,
                 format!(
-                    "devlock setup --dir {}: name the directory to make by its last component \
-                     (not /, . or ..)",
+                    "cannot {} {}: name the directory by its last component (not /, . or ..)",
+                    way.verb,
                     show_path(dir)
                 ),
-            ));
+            )));
         }
     };
     let root = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
-        coded(
+        Stop::Refused(coded(
             ExitCode::IoError,
             format!("cannot open /: {}", crate::proc::os_text(&e)),
-        )
+        ))
     })?;
     let mut real = PathBuf::from("/");
-    check_dir(&root, &real, dir)?;
+    check_dir(&root, &real, dir, way)?;
     let mut cur = root;
     let mut links = 0;
+    // The directory this walk has just made, to be given its mode.
+    let mut made: Option<OsString> = None;
     let mut todo: VecDeque<OsString> = parts
         .into_iter()
         .filter_map(|c| match c {
@@ -93,36 +171,46 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
         .collect();
     while let Some(part) = todo.pop_front() {
         let here = real.join(&part);
-        let refuse = |why: String| refusal(dir, &here, why);
+        let refuse = |why: String| Stop::Refused(refusal(dir, &here, why, way));
         if part == ".." {
             cur = open_dir(cur.as_fd(), &part).map_err(|e| {
                 refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
             })?;
             real.pop();
-            check_dir(&cur, &real, dir)?;
+            check_dir(&cur, &real, dir, way)?;
             continue;
         }
         let st = match nix::sys::stat::fstatat(&cur, part.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
         {
             Ok(st) => st,
-            Err(nix::errno::Errno::ENOENT) => {
-                return Err(coded(
-                    ExitCode::IoError,
-                    format!(
-                        "refusing to set up {}: {} does not exist (setup makes only the last \
-                         directory of --dir: make those above it first, root's); nothing was changed",
-                        show_path(dir),
-                        show_path(&here)
-                    ),
-                ));
+            Err(nix::errno::Errno::ENOENT) if way.make_missing => {
+                match nix::sys::stat::mkdirat(
+                    &cur,
+                    part.as_os_str(),
+                    nix::sys::stat::Mode::from_bits_truncate(0o755),
+                ) {
+                    // Made, or made by someone else meanwhile: looked at
+                    // again either way.
+                    Ok(()) => {
+                        made = Some(part.clone());
+                        todo.push_front(part);
+                        continue;
+                    }
+                    Err(nix::errno::Errno::EEXIST) => {
+                        todo.push_front(part);
+                        continue;
+                    }
+                    Err(e) => return Err(refuse(format!("it cannot be made: {}", e.desc()))),
+                }
             }
+            Err(nix::errno::Errno::ENOENT) => return Err(Stop::Missing(here)),
             Err(e) => return Err(refuse(format!("it cannot be examined: {}", e.desc()))),
         };
         match st.st_mode & libc::S_IFMT {
             libc::S_IFLNK => {
                 let target = nix::fcntl::readlinkat(&cur, part.as_os_str())
                     .map_err(|e| refuse(format!("its link cannot be read: {}", e.desc())))?;
-                if st.st_uid != 0 {
+                if !way.trusts(st.st_uid) {
                     return Err(refuse(format!(
                         "it is a symbolic link (to {}) owned by {}, who can point it anywhere",
                         show_path(Path::new(&target)),
@@ -152,8 +240,17 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
                 let fd = open_dir(cur.as_fd(), &part).map_err(|e| {
                     refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
                 })?;
+                if made.take().is_some_and(|m| m == part) {
+                    // 0755 whatever the umask, through the descriptor.
+                    crate::sys::fs::fchmod(&fd, 0o755).map_err(|e| {
+                        refuse(format!(
+                            "its mode cannot be set: {}",
+                            crate::proc::os_text(&e)
+                        ))
+                    })?;
+                }
                 real = here.clone();
-                check_dir(&fd, &real, dir)?;
+                check_dir(&fd, &real, dir, way)?;
                 cur = fd;
             }
             other => {
@@ -171,6 +268,13 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
     })
 }
 
+impl Parent {
+    /// Opens the directory itself, without following a link.
+    pub(crate) fn open(&self) -> std::io::Result<OwnedFd> {
+        open_dir(self.fd.as_fd(), &self.name)
+    }
+}
+
 /// One directory on the way, opened without following a link.
 fn open_dir(at: impl AsFd, name: &OsStr) -> std::io::Result<OwnedFd> {
     let c_name = std::ffi::CString::new(name.as_bytes()).map_err(std::io::Error::other)?;
@@ -186,17 +290,14 @@ fn open_dir(at: impl AsFd, name: &OsStr) -> std::io::Result<OwnedFd> {
 /// others only with the sticky bit (like `/tmp`: there nobody but root can
 /// rename or remove an entry root owns, and every entry on the way is
 /// checked to be root's in turn).
-fn check_dir(fd: &OwnedFd, real: &Path, dir: &Path) -> Result<()> {
-    let st = nix::sys::stat::fstat(fd).map_err(|e| refusal(dir, real, e.desc().to_owned()))?;
-    if st.st_uid != 0 {
-        return Err(refusal(
-            dir,
-            real,
-            format!(
-                "it is owned by {}, who can replace what is below it",
-                user(st.st_uid)
-            ),
-        ));
+fn check_dir(fd: &OwnedFd, real: &Path, dir: &Path, way: Way<'_>) -> Result<(), Stop> {
+    let refused = |why: String| Stop::Refused(refusal(dir, real, why, way));
+    let st = nix::sys::stat::fstat(fd).map_err(|e| refused(e.desc().to_owned()))?;
+    if !way.trusts(st.st_uid) {
+        return Err(refused(format!(
+            "it is owned by {}, who can replace what is below it",
+            user(st.st_uid)
+        )));
     }
     let sticky = st.st_mode & libc::S_ISVTX != 0;
     if st.st_mode & 0o022 != 0 && !sticky {
@@ -205,33 +306,37 @@ fn check_dir(fd: &OwnedFd, real: &Path, dir: &Path) -> Result<()> {
         } else {
             format!("group {}", group(st.st_gid))
         };
-        return Err(refusal(
-            dir,
-            real,
-            format!(
-                "it is writable by {who} and not sticky ({:o}), so they can replace what is below it",
-                st.st_mode & 0o7777
-            ),
-        ));
+        return Err(refused(format!(
+            "it is writable by {who} and not sticky ({:o}), so they can replace what is below it",
+            st.st_mode & 0o7777
+        )));
     }
     Ok(())
 }
 
 /// The one-line refusal (exit 74), naming the real path of the component
-/// at fault and the `--dir` it is on the way to.
-fn refusal(dir: &Path, real: &Path, why: String) -> anyhow::Error {
+/// at fault and the directory it is on the way to.
+fn refusal(dir: &Path, real: &Path, why: String, way: Way<'_>) -> anyhow::Error {
     coded(
         ExitCode::IoError,
         format!(
-            "refusing to set up {}: {} is on the way, and {why}; every directory above --dir \
-             must be root's and writable only by root (or sticky, like /tmp); nothing was changed",
+            "refusing to {} {}: {} is on the way, and {why}; every directory above {} \
+             must be {} and writable only by {} (or sticky, like /tmp); nothing was changed",
+            way.verb,
             show_path(dir),
-            show_path(real)
+            show_path(real),
+            way.what,
+            way.owners(),
+            if way.also.is_some() {
+                "its owner"
+            } else {
+                "root"
+            }
         ),
     )
 }
 
-fn user(uid: u32) -> String {
+pub(crate) fn user(uid: u32) -> String {
     crate::text::sanitize(&crate::proc::process::user_name(uid))
 }
 

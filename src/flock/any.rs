@@ -5,6 +5,7 @@ use anyhow::Result;
 
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, register, watch};
+use crate::flock::file::Leased;
 use crate::flock::file::LockFile;
 use crate::flock::nesting::inside_holder;
 use crate::flock::queue::Blocked;
@@ -136,19 +137,27 @@ impl Unit {
 
 /// The first unit that is or becomes complete: its index and its locks.
 fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Resource, Taken)>)> {
-    // A candidate whose line a stranger's lock keeps shut is passed over
-    // while another can be joined: one stranger cannot shut `--any`. Where
-    // every line is shut, the first is named (busy, exit 75).
+    // A candidate whose line a stranger's lock (or whose file a lease)
+    // keeps shut is passed over while another can be joined: one stranger
+    // cannot shut `--any`. Where every line is shut, the first is named
+    // (busy, exit 75).
     let mut joined = Vec::new();
     let mut joined_units: Vec<&Vec<Request>> = Vec::new();
-    let mut first_blocked = None;
+    let mut first_shut = None;
     for requests in units {
-        let unit = match Unit::join(ctx, requests)? {
-            Ok(unit) => unit,
-            Err(blocked) => {
-                first_blocked.get_or_insert(blocked);
+        let unit = match Unit::join(ctx, requests) {
+            Ok(Ok(unit)) => unit,
+            Ok(Err(blocked)) => {
+                first_shut.get_or_insert_with(|| blocked.into_busy());
                 continue;
             }
+            Err(e) if e.is::<Leased>() => {
+                let leased = e.downcast::<Leased>().expect("checked");
+                let member = requests.last().expect("a member").name.to_string();
+                first_shut.get_or_insert_with(|| leased.into_busy(&member));
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         if unit.complete() {
             let index = units
@@ -161,9 +170,9 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Reso
         joined_units.push(requests);
     }
     if joined.is_empty()
-        && let Some(blocked) = first_blocked
+        && let Some(shut) = first_shut
     {
-        return Err(blocked.into_busy());
+        return Err(shut);
     }
     let index_of = |i: usize| {
         units

@@ -30,13 +30,24 @@ pub(crate) fn read(dir: &ScratchDir) -> Option<Vec<Resource>> {
         0,
     )
     .ok()?;
-    let mut file = std::fs::File::from(fd);
+    let file = std::fs::File::from(fd);
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 || meta.len() > MOST {
         return None;
     }
-    let mut text = String::new();
-    file.read_to_string(&mut text).ok()?;
+    let mut bytes = Vec::new();
+    file.take(MOST + 1).read_to_end(&mut bytes).ok()?;
+    parse(&bytes)
+}
+
+/// The names a `.names` file lists, one a line: a line that names no
+/// resource is skipped; a file larger than [`MOST`] or not UTF-8 is no
+/// list root wrote.
+pub(crate) fn parse(bytes: &[u8]) -> Option<Vec<Resource>> {
+    if bytes.len() as u64 > MOST {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
     Some(
         text.lines()
             .filter_map(|l| l.trim().parse::<Resource>().ok())
@@ -45,7 +56,9 @@ pub(crate) fn read(dir: &ScratchDir) -> Option<Vec<Resource>> {
 }
 
 /// Writes `names` as the declared list (root, from setup and forget): a
-/// file of another type or owner at the path is replaced, never followed.
+/// file of another type or owner at the path, or one with another link
+/// (whose other name may be anywhere), is replaced, never followed nor
+/// written through.
 pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
     let path = dir.path().join(FILE);
     let c_name = crate::flock::dir::c_path(FILE.as_ref())?;
@@ -54,7 +67,8 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
         match crate::sys::fs::openat(dir.fd(), &c_name, flags, 0) {
             Ok(fd) => {
                 let st = nix::sys::stat::fstat(fd.as_fd())?;
-                if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == 0 {
+                if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == 0 && st.st_nlink == 1
+                {
                     break fd;
                 }
             }
@@ -88,4 +102,68 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
     std::os::unix::fs::FileExt::write_all_at(&file, text.as_bytes(), 0)
         .and_then(|()| file.set_len(text.len() as u64))
         .with_context(|| format!("writing {}", crate::text::show_path(&path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A line of a `.names` file as root writes it, or as another writer
+    /// might have left it: a name, padding, controls, far numbers, long
+    /// runs, invalid UTF-8.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            "[a-z][a-z0-9_.-]{0,12}(:[0-9]{1,5})?".prop_map(String::into_bytes),
+            "[ \t]{0,3}gpu:[0-9]{1,30}[ \t\r]{0,3}".prop_map(String::into_bytes),
+            "[\\x00-\\x1f\\x7f\u{202e}]{1,8}".prop_map(String::into_bytes),
+            "x{60,80}".prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 0..40),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the bytes: no panic, at most one name a line, and every
+        /// name one that a run accepts and prints as it was written.
+        #[test]
+        fn any_bytes_give_at_most_a_name_a_line(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            if let Some(names) = parse(&bytes) {
+                let lines = bytes.split(|&b| b == b'\n').count();
+                prop_assert!(names.len() <= lines);
+                for n in &names {
+                    let again: Option<Resource> = n.as_str().parse().ok();
+                    prop_assert_eq!(again.as_ref(), Some(n));
+                }
+            }
+        }
+
+        /// Lines mixed from names and garbage: exactly the lines that name
+        /// a resource come back, in order; one invalid UTF-8 byte anywhere
+        /// makes it no list at all.
+        #[test]
+        fn the_names_among_garbage_come_back_in_order(lines in proptest::collection::vec(line(), 0..24)) {
+            let bytes = lines.join(&b'\n');
+            let got = parse(&bytes);
+            let Ok(text) = std::str::from_utf8(&bytes) else {
+                prop_assert!(got.is_none());
+                return Ok(());
+            };
+            let want: Vec<Resource> = text
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            prop_assert_eq!(got, Some(want));
+        }
+    }
+
+    #[test]
+    fn a_list_larger_than_root_writes_is_none() {
+        let mut big = b"gpu\n".to_vec();
+        big.resize(MOST as usize, b'x');
+        assert_eq!(parse(&big).map(|v| v.len()), Some(1));
+        big.push(b'\n');
+        assert!(parse(&big).is_none());
+    }
 }

@@ -61,10 +61,20 @@ impl ScratchDir {
     }
 
     /// Opens the directory if it exists; `Ok(None)` when it does not.
+    /// Root reaches it from `/` through root's directories only (see
+    /// [`root_way`]); another user by its path, as every user's own
+    /// take does (the take's path pays nothing more).
     pub(crate) fn open(path: &Path) -> Result<Option<ScratchDir>> {
-        let c_path = c_path(path)?;
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = match crate::sys::fs::open(&c_path, flags) {
+        let opened = if crate::sys::process::effective_uid() == 0 {
+            match root_way(path)? {
+                Some(parent) => parent.open(),
+                None => return Ok(None),
+            }
+        } else {
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            crate::sys::fs::open(&c_path(path)?, flags)
+        };
+        let fd = match opened {
             Ok(fd) => fd,
             Err(err) => {
                 return match err.raw_os_error() {
@@ -161,6 +171,27 @@ impl ScratchDir {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether an exclusive holder's record goes into its lock file here:
+    /// only in a directory made for locks, sticky as devlock and `devlock
+    /// setup` make them (and /tmp is), where `NAME.lock` is the gate's, or
+    /// one this user cannot write (its lock files were made for it). In a
+    /// directory of this user's own (`--dir .` in a project) `NAME.lock`
+    /// may be a file the command owns (cargo's `Cargo.lock`, yarn's
+    /// `yarn.lock`), and one devlock made would hand the command its record
+    /// as the file's content (issue #32.10): the record goes into a
+    /// registration of its own, as a shared holder's does, and the lock
+    /// file is never written.
+    pub(crate) fn records_in_lock_files(&self) -> bool {
+        nix::sys::stat::fstat(self.fd.as_fd()).is_ok_and(|st| st.st_mode & libc::S_ISVTX != 0)
+            || nix::unistd::faccessat(
+                self.fd.as_fd(),
+                ".",
+                nix::unistd::AccessFlags::W_OK,
+                nix::fcntl::AtFlags::AT_EACCESS,
+            )
+            .is_err()
     }
 
     pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -305,9 +336,42 @@ pub(crate) fn flock_excludes(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Resul
     }
 }
 
-/// Makes the directory; `false` when someone else made it first.
+/// The directory that holds the lock directory `path`, for root: walked
+/// to from `/` (see [`crate::cmd::setup_path::walk`]), root's all the way
+/// and writable by nobody else unless sticky, so that no user decides where
+/// root makes, writes or removes a file; `None` when a directory on the way
+/// is missing. Anything else refuses with exit 74, naming the real path at
+/// fault and its owner.
+fn root_way(path: &Path) -> Result<Option<crate::cmd::setup_path::Parent>> {
+    use crate::cmd::setup_path::{Stop, Way, walk};
+    let way = Way {
+        verb: "use",
+        ..Way::SETUP
+    };
+    match walk(path, way) {
+        Ok(parent) => Ok(Some(parent)),
+        Err(Stop::Missing(_)) => Ok(None),
+        Err(Stop::Refused(e)) => Err(e),
+    }
+}
+
+/// Makes the directory; `false` when someone else made it first. Root
+/// makes it relative to the directory above, reached by [`root_way`].
 fn create(path: &Path) -> Result<bool> {
-    match std::fs::create_dir(path) {
+    let made = if crate::sys::process::effective_uid() == 0 {
+        match root_way(path)? {
+            Some(parent) => nix::sys::stat::mkdirat(
+                &parent.fd,
+                parent.name.as_os_str(),
+                nix::sys::stat::Mode::from_bits_truncate(0o700),
+            )
+            .map_err(std::io::Error::from),
+            None => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        }
+    } else {
+        std::fs::create_dir(path)
+    };
+    match made {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(coded(
@@ -348,5 +412,24 @@ mod tests {
         // /dev/shm and /tmp are tmpfs or a disk: known, so not probed.
         let kind = crate::sys::fs::filesystem_type(opened.fd()).unwrap();
         assert!(LOCAL_FILESYSTEMS.contains(&kind), "{kind:#x}");
+    }
+
+    /// Issue #32.10: a record goes into a lock file only in a directory
+    /// made for locks (sticky), or one this user cannot write.
+    #[test]
+    fn records_go_into_lock_files_only_in_a_directory_made_for_locks() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |m| std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(m));
+        let opened = ScratchDir::open(dir.path()).unwrap().unwrap();
+        mode(0o755).unwrap();
+        assert!(!opened.records_in_lock_files(), "a project's directory");
+        mode(0o1777).unwrap();
+        assert!(opened.records_in_lock_files(), "made for locks");
+        if !nix::unistd::geteuid().is_root() {
+            mode(0o555).unwrap();
+            assert!(opened.records_in_lock_files(), "made for this user");
+        }
+        mode(0o700).unwrap();
     }
 }

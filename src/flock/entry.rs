@@ -36,6 +36,9 @@ pub(crate) struct Held {
     expect: std::cell::RefCell<Vec<u8>>,
     /// A memory budget (`--mem`), MiB: its registration says so.
     mem_mib: Option<u64>,
+    /// The directory is one made for locks, where an exclusive holder's
+    /// record goes into the lock file ([`ScratchDir::records_in_lock_files`]).
+    in_lock_dir: bool,
 }
 
 /// The parts of a hold.
@@ -46,7 +49,8 @@ struct Keep {
     /// Kept while holding: exclusively, the place in line, so the line
     /// behind waits for us; always, the agreement on the slot count.
     ticket: Option<Ticket>,
-    /// A shared holder's label (there is no single record in a shared file).
+    /// A shared holder's label (there is no single record in a shared
+    /// file), and an exclusive holder's outside a directory made for locks.
     label_file: Option<Registration>,
 }
 
@@ -57,6 +61,7 @@ impl Held {
         slot: Option<Slot>,
         ticket: Option<Ticket>,
         label_file: Option<Registration>,
+        in_lock_dir: bool,
     ) -> Held {
         Held {
             request,
@@ -70,6 +75,7 @@ impl Held {
             wrote: std::cell::Cell::new(false),
             expect: std::cell::RefCell::new(Vec::new()),
             mem_mib: None,
+            in_lock_dir,
         }
     }
 
@@ -83,7 +89,7 @@ impl Held {
         label: Registration,
         mem_mib: u64,
     ) -> Held {
-        let mut held = Held::new(request, lock, None, Some(ticket), Some(label));
+        let mut held = Held::new(request, lock, None, Some(ticket), Some(label), true);
         held.mem_mib = Some(mem_mib);
         held
     }
@@ -135,16 +141,18 @@ impl Held {
         fds
     }
 
-    /// Whether this hold's lock file carries its label: a shared hold's
-    /// registration does, an exclusive hold's file unless it holds
-    /// somebody's data (or cannot be written).
+    /// Whether this hold's lock file is devlock's alone, as far as it can
+    /// tell: in a directory made for locks, and (an exclusive hold's)
+    /// carrying its record, not somebody's data. Otherwise the command may
+    /// use the file itself (and may wait for this very hold).
     pub(crate) fn labelled(&self) -> bool {
-        !self.owns_record() || self.record_ok.get().is_some_and(std::cell::Cell::get)
+        self.in_lock_dir
+            && (!self.owns_record() || self.record_ok.get().is_some_and(std::cell::Cell::get))
     }
 
     /// Whether the holder record goes into the lock file itself.
     fn owns_record(&self) -> bool {
-        self.request.exclusive && self.request.slots == 0
+        self.request.exclusive && self.request.slots == 0 && self.in_lock_dir
     }
 
     /// The lock files this hold keeps, with the path each was opened at:
@@ -353,7 +361,7 @@ impl Entry {
             dir,
             &name,
             request.slots,
-            &|| plain_devlock_holds(&lock),
+            &|| plain_devlock_holds(dir, &lock, &request.name),
             &|pid| devlock_of(dir, &lock, &request.name, pid),
             request.name.as_str(),
         );
@@ -434,7 +442,9 @@ impl Entry {
 
 /// A hold: an exclusive holder keeps its place so the line behind waits; a
 /// shared holder steps aside so the line moves on, and labels itself in a
-/// registration, as a shared lock file has no room for everyone's record.
+/// registration, as a shared lock file has no room for everyone's record
+/// (so does an exclusive holder outside a directory made for locks, whose
+/// lock file may be the command's).
 /// Both keep the agreement on the slot count their ticket holds.
 pub(crate) fn hold(
     ctx: &Context,
@@ -443,11 +453,13 @@ pub(crate) fn hold(
     ticket: Option<Ticket>,
     slot: Option<Slot>,
 ) -> Held {
-    if request.exclusive && request.slots == 0 {
-        return Held::new(request, lock, slot, ticket, None);
+    let exclusive = request.exclusive && request.slots == 0;
+    let in_lock_dir = !exclusive || ctx.dir.records_in_lock_files();
+    if exclusive && in_lock_dir {
+        return Held::new(request, lock, slot, ticket, None, true);
     }
     let number = ticket.as_ref().map(|t| t.number);
-    if let Some(ticket) = &ticket {
+    if let (false, Some(ticket)) = (exclusive, &ticket) {
         let _ = ticket.step_aside();
     }
     let mut record = ctx.record();
@@ -455,7 +467,7 @@ pub(crate) fn hold(
     record.slot = slot.as_ref().map(|s| s.number);
     record.via = request.via.as_ref().map(Resource::to_string);
     let label = Registration::create(ctx.dir, &request.name, &record, Kind::Hold).ok();
-    Held::new(request, lock, slot, ticket, label)
+    Held::new(request, lock, slot, ticket, label, in_lock_dir)
 }
 
 /// Handles of its own for the waiting display (not needed when it shows nothing).
@@ -487,22 +499,18 @@ pub(crate) fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<
 
 /// Whether a devlock holds the lock plainly (exclusively, not through the
 /// line's agreement), as the kernel backs it: the kernel's holder is the
-/// process the lock file's record names (pid and start time), and its
-/// descriptors show it holding this file. Another user's holder, whose
+/// process the lock file's record (or, outside a directory made for locks,
+/// its registration) names, and the kernel shows it holding (see
+/// [`devlock_of`]). Another user's holder, whose
 /// descriptors this user cannot read, is vouched for by nobody: a request
 /// then waits for the lock as for any holder.
-fn plain_devlock_holds(lock: &LockFile) -> bool {
+fn plain_devlock_holds(dir: &ScratchDir, lock: &LockFile, resource: &Resource) -> bool {
     let Ok(table) = LockTable::read() else {
         return false;
     };
-    let Some(record) = crate::flock::record::read_from(lock.file()).valid() else {
-        return false;
-    };
-    table.holders(lock.id()).any(|l| {
-        l.exclusive
-            && record.names(l.pid)
-            && crate::proc::locks::holds_flock(l.pid, lock.id()) == Some(true)
-    })
+    table
+        .holders(lock.id())
+        .any(|l| l.exclusive && devlock_of(dir, lock, resource, l.pid))
 }
 
 /// Whether `pid` is a devlock using `resource`, by the kernel's word: the

@@ -358,38 +358,46 @@ pub(crate) struct Leased {
     pub name: String,
     /// `a file lease on PATH (pid N, user), not devlock's`.
     pub words: String,
+    /// The lease's holder, where the kernel's table names one.
+    pid: Option<u32>,
 }
 
 impl Leased {
     fn of(dir: &ScratchDir, name: &str, path: &std::path::Path) -> Leased {
-        let owner =
-            nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                .ok()
-                .and_then(|st| {
-                    let id = FileId::from_metadata(st.st_dev, st.st_ino);
-                    let table = crate::proc::locks::LockTable::read().ok()?;
-                    let pid = table.leases(id).iter().find(|l| !l.blocked)?.pid;
-                    Some(crate::messages::who(
-                        Some(pid),
-                        crate::proc::process::uid_of(pid)
-                            .map(crate::proc::process::user_name)
-                            .as_deref(),
-                    ))
-                })
-                .unwrap_or_else(|| crate::proc::locks::unseen_owner().to_owned());
+        let pid = nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .and_then(|st| {
+                let id = FileId::from_metadata(st.st_dev, st.st_ino);
+                let table = crate::proc::locks::LockTable::read().ok()?;
+                Some(table.leases(id).iter().find(|l| !l.blocked)?.pid)
+            });
+        let owner = pid.map_or_else(
+            || crate::proc::locks::unseen_owner().to_owned(),
+            |pid| {
+                crate::messages::who(
+                    Some(pid),
+                    crate::proc::process::uid_of(pid)
+                        .map(crate::proc::process::user_name)
+                        .as_deref(),
+                )
+            },
+        );
         Leased {
             name: name.to_owned(),
             words: format!(
                 "a file lease on {} ({owner}), not devlock's: every open of it for writing waits for its holder",
                 path.display()
             ),
+            pid,
         }
     }
 
-    /// The error a request that may not wait ends with (exit 75).
+    /// The error a request that may not wait ends with: the same typed
+    /// busy as a holder's (`-q`, `--conflict-exit-code`, `devlock.Busy`).
     pub(crate) fn into_busy(self, resource: &str) -> anyhow::Error {
-        coded(
-            ExitCode::Busy,
+        crate::error::Busy::stranger(
+            resource,
+            self.pid,
             format!("{resource} is busy: {}", self.words),
         )
     }

@@ -26,7 +26,6 @@ use std::io;
 
 use anyhow::{Context, Result};
 
-use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
 use crate::proc::locks::{FileId, LockTable, RangeLock};
@@ -366,6 +365,10 @@ pub(crate) struct Blocked {
     file: File,
     start: i64,
     len: i64,
+    /// The resource whose line it shuts.
+    resource: String,
+    /// The lock's owner, where the kernel names one.
+    pid: Option<u32>,
     /// `r is busy: ...`, naming the lock and its owner.
     message: String,
     /// The part after `is busy: `, for a waiting line.
@@ -386,9 +389,10 @@ impl Blocked {
         !matches!(get_lock(&self.file, self.start, self.len), Ok(None))
     }
 
-    /// The error a request that may not wait ends with (exit 75).
+    /// The error a request that may not wait ends with: the same typed
+    /// busy as a holder's (`-q`, `--conflict-exit-code`, `devlock.Busy`).
     pub(crate) fn into_busy(self) -> anyhow::Error {
-        coded(ExitCode::Busy, self.message)
+        crate::error::Busy::stranger(&self.resource, self.pid, self.message)
     }
 }
 
@@ -404,6 +408,7 @@ fn blocked(
     err: Option<io::Error>,
 ) -> anyhow::Error {
     let lock = get_lock(&file, at, 1).ok().flatten();
+    let pid = lock.filter(|l| l.l_pid > 0).map(|l| l.l_pid as u32);
     let what = match lock {
         Some(l) => {
             let range = RangeLock {
@@ -438,6 +443,8 @@ fn blocked(
         file,
         start: at,
         len,
+        resource: resource.to_owned(),
+        pid,
         message: format!("{resource} is busy: {words}"),
         words,
     })
@@ -618,7 +625,7 @@ pub(crate) fn line_view(table: &LockTable, queue: FileId) -> LineView {
 pub(crate) fn holds_place(table: &LockTable, queue: FileId, ticket: u64, pid: u32) -> bool {
     let at = SLOT_BASE as u64 + ticket;
     let place = |l: &RangeLock| !l.blocked && l.exclusive && l.start == at && l.end == Some(at);
-    match crate::proc::locks::range_locks_of(pid, queue) {
+    match table.range_locks_of(pid, queue) {
         Some(own) => own.iter().any(place),
         None => table.ranges(queue).iter().any(|l| l.ofd && place(l)),
     }

@@ -33,6 +33,8 @@ const MAX_TICKET: u64 = 1 << 32;
 const MAX_SLOT: u64 = u16::MAX as u64;
 /// Largest memory figure a record may carry: 1 PiB, far past any device.
 const MAX_MEM_MIB: u64 = 1 << 30;
+/// Largest GPU index a record may carry.
+const MAX_GPU_INDEX: u32 = 1 << 16;
 
 /// What devlock writes about a holder or waiter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +89,18 @@ pub struct Record {
     /// written while idle, so a reader from before it meets it only then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since_ms: Option<u64>,
+    /// A library hold kept past its block's end because its process still
+    /// uses the device: milliseconds since the epoch when the block ended
+    /// (a label for status; only written while kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_ms: Option<u64>,
+    /// While kept: what the process still used at the last look, MiB, on
+    /// `kept_gpu` (the GPU where it uses the most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_mib: Option<u64>,
+    /// While kept: the GPU `kept_mib` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_gpu: Option<u32>,
 }
 
 impl Record {
@@ -108,6 +122,9 @@ impl Record {
             mem_mib: None,
             over_mib: None,
             idle_since_ms: None,
+            kept_ms: None,
+            kept_mib: None,
+            kept_gpu: None,
         }
     }
 
@@ -310,6 +327,9 @@ impl Record {
             && self.mem_mib.is_none_or(|m| (1..=MAX_MEM_MIB).contains(&m))
             && self.over_mib.is_none_or(|m| m <= MAX_MEM_MIB)
             && self.idle_since_ms.is_none_or(|t| t <= latest)
+            && self.kept_ms.is_none_or(|t| t <= latest)
+            && self.kept_mib.is_none_or(|m| m <= MAX_MEM_MIB)
+            && self.kept_gpu.is_none_or(|g| g <= MAX_GPU_INDEX)
             && self
                 .boot_id
                 .as_ref()
@@ -399,6 +419,9 @@ mod tests {
             r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"child":7}"#,
             r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"command":["x"]}"#,
             r#"{"step":"s","pid":-1,"pid_start":1,"since_ms":1}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"kept_gpu":4294967295}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"kept_ms":18446744073709551615}"#,
+            r#"{"step":"s","pid":5,"pid_start":1,"since_ms":1,"kept_mib":18446744073709551615}"#,
         ] {
             assert_eq!(parse(&forged(body)), None, "{body}");
         }
@@ -426,5 +449,149 @@ mod tests {
         let record = Record::for_this_process(&"é".repeat(3000));
         assert!(record.step.len() <= MAX_STEP_BYTES);
         assert!(record.to_bytes().len() < MAX_RECORD_BYTES);
+    }
+
+    /// What every reader of an accepted record does with it: its moments
+    /// as times and as RFC 3339 (status, serve), none of which may panic.
+    fn use_as_readers_do(record: &Record) {
+        let since = record.since();
+        let _ = humantime::format_rfc3339_seconds(since).to_string();
+        if let Some(t) = record.idle_since_ms {
+            let idle = UNIX_EPOCH + Duration::from_millis(t);
+            let _ = humantime::format_rfc3339_seconds(idle).to_string();
+        }
+    }
+
+    /// A number as a record field may hold one: in range, at the edges,
+    /// or anything JSON can spell.
+    fn any_number() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (1u64..=5).prop_map(|n| n.to_string()),
+            1 => any::<u64>().prop_map(|n| n.to_string()),
+            1 => any::<i64>().prop_map(|n| n.to_string()),
+            1 => prop::sample::select(vec![
+                "4194304".to_owned(),
+                "4194305".to_owned(),
+                "4294967296".to_owned(),
+                "18446744073709551616".to_owned(),
+                "1e308".to_owned(),
+                "0".to_owned(),
+                "-0".to_owned(),
+                "1.5".to_owned(),
+                "null".to_owned(),
+                "\"7\"".to_owned(),
+                "253402300800000".to_owned(),
+            ]),
+        ]
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Bytes of any kind: no panic, and nothing over the size
+            /// limit or out of bounds is ever accepted.
+            #[test]
+            fn any_bytes_are_read_without_panic(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+                if let Some(record) = parse(&bytes) {
+                    prop_assert!(bytes.len() <= MAX_RECORD_BYTES);
+                    prop_assert!(record.in_bounds());
+                    use_as_readers_do(&record);
+                }
+            }
+
+            /// The same after the magic, so the checksum and JSON are
+            /// reached: the check refuses what it does not match.
+            #[test]
+            fn bytes_after_the_magic_fail_the_check(
+                check in "[0-9a-f]{16}",
+                body in prop::collection::vec(any::<u8>(), 0..2048),
+            ) {
+                let mut bytes = MAGIC_V2.to_vec();
+                bytes.extend_from_slice(check.as_bytes());
+                bytes.extend_from_slice(b"\",");
+                bytes.extend_from_slice(&body);
+                bytes.push(b'\n');
+                if let Some(record) = parse(&bytes) {
+                    prop_assert!(record.in_bounds());
+                    use_as_readers_do(&record);
+                }
+            }
+
+            /// A forged record (its check right) with any numbers, any
+            /// step (control and format characters, escapes of invalid
+            /// UTF-16, long) and any boot id: accepted only in bounds,
+            /// and then harmless to every reader.
+            #[test]
+            fn forged_numbers_are_accepted_only_in_bounds(
+                pid in any_number(),
+                pid_start in any_number(),
+                since_ms in any_number(),
+                ticket in any_number(),
+                slot in any_number(),
+                mem in any_number(),
+                idle in any_number(),
+                child in prop::option::of((any_number(), any_number())),
+                step in prop_oneof![
+                    "\\PC{0,40}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+                    "[\u{0}-\u{1f}\u{7f}-\u{9f}\u{202e}\u{200f}]{0,20}"
+                        .prop_map(|t| serde_json::to_string(&t).unwrap()),
+                    // Escapes of invalid UTF-16: a pair, and lone halves.
+                    Just(r#""\ud800\udc00""#.to_owned()),
+                    Just(r#""a\udfffb""#.to_owned()),
+                    Just(r#""\ud800""#.to_owned()),
+                    "x{0,20000}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+                ],
+                boot in prop_oneof![3 => "[!-~]{0,64}", 1 => "\\PC{0,80}"],
+            ) {
+                let boot = serde_json::to_string(&boot).unwrap();
+                let child = child.map_or(String::new(), |(c, s)| {
+                    format!(r#","child":{c},"child_start":{s}"#)
+                });
+                let body = format!(
+                    r#"{{"step":{step},"pid":{pid},"pid_start":{pid_start},"since_ms":{since_ms},"boot_id":{boot},"ticket":{ticket},"slot":{slot},"mem_mib":{mem},"idle_since_ms":{idle}{child}}}"#
+                );
+                let bytes = forged(&body);
+                match parse(&bytes) {
+                    Some(record) => {
+                        prop_assert!(bytes.len() <= MAX_RECORD_BYTES);
+                        prop_assert!(record.in_bounds());
+                        prop_assert!((1..=MAX_PID).contains(&record.pid));
+                        prop_assert!(record.ticket.is_none_or(|t| t <= MAX_TICKET));
+                        use_as_readers_do(&record);
+                    }
+                    None => {
+                        // Refused: over the size limit, not JSON of a
+                        // record, or a number out of bounds.
+                        let value: Option<Record> = serde_json::from_str(&body).ok();
+                        prop_assert!(
+                            bytes.len() > MAX_RECORD_BYTES || value.is_none_or(|r| !r.in_bounds()),
+                            "a sane record was refused: {}", body
+                        );
+                    }
+                }
+            }
+
+            /// What this process writes reads back as it was, whatever the
+            /// step, and every cut of it (a torn read) is refused but left
+            /// devlock's to write over.
+            #[test]
+            fn written_records_round_trip_and_torn_ones_are_refused(
+                step in "\\PC{0,300}",
+                cut in any::<prop::sample::Index>(),
+            ) {
+                let record = Record::for_this_process(&step);
+                let bytes = record.to_bytes();
+                prop_assert!(bytes.len() < MAX_RECORD_BYTES);
+                prop_assert_eq!(parse(&bytes), Some(record));
+                let at = cut.index(bytes.len());
+                prop_assert_eq!(parse(&bytes[..at]), None);
+                prop_assert!(is_ours_to_write(&bytes[..at]));
+            }
+        }
     }
 }

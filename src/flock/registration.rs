@@ -293,9 +293,9 @@ pub(crate) fn live_waiters(
         // kernel shows holding this very file.
         let inherited = own
             && !alive_in_kernel
-            && record.child.is_some_and(|c| {
-                record.names_child(c) && crate::proc::locks::holds_flock(c, id) == Some(true)
-            });
+            && record
+                .child
+                .is_some_and(|c| record.names_child(c) && table.holds_flock(c, id) == Some(true));
         if alive_in_kernel || inherited || (own && kind == Kind::Hold) {
             waiters.push(Waiter {
                 resource,
@@ -363,5 +363,76 @@ mod tests {
         assert_eq!(resource_of(".gpu:3@1.2.lost"), Some((gpu, Kind::Lost)));
         assert_eq!(resource_of("gpu.lock"), None);
         assert_eq!(resource_of(".gpu:3@x.2.wait"), None);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn kind() -> impl Strategy<Value = Kind> {
+            prop::sample::select(vec![Kind::Wait, Kind::Hold, Kind::Lost])
+        }
+
+        /// Names another user can plant in the directory, built from the
+        /// pieces of a registration's name or from nothing.
+        fn planted() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                "[A-Za-z0-9._:@-]{0,80}",
+                "\\PC{0,40}",
+                "[\u{0}-\u{1f}\u{7f}\u{202e}]{1,4}",
+                any::<u64>().prop_map(|n| n.to_string()),
+                Just("99999999999999999999999".to_owned()),
+                Just("-1".to_owned()),
+                Just("+7".to_owned()),
+                Just(String::new()),
+            ];
+            let suffix =
+                prop::sample::select(vec![".wait", ".hold", ".lost", ".lock", "", ".wait.wait"]);
+            prop_oneof![
+                "\\PC{0,300}",
+                (piece.clone(), piece.clone(), piece, suffix)
+                    .prop_map(|(name, pid, n, suffix)| format!(".{name}@{pid}.{n}{suffix}")),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever is planted: no panic, and a name is taken for a
+            /// registration only when it is one (a valid resource, a pid
+            /// and a number in decimal that fit, a known suffix): what it
+            /// names is a resource within the name rules and a pid.
+            #[test]
+            fn planted_names_are_registrations_only_when_well_formed(name in planted()) {
+                if let Some((resource, kind, pid)) = parse_name(&name) {
+                    prop_assert!(resource.as_str().len() <= crate::names::MAX_NAME_LEN);
+                    prop_assert!(resource.as_str().parse::<Resource>().is_ok());
+                    prop_assert!(name.starts_with('.') && name.ends_with(kind.suffix()));
+                    let named = format!(".{}@", resource.as_str());
+                    prop_assert!(name.contains(&named));
+                    let made = file_name(&resource, pid, 0, kind);
+                    prop_assert_eq!(parse_name(&made), Some((resource, kind, pid)));
+                }
+            }
+
+            /// Every name a registration is made with reads back as what
+            /// it was made for.
+            #[test]
+            fn made_names_read_back(
+                resource in prop_oneof![
+                    "[A-Za-z0-9_][A-Za-z0-9._:-]{0,63}",
+                    (0u32..=crate::names::MAX_GPU_INDEX).prop_map(|i| format!("gpu:{i}")),
+                ],
+                pid in any::<u32>(),
+                n in any::<u32>(),
+                kind in kind(),
+            ) {
+                let Ok(resource) = resource.parse::<Resource>() else {
+                    return Ok(());
+                };
+                let name = file_name(&resource, pid, n, kind);
+                prop_assert_eq!(parse_name(&name), Some((resource, kind, pid)));
+            }
+        }
     }
 }

@@ -85,7 +85,7 @@ fn file_issue(path: &Path, owner: u32, name: &str) -> Issue {
 
 /// The resource a file in the scratch directory belongs to: `R.lock`,
 /// `.R.queue`, `.R.slotN`.
-fn resource_of(name: &str) -> Option<Resource> {
+pub(crate) fn resource_of(name: &str) -> Option<Resource> {
     if let Some(r) = Resource::from_file_name(name) {
         return Some(r);
     }

@@ -1,13 +1,17 @@
-//! The kernel's lock tables: `/proc/locks` (every flock and byte-range lock
-//! of this pid namespace, by file) and the `lock:` lines of
-//! `/proc/PID/fdinfo/FD` (which name every process sharing a lock). A fresh
-//! reading each time: callers check records against it, never the other way.
+//! The kernel's lock table, `/proc/locks` (every flock and byte-range lock
+//! of this pid namespace, by file), with the descriptors read for the same
+//! look ([`super::fdinfo`]). A fresh reading each time: callers check
+//! records against it, never the other way.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::Read;
 
-use super::read_small;
+use super::fdinfo::Descriptors;
+pub(crate) use super::fdinfo::{
+    FdScan, fd_locks, fd_scan, fd_scan_within, holds_flock, locks_of_fd, range_lock_owners,
+    unseen_owner,
+};
 
 /// Identity of a file as the kernel's lock tables name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,7 +36,7 @@ impl FileId {
 }
 
 /// One line of `/proc/locks` (or a `lock:` line of `/proc/PID/fdinfo/FD`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KernelLock {
     /// The locked file.
     pub file: FileId,
@@ -47,7 +51,7 @@ pub struct KernelLock {
 /// A byte-range lock (POSIX `fcntl` or open-file-description) from
 /// `/proc/locks` or an fdinfo `lock:` line. devlock's queue files use OFD
 /// locks; anything else on them is somebody else's.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RangeLock {
     /// The locked file.
     pub file: FileId,
@@ -82,7 +86,7 @@ impl RangeLock {
     }
 }
 
-enum Entry {
+pub(super) enum Entry {
     Flock(KernelLock),
     Range(RangeLock),
     /// A file lease (fcntl F_SETLEASE): `exclusive` for a write lease.
@@ -120,16 +124,9 @@ pub(crate) fn parse_range_locks(text: &str) -> Vec<RangeLock> {
         .collect()
 }
 
-fn parse_lock_line(line: &str) -> Option<KernelLock> {
-    match parse_entry(line)? {
-        Entry::Flock(lock) => Some(lock),
-        _ => None,
-    }
-}
-
 /// `1: FLOCK  ADVISORY  WRITE 3023 fe:00:10010754 0 EOF`, or with `->`
 /// after the number for a blocked request; POSIX and OFDLCK lines alike.
-fn parse_entry(line: &str) -> Option<Entry> {
+pub(super) fn parse_entry(line: &str) -> Option<Entry> {
     let mut words = line.split_whitespace();
     words.next()?; // "1:"
     let mut kind = words.next()?;
@@ -186,12 +183,18 @@ fn parse_entry(line: &str) -> Option<Entry> {
     }))
 }
 
-/// All lock entries of the machine (of this pid namespace), by file.
+/// All lock entries of the machine (of this pid namespace), by file, and
+/// what the processes' descriptors hold, read once for this look: every
+/// question a look asks of a process's descriptors (does it hold this file,
+/// who shares this lock, who owns that byte) is answered from one reading
+/// of each process, made when first asked, so a look costs one pass over
+/// the descriptors however many locks a stranger made or `dup`ed.
 #[derive(Debug, Default)]
 pub struct LockTable {
     by_file: HashMap<FileId, Vec<KernelLock>>,
     ranges: HashMap<FileId, Vec<RangeLock>>,
     leases: HashMap<FileId, Vec<KernelLock>>,
+    descriptors: Descriptors,
 }
 
 impl LockTable {
@@ -232,6 +235,7 @@ impl LockTable {
             by_file,
             ranges: HashMap::new(),
             leases: HashMap::new(),
+            descriptors: Descriptors::default(),
         }
     }
 
@@ -273,6 +277,56 @@ impl LockTable {
     fn entries(&self, file: FileId) -> impl Iterator<Item = &KernelLock> {
         self.by_file.get(&file).into_iter().flatten()
     }
+
+    /// Whether `pid` holds a granted flock on `file` through one of its
+    /// descriptors, as this look read them; `None` when this user may not
+    /// read them (another user's process, without privilege).
+    pub(crate) fn holds_flock(&self, pid: u32, file: FileId) -> Option<bool> {
+        let locks = self.descriptors.of(pid)?;
+        Some(locks.flocks.iter().any(|l| l.file == file && !l.blocked))
+    }
+
+    /// The byte-range locks `pid`'s descriptors hold on `file`, as this
+    /// look read them (`None` when this user may not read them).
+    pub(crate) fn range_locks_of(&self, pid: u32, file: FileId) -> Option<Vec<RangeLock>> {
+        let locks = self.descriptors.of(pid)?;
+        Some(
+            locks
+                .ranges
+                .iter()
+                .filter(|l| l.file == file)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// The processes whose descriptors hold byte-range locks on `file`
+    /// (OFD locks show no pid in `/proc/locks`: this is the only way to
+    /// name their owners), from this look's reading of every process.
+    pub(crate) fn range_lock_owners(&self, file: FileId) -> Vec<(u32, RangeLock)> {
+        self.descriptors
+            .everyone()
+            .ranges
+            .get(&file)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The processes holding `file` through a flock that `taker` took
+    /// (the pid its `lock:` line names: a command that inherited devlock's
+    /// descriptor shows devlock's pid there), from this look's reading of
+    /// every process.
+    pub(crate) fn sharers(&self, file: FileId, taker: u32) -> Vec<u32> {
+        self.descriptors
+            .everyone()
+            .flocks
+            .get(&file)
+            .into_iter()
+            .flatten()
+            .filter(|(_, t)| *t == taker)
+            .map(|(p, _)| *p)
+            .collect()
+    }
 }
 
 type Locks = (Vec<KernelLock>, Vec<RangeLock>, Vec<KernelLock>);
@@ -302,26 +356,6 @@ fn read_locks() -> std::io::Result<(Locks, usize)> {
     ))
 }
 
-/// Whether `pid` holds a granted flock on `file` through one of its
-/// descriptors, from its fdinfo; `None` when its descriptors cannot be read
-/// (another user's process, without privilege).
-pub(crate) fn holds_flock(pid: u32, file: FileId) -> Option<bool> {
-    let locks = fd_locks(&pid.to_string())?;
-    Some(locks.iter().any(|(_, l)| l.file == file && !l.blocked))
-}
-
-/// What holds a lock no process this user can see shows in its
-/// descriptors: for root, who sees every process's, a descriptor no process
-/// has open (sent over a unix socket and not received yet); for anyone
-/// else, a process this user cannot see.
-pub(crate) fn unseen_owner() -> &'static str {
-    if nix::unistd::geteuid().is_root() && !fd_scan().cut_short {
-        "a descriptor no process has open (one sent over a unix socket, say)"
-    } else {
-        "a process this user cannot see"
-    }
-}
-
 /// Where a holder's tag lies in a lock file (and a registration): one
 /// byte far past anything written into it.
 pub(crate) const TAG_AT: i64 = 1 << 40;
@@ -345,7 +379,7 @@ pub(crate) fn tag(file: &std::fs::File) {
 /// process of another user without a tag: its pid may have been reused
 /// since the lock was taken).
 pub(crate) fn holds_now(table: &LockTable, pid: u32, file: FileId) -> Option<bool> {
-    if let Some(holds) = holds_flock(pid, file) {
+    if let Some(holds) = table.holds_flock(pid, file) {
         return Some(holds);
     }
     let tagged = table
@@ -353,190 +387,4 @@ pub(crate) fn holds_now(table: &LockTable, pid: u32, file: FileId) -> Option<boo
         .iter()
         .any(|l| !l.ofd && !l.blocked && l.pid == Some(pid) && l.start == TAG_AT as u64);
     tagged.then_some(true)
-}
-
-/// The processes whose descriptors hold byte-range locks on `file`, from
-/// the one scan of every process's descriptors ([`fd_scan`]). OFD locks
-/// show no pid in `/proc/locks`; this is the only way to name their owners.
-pub(crate) fn range_lock_owners(file: FileId) -> Vec<(u32, RangeLock)> {
-    fd_scan().ranges.get(&file).cloned().unwrap_or_default()
-}
-
-/// What the descriptors of every process this user may inspect (root: all)
-/// hold, by file: the `lock:` lines of `/proc/PID/fdinfo/FD`, read in one
-/// pass over the processes. It costs one read per descriptor (linear in
-/// processes times descriptors, a descriptor whose fdinfo repeats the one
-/// before it, a `dup`, parsed once), and is made at most once per
-/// [`SCAN_FRESH`] and shared by every question asked meanwhile, so any
-/// number of locks a stranger makes costs one pass, not one each. A stop
-/// signal waiting to be taken (SIGTERM, SIGINT, SIGHUP, SIGQUIT) cuts the
-/// pass short between two processes: what was seen so far is the answer,
-/// and the caller gets to the signal at once.
-#[derive(Debug, Default)]
-pub(crate) struct FdScan {
-    /// Granted flocks: (holding pid, the pid its `lock:` line names).
-    pub flocks: HashMap<FileId, Vec<(u32, u32)>>,
-    /// Byte-range locks (granted and requested), with the holding pid.
-    pub ranges: HashMap<FileId, Vec<(u32, RangeLock)>>,
-    /// A stop signal cut the pass short.
-    pub cut_short: bool,
-}
-
-/// How long one pass over the processes answers for: a look (a status, a
-/// busy message, one round of a waiting line) asks within it.
-pub(crate) const SCAN_FRESH: std::time::Duration = std::time::Duration::from_millis(250);
-
-static SCAN: std::sync::Mutex<Option<(std::time::Instant, std::sync::Arc<FdScan>)>> =
-    std::sync::Mutex::new(None);
-
-/// The scan of every process's descriptors, made now unless one made less
-/// than [`SCAN_FRESH`] ago answers.
-pub(crate) fn fd_scan() -> std::sync::Arc<FdScan> {
-    fd_scan_within(SCAN_FRESH)
-}
-
-/// The scan, made now unless one made less than `fresh` ago answers (a
-/// question whose answer decides, not only names: is this lock a
-/// devlock's, asked again after the cached scan did not show its owner).
-pub(crate) fn fd_scan_within(fresh: std::time::Duration) -> std::sync::Arc<FdScan> {
-    let mut cached = SCAN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((at, scan)) = cached.as_ref()
-        && at.elapsed() < fresh
-    {
-        return scan.clone();
-    }
-    let scan = std::sync::Arc::new(scan_all());
-    *cached = Some((std::time::Instant::now(), scan.clone()));
-    scan
-}
-
-fn stop_pending() -> bool {
-    crate::sys::signal::any_pending(&crate::sys::signal::SigSet::of(&[
-        libc::SIGINT,
-        libc::SIGTERM,
-        libc::SIGHUP,
-        libc::SIGQUIT,
-    ]))
-}
-
-fn scan_all() -> FdScan {
-    let mut scan = FdScan::default();
-    let Ok(proc_dir) = fs::read_dir("/proc") else {
-        return scan;
-    };
-    for entry in proc_dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if stop_pending() {
-            scan.cut_short = true;
-            break;
-        }
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-            continue;
-        };
-        let mut last = String::new();
-        for fd in fds.flatten() {
-            let Some(info) = read_small(fd.path()) else {
-                continue;
-            };
-            // Only the lock lines matter; a dup of the descriptor before
-            // shows the same ones.
-            let Some(first) = info.find("lock:") else {
-                continue;
-            };
-            let locks = &info[first..];
-            if locks == last {
-                continue;
-            }
-            for line in locks.lines() {
-                let Some(rest) = line.strip_prefix("lock:") else {
-                    continue;
-                };
-                match parse_entry(rest.trim_start()) {
-                    Some(Entry::Range(lock)) => {
-                        let list = scan.ranges.entry(lock.file).or_default();
-                        if !list.iter().any(|(p, l)| *p == pid && *l == lock) {
-                            list.push((pid, lock));
-                        }
-                    }
-                    Some(Entry::Flock(lock)) if !lock.blocked => {
-                        let list = scan.flocks.entry(lock.file).or_default();
-                        if !list.contains(&(pid, lock.pid)) {
-                            list.push((pid, lock.pid));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            last = locks.to_owned();
-        }
-    }
-    scan
-}
-
-/// The byte-range locks `pid`'s descriptors hold on `file`, from its fdinfo
-/// (`None` when this user may not read it): one process's share of what
-/// [`range_lock_owners`] finds, at the cost of its descriptors alone.
-pub(crate) fn range_locks_of(pid: u32, file: FileId) -> Option<Vec<RangeLock>> {
-    let fds = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
-    let mut found = Vec::new();
-    for fd in fds.flatten() {
-        let Some(info) = read_small(fd.path()) else {
-            continue;
-        };
-        for line in info.lines() {
-            if let Some(rest) = line.strip_prefix("lock:")
-                && let Some(Entry::Range(lock)) = parse_entry(rest.trim_start())
-                && lock.file == file
-            {
-                found.push(lock);
-            }
-        }
-    }
-    Some(found)
-}
-
-/// The file ids on which one process's descriptor holds a flock, read from the
-/// `lock:` lines of `/proc/PID/fdinfo/*` (Linux 4.1+). Unlike `/proc/locks`,
-/// these name every process that shares a lock through an inherited descriptor.
-/// Returns `None` when the process's descriptors cannot be read (another user's
-/// process, without privilege).
-pub(crate) fn fd_locks(pid: &str) -> Option<Vec<(u32, KernelLock)>> {
-    let dir = fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
-    let mut found = Vec::new();
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(fd) = name.to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        found.extend(
-            locks_of_fd(pid, name.to_str().unwrap_or_default())
-                .into_iter()
-                .map(|l| (fd, l)),
-        );
-    }
-    Some(found)
-}
-
-/// The locks one descriptor holds, from the `lock:` lines of its fdinfo.
-pub(crate) fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
-    let Some(info) = read_small(format!("/proc/{pid}/fdinfo/{fd}")) else {
-        return Vec::new();
-    };
-    info.lines()
-        .filter_map(|line| parse_lock_line(line.strip_prefix("lock:")?.trim_start()))
-        .collect()
-}
-
-/// Every process holding a granted flock, by file, each with the pid its
-/// `lock:` line names (the process that took the lock: a command that
-/// inherited devlock's descriptor shows devlock's pid there), from the one
-/// scan of every process's descriptors ([`fd_scan`]).
-pub(crate) fn all_flock_holders() -> HashMap<FileId, Vec<(u32, u32)>> {
-    fd_scan().flocks.clone()
 }

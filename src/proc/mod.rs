@@ -1,8 +1,10 @@
 //! What the kernel says about locks and processes, read from `/proc`: the
-//! lock tables ([`locks`]), processes ([`process`]) and containers
-//! ([`container`]). Everything here is a fresh reading, with no `unsafe`.
+//! lock tables ([`locks`]), what processes' descriptors hold ([`fdinfo`]),
+//! processes ([`process`]) and containers ([`container`]). Everything here
+//! is a fresh reading, with no `unsafe`.
 
 pub(crate) mod container;
+pub(crate) mod fdinfo;
 pub(crate) mod locks;
 pub(crate) mod process;
 

@@ -84,7 +84,7 @@ family!(
     LOCK_HOLDERS,
     "devlock_lock_holders",
     ["resource"],
-    "Holders of each lock (a devlock and its command are one holder)"
+    "Holders of each lock (a devlock and its command are one holder; a request waiting for a member is no holder of its group)"
 );
 family!(
     LOCK_WAITERS,
@@ -186,7 +186,7 @@ family!(
     GPU_ROOM,
     "devlock_gpu_memory_room_bytes",
     ["gpu"],
-    "Room left on gpu:N for a new budget, before its headroom"
+    "Room left on gpu:N for a new budget, before its headroom (0 while it or gpu is held whole)"
 );
 family!(
     MIG_TOTAL,
@@ -266,7 +266,10 @@ fn escape(value: &str) -> String {
 }
 
 fn number(value: f64) -> String {
-    if value.is_nan() {
+    // An empty sum of f64 is -0.0, which would print `-0`: zero has no sign.
+    if value == 0.0 {
+        "0".to_owned()
+    } else if value.is_nan() {
         "NaN".to_owned()
     } else if value.is_infinite() {
         if value > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
@@ -344,10 +347,7 @@ pub(crate) fn render(snapshot: &Snapshot) -> String {
         indices
             .into_iter()
             .map(|i| {
-                let held = snapshot
-                    .history
-                    .get(&i)
-                    .map_or(0, |s| crate::usage::history::held_ms(s));
+                let held = snapshot.history.get(&i).map_or(0, |day| day.held_ms);
                 (vec![i.to_string()], held as f64 / 1000.0)
             })
             .collect(),
@@ -610,7 +610,7 @@ mod tests {
         );
         assert_eq!(
             out.text,
-            "# HELP devlock_lock_holders Holders of each lock (a devlock and its command are one holder)\n\
+            "# HELP devlock_lock_holders Holders of each lock (a devlock and its command are one holder; a request waiting for a member is no holder of its group)\n\
              # TYPE devlock_lock_holders gauge\n\
              devlock_lock_holders{resource=\"a\\\"b\\\\c\"} 1\n\
              devlock_lock_holders{resource=\"x\"} 3\n"
@@ -618,5 +618,97 @@ mod tests {
         assert_eq!(number(f64::NAN), "NaN");
         assert_eq!(number(85_520_809_984.0), "85520809984");
         assert_eq!(number(0.97), "0.97");
+        assert_eq!(number(-0.0), "0");
+        assert_eq!(number([0.0f64; 0].iter().sum()), "0", "an empty sum");
+    }
+
+    /// Every family defined above.
+    const ALL: &[&Family] = &[
+        &BUILD_INFO,
+        &STATUS_DURATION,
+        &STATUS_TIMESTAMP,
+        &DIR_MANAGED,
+        &TRUST_ISSUES,
+        &LOCK_STATE,
+        &LOCK_HOLDERS,
+        &LOCK_WAITERS,
+        &HOLDER_HELD,
+        &WAITER_WAITING,
+        &HOLDER_BUDGET,
+        &HOLDER_OVER_BUDGET,
+        &HOLDER_IDLE,
+        &GPU_HELD_DAY,
+        &HOLDER_GPU_USED,
+        &GPU_INFO,
+        &GPU_TOTAL,
+        &GPU_USED,
+        &GPU_GATED,
+        &GPU_UNGATED,
+        &GPU_PROCESSES,
+        &GPU_UTILIZATION,
+        &GPU_BUDGETED,
+        &GPU_ROOM,
+        &MIG_TOTAL,
+        &MIG_USED,
+        &DEVICE_STATUS,
+        &DEVICE_SOURCE,
+    ];
+
+    /// The families and labels as the exposition writes them.
+    fn families() -> Vec<(&'static str, &'static [&'static str])> {
+        let snapshot = Snapshot {
+            report: crate::status::model::StatusReport {
+                dir: "/run/lock/devlock".to_owned(),
+                trust: Default::default(),
+                resources: Vec::new(),
+                device_info: None,
+                devices: Vec::new(),
+                device_source: None,
+                hide_idle: false,
+            },
+            at: std::time::SystemTime::now(),
+            took: std::time::Duration::ZERO,
+            history: Default::default(),
+        };
+        let text = render(&snapshot);
+        let mut found = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap_or_default();
+                let family = ALL
+                    .iter()
+                    .find(|f| f.name == name)
+                    .unwrap_or_else(|| panic!("{name} is not in ALL"));
+                found.push((family.name, family.labels));
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_family_and_label_is_documented_in_the_readme_and_the_man_page() {
+        let readme = include_str!("../../README.md");
+        let man = include_str!("../../doc/man/serve-metrics.roff");
+        let written = families();
+        assert_eq!(written.len(), ALL.len(), "every family is written");
+        for (name, labels) in written {
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{name}` |")))
+                .unwrap_or_else(|| panic!("README's metrics table lacks {name}"));
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let listed: Vec<&str> = cells[2]
+                .split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            assert_eq!(listed, labels, "README's labels of {name}");
+            let entry = if labels.is_empty() {
+                format!(".B {name}\n")
+            } else {
+                format!(".B {name}{{{}}}\n", labels.join(","))
+            };
+            assert!(man.contains(&entry), "devlock-serve(1) lacks {entry:?}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! page for a browser (`/`, [`page`]), the Prometheus text format
 //! (`/metrics`, [`metrics`]) and `devlock status --json`'s document
 //! (`/status.json`), all three from one [`snapshot`] of the status model,
-//! served by a small HTTP/1.1 server of its own ([`http`]).
+//! served by a small HTTP/1.1 server of its own ([`http`], [`conns`]).
 //!
 //! It shows what `devlock status` shows the user it runs as, less every
 //! command line, and it changes nothing: no lock is taken and no file is
@@ -11,6 +11,7 @@
 //! CMD`): the server, the page and the metrics are code of this module
 //! alone, and it adds no dependency to the crate.
 
+mod conns;
 mod http;
 mod metrics;
 mod page;
@@ -45,10 +46,14 @@ pub(crate) fn run(args: &ServeArgs, dir: &Path, probe_timeout: Duration) -> Resu
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
     let snapshots = Snapshots::new(dir, probe_timeout);
     eprintln!("{}", words::serving(address));
-    http::serve(
+    let failed = conns::serve(
         listener,
         Arc::new(move |request: &Request| answer(&snapshots, &host, request)),
-    )
+    );
+    Err(crate::exit::coded(
+        ExitCode::GeneralError,
+        words::stopped(&failed),
+    ))
 }
 
 /// The answer to one request.

@@ -12,12 +12,16 @@
 //! shown on the member's card, not again); then what status warns about.
 //! Every text is status's (sanitised), escaped for HTML.
 //!
-//! What a card shows of a GPU's past (a day of its use, whether it is idle)
-//! belongs to the usage records, which do not exist yet: when they do,
-//! [`Snapshot`] carries them and [`gpu_card`] draws them, after the memory
-//! bar and beside the state.
+//! A card's last day of use comes from the usage records, which any user
+//! writes: [`Snapshot`] carries them bounded (at most 96 marks a GPU, see
+//! [`crate::usage::history`]) and [`day`] draws each mark within
+//! [`day::MAX_MARK_BYTES`], so the records add at most 48 KiB to a GPU's
+//! card however many there are.
 
-use crate::usage::history::Span;
+mod day;
+
+use crate::usage::history::Day;
+use day::day;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -130,10 +134,7 @@ pub(crate) fn render(snapshot: &Snapshot, host: &str) -> String {
     if !cards.is_empty() {
         page.push_str("<section class=\"gpus\">\n");
         for card in &cards {
-            let history = snapshot
-                .history
-                .get(&card.index)
-                .map_or(&[][..], Vec::as_slice);
+            let history = snapshot.history.get(&card.index);
             gpu_card(
                 &mut page,
                 card,
@@ -195,7 +196,7 @@ fn gpu_card(
     page: &mut String,
     card: &Card,
     group: Option<&ResourceView>,
-    history: &[Span],
+    history: Option<&Day>,
     now_ms: u64,
 ) {
     let state = card.view.map_or(State::Free, |v| v.state);
@@ -248,67 +249,10 @@ fn gpu_card(
     {
         instances(page, &device.mig_instances);
     }
-    day(page, history, now_ms);
+    if let Some(history) = history {
+        day(page, history, now_ms);
+    }
     page.push_str("</article>\n");
-}
-
-/// The GPU's holds of the last 24 hours, from the usage records: a strip
-/// with one mark per hold (its user, step, times and end in its title),
-/// and how long it was held in all.
-fn day(page: &mut String, spans: &[Span], now_ms: u64) {
-    use crate::usage::history::{SPAN_MS, held_ms};
-    if spans.is_empty() {
-        return;
-    }
-    let since = now_ms.saturating_sub(SPAN_MS);
-    let at = |ms: u64| {
-        humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
-        )
-        .to_string()[11..16]
-            .to_owned()
-    };
-    page.push_str("<div class=\"day\" title=\"holds of the last 24 hours\">");
-    for s in spans {
-        let left = (s.start_ms.saturating_sub(since)) as f64 * 100.0 / SPAN_MS as f64;
-        let width = (s.end_ms.saturating_sub(s.start_ms) as f64 * 100.0 / SPAN_MS as f64)
-            .max(0.3)
-            .min(100.0 - left);
-        let mut title = format!(
-            "{} · {} · {}–{} UTC",
-            esc(&s.user),
-            esc(&s.step),
-            at(s.start_ms),
-            if s.running {
-                "now".to_owned()
-            } else {
-                at(s.end_ms)
-            }
-        );
-        if let Some(share) = s.busy_share {
-            title.push_str(&format!(" · computing {:.0}%", share * 100.0));
-        }
-        if let Some(how) = s.how {
-            title.push_str(&format!(" · {}", esc(how)));
-        }
-        let class = match s.how {
-            Some("stopped: idle") => "hold idle",
-            _ if s.busy_share.is_some_and(|b| b == 0.0) => "hold idle",
-            _ => "hold",
-        };
-        let _ = write!(
-            page,
-            "<span class=\"{class}\" style=\"left:{left:.2}%;width:{width:.2}%\" title=\"{title}\"></span>"
-        );
-    }
-    let held = std::time::Duration::from_millis(held_ms(spans));
-    let _ = writeln!(
-        page,
-        "</div>\n<p class=\"figures\">last 24 h: held {} by {} {}</p>",
-        crate::text::short_duration(held),
-        spans.len(),
-        if spans.len() == 1 { "hold" } else { "holds" }
-    );
 }
 
 /// The memory bar and its figures: used inside the gate (the gated
@@ -427,6 +371,9 @@ fn holder_row(page: &mut String, h: &Holder, place: Place) {
             "idle {}",
             crate::text::short_duration(std::time::Duration::from_millis(idle))
         ));
+    }
+    if let Some(kept) = crate::messages::kept_phrase(h) {
+        notes.push(format!("kept: {}", esc(&kept)));
     }
     if let Some(container) = &h.container {
         notes.push(format!("in {}", esc(container)));

@@ -10,7 +10,9 @@
 //! source that hangs is asked by one request at a time (NVML's own thread
 //! then answers "unknown" at once; see `gpu::nvml`). A failed gather (an
 //! unsafe directory, an unreadable `/proc/locks`) is not kept: the next
-//! request tries again.
+//! request tries again. A gather reads each process's descriptors once
+//! (the lock table carries that reading, see `proc::fdinfo`), so its work
+//! is one pass over them however many locks a stranger holds or `dup`s.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -37,8 +39,9 @@ pub(crate) struct Snapshot {
     pub(crate) history: Arc<History>,
 }
 
-/// Each GPU's holds of the last 24 hours.
-pub(crate) type History = std::collections::BTreeMap<u32, Vec<crate::usage::history::Span>>;
+/// Each GPU's holds of the last 24 hours (bounded: see
+/// [`crate::usage::history`]).
+pub(crate) type History = std::collections::BTreeMap<u32, crate::usage::history::Day>;
 
 /// How long a history answers before the records are read again.
 const HISTORY_FRESH_FOR: Duration = Duration::from_secs(60);

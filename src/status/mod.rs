@@ -3,4 +3,5 @@
 
 pub(crate) mod model;
 pub(crate) mod print;
+pub(crate) mod requests;
 pub(crate) mod table;

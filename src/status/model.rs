@@ -157,6 +157,15 @@ pub(crate) struct Holder {
     /// sampled them (a label from its record).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_for_ms: Option<u64>,
+    /// A library hold kept past its block's end while its process still
+    /// uses the device: how long ago the block ended, and what it still
+    /// used there at its last look (from its record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_for_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_gpu: Option<u32>,
     /// The place in line its record names.
     #[serde(skip)]
     pub ticket: Option<u64>,
@@ -303,9 +312,18 @@ pub(crate) struct StatusReport {
 
 /// A devlock takes its place in line a moment before it registers: a place
 /// nobody registered is looked at again, a few times, before it is shown as
-/// one (a stranger's lock stays; a devlock in between registers).
+/// one (a stranger's lock stays; a devlock in between registers). Not once
+/// the look has taken [`UNREGISTERED_WITHIN`]: each look reads the
+/// descriptors again, and a stranger who makes them many and holds a place
+/// in line would have status pay for them four times.
 const UNREGISTERED_TRIES: usize = 4;
 const UNREGISTERED_PAUSE: Duration = Duration::from_millis(5);
+const UNREGISTERED_WITHIN: Duration = Duration::from_secs(1);
+
+/// Whether a look that found a place nobody registered is taken again.
+fn look_again(attempt: usize, started: std::time::Instant) -> bool {
+    attempt < UNREGISTERED_TRIES && started.elapsed() < UNREGISTERED_WITHIN
+}
 
 fn has_unregistered(view: &ResourceView) -> bool {
     view.waiters
@@ -358,10 +376,10 @@ pub(crate) fn gather(
     let filter: Option<std::collections::HashSet<&Resource>> =
         (!wanted.is_empty()).then(|| resources.iter().collect());
     let dir_managed = report.trust.managed;
-    let mut sharers = Sharers::default();
     let mut table;
     let mut now;
     let mut attempt = 0;
+    let started = std::time::Instant::now();
     loop {
         table = LockTable::read().context("reading /proc/locks")?;
         now = SystemTime::now();
@@ -378,16 +396,16 @@ pub(crate) fn gather(
         report.resources.clear();
         for resource in &resources {
             let registered = all_waiters.remove(resource).unwrap_or_default();
-            let mut view = view_of(&dir, resource, &table, registered, now, &mut sharers);
+            let mut view = view_of(&dir, resource, &table, registered, now);
             if !names.contains(&resource.file_name()) {
                 view.unknown_name = Some(never_used(&crate::text::show_path(dir.path())));
             }
             view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
-            label_from_members(&dir, resource, &table, &mut view, now, &mut sharers);
+            label_from_members(&dir, resource, &table, &mut view, now);
             report.resources.push(view);
         }
         attempt += 1;
-        if attempt >= UNREGISTERED_TRIES || !report.resources.iter().any(has_unregistered) {
+        if !look_again(attempt, started) || !report.resources.iter().any(has_unregistered) {
             break;
         }
         std::thread::sleep(UNREGISTERED_PAUSE);
@@ -408,7 +426,7 @@ pub(crate) fn gather(
                 .find(|v| v.name == resource.as_str())
             {
                 Some(view) => view.clone(),
-                None => view_of(&dir, &resource, &table, Vec::new(), now, &mut sharers),
+                None => view_of(&dir, &resource, &table, Vec::new(), now),
             };
             if let Some(lock) = view.lock {
                 let holder_pids = view
@@ -434,6 +452,15 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
     let info = probed.report;
     let all: Vec<u32> = info.devices().iter().map(|d| d.index).collect();
     let listed = matches!(info, DeviceReport::Devices(_));
+    // A device held whole (its lock or its group's, exclusively, without a
+    // budget) has no room for a budget: a `--mem` taker waits for it.
+    let whole = |v: &ResourceView| v.holders.iter().any(|h| h.exclusive && h.mem_mib.is_none());
+    let held_whole: Vec<String> = report
+        .resources
+        .iter()
+        .filter(|v| whole(v))
+        .map(|v| v.name.clone())
+        .collect();
     for view in &mut report.resources {
         let Ok(resource) = view.name.parse::<Resource>() else {
             continue;
@@ -498,7 +525,16 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
                 budgets_mib: room.budgeted_mib(),
                 used_inside_mib: room.used_inside_mib,
                 used_outside_mib: room.used_outside_mib,
-                room_mib: room.free_mib(),
+                room_mib: if held_whole.contains(&view.name)
+                    || resource
+                        .held_shared()
+                        .iter()
+                        .any(|g| held_whole.iter().any(|w| w == g.as_str()))
+                {
+                    0
+                } else {
+                    room.free_mib()
+                },
             });
         }
     }
@@ -533,7 +569,6 @@ fn view_of(
     table: &LockTable,
     registered: Vec<Waiter>,
     now: SystemTime,
-    sharers: &mut Sharers,
 ) -> ResourceView {
     // The file's identity from the directory, not from an open: a lock
     // file its owner made private (mode 0600, util-linux flock under umask
@@ -568,7 +603,6 @@ fn view_of(
         table,
         registered,
         now,
-        sharers,
         Asker::STATUS,
     );
     if file.is_none() {
@@ -603,7 +637,6 @@ fn build_view(
     table: &LockTable,
     registered: Vec<Waiter>,
     now: SystemTime,
-    sharers: &mut Sharers,
     asker: Asker,
 ) -> ResourceView {
     let mut view = free_view(resource);
@@ -628,17 +661,18 @@ fn build_view(
     let line = queue
         .map(|q| crate::flock::queue::line_view(table, q))
         .unwrap_or_default();
-    if let Some(q) = queue {
+    if queue.is_some() {
         let path = dir
             .path()
             .join(crate::flock::queue::queue_name(&resource.file_name()));
         view.foreign_locks = line
             .foreign
             .iter()
-            .map(|l| foreign_lock(&path, l, q))
+            .map(|l| foreign_lock(&path, l, table))
             .collect();
     }
-    let kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    let mut kernel_holders: Vec<_> = table.holders(id).cloned().collect();
+    let in_line_for_members = drop_places_in_line(&mut kernel_holders, dir, resource, table);
     let read = match file {
         Some(f) if !kernel_holders.is_empty() => record::read_from(f),
         _ => ReadRecord::Empty,
@@ -647,15 +681,7 @@ fn build_view(
         view.record = Some("unreadable");
     }
     let record = read.valid();
-    view.holders = holders_of(
-        id,
-        &kernel_holders,
-        record.as_ref(),
-        &holds,
-        now,
-        sharers,
-        table,
-    );
+    view.holders = holders_of(id, &kernel_holders, record.as_ref(), &holds, now, table);
     if view.holders.is_empty() && proc::container::in_child_pid_namespace() {
         // /proc/locks here leaves out every holder outside this namespace,
         // and nothing else shows them: ask the lock itself, shared, for an
@@ -698,6 +724,7 @@ fn build_view(
             &line.tickets,
             &holder_tickets,
             queue,
+            table,
             now,
         );
     }
@@ -713,27 +740,22 @@ fn build_view(
                 vouched.push(n);
                 continue;
             }
-            let owners = agreement_owners(q, n);
-            if agreement_vouched(&view, &owners) {
+            let owners = agreement_owners(table, q, n);
+            // A member's waiter joins the group's line too.
+            if agreement_vouched(&view, &owners)
+                || owners.iter().any(|p| in_line_for_members.contains(p))
+            {
                 vouched.push(n);
             } else {
                 strangers.push((n, owners));
             }
         }
         for (n, owners) in strangers {
-            stranger_agreement(&mut view, dir, resource, q, n, &owners);
+            stranger_agreement(&mut view, dir, resource, q, n, &owners, table);
         }
         view.slots = vouched.into_iter().find(|&n| n > 0);
     }
-    slot_strangers(
-        &mut view,
-        dir,
-        resource,
-        table,
-        &kernel_holders,
-        now,
-        sharers,
-    );
+    slot_strangers(&mut view, dir, resource, table, &kernel_holders, now);
     for lease in table.leases(id).iter().filter(|l| !l.blocked) {
         // Every open of the lock file for writing waits for it: the
         // resource is in use, by whoever holds the lease.
@@ -768,6 +790,45 @@ fn build_view(
     view
 }
 
+/// A request waiting for a member (`gpu:0`, or with `--any` each of
+/// `gpu:0`..`gpu:3`) holds the member's group (`gpu`, and a MIG instance's
+/// GPU too) shared meanwhile, once per member it waits on, so that a taker
+/// of the whole group waits behind it: a place in line, not a hold. The
+/// kernel lists those shared locks among the group's holders, where they
+/// read as holders (to a user who cannot see the waiter's descriptors, as
+/// unknown ones). A believed registration of a wait on a member (the kernel
+/// shows its very process holding it, by its descriptors or its tag) takes
+/// one such shared lock of its process out, per member waited on: the
+/// waiter is shown as the member's waiter, for every user. Returns the
+/// pids whose places were taken out.
+fn drop_places_in_line(
+    kernel_holders: &mut Vec<proc::locks::KernelLock>,
+    dir: &ScratchDir,
+    resource: &Resource,
+    table: &LockTable,
+) -> Vec<u32> {
+    if kernel_holders.iter().all(|l| l.exclusive) {
+        return Vec::new();
+    }
+    let names = dir.entries().unwrap_or_default();
+    let mut waits: HashMap<u32, usize> = HashMap::new();
+    for w in waiters::live_waiters(dir, &names, table, |r| r.held_shared().contains(resource)) {
+        if w.kind == Kind::Wait && w.believed {
+            *waits.entry(w.record.pid).or_default() += 1;
+        }
+    }
+    let mut dropped = Vec::new();
+    kernel_holders.retain(|l| match waits.get_mut(&l.pid) {
+        Some(n) if *n > 0 && !l.exclusive => {
+            *n -= 1;
+            dropped.push(l.pid);
+            false
+        }
+        _ => true,
+    });
+    dropped
+}
+
 /// Whether a devlock in the view vouches for an agreement whose byte
 /// `owners` hold ([`agreement_owners`]): one of them is one of the holders
 /// and waiters shown, or, where this user cannot see owners, somebody is
@@ -790,9 +851,10 @@ fn agreement_vouched(view: &ResourceView, owners: &[u32]) -> bool {
 }
 
 /// The processes this user can see holding the agreement byte of `n` slots.
-fn agreement_owners(queue: FileId, n: u64) -> Vec<u32> {
+fn agreement_owners(table: &LockTable, queue: FileId, n: u64) -> Vec<u32> {
     let at = 4096 + n;
-    proc::locks::range_lock_owners(queue)
+    table
+        .range_lock_owners(queue)
         .into_iter()
         .filter(|(_, l)| l.ofd && !l.exclusive && !l.blocked && l.is_byte(at))
         .map(|(pid, _)| pid)
@@ -811,6 +873,7 @@ fn stranger_agreement(
     queue: FileId,
     n: u64,
     owners: &[u32],
+    table: &LockTable,
 ) {
     let at = 4096 + n;
     let lock = RangeLock {
@@ -825,7 +888,7 @@ fn stranger_agreement(
     let path = dir
         .path()
         .join(crate::flock::queue::queue_name(&resource.file_name()));
-    let mut foreign = foreign_lock(&path, &lock, queue);
+    let mut foreign = foreign_lock(&path, &lock, table);
     foreign.effect = Effect::BlocksTheSlotAgreement;
     if !view.foreign_locks.iter().any(|f| f.range == foreign.range) {
         view.foreign_locks.push(foreign);
@@ -856,7 +919,6 @@ fn slot_strangers(
     table: &LockTable,
     lock_holders: &[proc::locks::KernelLock],
     now: SystemTime,
-    sharers: &mut Sharers,
 ) {
     let takers: Vec<u32> = lock_holders.iter().map(|l| l.pid).collect();
     let last = view.slots.unwrap_or(0).max(SLOT_FILES_LOOKED_AT);
@@ -876,7 +938,7 @@ fn slot_strangers(
             .filter(|l| !takers.contains(&l.pid))
             .cloned()
             .collect();
-        for mut holder in holders_of(id, &theirs, None, &[], now, sharers, table) {
+        for mut holder in holders_of(id, &theirs, None, &[], now, table) {
             holder.slot = Some(number);
             if holder.note.is_none() {
                 holder.note = Some(format!("a flock on {name} that is not devlock's"));
@@ -913,9 +975,10 @@ fn invisible_holder(note: &str) -> Holder {
     holder
 }
 
-fn foreign_lock(path: &std::path::Path, lock: &RangeLock, _queue: FileId) -> ForeignLock {
+fn foreign_lock(path: &std::path::Path, lock: &RangeLock, table: &LockTable) -> ForeignLock {
     let pid = lock.pid.or_else(|| {
-        proc::locks::range_lock_owners(lock.file)
+        table
+            .range_lock_owners(lock.file)
             .into_iter()
             .find(|(_, l)| {
                 l.start == lock.start && l.end == lock.end && l.exclusive == lock.exclusive
@@ -956,17 +1019,19 @@ pub(crate) fn holders_of(
     record: Option<&Record>,
     holds: &[Record],
     now: SystemTime,
-    sharers: &mut Sharers,
     table: &LockTable,
 ) -> Vec<Holder> {
     kernel_holders
         .iter()
         .map(|lock| {
             let taker = lock.pid;
+            // An exclusive holder's record is in the lock file, or (outside
+            // a directory made for locks) in its registration.
+            let registered = holds.iter().find(|r| r.pid == taker);
             let recorded = if lock.exclusive {
-                record.filter(|r| r.pid == taker)
+                record.filter(|r| r.pid == taker).or(registered)
             } else {
-                holds.iter().find(|r| r.pid == taker)
+                registered
             };
             let alive = proc::process::start_time(taker).is_some();
             // The kernel's table names the pid that took the lock; the
@@ -995,8 +1060,8 @@ pub(crate) fn holders_of(
             // The taker is gone, or no longer holds it, or this user cannot
             // tell: whoever shares the lock through a descriptor it passed
             // down holds it, as far as this user can see.
-            let mut pids: Vec<u32> = sharers
-                .of(id, taker)
+            let mut pids: Vec<u32> = table
+                .sharers(id, taker)
                 .into_iter()
                 .filter(|&p| p != taker)
                 .collect();
@@ -1068,6 +1133,9 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         over_budget: None,
         over_mib: None,
         idle_for_ms: None,
+        kept_for_ms: None,
+        kept_mib: None,
+        kept_gpu: None,
         ticket: None,
         container: first.and_then(proc::container::container_of),
     }
@@ -1097,6 +1165,14 @@ fn labelled(
         .idle_since_ms
         .map(|t| elapsed_ms(std::time::UNIX_EPOCH + Duration::from_millis(t), now));
     holder.watch_gone = r.watcher_gone();
+    if let Some(t) = r.kept_ms {
+        holder.kept_for_ms = Some(elapsed_ms(
+            std::time::UNIX_EPOCH + Duration::from_millis(t),
+            now,
+        ));
+        holder.kept_mib = r.kept_mib;
+        holder.kept_gpu = r.kept_gpu;
+    }
     holder
 }
 
@@ -1106,6 +1182,7 @@ fn waiter_views(
     tickets: &[u64],
     holder_tickets: &[u64],
     queue: Option<FileId>,
+    table: &LockTable,
     now: SystemTime,
 ) -> Vec<WaiterView> {
     let mut views: Vec<WaiterView> = waiting
@@ -1139,7 +1216,7 @@ fn waiter_views(
         .collect();
     if !unexplained.is_empty() {
         let owners = queue
-            .map(proc::locks::range_lock_owners)
+            .map(|q| table.range_lock_owners(q))
             .unwrap_or_default();
         for t in unexplained {
             let at = (1u64 << 20) + t;
@@ -1195,29 +1272,6 @@ fn elapsed_ms(since: SystemTime, now: SystemTime) -> u64 {
         .as_millis() as u64
 }
 
-/// Processes sharing locks through inherited descriptors, found by one scan of
-/// `/proc/*/fdinfo` the first time anyone asks.
-#[derive(Debug, Default)]
-pub(crate) struct Sharers {
-    scanned: Option<HashMap<FileId, Vec<(u32, u32)>>>,
-}
-
-impl Sharers {
-    /// Processes holding `id` through a lock that `taker` took.
-    fn of(&mut self, id: FileId, taker: u32) -> Vec<u32> {
-        // One scan answers for every file: it reads all processes anyway.
-        let map = self
-            .scanned
-            .get_or_insert_with(proc::locks::all_flock_holders);
-        map.get(&id)
-            .into_iter()
-            .flatten()
-            .filter(|(_, t)| *t == taker)
-            .map(|(p, _)| *p)
-            .collect()
-    }
-}
-
 /// A group's holder that holds it only through an inherited descriptor
 /// and has no label of its own (its devlock is gone, and so is the shared
 /// hold's registration that labelled it) takes the label of a member's
@@ -1232,7 +1286,6 @@ fn label_from_members(
     table: &LockTable,
     view: &mut ResourceView,
     now: SystemTime,
-    sharers: &mut Sharers,
 ) {
     let unlabelled =
         |h: &Holder| h.source == HolderSource::Inherited && h.step.is_none() && !h.pids.is_empty();
@@ -1248,7 +1301,7 @@ fn label_from_members(
         .filter(|member| member.as_str().starts_with(&prefix))
     {
         let registered = waiters::live_waiters(dir, &names, table, |r| r == &member);
-        let member_view = view_of(dir, &member, table, registered, now, sharers);
+        let member_view = view_of(dir, &member, table, registered, now);
         labelled.extend(
             member_view
                 .holders
@@ -1286,9 +1339,10 @@ pub(crate) fn describe_holders(
     let held = table.is_locked(lock.id());
     let shared = table.holders(lock.id()).any(|l| !l.exclusive);
     // The registrations are read only when they matter: a shared hold's
-    // labels, or, when nobody holds it, to tell the places in line ahead
+    // labels (or an exclusive one's outside a directory made for locks),
+    // or, when nobody holds it, to tell the places in line ahead
     // that no devlock registered (a stranger's lock) from those it did.
-    let registered = if shared || !held {
+    let registered = if shared || !held || !dir.records_in_lock_files() {
         let names = dir.entries().unwrap_or_default();
         waiters::live_waiters(dir, &names, &table, |r| r == resource)
             .into_iter()
@@ -1305,14 +1359,7 @@ pub(crate) fn describe_holders(
     let mut view = view_now(lock, dir, resource, &table, registered, asker);
     view.waiters
         .retain(|w| w.source == WaiterSource::Unregistered);
-    label_from_members(
-        dir,
-        resource,
-        &table,
-        &mut view,
-        SystemTime::now(),
-        &mut Sharers::default(),
-    );
+    label_from_members(dir, resource, &table, &mut view, SystemTime::now());
     view
 }
 
@@ -1331,6 +1378,7 @@ pub(crate) fn describe_in_line(
     own_agreement: Option<u64>,
 ) -> ResourceView {
     let mut attempt = 0;
+    let started = std::time::Instant::now();
     loop {
         let table = LockTable::read().unwrap_or_default();
         let names = dir.entries().unwrap_or_default();
@@ -1341,15 +1389,8 @@ pub(crate) fn describe_in_line(
         };
         let mut view = view_now(lock, dir, resource, &table, registered, asker);
         attempt += 1;
-        if attempt >= UNREGISTERED_TRIES || !has_unregistered(&view) {
-            label_from_members(
-                dir,
-                resource,
-                &table,
-                &mut view,
-                SystemTime::now(),
-                &mut Sharers::default(),
-            );
+        if !look_again(attempt, started) || !has_unregistered(&view) {
+            label_from_members(dir, resource, &table, &mut view, SystemTime::now());
             return view;
         }
         std::thread::sleep(UNREGISTERED_PAUSE);
@@ -1374,7 +1415,6 @@ fn view_now(
         table,
         registered,
         SystemTime::now(),
-        &mut Sharers::default(),
         asker,
     )
 }

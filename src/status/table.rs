@@ -62,10 +62,13 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         header.push("ON GPU");
     }
     let mut rows: Vec<Row> = vec![Row::Cells(header.iter().map(|h| h.to_string()).collect())];
-    // Idle: free as far as status can tell, and nothing in its way. A lock
-    // in an unknown state, or one that another user's lock or a renamed
-    // file concerns, is never counted away.
-    let idle = |res: &&ResourceView| {
+    // The GPU's own figures, on lines of their own after the lock rows.
+    let mut figures: Vec<Row> = Vec::new();
+    let requests = crate::status::requests::waits_on_several(report);
+    // Unused: free as far as status can tell, and nothing in its way. A
+    // lock in an unknown state, or one that another user's lock or a
+    // renamed file concerns, is never counted away.
+    let unused = |res: &&ResourceView| {
         res.state == State::Free
             && res.holders.is_empty()
             && res.waiters.is_empty()
@@ -74,14 +77,14 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             && res.unknown_name.is_none()
     };
     let hidden = if report.hide_idle {
-        report.resources.iter().filter(idle).count()
+        report.resources.iter().filter(unused).count()
     } else {
         0
     };
     for res in report
         .resources
         .iter()
-        .filter(|res| !(report.hide_idle && idle(res)))
+        .filter(|res| !(report.hide_idle && unused(res)))
     {
         let mut state = match res.state {
             State::Free => "free".to_owned(),
@@ -116,10 +119,8 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 (Some(step), _) => sanitize(step),
                 (None, HolderSource::NoRecord) => format!("({name}, no record)"),
                 (None, HolderSource::Inherited) => format!("({name}, inherited)"),
-                (None, _) => match &h.note {
-                    Some(note) => format!("(unknown: {note})"),
-                    None => "(unknown)".to_owned(),
-                },
+                // Why is in --json's note, and devlock-status(1).
+                (None, _) => "(owner hidden from you)".to_owned(),
             };
             if let Some(via) = &h.via {
                 step.push_str(&format!(" (via {})", sanitize(via)));
@@ -127,24 +128,24 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             if let Some(slot) = h.slot {
                 step.push_str(&format!(" (slot {slot})"));
             }
-            let pids = if h.pids.is_empty() {
-                "?".to_owned()
-            } else {
-                h.pids
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
+            // The process the kernel names (the devlock): its command and
+            // whatever else holds the lock are in --json's pids.
+            let pid = h.pids.first().map_or("?".to_owned(), u32::to_string);
             if h.stopped {
                 step.push_str(" (stopped)");
             }
             if h.watch_gone {
                 step.push_str(" (watch gone)");
             }
-            if let Some(idle) = h.idle_for_ms {
+            if let Some(idle) = h
+                .idle_for_ms
+                .filter(|_| h.kept_for_ms.is_none() && h.via.is_none())
+            {
                 let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
                 step.push_str(&format!(" (idle {idle})"));
+            }
+            if let Some(kept) = crate::messages::kept_phrase(h) {
+                step.push_str(&format!(" (kept: {kept})"));
             }
             if let Some(container) = &h.container {
                 step.push_str(&format!(" (in {})", sanitize(container)));
@@ -158,7 +159,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 },
                 if first { state.clone() } else { String::new() },
                 step,
-                pids,
+                pid,
                 h.user.as_deref().map_or("?".to_owned(), sanitize),
                 duration_cell(h.held_for_ms),
             ];
@@ -188,7 +189,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             && res.holders.iter().any(|h| h.mem_mib.is_some())
         {
             use crate::gpu::memory::size;
-            rows.push(Row::Line(format!(
+            figures.push(Row::Line(format!(
                 "{} memory: {} of {} budgeted, {} used by them, {} outside the gate, {} room",
                 res.name,
                 size(m.budgets_mib),
@@ -198,7 +199,11 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 size(m.room_mib)
             )));
         }
-        for w in &res.waiters {
+        for w in res
+            .waiters
+            .iter()
+            .filter(|w| !requests.iter().any(|r| r.is(w)))
+        {
             let stopped = if w.stopped { " (stopped)" } else { "" };
             let step = match (w.step.as_deref(), w.source) {
                 (Some(step), _) => sanitize(step),
@@ -223,6 +228,24 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             rows.push(Row::Cells(row));
         }
     }
+    for request in &requests {
+        let w = request.waiter;
+        let mut row = vec![
+            request.resources.clone(),
+            format!("waits (any){}", if w.stopped { " (stopped)" } else { "" }),
+            w.step.as_deref().map_or("?".to_owned(), sanitize),
+            w.pid.map_or("?".to_owned(), |p| p.to_string()),
+            w.user.as_deref().map_or("?".to_owned(), sanitize),
+            duration_cell(w.waiting_for_ms),
+        ];
+        if with_budgets {
+            row.push(w.mem_mib.map_or(String::new(), |mem| {
+                format!("asks {}", crate::gpu::memory::size(mem))
+            }));
+        }
+        rows.push(Row::Cells(row));
+    }
+    rows.extend(figures);
     let mut out = if rows.len() > 1 {
         // STEP, PID and ON GPU give way first.
         let last = 5 + usize::from(with_budgets) + usize::from(with_devices);
@@ -240,7 +263,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             _ => ("locks", ""),
         };
         out.push_str(&format!(
-            "({none_in_use}{hidden} idle {locks} not shown: devlock status --all lists them)\n"
+            "({none_in_use}{hidden} unused {locks} not shown: devlock status --all lists them)\n"
         ));
     }
     out

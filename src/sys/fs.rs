@@ -257,3 +257,25 @@ pub(crate) fn pread_raw(fd: RawFd, buf: &mut [u8], at: u64) -> io::Result<usize>
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     Ok(nix::sys::uio::pread(fd, buf, at as libc::off_t)?)
 }
+
+/// Eight bytes from the kernel's random source (getrandom(2)): a name no
+/// other user can guess before it exists.
+pub(crate) fn random_u64() -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    let mut got = 0;
+    while got < bytes.len() {
+        let rest = &mut bytes[got..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`,
+        // a buffer of ours that outlives the call.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        got += n as usize;
+    }
+    Ok(u64::from_ne_bytes(bytes))
+}

@@ -18,5 +18,6 @@ pub(crate) mod fs;
 pub(crate) mod guard;
 pub(crate) mod nvml;
 pub(crate) mod process;
+pub(crate) mod random;
 pub(crate) mod signal;
 pub(crate) mod tty;

@@ -88,31 +88,61 @@ impl Policy {
     }
 }
 
-/// The site's default idle timeout: [`SITE_FILE`] in the scratch directory,
-/// believed only when the directory and the file are root's, the file
-/// regular with one link (nobody else can have written it).
-pub(crate) fn site_default(dir: &Path) -> Option<Duration> {
-    use std::os::unix::fs::MetadataExt;
-    let dir_meta = std::fs::symlink_metadata(dir).ok()?;
-    if dir_meta.uid() != 0 || !dir_meta.is_dir() {
+/// The site's default idle timeout: [`SITE_FILE`] in the scratch directory
+/// open as `dir`, believed only when the directory and the file are root's,
+/// the file regular with one link and writable by nobody else (nobody else
+/// can have written it). Opened relative to the directory, never through a
+/// link, and never waited on (a FIFO there is not read).
+pub(crate) fn site_default(dir: &crate::flock::dir::ScratchDir) -> Option<Duration> {
+    use nix::fcntl::OFlag;
+    use std::io::Read;
+    if nix::sys::stat::fstat(dir.fd()).ok()?.st_uid != 0 {
         return None;
     }
-    let path = dir.join(SITE_FILE);
-    let meta = std::fs::symlink_metadata(&path).ok()?;
-    if meta.uid() != 0 || !meta.is_file() || meta.nlink() != 1 || meta.len() > 64 {
+    let name = std::ffi::CString::new(SITE_FILE).expect("no NUL in the name");
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = crate::sys::fs::openat(dir.fd(), &name, flags, 0).ok()?;
+    let st = nix::sys::stat::fstat(&fd).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || st.st_uid != 0
+        || st.st_nlink != 1
+        || st.st_mode & 0o022 != 0
+    {
         return None;
     }
-    let text = std::fs::read_to_string(&path).ok()?;
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(MOST_SITE + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    parse_site(&bytes)
+}
+
+/// The longest [`SITE_FILE`] believed.
+const MOST_SITE: u64 = 64;
+
+/// What a [`SITE_FILE`] says: one duration (`2h`, `90m`, a bare number of
+/// seconds), not zero; anything longer than [`MOST_SITE`] bytes, not UTF-8
+/// or not a duration says nothing.
+pub(crate) fn parse_site(bytes: &[u8]) -> Option<Duration> {
+    if bytes.len() as u64 > MOST_SITE {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
     crate::cli::parse_duration(text.trim())
         .ok()
         .filter(|d| !d.is_zero())
 }
 
 /// The busy file of a hold: a path in the temporary directory named for the
-/// holder, which `devlock busy` creates (the holder never does: nothing is
-/// made before the command starts) and sets into the future; believed only
-/// while it is a regular file of the holder's user; removed when the hold
-/// ends.
+/// holder and a token of 128 random bits drawn once per process, which
+/// `devlock busy` creates (the holder never does: nothing is made before
+/// the command starts) and sets into the future; believed only while it is
+/// a regular file of the holder's user; removed when the hold ends. Only
+/// the job learns the name (in its environment, which no other user can
+/// read): a name derivable from `/proc` could be created first by another
+/// user in a shared `/tmp`, where the sticky bit and `protected_regular`
+/// then refuse the job its own `devlock busy` (issue #32.4).
 #[derive(Debug, Clone)]
 pub(crate) struct BusyFile {
     pub path: std::path::PathBuf,
@@ -122,8 +152,9 @@ impl BusyFile {
     pub(crate) fn for_holder(pid: u32, pid_start: u64) -> BusyFile {
         BusyFile {
             path: std::env::temp_dir().join(format!(
-                "devlock-busy-{}-{pid}-{pid_start}",
-                nix::unistd::geteuid()
+                "devlock-busy-{}-{pid}-{pid_start}-{:032x}",
+                nix::unistd::geteuid(),
+                process_token()
             )),
         }
     }
@@ -143,6 +174,21 @@ impl BusyFile {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// This process's token for its busy files: the kernel's random bits, or
+/// (where getrandom(2) is refused, as a seccomp filter may) std's randomly
+/// keyed hash of the time, which no other user can predict either.
+fn process_token() -> u128 {
+    static TOKEN: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        crate::sys::random::random_u128().unwrap_or_else(|_| {
+            use std::hash::BuildHasher;
+            let keyed = std::hash::RandomState::new();
+            let now = SystemTime::now();
+            u128::from(keyed.hash_one(now)) << 64 | u128::from(keyed.hash_one((now, 1u8)))
+        })
+    })
 }
 
 /// `devlock busy [DUR]`: the hold this process runs under counts as busy
@@ -203,6 +249,51 @@ mod tests {
             [Act::Stop(_)]
         ));
         assert!(p.check(Some(at(110)), at(300)).is_empty(), "stopped once");
+    }
+
+    mod site_file {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever the bytes: no panic, and a timeout only from a
+            /// short file, never zero.
+            #[test]
+            fn any_bytes_give_no_timeout_or_a_short_files_nonzero_one(
+                bytes in proptest::collection::vec(any::<u8>(), 0..200)
+            ) {
+                if let Some(d) = parse_site(&bytes) {
+                    prop_assert!(bytes.len() as u64 <= MOST_SITE);
+                    prop_assert!(!d.is_zero());
+                }
+            }
+
+            /// Adversarial text: far numbers, fractions, signs, units,
+            /// controls and padding; never a panic, and what setup writes
+            /// reads back the same.
+            #[test]
+            fn far_numbers_and_junk_never_panic(
+                text in "[ \t\n\r]{0,3}[-+]?[0-9]{0,40}(\\.[0-9]{0,20})?(e[0-9]{1,4})?(ns|us|ms|s|m|h|d|w|y|years|NaN|inf|[\\x00-\\x1f])?[ \t\n]{0,3}",
+                secs in 1u64..10_000_000_000,
+            ) {
+                let _ = parse_site(text.as_bytes());
+                let written = format!("{}\n", humantime::format_duration(Duration::from_secs(secs)));
+                prop_assert_eq!(parse_site(written.as_bytes()), Some(Duration::from_secs(secs)));
+            }
+        }
+
+        #[test]
+        fn a_zero_a_long_or_a_broken_file_says_nothing() {
+            assert_eq!(parse_site(b"2h\n"), Some(Duration::from_secs(7200)));
+            assert_eq!(parse_site(b"90"), Some(Duration::from_secs(90)));
+            for bad in [&b"0s"[..], b"", b"\xff2h", b"-5s", b"nan", b"1e400"] {
+                assert_eq!(parse_site(bad), None, "{bad:?}");
+            }
+            let long = format!("{}2h", " ".repeat(63));
+            assert_eq!(parse_site(long.as_bytes()), None);
+        }
     }
 
     #[test]

@@ -1,16 +1,19 @@
 //! Usage records: one JSON line when a hold's command has started, one every
 //! [`PROGRESS_EVERY`] while it runs and one when it has ended, appended to
-//! the holder's own file in the usage directory (`UID.jsonl`), kept across
-//! reboots; and where that directory is.
+//! the holder's own file in the usage directory (`UID.jsonl`, or
+//! `UID.TAG.jsonl` where a co-user made that name first), kept across
+//! reboots; and where that directory is, and whether it can be trusted.
 //!
 //! Who a record is for comes from the kernel, never from the line: a file
 //! counts for the user who owns it (fstat), and only a regular file with one
 //! link does. A user can therefore write false lines only into a file of
-//! their own, counted as their own jobs. Nothing here runs before the
-//! command has started: the take pays nothing.
+//! their own, counted as their own jobs; and nobody else can remove one in
+//! a sticky directory that root or its user owns, the only kind written to.
+//! Nothing here runs before the command has started: the take pays nothing.
 
 pub(crate) mod history;
 pub(crate) mod idle;
+pub(crate) mod line;
 pub(crate) mod read;
 pub(crate) mod report;
 pub(crate) mod sample;
@@ -140,6 +143,11 @@ pub(crate) enum Line {
         code: Option<i32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signal: Option<i32>,
+        /// A library hold kept past its block's end while its process still
+        /// used the device: when the block ended (the hold went on to
+        /// `end_ms`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        block_end_ms: Option<u64>,
         #[serde(flatten)]
         measured: Measured,
     },
@@ -209,12 +217,10 @@ impl Log {
                 log.write(&Line::Start(start.clone()));
                 Some(log)
             }
-            Err(err) => {
+            Err(why) => {
                 if !quiet {
                     crate::tty::say_while_command_runs(&format!(
-                        "devlock: note: no usage record for this job: {}: {}\n",
-                        dir.display(),
-                        crate::proc::os_text(&err)
+                        "devlock: note: no usage record for this job: {why}\n"
                     ));
                 }
                 None
@@ -231,7 +237,14 @@ impl Log {
         });
     }
 
-    pub(crate) fn end(&self, how: How, code: Option<i32>, signal: Option<i32>, measured: Measured) {
+    pub(crate) fn end(
+        &self,
+        how: How,
+        code: Option<i32>,
+        signal: Option<i32>,
+        block_end_ms: Option<u64>,
+        measured: Measured,
+    ) {
         self.write(&Line::End {
             v: VERSION,
             job: self.job.clone(),
@@ -239,6 +252,7 @@ impl Log {
             how,
             code,
             signal,
+            block_end_ms,
             measured,
         });
     }
@@ -258,77 +272,215 @@ pub(crate) fn job_id(boot: Option<&str>, pid: u32, start: u64) -> String {
     format!("{boot}-{pid}-{start}")
 }
 
-/// The usage file of this user, opened for appending: made 0644 with
-/// O_EXCL when missing (the directory too, sticky and world-writable),
-/// opened without O_CREAT when there (`fs.protected_regular`), never
-/// through a symbolic link, and refused unless it is a regular file of
-/// ours with one link.
-fn open_own(dir: &Path) -> io::Result<std::fs::File> {
-    open_file(dir, false)
+/// How many times a name a co-user raced for is looked at again.
+const TRIES: usize = 10;
+
+/// Why the usage directory cannot be used.
+#[derive(Debug)]
+pub(crate) enum Unusable {
+    /// It does not exist (nor a directory on the way to it).
+    Missing,
+    /// The whole sentence why, naming the real path at fault and its owner.
+    Refused(String),
 }
 
-fn open_file(dir: &Path, rotated: bool) -> io::Result<std::fs::File> {
-    let dir_fd = open_dir(dir, true)?;
-    let uid = nix::unistd::geteuid().as_raw();
-    let name = CString::new(format!("{uid}.jsonl")).expect("no NUL in a number");
-    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+/// The usage directory open, and its owner and mode (fstat): reached from
+/// `/` through directories only root (or, for a user who is not root, that
+/// user) owns and nobody else may write unless sticky, never through
+/// another user's link ([`walk`](crate::cmd::setup_path::walk)); made
+/// sticky and world-writable when missing and `create`.
+pub(crate) fn open_dir(dir: &Path, create: bool) -> Result<(OwnedFd, libc::stat), Unusable> {
+    use crate::cmd::setup_path::{Stop, Way, walk};
+    let uid = crate::sys::process::effective_uid();
+    let way = Way {
+        verb: "use",
+        what: "the usage directory",
+        also: (uid != 0).then_some(uid),
+        make_missing: false,
+    };
+    let parent = walk(dir, way).map_err(|stop| match stop {
+        Stop::Missing(_) => Unusable::Missing,
+        Stop::Refused(e) => Unusable::Refused(e.to_string()),
+    })?;
+    let cannot = |e: &dyn std::fmt::Display| {
+        Unusable::Refused(format!("{}: {e}", crate::text::show_path(&parent.target())))
+    };
+    let mut made = false;
     let fd = loop {
-        match crate::sys::fs::openat(dir_fd.as_fd(), &name, flags | OFlag::O_NONBLOCK, 0) {
+        match parent.open() {
             Ok(fd) => break fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        match crate::sys::fs::openat(
-            dir_fd.as_fd(),
-            &name,
-            flags | OFlag::O_CREAT | OFlag::O_EXCL,
-            0o644,
-        ) {
-            Ok(fd) => {
-                crate::sys::fs::fchmod(&fd, 0o644)?;
-                break fd;
+            Err(e) if create && !made && e.kind() == io::ErrorKind::NotFound => {
+                match nix::sys::stat::mkdirat(
+                    &parent.fd,
+                    parent.name.as_os_str(),
+                    nix::sys::stat::Mode::from_bits_truncate(0o700),
+                ) {
+                    Ok(()) => made = true,
+                    Err(nix::errno::Errno::EEXIST) => {}
+                    Err(e) => return Err(cannot(&e.desc())),
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Unusable::Missing),
+            Err(e) => return Err(cannot(&crate::proc::os_text(&e))),
         }
     };
-    let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != uid || st.st_nlink != 1 {
-        return Err(io::Error::other(format!(
-            "{uid}.jsonl there is not a regular file of this user's with one link"
-        )));
+    if made {
+        // Through the descriptor, whatever the umask.
+        crate::sys::fs::fchmod(&fd, 0o1777).map_err(|e| cannot(&crate::proc::os_text(&e)))?;
     }
-    if st.st_size as u64 > ROTATE_AT && !rotated {
-        // Ours (checked above): renamed over the old one, then made anew.
-        let (from, to) = (format!("{uid}.jsonl"), format!("{uid}.jsonl.old"));
-        if nix::fcntl::renameat(&dir_fd, from.as_str(), &dir_fd, to.as_str()).is_ok() {
-            return open_file(dir, true);
-        }
-    }
-    Ok(std::fs::File::from(fd))
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| cannot(&e.desc()))?;
+    Ok((fd, st))
 }
 
-/// The usage directory's descriptor (not through a symbolic link); made
-/// sticky and world-writable when missing and `create`.
-pub(crate) fn open_dir(dir: &Path, create: bool) -> io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    match crate::sys::fs::open(&path, flags) {
-        Err(e) if create && e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(dir) {
-            Ok(()) => {
-                let fd = crate::sys::fs::open(&path, flags)?;
-                crate::sys::fs::fchmod(&fd, 0o1777)?;
-                Ok(fd)
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                crate::sys::fs::open(&path, flags)
-            }
-            Err(e) => Err(e),
-        },
-        other => other,
+/// Why records in the usage directory `dir` (its fstat `st`) cannot be
+/// trusted to stay, if they cannot: it belongs to a user other than root
+/// and this one, who can remove or replace any file in it, or anyone may
+/// write it without the sticky bit.
+pub(crate) fn distrust(dir: &Path, st: &libc::stat) -> Option<String> {
+    let shown = crate::text::show_path(dir);
+    if st.st_uid != 0 && st.st_uid != crate::sys::process::effective_uid() {
+        return Some(format!(
+            "{shown} is owned by {}, who can remove or replace any record in it",
+            crate::cmd::setup_path::user(st.st_uid)
+        ));
     }
+    (st.st_mode & 0o022 != 0 && st.st_mode & libc::S_ISVTX == 0).then(|| {
+        format!(
+            "{shown} may be written by others and is not sticky ({:o}), so anyone can remove \
+             or replace any record in it",
+            st.st_mode & 0o7777
+        )
+    })
+}
+
+/// This user's usage file, opened for appending: in a usage directory
+/// only root or this user owns ([`open_dir`], [`distrust`]: another
+/// user's is not used, and the note says whose it is).
+fn open_own(dir: &Path) -> Result<std::fs::File, String> {
+    let (dir_fd, st) = open_dir(dir, true).map_err(|u| match u {
+        Unusable::Missing => format!("{} does not exist", crate::text::show_path(dir)),
+        Unusable::Refused(why) => why,
+    })?;
+    if let Some(why) = distrust(dir, &st) {
+        return Err(format!(
+            "{why}; records are kept only in a usage directory of root's or this user's \
+             (sudo devlock setup makes one; DEVLOCK_USAGE_DIR names another)"
+        ));
+    }
+    let uid = crate::sys::process::effective_uid();
+    let shown = |e: io::Error| {
+        format!(
+            "{}: {}",
+            crate::text::show_path(dir),
+            crate::proc::os_text(&e)
+        )
+    };
+    let (stem, file) = open_file(&dir_fd, uid).map_err(shown)?;
+    let size = file.metadata().map_or(0, |m| m.len());
+    if size <= ROTATE_AT {
+        return Ok(file);
+    }
+    // Ours (checked): renamed over the old one (ours or missing, or the
+    // rename fails and this file grows on), then made anew under the same
+    // stem, so that a user keeps one file and one .old.
+    let (from, to) = (format!("{stem}.jsonl"), format!("{stem}.jsonl.old"));
+    if nix::fcntl::renameat(&dir_fd, from.as_str(), &dir_fd, to.as_str()).is_ok()
+        && let Ok(Some(anew)) = open_stem(&dir_fd, &stem, uid)
+    {
+        return Ok(anew);
+    }
+    Ok(file)
+}
+
+/// The file of this user's records in the usage directory open as `dir`,
+/// and its stem: `UID.jsonl`, or, where a co-user made that name (or its
+/// `.old`) first, one of this user's `UID.TAG.jsonl` (TAG sixteen random
+/// hex digits: nobody can make it before this user has).
+fn open_file(dir: &OwnedFd, uid: u32) -> io::Result<(String, std::fs::File)> {
+    for _ in 0..TRIES {
+        let stem = stem_for(dir, uid)?;
+        if let Some(file) = open_stem(dir, &stem, uid)? {
+            return Ok((stem, file));
+        }
+    }
+    Err(io::Error::other(
+        "co-users keep taking the names of this user's usage file",
+    ))
+}
+
+/// `STEM.jsonl` open for appending: made 0644 with O_EXCL when missing,
+/// opened without O_CREAT when there (`fs.protected_regular`), never
+/// through a symbolic link, and kept only as a regular file of this user's
+/// with one link (in a sticky directory nobody else can then rename,
+/// replace or remove it); `None` when something else took the name.
+fn open_stem(dir: &OwnedFd, stem: &str, uid: u32) -> io::Result<Option<std::fs::File>> {
+    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let name = CString::new(format!("{stem}.jsonl")).expect("no NUL in a number");
+    let fd = match crate::sys::fs::openat(dir.as_fd(), &name, flags | OFlag::O_NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match crate::sys::fs::openat(
+                dir.as_fd(),
+                &name,
+                flags | OFlag::O_CREAT | OFlag::O_EXCL,
+                0o644,
+            ) {
+                Ok(fd) => {
+                    crate::sys::fs::fchmod(&fd, 0o644)?;
+                    fd
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        // Something else took the name meanwhile (a link, a FIFO, a file
+        // of theirs): passed over.
+        Err(_) => return Ok(None),
+    };
+    let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
+    Ok(is_ours(&st, uid).then(|| std::fs::File::from(fd)))
+}
+
+/// A regular file of `uid`'s with one link.
+fn is_ours(st: &libc::stat, uid: u32) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == uid && st.st_nlink == 1
+}
+
+/// The stem of this user's usage file: `UID` unless a co-user has taken
+/// `UID.jsonl` or `UID.jsonl.old`, else a tagged stem of this user's that
+/// the directory lists (found again by every later hold), else a new one.
+fn stem_for(dir: &OwnedFd, uid: u32) -> io::Result<String> {
+    // Missing, or ours: either keeps the stem this user's.
+    let free = |name: &str| match nix::sys::stat::fstatat(
+        dir,
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Err(nix::errno::Errno::ENOENT) => true,
+        Ok(st) => is_ours(&st, uid),
+        Err(_) => false,
+    };
+    let usable = |stem: &str| free(&format!("{stem}.jsonl")) && free(&format!("{stem}.jsonl.old"));
+    let plain = uid.to_string();
+    if usable(&plain) {
+        return Ok(plain);
+    }
+    let mut tagged: Vec<String> = read::names(dir)?
+        .into_iter()
+        .filter_map(|name| {
+            let stem = name
+                .strip_suffix(".jsonl")
+                .or_else(|| name.strip_suffix(".jsonl.old"))?;
+            let (named, tag) = read::parse_stem(stem)?;
+            (named == uid && tag).then(|| stem.to_owned())
+        })
+        .collect();
+    tagged.sort();
+    tagged.dedup();
+    if let Some(stem) = tagged.into_iter().find(|s| usable(s)) {
+        return Ok(stem);
+    }
+    Ok(format!("{uid}.{:016x}", crate::sys::fs::random_u64()?))
 }
 
 /// The host name, for records of several machines put together.

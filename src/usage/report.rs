@@ -14,6 +14,9 @@ use super::read::{Ending, Job};
 
 pub(crate) use crate::cli::ReportBy as By;
 
+mod days;
+use days::Days;
+
 /// One row's figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub(crate) struct Row {
@@ -51,6 +54,7 @@ pub(crate) fn rows(jobs: &[Job], by: By, since: u64, until: u64) -> (Vec<Row>, R
         key: "total".into(),
         ..Row::default()
     };
+    let mut days = Days::default();
     for job in jobs {
         let (start, end) = (job.start.start_ms, job.end_ms.max(job.start.start_ms));
         let (lo, hi) = (start.max(since), end.min(until));
@@ -60,18 +64,7 @@ pub(crate) fn rows(jobs: &[Job], by: By, since: u64, until: u64) -> (Vec<Row>, R
         }
         add(&mut total, job, lo, hi, true);
         match by {
-            By::Day => {
-                let mut day = lo - lo % DAY_MS;
-                loop {
-                    let (a, b) = (lo.max(day), hi.min(day + DAY_MS));
-                    let row = rows.entry(day_name(day)).or_default();
-                    add(row, job, a, b, (day..day + DAY_MS).contains(&start));
-                    day += DAY_MS;
-                    if day >= hi {
-                        break;
-                    }
-                }
-            }
+            By::Day => days.add(job, lo, hi),
             By::User => add(
                 rows.entry(crate::proc::process::user_name(job.uid))
                     .or_default(),
@@ -96,6 +89,9 @@ pub(crate) fn rows(jobs: &[Job], by: By, since: u64, until: u64) -> (Vec<Row>, R
                 }
             }
         }
+    }
+    if by == By::Day {
+        rows = days.rows();
     }
     let rows = rows
         .into_iter()
@@ -153,8 +149,10 @@ fn add_share(row: &mut Row, job: &Job, lo: u64, hi: u64, started_here: bool, sha
         row.wait_s += wait;
         row.longest_wait_s = row.longest_wait_s.max(wait);
         if let Some(budget) = job.start.mem_mib {
-            row.budget_mib += budget;
-            row.peak_mib_of_budgeted += m.peak_mib.unwrap_or(0);
+            row.budget_mib = row.budget_mib.saturating_add(budget);
+            row.peak_mib_of_budgeted = row
+                .peak_mib_of_budgeted
+                .saturating_add(m.peak_mib.unwrap_or(0));
         }
         if let Some(peak) = m.peak_mib {
             row.peak_mib = Some(row.peak_mib.unwrap_or(0).max(peak));
@@ -174,8 +172,7 @@ fn add_share(row: &mut Row, job: &Job, lo: u64, hi: u64, started_here: bool, sha
 
 /// `2026-11-30`, the UTC day starting at `ms`.
 pub(crate) fn day_name(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(t).to_string()[..10].to_owned()
+    crate::text::utc_seconds(ms)[..10].to_owned()
 }
 
 /// Hours as the table shows them: `12.5`, `0.02`.
@@ -262,8 +259,8 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
                 share(row.gpu_hours_computing, row.gpu_hours_sampled)
             ),
             hours(row.gpu_hours_idle),
-            crate::text::short_duration(std::time::Duration::from_secs_f64(row.wait_s)),
-            crate::text::short_duration(std::time::Duration::from_secs_f64(row.longest_wait_s)),
+            crate::text::short_duration(crate::text::seconds(row.wait_s)),
+            crate::text::short_duration(crate::text::seconds(row.longest_wait_s)),
             budget,
             if stopped.is_empty() {
                 "-".into()
@@ -367,12 +364,7 @@ pub(crate) struct JobJson<'a> {
 }
 
 pub(crate) fn job_json(job: &Job) -> JobJson<'_> {
-    let at = |ms: u64| {
-        humantime::format_rfc3339_millis(
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
-        )
-        .to_string()
-    };
+    let at = crate::text::utc_millis;
     JobJson {
         user: crate::proc::process::user_name(job.uid),
         job: &job.start.job,
@@ -401,5 +393,73 @@ pub(crate) fn job_json(job: &Job) -> JobJson<'_> {
         sampled_gpu_s: job.measured.sampled_gpu_s,
         idle_timeout_s: job.start.idle_timeout_s,
         from: &job.start.from,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// 2026-12-01T00:00:00Z.
+    const NOW: u64 = 1_796_083_200_000;
+
+    fn job(start: u64, end: u64, gpus: u32, figures: (f64, f64, f64)) -> Job {
+        let mut job = Job::for_test(0, start, end, (0..gpus).collect(), "s");
+        job.measured.sampled_gpu_s = figures.0;
+        job.measured.busy_gpu_s = figures.1;
+        job.measured.idle_gpu_s = figures.2;
+        job
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever a job says (past what a line may: the sums are safe on
+        /// their own), every view of the report is made without a panic, a
+        /// line per row.
+        #[test]
+        fn every_view_of_any_jobs_is_made(
+            jobs in prop::collection::vec(
+                (
+                    (0..NOW + DAY_MS, 0..NOW + DAY_MS, any::<u64>()),
+                    (prop::option::of(any::<u64>()), prop::option::of(any::<u64>())),
+                    (any::<f64>(), any::<f64>(), any::<f64>()),
+                    (prop::collection::vec("[a-z:0-9]{0,8}|\\PC{0,20}", 0..4), "\\PC{0,300}"),
+                ),
+                0..12,
+            ),
+            since in NOW - 60 * DAY_MS..NOW,
+            far in (any::<u64>(), prop_oneof![Just(u64::MAX), any::<u64>()]),
+        ) {
+            let jobs: Vec<Job> = jobs
+                .into_iter()
+                .map(|((start, end, waited), (mem, peak), figures, (resources, step))| {
+                    let mut job = job(start, end, 2, figures);
+                    job.start.waited_ms = waited;
+                    job.start.mem_mib = mem;
+                    job.measured.peak_mib = peak;
+                    job.start.resources = resources;
+                    job.start.step = step;
+                    job
+                })
+                .collect();
+            for by in [By::User, By::Resource, By::Step, By::Day] {
+                let (rows, total) = rows(&jobs, by, since, NOW + DAY_MS);
+                prop_assert_eq!(table(by, &rows, &total).lines().count(), rows.len() + 2);
+                let csv = csv(&rows, &total);
+                prop_assert!(csv.lines().count() >= rows.len() + 2);
+                for line in table(by, &rows, &total).lines() {
+                    prop_assert!(!line.chars().any(crate::text::is_unsafe_char));
+                }
+            }
+            for mut job in jobs {
+                prop_assert!(serde_json::to_string(&job_json(&job)).is_ok());
+                // Far dates, as a line may not say them: still written.
+                (job.start.start_ms, job.end_ms) = (far.0, far.1);
+                let json = serde_json::to_value(job_json(&job)).unwrap();
+                prop_assert!(json["end"].as_str().unwrap().len() <= 24, "{}", json);
+            }
+        }
     }
 }

@@ -50,6 +50,8 @@ pub(crate) struct Tracker {
     last_progress: Instant,
     labelled: Option<u64>,
     stopped_idle: bool,
+    /// A library hold kept past its block's end: when the block ended.
+    pub(crate) kept_since_ms: Option<u64>,
 }
 
 /// Whether a hold's usage needs a process beside the command while it
@@ -126,6 +128,7 @@ impl Tracker {
             last_progress: Instant::now(),
             labelled: None,
             stopped_idle: false,
+            kept_since_ms: None,
         }
     }
 
@@ -145,13 +148,19 @@ impl Tracker {
         if !now.answered {
             return tick;
         }
-        let idle_ms = now.idle_since.map(super::ms_of);
+        let mut idle_since = now.idle_since;
+        if let Some(kept) = self.kept_since_ms {
+            // Kept past its block's end: idle since then, whatever the GPU does.
+            let ended = std::time::UNIX_EPOCH + Duration::from_millis(kept);
+            idle_since = Some(idle_since.map_or(ended, |i| i.min(ended)));
+        }
+        let idle_ms = idle_since.map(super::ms_of);
         if idle_ms != self.labelled {
             self.labelled = idle_ms;
             tick.relabel = Some(idle_ms);
         }
         if let Some(policy) = self.policy.as_mut() {
-            tick.acts = policy.check(now.idle_since, SystemTime::now());
+            tick.acts = policy.check(idle_since, SystemTime::now());
             if tick.acts.iter().any(|a| matches!(a, Act::Stop(_))) {
                 self.stopped_idle = true;
             }
@@ -178,7 +187,7 @@ impl Tracker {
         }
         let how = if self.stopped_idle { How::Idle } else { how };
         if let Some(log) = &self.log {
-            log.end(how, code, signal, measured);
+            log.end(how, code, signal, self.kept_since_ms, measured);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! kill -9, nested use, unsafe files and bad input.
 
 use std::io::BufReader;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 
 use crate::harness::*;
@@ -380,6 +380,9 @@ test!(planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written, nee
 pub(crate) fn planted_symlink_and_fifo_are_refused_and_a_hard_link_is_never_written() {
     let s = Scratch::new();
     std::fs::create_dir(s.dir()).unwrap();
+    // Made for locks (sticky, as devlock makes it): a record would go into
+    // the lock file itself (see hostile_takes.rs for elsewhere).
+    std::fs::set_permissions(s.dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let victim = s.work("victim");
     std::fs::write(&victim, "precious").unwrap();
 

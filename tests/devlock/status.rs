@@ -474,16 +474,16 @@ pub(crate) fn colour_only_on_a_terminal_and_never_with_no_color() {
     wait_child(&mut holder);
 }
 
-test!(the_table_shows_locks_in_use_and_counts_the_idle_ones, needs: []);
-pub(crate) fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
+test!(the_table_shows_locks_in_use_and_counts_the_unused_ones, needs: []);
+pub(crate) fn the_table_shows_locks_in_use_and_counts_the_unused_ones() {
     let s = Scratch::new();
     for typo in ["gup", "gpu0", "gpu-0"] {
         assert!(s.run(&[typo, "--", "true"]).status.success());
     }
-    let only_idle = stdout(&s.run(&["status"]));
+    let only_unused = stdout(&s.run(&["status"]));
     assert_eq!(
-        only_idle,
-        "(no lock is held or waited for; 3 idle locks not shown: devlock status --all lists them)\n"
+        only_unused,
+        "(no lock is held or waited for; 3 unused locks not shown: devlock status --all lists them)\n"
     );
     let mut holder = hold_until_released(&s, &["--step", "trainer", "gpu"], "h");
     let table = stdout(&s.run(&["status"]));
@@ -496,13 +496,13 @@ pub(crate) fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     );
     assert_eq!(
         lines[2],
-        "(3 idle locks not shown: devlock status --all lists them)"
+        "(3 unused locks not shown: devlock status --all lists them)"
     );
     let all = stdout(&s.run(&["status", "--all"]));
     for name in ["gup", "gpu0", "gpu-0", "gpu "] {
         assert!(all.contains(name), "--all lacks {name}: {all}");
     }
-    assert!(!all.contains("idle"), "{all}");
+    assert!(!all.contains("idle") && !all.contains("unused"), "{all}");
     // Asked for by name: shown, held or not.
     let named = stdout(&s.run(&["status", "gup"]));
     assert!(
@@ -517,10 +517,10 @@ pub(crate) fn the_table_shows_locks_in_use_and_counts_the_idle_ones() {
     wait_child(&mut holder);
 }
 
-test!(the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle, needs: []);
-pub(crate) fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle() {
+test!(the_table_never_counts_a_lock_it_cannot_call_free_among_the_unused, needs: []);
+pub(crate) fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_unused() {
     let s = Scratch::new();
-    assert!(s.run(&["idle", "--", "true"]).status.success());
+    assert!(s.run(&["quiet", "--", "true"]).status.success());
     // A FIFO where a lock file should be: status cannot say it is free.
     nix::unistd::mkfifo(
         &s.lock_path("odd"),
@@ -535,16 +535,16 @@ pub(crate) fn the_table_never_counts_a_lock_it_cannot_call_free_among_the_idle()
         "{table}"
     );
     assert!(
-        table.contains("(1 idle lock not shown: devlock status --all lists them)"),
+        table.contains("(1 unused lock not shown: devlock status --all lists them)"),
         "{table}"
     );
 }
 
 test!(names_nothing_uses_are_flagged_said_once_and_forgotten, needs: []);
 /// A name that nothing has used, or a `gpu:N` the driver does not list, is
-/// `unknown name` in status (never `free`, never counted among the idle);
+/// `unknown name` in status (never `free`, never counted among the unused);
 /// a new name close to a known one is said once as it is first used, with
-/// the name it may have meant; `forget` removes an idle name's files and
+/// the name it may have meant; `forget` removes an unused name's files and
 /// refuses one in use.
 pub(crate) fn names_nothing_uses_are_flagged_said_once_and_forgotten() {
     let s = Scratch::new();
@@ -596,7 +596,7 @@ pub(crate) fn names_nothing_uses_are_flagged_said_once_and_forgotten() {
         "-q says nothing"
     );
     // A GPU the driver does not list, used anyway: flagged in status, and
-    // not counted away among the idle.
+    // not counted away among the unused.
     assert!(run(&["gpu:7", "--", "true"]).status.success());
     let table = stdout(&run(&["status"]));
     let row = table
@@ -608,7 +608,7 @@ pub(crate) fn names_nothing_uses_are_flagged_said_once_and_forgotten() {
             && row.contains("the driver lists no GPU 7, only gpu:0 to gpu:1"),
         "{table}"
     );
-    // forget: an idle name goes, a held one stays and its holder is named.
+    // forget: an unused name goes, a held one stays and its holder is named.
     let forgot = run(&["forget", "GPU0", "gpu-0", "Gpu0"]);
     assert!(forgot.status.success(), "{}", stderr(&forgot));
     assert!(!s.lock_path("GPU0").exists());

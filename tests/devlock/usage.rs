@@ -581,7 +581,10 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
     assert_eq!(t["observed_later"], 1);
     assert_eq!(
         r["notes"],
-        serde_json::json!(["1 unreadable lines skipped"])
+        serde_json::json!([format!(
+            "{uid}.jsonl: 1 line skipped, unreadable or out of bounds \
+             (line 11: not a usage line (JSON))"
+        )])
     );
     let rows = |r: &serde_json::Value| -> Vec<(String, f64, f64, u64)> {
         r["rows"]
@@ -678,7 +681,9 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
         "{table}"
     );
     assert!(
-        stderr(&out).contains("1 unreadable lines skipped"),
+        stderr(&out).contains(&format!(
+            "devlock: note: {uid}.jsonl: 1 line skipped, unreadable or out of bounds"
+        )),
         "{}",
         stderr(&out)
     );

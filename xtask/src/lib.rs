@@ -41,6 +41,7 @@ const SUBCOMMAND_SECTIONS: &[(&str, &[(&str, &str)])] = &[
             ("ENDPOINTS", "serve-endpoints.roff"),
             ("METRICS", "serve-metrics.roff"),
             ("WHO CAN SEE WHAT", "serve-access.roff"),
+            ("LIMITS", "serve-limits.roff"),
             ("EXAMPLES", "serve-examples.roff"),
         ],
     ),
