@@ -1088,10 +1088,11 @@ pub(crate) fn holders_of(
             let child = recorded
                 .and_then(|r| r.child.filter(|c| pids.contains(c) && r.names_child(*c)));
             // A chain-loaded holder's record names the command itself: what
-            // it started and left holding carries the hold's label.
+            // it started and left holding carries the hold's label once that
+            // command is gone (its pid may belong to another process since).
             match (recorded, child) {
                 (Some(r), Some(c)) => labelled(r, pids, Some(c), HolderSource::Inherited, lock.exclusive, now),
-                (Some(r), None) if r.child.is_none() && !alive => {
+                (Some(r), None) if r.child.is_none() && !(alive && r.names(taker)) => {
                     labelled(r, pids, None, HolderSource::Inherited, lock.exclusive, now)
                 }
                 _ => bare(pids, None, HolderSource::Inherited, lock.exclusive),

@@ -1254,10 +1254,12 @@ fn pid_reuse_round(shared: bool) {
         args.push("-s");
     }
     args.push("r");
-    // A command that forks nothing once ready (see `reuse_pid`).
+    // A command that starts one child, which holds on once the command
+    // (devlock's own process) is SIGKILLed; neither forks once ready (see
+    // `reuse_pid`).
     let ready = s.work("ready-h");
     let script = format!(
-        "echo $$ > {r}.tmp && mv {r}.tmp {r} && exec sleep 1000",
+        "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
         r = ready.display()
     );
     let mut holder = s
@@ -1270,11 +1272,10 @@ fn pid_reuse_round(shared: bool) {
     let command = pid_in(&ready);
     let devlock_pid = holder.id();
     s.wait_for_status("r", "the holder's label", |v| {
-        v["holders"][0]["pids"]
-            .as_array()
-            .is_some_and(|p| p.len() == 2)
+        v["holders"][0]["step"] == "job"
     });
-    kill_devlock_and_guard(&mut holder);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
     let _reused = reuse_pid(devlock_pid);
     assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
     // Root sees the command holding it through the descriptor it inherited.
