@@ -336,9 +336,7 @@ pub(crate) fn dir_dot_hands_the_command_none_of_devlocks_record() {
                 ["holders"][0]
                 .clone()
         },
-        |holder| {
-            holder["step"] == "mine" && holder["pids"].as_array().is_some_and(|p| p.len() == 2)
-        },
+        |holder| holder["step"] == "mine" && holder["command"][0] == "sh",
     );
     let busy = in_project(&project, &["-n", "out", "--", "true"])
         .output()
