@@ -142,12 +142,6 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     // start time are the command's (execve keeps both).
     let record = Record::for_this_process(&step);
     let waited = began.elapsed();
-    // Named now, made only if the job runs `devlock busy`.
-    let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
-    env.push((
-        crate::usage::idle::BUSY_ENV.into(),
-        busy.path.into_os_string(),
-    ));
     let hold = crate::usage::track::Hold {
         resources: resources_of(&held),
         step: step.clone(),
@@ -182,6 +176,19 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         }),
         paths: notes.renamable() || !held.iter().all(Held::labelled),
     };
+    // Named now (its token drawn before the watcher forks, which names the
+    // same file), made only if the job runs `devlock busy`; named only to a
+    // job whose watcher reads it and removes it at the end: an unwatched
+    // hold's job gets an empty name, and `devlock busy` there does nothing.
+    let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
+    env.push((
+        crate::usage::idle::BUSY_ENV.into(),
+        if watch.usage {
+            busy.path.into_os_string()
+        } else {
+            Default::default()
+        },
+    ));
     if !watch.any() {
         crate::usage::track::start_line(&hold);
     } else if let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet) {

@@ -208,6 +208,23 @@ pub(crate) fn records_say_how_each_job_ended() {
         "{}",
         stderr(&out)
     );
+    // In a hold nothing watches (no GPU: no idle policy, nobody to remove a
+    // file at its end) the job is named no file, and `devlock busy` there
+    // succeeds doing nothing.
+    let tmp = g.s.work("busy-tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let out = g
+        .devlock()
+        .env("TMPDIR", &tmp)
+        .args(["r", "--", "sh", "-c"])
+        .arg(format!(
+            "test -z \"$DEVLOCK_BUSY_FILE\" && {BIN} busy 1m && echo said"
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "said");
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "no file left");
 }
 
 test!(a_killed_devlock_leaves_a_record_observed_later, needs: []);
