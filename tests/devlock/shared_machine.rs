@@ -875,9 +875,7 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let command = pid_in(&ready);
     let devlock_pid = holder.id();
     s.wait_for_status("gpu:0", "root's record", |v| {
-        v["holders"][0]["pids"]
-            .as_array()
-            .is_some_and(|p| p.len() == 2)
+        v["holders"][0]["step"] == "root-job"
     });
     // A's own process, on the GPU without the lock.
     let mut notebook = Killed(
@@ -995,8 +993,8 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let _ = notebook.0.kill();
 }
 
-test!(records_keep_no_command_line_and_release_clears_the_label, needs: [Root, Tool("setpriv")]);
-pub(crate) fn records_keep_no_command_line_and_release_clears_the_label() {
+test!(records_keep_no_command_line_and_a_released_label_names_nobody, needs: [Root, Tool("setpriv")]);
+pub(crate) fn records_keep_no_command_line_and_a_released_label_names_nobody() {
     let s = Scratch::new();
     let (script, ready) = hold_script(&s, "h");
     let mut holder = Killed(
@@ -1021,7 +1019,16 @@ pub(crate) fn records_keep_no_command_line_and_release_clears_the_label() {
     );
     release(&s, "h");
     assert!(wait_child(&mut holder.0).success());
-    assert_eq!(std::fs::read(s.lock_path("r")).unwrap(), b"");
+    // Chain-loaded, nothing of devlock is left when the command ends to
+    // clear the label: it stays, naming a process that is gone, and status
+    // labels nobody with it.
+    let view = s.resource_status("r");
+    assert_eq!(view["state"], "free", "{view}");
+    assert_eq!(array_len(&view["holders"]), 0, "{view}");
+    assert!(
+        !stdout(&s.run(&["status", "r"])).contains(" sh "),
+        "no label"
+    );
 }
 
 // ----------------------------------------------------------------------------
