@@ -2111,7 +2111,7 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
         if let Some(text) = before {
             std::fs::write(&lock, text).unwrap();
         }
-        let script = "until grep -q '\"child\"' out.lock; do sleep 0.01; done; \
+        let script = "until grep -q \"\\\"pid\\\":$$,\" out.lock; do sleep 0.01; done; \
                       printf 'version = 4\\n' > out.lock";
         let out = Command::new(BIN)
             .current_dir(&project)
@@ -2127,7 +2127,9 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
             "{round}: release cut what the command wrote"
         );
     }
-    // A record devlock wrote is still cleared on release.
+    // A record devlock wrote stays once the command ends (chain-loaded,
+    // nobody is left to clear it), naming a process that is gone: status
+    // labels nobody with it.
     let out = Command::new(BIN)
         .current_dir(&project)
         .env_remove("DEVLOCK_DIR")
@@ -2135,7 +2137,15 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read(project.join("mine.lock")).unwrap(), b"");
+    let out = Command::new(BIN)
+        .current_dir(&project)
+        .env_remove("DEVLOCK_DIR")
+        .args(["--dir", ".", "status", "--json", "mine"])
+        .output()
+        .unwrap();
+    let view = &json_of(&out)["resources"][0];
+    assert_eq!(view["state"], "free", "{view}");
+    assert_eq!(array_len(&view["holders"]), 0, "{view}");
 }
 
 test!(a_command_that_waits_for_its_own_jobs_lock_file_is_told_so, needs: [Tool("flock")]);
