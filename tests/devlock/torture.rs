@@ -438,7 +438,7 @@ fn check_section(run: &SectionRun, log: &SectionLog, rmws: u32, errors: &mut Vec
         .collect();
     // The command is devlock's process (chain-loaded): each signal sent
     // reaches it once, nobody forwards (or repeats) one.
-    if log.sig as usize > stops.len() {
+    if log.sig > stops.len() {
         fail("the command heard more stop signals than were sent".into());
     }
     if log.sig > 0 && stops.is_empty() {
