@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
-use crate::status::model::{Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource};
+use crate::status::model::{
+    Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource, WaiterView,
+};
 use crate::text::{sanitize, short_duration};
 
 /// How a table is drawn: in colour or not, and fitted to a terminal's
@@ -209,38 +211,22 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
                 }
                 (None, _) => "(no record)".to_owned(),
             };
-            let mut row = vec![
+            let state = format!("waits #{}{stopped}", w.position);
+            rows.push(Row::Cells(waiter_cells(
+                w,
                 String::new(),
-                format!("waits #{}{stopped}", w.position),
+                state,
                 step,
-                w.pid.map_or("?".to_owned(), |p| p.to_string()),
-                w.user.as_deref().map_or("?".to_owned(), sanitize),
-                duration_cell(w.waiting_for_ms),
-            ];
-            if with_budgets {
-                row.push(w.mem_mib.map_or(String::new(), |mem| {
-                    format!("asks {}", crate::gpu::memory::size(mem))
-                }));
-            }
-            rows.push(Row::Cells(row));
+                with_budgets,
+            )));
         }
     }
     for request in &requests {
         let w = request.waiter;
-        let mut row = vec![
-            request.resources.clone(),
-            format!("waits (any){}", if w.stopped { " (stopped)" } else { "" }),
-            w.step.as_deref().map_or("?".to_owned(), sanitize),
-            w.pid.map_or("?".to_owned(), |p| p.to_string()),
-            w.user.as_deref().map_or("?".to_owned(), sanitize),
-            duration_cell(w.waiting_for_ms),
-        ];
-        if with_budgets {
-            row.push(w.mem_mib.map_or(String::new(), |mem| {
-                format!("asks {}", crate::gpu::memory::size(mem))
-            }));
-        }
-        rows.push(Row::Cells(row));
+        let state = format!("waits (any){}", if w.stopped { " (stopped)" } else { "" });
+        let step = w.step.as_deref().map_or("?".to_owned(), sanitize);
+        let cells = waiter_cells(w, request.resources.clone(), state, step, with_budgets);
+        rows.push(Row::Cells(cells));
     }
     rows.extend(figures);
     let mut out = if rows.len() > 1 {
@@ -267,6 +253,31 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
 }
 
 /// `20 GiB, starting`, `20 GiB, over budget: 27 GiB of 20 GiB`
+/// A waiter's row: its first cells as the caller words them, then its pid,
+/// user, wait and (in a table with budgets) what it asks.
+fn waiter_cells(
+    w: &WaiterView,
+    resource: String,
+    state: String,
+    step: String,
+    with_budgets: bool,
+) -> Vec<String> {
+    let mut row = vec![
+        resource,
+        state,
+        step,
+        w.pid.map_or("?".to_owned(), |p| p.to_string()),
+        w.user.as_deref().map_or("?".to_owned(), sanitize),
+        duration_cell(w.waiting_for_ms),
+    ];
+    if with_budgets {
+        row.push(w.mem_mib.map_or(String::new(), |mem| {
+            format!("asks {}", crate::gpu::memory::size(mem))
+        }));
+    }
+    row
+}
+
 pub(crate) fn budget_cell(h: &crate::status::model::Holder, mem: u64) -> String {
     use crate::gpu::memory::size;
     let mut words = vec![size(mem)];

@@ -273,15 +273,7 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
         ]);
     }
     let columns = header.len();
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            lines
-                .iter()
-                .map(|l| l[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths = column_widths(&lines, columns);
     let mut out = String::new();
     for line in &lines {
         let mut text = String::new();
@@ -398,15 +390,7 @@ pub(crate) fn jobs_table(jobs: &[&Job]) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..7)
-        .map(|c| {
-            lines
-                .iter()
-                .map(|l| l[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths = column_widths(&lines, 7);
     let mut out = String::new();
     for line in &lines {
         let cells: Vec<String> = line
@@ -460,6 +444,19 @@ pub(crate) fn job_json(job: &Job) -> JobJson<'_> {
     }
 }
 
+/// The widest cell of each of the first `columns` columns, in characters.
+fn column_widths<L: AsRef<[String]>>(lines: &[L], columns: usize) -> Vec<usize> {
+    (0..columns)
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l.as_ref()[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,7 +465,9 @@ mod tests {
     /// 2026-12-01T00:00:00Z.
     const NOW: u64 = 1_796_083_200_000;
 
-    fn job(start: u64, end: u64, gpus: u32, figures: (f64, f64, f64)) -> Job {
+    /// A job of `gpus` GPUs with its sampled, busy and idle GPU-seconds
+    /// (also the by-day sum's tests).
+    pub(super) fn job(start: u64, end: u64, gpus: u32, figures: (f64, f64, f64)) -> Job {
         let mut job = Job::for_test(0, start, end, (0..gpus).collect(), "s");
         job.measured.sampled_gpu_s = figures.0;
         job.measured.busy_gpu_s = figures.1;

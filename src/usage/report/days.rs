@@ -127,6 +127,7 @@ impl Days {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::usage::report::tests::job;
     use crate::usage::report::{By, rows};
     use proptest::prelude::*;
 
@@ -154,14 +155,6 @@ mod tests {
             }
         }
         rows
-    }
-
-    fn job(start: u64, end: u64, gpus: u32, figures: (f64, f64, f64)) -> Job {
-        let mut job = Job::for_test(0, start, end, (0..gpus).collect(), "s");
-        job.measured.sampled_gpu_s = figures.0;
-        job.measured.busy_gpu_s = figures.1;
-        job.measured.idle_gpu_s = figures.2;
-        job
     }
 
     fn close(a: f64, b: f64) -> bool {
