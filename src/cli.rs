@@ -297,8 +297,9 @@ pub enum Command {
         now [default: 10m], through a phase that does no GPU work, such as loading data or \
         writing a checkpoint. It sets the time of $DEVLOCK_BUSY_FILE, the file devlock \
         names to its command, into the future: `touch -d '+10 min' \"$DEVLOCK_BUSY_FILE\"` \
-        does the same. The report's computing hours stay what the GPUs did. Outside a \
-        hold it exits 2."
+        does the same. The report's computing hours stay what the GPUs did. In a hold \
+        nothing watches (no GPU, so no idle timeout) $DEVLOCK_BUSY_FILE is empty and it \
+        succeeds doing nothing. Outside a hold it exits 2."
     )]
     Busy(BusyArgs),
 }

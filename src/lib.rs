@@ -40,6 +40,7 @@ mod text;
 mod tty;
 mod usage;
 mod wait_display;
+mod watcher;
 
 #[doc(hidden)]
 pub mod cli;

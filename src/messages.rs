@@ -684,6 +684,7 @@ pub(crate) fn budget_starting(resource: &crate::resource::Resource, starter: &Ho
     )
 }
 
+#[cfg(feature = "etcd")]
 /// The job's guard could not be started (a fork refused under a process
 /// limit): the command runs, but would outlive a killed devlock.
 pub(crate) fn no_guard(err: &std::io::Error) -> String {

@@ -11,6 +11,7 @@
 
 use std::sync::OnceLock;
 
+#[cfg(feature = "etcd")]
 pub(crate) use crate::sys::tty::Terminal;
 use crate::sys::tty::{self as sys_tty, stderr};
 

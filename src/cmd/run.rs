@@ -9,18 +9,15 @@ use anyhow::Result;
 
 use crate::cli::RunArgs;
 use crate::exit::{ExitCode, coded};
-use crate::flock::budget::watch::{Action, Monitor, Watch};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Held, Taken};
 use crate::flock::record::Record;
-use crate::flock::registration::{Kind, Registration};
 use crate::flock::trust::Notes;
 use crate::gpu::device::DeviceReport;
 use crate::gpu::gate as devices;
 use crate::interrupt::{self, Stop};
 use crate::plan::Plan;
 use crate::proc::locks::LockTable;
-use crate::proc::process::start_time;
 use crate::resource::Resource;
 use crate::supervise;
 use crate::take::Takes;
@@ -39,8 +36,6 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     let step = args.step_name();
     supervise::sane_start();
     supervise::block_handled_signals();
-    // Before any lock file is open: the guard must never hold one.
-    let guard = supervise::Guard::start();
     interrupt::hold_job_stops();
     let mut dir = ScratchDir::open_or_create(dir_path)?;
     crate::known::check(&dir, &resources, args.new, args.quiet)?;
@@ -120,8 +115,13 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
     }
-    // Nothing stops it now: `got ...` may be said.
+    // Nothing stops it now: `got ...` may be said, and is, before the exec
+    // (no thread of devlock's outlives it).
     display.command_starts();
+    if let Some(sig) = display.settle() {
+        return Err(supervise::stopped_before_start(sig));
+    }
+    drop(display);
     let mut env = child_env(&taken, dir_path, &step, probe_timeout)?;
     let budget_of = budget_held(&taken, &plan);
     if let Some((_, mem, total)) = &budget_of {
@@ -136,50 +136,14 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         .collect();
     if held.is_empty() {
         notes.flush(args.quiet);
-        drop(guard);
+        interrupt::release_job_stops();
         return Ok(supervise::pass_through(&args.command, &env));
     }
-    let fds: Vec<_> = held.iter().flat_map(Held::inheritable_fds).collect();
-    // The label is there before the command runs (status and anyone who
-    // waits see who holds it at once), and names the command once it runs.
-    let mut record = Record::for_this_process(&step);
+    // The label names this process, which the command becomes: its pid and
+    // start time are the command's (execve keeps both).
+    let record = Record::for_this_process(&step);
     let waited = began.elapsed();
-    // Named now, made only if the job runs `devlock busy`.
-    let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
-    env.push((
-        crate::usage::idle::BUSY_ENV.into(),
-        busy.path.into_os_string(),
-    ));
-    for lock in &held {
-        notes.line(lock.label(&record));
-    }
-    notes.flush(args.quiet);
-    let child = supervise::spawn(
-        &args.command,
-        Some(&found),
-        &fds,
-        &env,
-        supervise::Placement::choose(),
-        guard,
-    )?;
-    // From here devlock stops with its job (Ctrl-Z), as any job does. A job
-    // stop held since the last look before the start was meant for the whole
-    // job, which the command is part of now.
-    let held_stop = interrupt::take_job_stop();
-    interrupt::release_job_stops();
-    if let Some(sig) = held_stop {
-        child.pass_on_job_stop(sig);
-    }
-    let signal = display.settle();
-    drop(display);
-    record.child = Some(child.id());
-    record.child_start = start_time(child.id());
-    for lock in &held {
-        notes.line(lock.label(&record));
-    }
-    notes.flush(args.quiet);
-    // After the start, off the take's path: the usage record and sampler.
-    let mut usage = crate::usage::track::Tracker::start(&crate::usage::track::Hold {
+    let hold = crate::usage::track::Hold {
         resources: resources_of(&held),
         step: step.clone(),
         pid: record.pid,
@@ -190,63 +154,73 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
         idle_timeout,
         from: "cli",
-        roots: vec![record.pid, child.id()],
+        roots: vec![record.pid],
         probe_timeout,
         quiet: args.quiet,
-    });
-    let label = std::cell::RefCell::new(record.clone());
-    let mut budget_watch = budget_of.map(|(resource, mem, _)| {
-        let b = plan.budget.as_ref().expect("a budget held was planned");
-        let ask = b.ask(&resource, probe_timeout, None);
-        let monitor = Monitor::start(&ask, vec![child.id()], b.settle);
-        Watch {
-            strict: b.strict,
-            quiet: args.quiet,
-            ..Watch::new(monitor, resource, step.clone(), mem, b.settle)
-        }
-    });
-    let mut watch = PathWatch {
-        dir: &dir,
-        held: &held,
-        record: &record,
-        warned: false,
-        lost: Vec::new(),
-        self_wait_warned: false,
     };
-    let (code, guard) = supervise::supervise_watching(child, signal, &mut |tick| {
-        if tick == supervise::Tick::Second {
-            watch.check();
-            act_on_usage(usage.tick(), &held, &label, args.quiet);
-        }
-        if let Some(budget) = budget_watch.as_mut() {
-            let actions = match tick {
-                supervise::Tick::Second => budget.check(),
-                supervise::Tick::Stopped => budget.stopped(),
-            };
-            act_on_budget(budget, actions, &held, &label);
-        }
-    });
-    drop(watch);
-    let over_budget = budget_watch.as_ref().is_some_and(|b| b.stopped);
-    drop(budget_watch);
-    // Let go of the locks before our places in line, so the next in line
-    // finds the lock free when it wakes; the dismissed guard is reaped last.
-    drop(held);
-    // How it ended, for the usage record (an idle stop is the tracker's to say).
-    let (how, status, signo) = match code {
-        ExitCode::Command(c) => (crate::usage::How::Exit, Some(c), None),
-        ExitCode::Signal(s) => (crate::usage::How::Signal, None, Some(s)),
-        ExitCode::Success => (crate::usage::How::Exit, Some(0), None),
-        _ => (crate::usage::How::Error, None, None),
+    for lock in &held {
+        notes.line(lock.label(&record));
+    }
+    let watch = crate::watcher::Duties {
+        usage: crate::usage::track::needs_watch(&hold),
+        budget: budget_of.map(|(resource, mem, _)| {
+            let b = plan.budget.as_ref().expect("a budget held was planned");
+            (
+                b.ask(&resource, probe_timeout, None),
+                resource,
+                mem,
+                b.strict,
+                b.settle,
+            )
+        }),
+        paths: notes.renamable() || !held.iter().all(Held::labelled),
     };
-    let how = if over_budget {
-        crate::usage::How::OverBudget
-    } else {
-        how
-    };
-    usage.finish(how, status, signo);
-    drop(guard);
-    Ok(code)
+    // Named now (its token drawn before the watcher forks, which names the
+    // same file), made only if the job runs `devlock busy`; named only to a
+    // job whose watcher reads it and removes it at the end: an unwatched
+    // hold's job gets an empty name, and `devlock busy` there does nothing.
+    let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
+    env.push((
+        crate::usage::idle::BUSY_ENV.into(),
+        if watch.usage {
+            busy.path.into_os_string()
+        } else {
+            Default::default()
+        },
+    ));
+    if !watch.any() {
+        crate::usage::track::start_line(&hold);
+    } else if let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet) {
+        eprintln!(
+            "devlock: warning: no watcher for this job ({}): it runs without its usage \
+             sampling, idle policy, memory watch and lock-file checks",
+            crate::proc::os_text(&e)
+        );
+    }
+    notes.flush(args.quiet);
+    // The place in line goes as the command starts (the next in line then
+    // waits in the kernel for the lock itself), but for a budget's, which
+    // its watcher gives up once the job settled; the queue file stays open
+    // in the command, after the lock's, for the agreement on the slot count.
+    for lock in held.iter().filter(|h| !h.is_budget()) {
+        lock.step_aside();
+    }
+    // A job stop held back since the last look (or while a warning was said) is the job's: it stops
+    // here, holding, and goes on to the exec once continued.
+    let held_stop = interrupt::take_job_stop();
+    interrupt::release_job_stops();
+    if let Some(sig) = held_stop {
+        interrupt::stop_as(sig);
+    }
+    let fds: Vec<_> = held.iter().flat_map(Held::inheritable_fds).collect();
+    let after: Vec<_> = held.iter().filter_map(Held::line_fd).collect();
+    Ok(supervise::exec(
+        &args.command,
+        Some(&found),
+        &fds,
+        &after,
+        &env,
+    ))
 }
 
 /// The budget a run holds, if any: its resource, budget and the device's
@@ -269,63 +243,6 @@ fn budget_env(mem: u64, total: u64) -> supervise::Env {
     env
 }
 
-/// Does what the budget's watch says: step aside once the job started,
-/// mark it over budget (or back under) in its registration, stop it under
-/// `--mem-strict` as a signal to devlock would (the first stopping signal
-/// goes on to the command).
-fn act_on_budget(
-    budget: &Watch,
-    actions: Vec<Action>,
-    held: &[Held],
-    label: &std::cell::RefCell<Record>,
-) {
-    let Some(hold) = held
-        .iter()
-        .find(|h| h.request.name == budget.resource && h.request.via.is_none())
-    else {
-        return;
-    };
-    for action in actions {
-        match action {
-            Action::StepAside => hold.step_aside(),
-            Action::Relabel(over) => {
-                let mut record = label.borrow_mut();
-                record.over_mib = over;
-                let _ = hold.label(&record);
-            }
-            Action::Stop => crate::sys::signal::raise(libc::SIGTERM),
-        }
-    }
-}
-
-/// Does what the usage tracker's tick says: the idle label on every held
-/// lock, the idle warning, and the idle stop (as a signal to devlock would).
-fn act_on_usage(
-    tick: crate::usage::track::Tick,
-    held: &[Held],
-    label: &std::cell::RefCell<Record>,
-    quiet: bool,
-) {
-    use crate::usage::idle::Act;
-    if let Some(idle) = tick.relabel {
-        let mut record = label.borrow_mut();
-        record.idle_since_ms = idle;
-        for hold in held {
-            let _ = hold.label(&record);
-        }
-    }
-    for act in tick.acts {
-        match act {
-            Act::Warn(text) if !quiet => crate::tty::say_while_command_runs(&text),
-            Act::Warn(_) => {}
-            Act::Stop(text) => {
-                crate::tty::say_while_command_runs(&text);
-                crate::sys::signal::raise(libc::SIGTERM);
-            }
-        }
-    }
-}
-
 /// The resources a run holds, as its usage record names them: what it
 /// asked for, or the members an `--any` took (not their groups).
 fn resources_of(held: &[Held]) -> Vec<Resource> {
@@ -345,84 +262,6 @@ fn names_of(resources: &[Resource]) -> String {
         .map(Resource::as_str)
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// Once a second while the command runs: whether each held lock file is
-/// still the file its path names. If someone renamed or removed it, the
-/// next devlock makes a fresh one and runs beside this job: that is said
-/// once on stderr (even with `-q`: exclusion is broken), and registered for
-/// status to show as long as this devlock lives.
-struct PathWatch<'a> {
-    dir: &'a ScratchDir,
-    held: &'a [Held],
-    record: &'a Record,
-    warned: bool,
-    lost: Vec<Registration>,
-    /// Whether the command was found waiting for a lock this job holds.
-    self_wait_warned: bool,
-}
-
-impl PathWatch<'_> {
-    fn check(&mut self) {
-        self.check_self_wait();
-        if self.warned {
-            return;
-        }
-        for held in self.held {
-            for file in held.files() {
-                let name = &held.request.name;
-                if file.still_at_path(self.dir) {
-                    continue;
-                }
-                self.warned = true;
-                crate::tty::say_while_command_runs(&format!(
-                    "devlock: warning: {} no longer names the file this job holds (someone renamed or \
-                     removed it); another devlock may now take {name} beside this one\n",
-                    crate::text::show_path(file.path())
-                ));
-                if let Ok(reg) = Registration::create(self.dir, name, self.record, Kind::Lost) {
-                    self.lost.push(reg);
-                }
-                return;
-            }
-        }
-    }
-
-    /// A lock file that holds somebody's data (`--dir . Cargo` with a
-    /// `Cargo.lock`) may be one the command locks itself (cargo does): it
-    /// then waits for this job's own hold for ever. Said once, naming it;
-    /// looked for only where such a file is held, so a plain run reads
-    /// nothing more.
-    fn check_self_wait(&mut self) {
-        let Some(child) = self.record.child else {
-            return;
-        };
-        if self.self_wait_warned || self.held.iter().all(Held::labelled) {
-            return;
-        }
-        let Ok(table) = crate::proc::locks::LockTable::read() else {
-            return;
-        };
-        for held in self.held.iter().filter(|h| !h.labelled()) {
-            let file = held.lock();
-            let waiter = table.blocked(file.id()).map(|l| l.pid).find(|&pid| {
-                pid == child || crate::proc::process::ancestors(pid).any(|(p, _)| p == child)
-            });
-            let Some(pid) = waiter else { continue };
-            self.self_wait_warned = true;
-            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .map(|comm| crate::text::sanitize(comm.trim_end()))
-                .unwrap_or_else(|_| "a process".to_owned());
-            crate::tty::say_while_command_runs(&format!(
-                "devlock: warning: {name} (pid {pid}), part of this job, waits for a lock on {}, \
-                 which this job holds as {}: it will wait for ever; name the lock after no file \
-                 the command locks itself (e.g. devlock --dir . build -- ...)\n",
-                crate::text::show_path(file.path()),
-                held.request.name
-            ));
-            return;
-        }
-    }
 }
 
 /// With `--any --require-idle`: the candidates whose GPUs run no work

@@ -87,6 +87,7 @@
 
 mod cluster;
 mod keeper;
+mod parent;
 mod probe;
 pub(crate) mod run;
 mod session;

@@ -42,7 +42,7 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
     supervise::block_handled_signals();
     super::block_sigpipe();
     // Before the session's connections: the guard holds nothing of devlock's.
-    let guard = supervise::Guard::start();
+    let guard = super::parent::Guard::start();
     let settings = Settings {
         config,
         ttl,
@@ -91,7 +91,7 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
         }
     };
     session.started(child.id());
-    let (code, signal) = supervise::supervise_reaping(child, None, true);
+    let (code, signal) = super::parent::supervise_reaping(child, None, true);
     wait_for_what_it_left(signal, kill_after, args.quiet, &|| session.lease_lost());
     match session.release() {
         None => Ok(code),
@@ -347,14 +347,14 @@ fn check_margins(args: &RunArgs, endpoints: usize) -> Result<(Duration, Duration
 fn spawn_tied(
     command: &[OsString],
     env: &supervise::Env,
-    guard: Option<supervise::Guard>,
-) -> Result<supervise::Child> {
-    let placement = supervise::Placement::choose();
+    guard: Option<super::parent::Guard>,
+) -> Result<super::parent::Child> {
+    let placement = super::parent::Placement::choose();
     let (own_group, terminal) = placement.spawn_settings();
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .envs(env.iter().map(|(k, v)| (k, v)));
-    supervise::Child::start_with(placement, guard, |group| {
+    super::parent::Child::start_with(placement, guard, |group| {
         if own_group {
             cmd.process_group(group.unwrap_or(0));
         }

@@ -102,6 +102,19 @@ impl Held {
         }
     }
 
+    /// The place in line's descriptor (the queue file), which the command
+    /// inherits after the lock's: it keeps the agreement on the slot count
+    /// as long as the hold.
+    pub(crate) fn line_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.keep().ticket.as_ref().map(Ticket::fd)
+    }
+
+    /// Whether this hold keeps its place in line until a budget's watch
+    /// steps aside (else it steps aside as its command starts).
+    pub(crate) fn is_budget(&self) -> bool {
+        self.mem_mib.is_some()
+    }
+
     fn keep(&self) -> &Keep {
         self.keep
             .as_ref()
@@ -164,9 +177,6 @@ impl Held {
             record.over_mib = None;
         }
         let mut note = None;
-        // Our pid in the kernel's table beside the flock, for users who
-        // cannot read our descriptors (see `proc::locks::holds_now`).
-        crate::proc::locks::tag(keep.lock.file());
         if self.owns_record() {
             let mut fresh = false;
             let ok = self

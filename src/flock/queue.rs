@@ -178,6 +178,11 @@ impl Ticket {
         }
     }
 
+    /// The queue file's descriptor: the place and the agreement.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.file)
+    }
+
     /// Lets the next request go while this one keeps what it took (a shared
     /// holder admits the readers behind it; a writer behind still waits for
     /// the lock itself). The agreement stays.

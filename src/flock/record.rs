@@ -42,16 +42,26 @@ const MAX_GPU_INDEX: u32 = 1 << 16;
 pub struct Record {
     /// The holder's (or waiter's) label: `--step`, or the command's name.
     pub step: String,
-    /// The devlock process (the pid `/proc/locks` names).
+    /// The holding process (the pid `/proc/locks` names): devlock, which
+    /// becomes the command it runs (the same pid and start time).
     pub pid: u32,
     /// Its start time in clock ticks since boot: pid plus start names one process.
     pub pid_start: u64,
-    /// The command devlock runs, once started, and its start time.
+    /// A child process that runs the work (written by devlock before it
+    /// chain-loaded its command; read for holds that such a devlock made).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<u32>,
     /// The command's start time, in clock ticks since boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_start: Option<u64>,
+    /// The hold's watcher, where one runs beside the command (usage
+    /// sampling, the idle policy, a memory budget's watch), and its start
+    /// time: status says when it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher: Option<u32>,
+    /// The watcher's start time, in clock ticks since boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher_start: Option<u64>,
     /// Milliseconds since the Unix epoch when the lock was taken (or the wait began).
     pub since_ms: u64,
     /// The boot it was written in (`/proc/sys/kernel/random/boot_id`).
@@ -102,6 +112,8 @@ impl Record {
             pid_start: own_start_time().unwrap_or(0),
             child: None,
             child_start: None,
+            watcher: None,
+            watcher_start: None,
             since_ms: now_ms(),
             boot_id: boot_id(),
             ticket: None,
@@ -144,6 +156,19 @@ impl Record {
             && self
                 .child_start
                 .is_some_and(|start| proc::process::start_time(pid) == Some(start))
+    }
+
+    /// Whether the hold's watcher named here is gone (a watched hold whose
+    /// watcher was killed runs on unwatched).
+    pub fn watcher_gone(&self) -> bool {
+        match (self.watcher, self.watcher_start) {
+            (Some(pid), Some(start)) => {
+                self.this_boot()
+                    && (proc::process::start_time(pid) != Some(start)
+                        || proc::process::is_zombie(pid))
+            }
+            _ => false,
+        }
     }
 
     /// The record as bytes: one JSON object whose first members are the
@@ -294,6 +319,8 @@ impl Record {
         pid_ok(self.pid)
             && self.child.is_none_or(pid_ok)
             && self.child.is_some() == self.child_start.is_some()
+            && self.watcher.is_none_or(pid_ok)
+            && self.watcher.is_some() == self.watcher_start.is_some()
             && self.since_ms <= latest
             && self.ticket.is_none_or(|t| (1..=MAX_TICKET).contains(&t))
             && self.slot.is_none_or(|s| (1..=MAX_SLOT).contains(&s))

@@ -296,12 +296,21 @@ pub(crate) fn live_waiters(
             && record
                 .child
                 .is_some_and(|c| record.names_child(c) && table.holds_flock(c, id) == Some(true));
-        if alive_in_kernel || inherited || (own && kind == Kind::Hold) {
+        // A lost lock's registration is made by the hold's watcher (the
+        // command, chain-loaded, makes none): believed while the watcher the
+        // record names by pid and start time holds it, beside a command that
+        // is alive.
+        let watched = kind == Kind::Lost
+            && record.watcher == Some(named_pid)
+            && holders.contains(&named_pid)
+            && !record.watcher_gone()
+            && record.names(record.pid);
+        if alive_in_kernel || inherited || watched || (own && kind == Kind::Hold) {
             waiters.push(Waiter {
                 resource,
                 kind,
                 record,
-                believed: alive_in_kernel || inherited,
+                believed: alive_in_kernel || inherited || watched,
             });
         }
     }

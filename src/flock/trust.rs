@@ -283,6 +283,8 @@ struct Found {
     dir: Option<PathBuf>,
     run_resources: Vec<String>,
     opens: Option<OpenLog>,
+    /// Whether any issue was found in this run (said or not yet).
+    any_issue: bool,
 }
 
 impl Notes {
@@ -332,12 +334,21 @@ impl Notes {
         }
     }
 
+    /// Whether another user could rename or remove a file of this run (or
+    /// its directory): then its holder must watch its paths.
+    pub(crate) fn renamable(&self) -> bool {
+        let mut found = self.found();
+        found.take_opens();
+        found.any_issue || !found.issues.is_empty()
+    }
+
     /// Prints what was noted since the last flush, unless `quiet`: the trust
     /// issues as one line with the fix, then any other warning.
     pub(crate) fn flush(&self, quiet: bool) {
         let mut found = self.found();
         found.take_opens();
         let issues = std::mem::take(&mut found.issues);
+        found.any_issue |= !issues.is_empty();
         let lines = std::mem::take(&mut found.lines);
         let mut resources: Vec<String> = std::mem::take(&mut found.resources).into_iter().collect();
         if resources.is_empty() {

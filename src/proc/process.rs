@@ -102,6 +102,23 @@ pub(crate) fn cmdline_of(pid: u32) -> Option<Vec<String>> {
     (!args.is_empty()).then_some(args)
 }
 
+/// How `pid`, started at `start`, ended, as a wait status, while it is a
+/// zombie not yet reaped (field 52 of its stat line; a zombie's pid cannot
+/// be reused, and the start time tells it from one reused before).
+pub(crate) fn zombie_exit_status(pid: u32, start: u64) -> Option<i32> {
+    let text = read_small(format!("/proc/{pid}/stat"))?;
+    let zombie = stat_field(&text, 3)? == "Z";
+    let same = stat_field(&text, 22)?.parse::<u64>().ok()? == start;
+    (zombie && same)
+        .then(|| stat_field(&text, 52)?.parse().ok())
+        .flatten()
+}
+
+/// Whether `pid` has ended and waits to be reaped.
+pub(crate) fn is_zombie(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| s.state == 'Z')
+}
+
 /// Whether a live process is stopped (`T`, by a signal, or `t`, by a tracer).
 pub fn is_stopped(pid: u32) -> bool {
     stat(pid).is_some_and(|s| matches!(s.state, 'T' | 't'))

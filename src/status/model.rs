@@ -133,6 +133,10 @@ pub(crate) struct Holder {
     /// Why an `unknown` holder cannot be seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The hold's watcher (usage sampling, idle policy, budget watch) is
+    /// gone: the job runs on, holding, unwatched.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub watch_gone: bool,
     /// A memory budget held (`--mem`), MiB.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem_mib: Option<u64>,
@@ -1035,6 +1039,10 @@ pub(crate) fn holders_of(
             // its descriptors (or its tag) say so: a pid can be reused
             // within the clock tick a record's start time names.
             let holding = if alive { proc::locks::holds_now(table, taker, id) } else { None };
+            // A devlock holder is its command (chain-loaded): where this
+            // user cannot read its descriptors, the record that names it by
+            // pid and start time says it holds.
+            let holding = holding.or_else(|| recorded.filter(|r| r.names(taker)).map(|_| true));
             if holding == Some(true) {
                 let r = recorded.filter(|r| r.names(taker));
                 let mut pids = vec![taker];
@@ -1079,8 +1087,14 @@ pub(crate) fn holders_of(
             }
             let child = recorded
                 .and_then(|r| r.child.filter(|c| pids.contains(c) && r.names_child(*c)));
+            // A chain-loaded holder's record names the command itself: what
+            // it started and left holding carries the hold's label once that
+            // command is gone (its pid may belong to another process since).
             match (recorded, child) {
                 (Some(r), Some(c)) => labelled(r, pids, Some(c), HolderSource::Inherited, lock.exclusive, now),
+                (Some(r), None) if r.child.is_none() && !(alive && r.names(taker)) => {
+                    labelled(r, pids, None, HolderSource::Inherited, lock.exclusive, now)
+                }
                 _ => bare(pids, None, HolderSource::Inherited, lock.exclusive),
             }
         })
@@ -1113,6 +1127,7 @@ fn bare(pids: Vec<u32>, command_of: Option<u32>, source: HolderSource, exclusive
         devices: Vec::new(),
         source,
         note: None,
+        watch_gone: false,
         mem_mib: None,
         used_mib: None,
         starting: None,
@@ -1150,6 +1165,7 @@ fn labelled(
     holder.idle_for_ms = r
         .idle_since_ms
         .map(|t| elapsed_ms(std::time::UNIX_EPOCH + Duration::from_millis(t), now));
+    holder.watch_gone = r.watcher_gone();
     if let Some(t) = r.kept_ms {
         holder.kept_for_ms = Some(elapsed_ms(
             std::time::UNIX_EPOCH + Duration::from_millis(t),

@@ -136,6 +136,9 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             if h.stopped {
                 step.push_str(" (stopped)");
             }
+            if h.watch_gone {
+                step.push_str(" (watch gone)");
+            }
             if let Some(idle) = h
                 .idle_for_ms
                 .filter(|_| h.kept_for_ms.is_none() && h.via.is_none())

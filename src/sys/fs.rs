@@ -199,6 +199,13 @@ pub(crate) fn set_inheritable(fd: impl AsFd) -> io::Result<()> {
     Ok(())
 }
 
+/// A copy of `fd` numbered `above` or higher that a child inherits across
+/// exec (F_DUPFD leaves close-on-exec clear); its number. The copy stays
+/// open for the life of the process (it is for an exec).
+pub(crate) fn inheritable_copy_above(fd: impl AsFd, above: RawFd) -> io::Result<RawFd> {
+    Ok(nix::fcntl::fcntl(fd, FcntlArg::F_DUPFD(above))?)
+}
+
 /// Puts `/dev/null` on standard input, output and error where a careless
 /// parent left them closed (a lock file opened into fd 2 would become the
 /// command's stderr).

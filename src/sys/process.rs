@@ -1,7 +1,7 @@
-//! Processes: starting the command (posix_spawn, with glibc's terminal hand
-//! over where there is one), waiting for it, signals to processes and
-//! groups, pidfds, and the process group and session facts the supervisor
-//! asks about.
+//! Processes: the watcher's double fork, pidfds (a process's end, and how
+//! it ended), signals to processes and groups, reopening a descriptor
+//! without its locks, and (for the etcd backend's parent) waiting for a
+//! child.
 
 use std::ffi::CString;
 use std::io;
@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::unistd::Pid;
 
+#[cfg(feature = "etcd")]
 /// What waitpid(2) said about a child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ChildState {
@@ -21,6 +22,7 @@ pub(crate) enum ChildState {
     Stopped(i32),
 }
 
+#[cfg(feature = "etcd")]
 /// One waitpid(2) without blocking: for `pid` (or any child, with `None`),
 /// reporting stops too when `stops`. `Ok(None)` when there is no child to
 /// wait for (ECHILD).
@@ -54,6 +56,7 @@ pub(crate) fn kill(pid: libc::pid_t, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
+#[cfg(feature = "etcd")]
 /// The process group of `pid`, if it is alive.
 pub(crate) fn group_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     nix::unistd::getpgid(Some(Pid::from_raw(pid)))
@@ -66,6 +69,7 @@ pub(crate) fn own_group() -> libc::pid_t {
     nix::unistd::getpgrp().as_raw()
 }
 
+#[cfg(feature = "etcd")]
 /// Whether this process leads its session (a terminal's hang-up is sent
 /// to the session leader alone).
 pub(crate) fn is_session_leader() -> bool {
@@ -100,12 +104,12 @@ impl PidFd {
         (fd >= 0).then(|| PidFd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
     }
 
+    #[cfg(feature = "etcd")]
     /// The descriptor, for a process that is to inherit it.
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 
-    #[cfg(feature = "etcd")]
     /// Sends `sig` to the process (nothing if it is gone).
     pub(crate) fn signal(&self, sig: libc::c_int) {
         // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
@@ -121,107 +125,118 @@ impl PidFd {
     }
 }
 
-/// How [`spawn`] places the command.
-pub(crate) struct Spawn<'a> {
-    /// The program, as given: a path, or a name looked up on `PATH`.
-    pub(crate) program: &'a CString,
-    /// Where the look-up before the wait found it: started from there
-    /// without a second walk of `PATH` (failed execs in the child while the
-    /// parent waits), or by name again if it is gone.
-    pub(crate) found: Option<&'a CString>,
-    pub(crate) argv: &'a [CString],
-    pub(crate) envp: &'a [CString],
-    /// A process group of its own: a new one it leads, or `group`.
-    pub(crate) own_group: bool,
-    /// The existing group (of the job's guard) to start it in.
-    pub(crate) group: Option<libc::pid_t>,
-    /// The terminal its group takes before it execs (glibc 2.35's
-    /// tcsetpgrp file action), if there is one and glibc has it.
-    pub(crate) terminal: Option<RawFd>,
+impl PidFd {
+    /// Waits up to `timeout` for the process to end; whether it has.
+    pub(crate) fn wait_ended(&self, timeout: std::time::Duration) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: poll(2) on one pollfd of ours.
+        let n = unsafe { libc::poll(&mut poll, 1, ms) };
+        n > 0 && poll.revents != 0
+    }
+
+    /// How the process ended, as a wait status, where the kernel tells any
+    /// holder of its pidfd (Linux 6.15's `PIDFD_INFO_EXIT`, once its parent
+    /// reaped it); `None` elsewhere, or while it is not reaped.
+    pub(crate) fn exit_status(&self) -> Option<i32> {
+        /// `struct pidfd_info` as of its first version (64 bytes).
+        #[repr(C)]
+        #[derive(Default)]
+        struct PidfdInfo {
+            mask: u64,
+            cgroupid: u64,
+            ids: [u32; 11],
+            exit_code: i32,
+        }
+        const PIDFD_INFO_EXIT: u64 = 1 << 3;
+        // _IOWR(PIDFS_IOCTL_MAGIC 0xFF, 11, struct pidfd_info)
+        const PIDFD_GET_INFO: libc::c_ulong = (3 << 30) | (64 << 16) | (0xFF << 8) | 11;
+        let mut info = PidfdInfo {
+            mask: PIDFD_INFO_EXIT,
+            ..PidfdInfo::default()
+        };
+        // SAFETY: the ioctl fills at most the 64 bytes of `info`.
+        let ok = unsafe { libc::ioctl(self.0.as_raw_fd(), PIDFD_GET_INFO, &mut info) } == 0;
+        (ok && info.mask & PIDFD_INFO_EXIT != 0).then_some(info.exit_code)
+    }
 }
 
-/// posix_spawnp(3): the child with an empty signal mask (signals the caller
-/// ignores stay ignored, handlers go at exec as always). `Err` is the errno.
-pub(crate) fn spawn(how: &Spawn) -> Result<libc::pid_t, i32> {
-    if let Some(path) = how.found {
-        match spawn_one(how, path, false) {
-            Err(libc::ENOENT | libc::EACCES | libc::ENOTDIR) => {}
-            done => return done,
+/// Names this process (its `comm`, as ps and /proc show it).
+pub(crate) fn set_name(name: &std::ffi::CStr) {
+    let _ = nix::sys::prctl::set_name(name);
+}
+
+/// Which side of [`fork_detached`] this is.
+pub(crate) enum Forked {
+    /// The new process: no child of the caller's (a grandchild, whose
+    /// parent has ended), a copy of it with only the calling thread.
+    Detached,
+    /// The caller.
+    Caller,
+}
+
+/// Starts a copy of this process that is not its child: a fork that forks
+/// again and ends at once, so the copy is reparented (to init or the
+/// nearest subreaper) and whatever this process becomes after an exec never
+/// sees it as a child to reap. The copy runs on as Rust code, as after any
+/// fork in a process that may have other threads: it must not rely on a
+/// lock another thread held (glibc's malloc is made safe across fork).
+pub(crate) fn fork_detached() -> io::Result<Forked> {
+    // SAFETY: the child makes only async-signal-safe calls (fork, _exit)
+    // until it ends; the grandchild goes on as a copy of this thread.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            // SAFETY: as above; nothing of this intermediate process runs on.
+            unsafe {
+                if libc::fork() == 0 {
+                    return Ok(Forked::Detached);
+                }
+                libc::_exit(0);
+            }
+        }
+        child => {
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(child), None);
+            Ok(Forked::Caller)
         }
     }
-    spawn_one(how, how.program, true)
 }
 
-/// posix_spawn of `program` (posix_spawnp when `search`).
-fn spawn_one(how: &Spawn, program: &CString, search: bool) -> Result<libc::pid_t, i32> {
-    let mut argv: Vec<*mut libc::c_char> = how.argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
-    argv.push(std::ptr::null_mut());
-    let mut envp: Vec<*mut libc::c_char> = how.envp.iter().map(|e| e.as_ptr().cast_mut()).collect();
-    envp.push(std::ptr::null_mut());
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: attrs and file actions are initialised before use and
-    // destroyed after; every pointer passed (program, argv, envp, each
-    // NUL-terminated and the arrays null-terminated) outlives the call.
-    let err = unsafe {
-        let mut attrs = std::mem::zeroed::<libc::posix_spawnattr_t>();
-        libc::posix_spawnattr_init(&mut attrs);
-        let empty = crate::sys::signal::SigSet::empty();
-        libc::posix_spawnattr_setsigmask(&mut attrs, empty.raw());
-        let mut flags = libc::POSIX_SPAWN_SETSIGMASK;
-        if how.own_group {
-            flags |= libc::POSIX_SPAWN_SETPGROUP;
-            libc::posix_spawnattr_setpgroup(&mut attrs, how.group.unwrap_or(0));
-        }
-        libc::posix_spawnattr_setflags(&mut attrs, flags as libc::c_short);
-        let mut actions = std::mem::zeroed::<libc::posix_spawn_file_actions_t>();
-        libc::posix_spawn_file_actions_init(&mut actions);
-        let with_actions = how
-            .terminal
-            .is_some_and(|fd| add_tcsetpgrp(&mut actions, fd));
-        let start = if search {
-            libc::posix_spawnp
-        } else {
-            libc::posix_spawn
-        };
-        let err = start(
-            &mut pid,
-            program.as_ptr(),
-            if with_actions {
-                &actions
-            } else {
-                std::ptr::null()
-            },
-            &attrs,
-            argv.as_ptr(),
-            envp.as_ptr(),
-        );
-        libc::posix_spawn_file_actions_destroy(&mut actions);
-        libc::posix_spawnattr_destroy(&mut attrs);
-        err
-    };
-    if err == 0 { Ok(pid) } else { Err(err) }
+/// Makes descriptor number `fd` name a new open file description of the
+/// same file, opened afresh through `/proc/self/fd`: it shares no flock or
+/// OFD lock with the description it named before (which the other
+/// processes that have it keep). The access mode is kept.
+pub(crate) fn reopen_unlocked(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL reads the flags of a descriptor number of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number");
+    let access = flags & libc::O_ACCMODE;
+    // SAFETY: open(2) of a NUL-terminated path; the result is ours.
+    let fresh = unsafe { libc::open(path.as_ptr(), access | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if fresh < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: dup3 over a descriptor number of ours, then the new one is
+    // closed: `fd` now names the fresh description.
+    let moved = unsafe { libc::dup3(fresh, fd, libc::O_CLOEXEC) };
+    let err = io::Error::last_os_error();
+    // SAFETY: `fresh` is ours, and no longer needed.
+    unsafe { libc::close(fresh) };
+    if moved < 0 { Err(err) } else { Ok(()) }
 }
 
-/// Adds glibc's tcsetpgrp file action (2.35 and later), looked up when
-/// needed so that devlock still runs on an older glibc.
-fn add_tcsetpgrp(actions: &mut libc::posix_spawn_file_actions_t, fd: RawFd) -> bool {
-    type AddTcsetpgrp =
-        unsafe extern "C" fn(*mut libc::posix_spawn_file_actions_t, libc::c_int) -> libc::c_int;
-    static FOUND: std::sync::OnceLock<Option<AddTcsetpgrp>> = std::sync::OnceLock::new();
-    let found = FOUND.get_or_init(|| {
-        // SAFETY: dlsym with a NUL-terminated name; a non-null result is
-        // that function, whose type glibc documents.
-        unsafe {
-            let symbol = libc::dlsym(
-                libc::RTLD_DEFAULT,
-                c"posix_spawn_file_actions_addtcsetpgrp_np".as_ptr(),
-            );
-            (!symbol.is_null())
-                .then(|| std::mem::transmute::<*mut libc::c_void, AddTcsetpgrp>(symbol))
-        }
-    });
-    // SAFETY: initialised file actions and a descriptor the caller keeps open.
-    found.is_some_and(|add| unsafe { add(actions, fd) } == 0)
+/// Closes descriptor number `fd` of this process, which nothing else in
+/// it owns any more.
+pub(crate) fn close_raw(fd: RawFd) {
+    // SAFETY: close(2) of a descriptor number the caller gave up.
+    unsafe { libc::close(fd) };
 }
 
 #[cfg(feature = "etcd")]

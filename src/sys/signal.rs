@@ -39,11 +39,6 @@ impl SigSet {
             SigSet(set)
         }
     }
-
-    /// The set as libc takes it.
-    pub(crate) fn raw(&self) -> &libc::sigset_t {
-        &self.0
-    }
 }
 
 fn mask(how: libc::c_int, set: &SigSet) -> SigSet {
@@ -69,8 +64,10 @@ pub(crate) fn set_mask(set: &SigSet) -> SigSet {
     mask(libc::SIG_SETMASK, set)
 }
 
-/// A signal as sigwaitinfo reported it.
+/// A signal as sigwaitinfo reported it (who sent it matters to the etcd
+/// backend's parent, which passes signals on).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) struct Received {
     pub(crate) signo: libc::c_int,
     /// Sent by a process with kill(2) (as opposed to raised by the kernel,
@@ -115,6 +112,12 @@ pub(crate) fn set_handler(sig: libc::c_int, handler: extern "C" fn(libc::c_int))
         libc::sigemptyset(&mut action.sa_mask);
         libc::sigaction(sig, &action, std::ptr::null_mut());
     }
+}
+
+/// Ignores `sig` from now on.
+pub(crate) fn ignore(sig: libc::c_int) {
+    // SAFETY: SIG_IGN is always a valid disposition.
+    unsafe { libc::signal(sig, libc::SIG_IGN) };
 }
 
 /// Gives `sig` its default action back.

@@ -1,8 +1,11 @@
 //! Terminal calls: the foreground process group, the width, and handing
 //! the terminal to a group without being stopped for it.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+#[cfg(feature = "etcd")]
+use std::os::fd::{OwnedFd, RawFd};
 
+#[cfg(feature = "etcd")]
 use nix::fcntl::OFlag;
 use nix::unistd::Pid;
 
@@ -39,12 +42,14 @@ pub(crate) fn columns(fd: impl AsFd) -> Option<usize> {
     (ok && size.ws_col > 0).then_some(usize::from(size.ws_col))
 }
 
+#[cfg(feature = "etcd")]
 /// devlock's controlling terminal, opened as `/dev/tty`.
 #[derive(Debug)]
 pub(crate) struct Terminal {
     fd: OwnedFd,
 }
 
+#[cfg(feature = "etcd")]
 impl Terminal {
     /// The controlling terminal, if devlock has one.
     pub(crate) fn open() -> Option<Terminal> {

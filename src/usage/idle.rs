@@ -216,12 +216,17 @@ fn process_token() -> u128 {
 pub(crate) fn say_busy(dur: Duration) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let Some(path) = std::env::var_os(BUSY_ENV).filter(|p| !p.is_empty()) else {
+    let Some(path) = std::env::var_os(BUSY_ENV) else {
         return Err(crate::exit::coded(
             crate::exit::ExitCode::Usage,
             "devlock busy: not inside a devlock hold ($DEVLOCK_BUSY_FILE is not set)",
         ));
     };
+    // A hold nothing watches (no idle policy, nobody to remove a file at
+    // its end) names no file: there is nobody to tell.
+    if path.is_empty() {
+        return Ok(());
+    }
     let shown = Path::new(&path).display().to_string();
     let file = std::fs::OpenOptions::new()
         .write(true)

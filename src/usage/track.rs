@@ -54,34 +54,58 @@ pub(crate) struct Tracker {
     pub(crate) kept_since_ms: Option<u64>,
 }
 
+/// Whether a hold's usage needs a process beside the command while it
+/// runs: only to sample GPUs (for its record or its idle policy). Without
+/// one, the start line is all that is written ([`start_line`]) and readers
+/// observe the end later, from the kernel (the holder is gone).
+pub(crate) fn needs_watch(hold: &Hold) -> bool {
+    let job = Job {
+        resources: hold.resources.clone(),
+        roots: Vec::new(),
+        period: super::sample::DEFAULT_PERIOD,
+        probe_timeout: hold.probe_timeout,
+        busy_file: None,
+    };
+    job.has_gpus() && (super::dir().is_some() || hold.idle_timeout.is_some())
+}
+
+/// The start line alone, for a hold nothing watches.
+pub(crate) fn start_line(hold: &Hold) {
+    Log::start(&start_of(hold), hold.quiet);
+}
+
+fn start_of(hold: &Hold) -> Start {
+    let mut gpus: Vec<u32> = hold
+        .resources
+        .iter()
+        .filter_map(|r| crate::gpu::gate::gpu_indices(r, &[]))
+        .flatten()
+        .collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    Start {
+        v: VERSION,
+        job: job_id(hold.boot_id.as_deref(), hold.pid, hold.pid_start),
+        resources: hold.resources.iter().map(|r| r.to_string()).collect(),
+        gpus,
+        step: hold.step.clone(),
+        pid: hold.pid,
+        pid_start: hold.pid_start,
+        boot_id: hold.boot_id.clone(),
+        host: super::host(),
+        start_ms: hold.start_ms,
+        waited_ms: hold.waited.as_millis() as u64,
+        mem_mib: hold.mem_mib,
+        idle_timeout_s: hold.idle_timeout.map(|d| d.as_secs().max(1)),
+        from: hold.from.to_owned(),
+    }
+}
+
 impl Tracker {
     /// Writes the start line and starts the sampler (for GPU resources).
     pub(crate) fn start(hold: &Hold) -> Tracker {
         let names: Vec<String> = hold.resources.iter().map(|r| r.to_string()).collect();
-        let mut gpus: Vec<u32> = hold
-            .resources
-            .iter()
-            .filter_map(|r| crate::gpu::gate::gpu_indices(r, &[]))
-            .flatten()
-            .collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        let start = Start {
-            v: VERSION,
-            job: job_id(hold.boot_id.as_deref(), hold.pid, hold.pid_start),
-            resources: names.clone(),
-            gpus,
-            step: hold.step.clone(),
-            pid: hold.pid,
-            pid_start: hold.pid_start,
-            boot_id: hold.boot_id.clone(),
-            host: super::host(),
-            start_ms: hold.start_ms,
-            waited_ms: hold.waited.as_millis() as u64,
-            mem_mib: hold.mem_mib,
-            idle_timeout_s: hold.idle_timeout.map(|d| d.as_secs().max(1)),
-            from: hold.from.to_owned(),
-        };
+        let start = start_of(hold);
         let log = Log::start(&start, hold.quiet);
         let busy = Some(BusyFile::for_holder(hold.pid, hold.pid_start));
         let job = Job {

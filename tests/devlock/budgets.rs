@@ -477,7 +477,11 @@ pub(crate) fn over_budget_is_said_once_and_strict_stops_the_job() {
     let mut strict = g.job(&s, "strict", 0, 15 * GIB, false);
     g.wait_ready("strict");
     let status = wait_child(&mut strict);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "{status:?}"
+    );
     let mut text = String::new();
     use std::io::Read;
     strict
@@ -638,22 +642,30 @@ pub(crate) fn every_failure_is_one_line_with_its_code() {
     assert!(stderr(&out).contains("cannot run"), "{}", stderr(&out));
 }
 
-test!(a_budget_outlives_its_killed_devlock_while_its_command_runs, needs: []);
-pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
+test!(a_budget_outlives_its_killed_watcher_while_its_command_runs, needs: []);
+/// The hold's watcher (which watches the budget) SIGKILLed alone: the
+/// command holds the lock and the registration on, and its budget counts
+/// for as long.
+pub(crate) fn a_budget_outlives_its_killed_watcher_while_its_command_runs() {
     let g = Gpus::new(&[80 * GIB]);
     let a = mem_on("orphan", "60GiB", "0.2s", "gpu:0");
     let mut orphan = g.job(&a, "orphan", 0, 0, false);
-    let command: u32 = g
-        .wait_ready("orphan")
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .parse()
-        .unwrap();
+    g.wait_ready("orphan");
     g.wait_settled("gpu:0", 1);
-    // devlock and its guard: its command holds the lock and the
-    // registration on, and its budget counts for as long.
-    kill_devlock_and_guard(&mut orphan);
+    // The watcher: the process of the job's group named devlock-watch.
+    let group = std::collections::HashSet::from([orphan.id()]);
+    let watcher = group_members(&group)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "devlock-watch")
+        })
+        .expect("the hold's watcher in the job's group");
+    signal(watcher, libc::SIGKILL);
+    wait_gone(watcher);
+    g.wait_view("gpu:0", "the watch gone", |v| {
+        v["holders"][0]["watch_gone"] == true
+    });
     let out = g.run(&["-n", "--mem", "30GiB", "gpu:0", "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(
@@ -664,8 +676,7 @@ pub(crate) fn a_budget_outlives_its_killed_devlock_while_its_command_runs() {
     let w = mem_on("next", "30GiB", "0.2s", "gpu:0");
     let mut next = g.job(&w, "next", 0, 0, false);
     g.wait_waiting("gpu:0", "next");
-    g.release("orphan");
-    wait_gone(command);
+    finish(&g, "orphan", &mut orphan);
     g.wait_ready("next");
     finish(&g, "next", &mut next);
 }
@@ -919,7 +930,9 @@ pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
     pty.wait_until("the job stopped", |out| {
         out[mark..].contains("Stopped") && out[mark..].contains("PROMPT> ")
     });
-    // devlock stepped aside before it stopped with its job.
+    // The hold's watcher (which ignores the terminal's stop) sees the job
+    // stopped at its next look and steps aside for it.
+    g.wait_settled("gpu:0", 1);
     let out = g.run(&["-n", "--mem", "10GiB", "gpu:0", "--", "true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let view = g.wait_settled("gpu:0", 1);

@@ -330,8 +330,8 @@ pub(crate) fn slots_admit_up_to_n_and_everyone_must_agree_on_n() {
             .as_array()
             .unwrap()
             .iter()
-            .all(|h| h["pids"].as_array().unwrap().len() == 2),
-        "each slot holder's label names its command too: {view}"
+            .all(|h| h["pids"] == serde_json::json!([h["pid"]]) && h["command"][0] == "sh"),
+        "each slot holder's label names its command, which is its devlock's process: {view}"
     );
     let mut held_slots: Vec<u64> = view["holders"]
         .as_array()

@@ -889,34 +889,3 @@ pub fn pid_list(pids: &[u32]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
-
-/// The job guard of the devlock `devlock` (its child named
-/// `devlock-guard`), once it has one.
-pub fn guard_of(devlock: u32) -> u32 {
-    let start = Instant::now();
-    loop {
-        let children = std::fs::read_to_string(format!("/proc/{devlock}/task/{devlock}/children"))
-            .unwrap_or_default();
-        let found = children.split_whitespace().find_map(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-            (comm.trim() == "devlock-guard").then(|| pid.parse().ok())?
-        });
-        if let Some(pid) = found {
-            return pid;
-        }
-        assert!(start.elapsed() < HANG, "devlock {devlock} has no guard");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// SIGKILLs a holding devlock together with its job guard, guard first (as
-/// `pkill -9 devlock` may): the one way left to have a command that holds on
-/// with no devlock, which status calls `inherited`. (A devlock killed alone
-/// has its guard end the job.)
-pub fn kill_devlock_and_guard(devlock: &mut Child) {
-    let guard = guard_of(devlock.id());
-    signal(guard, libc::SIGKILL);
-    wait_gone(guard);
-    devlock.kill().unwrap();
-    devlock.wait().unwrap();
-}

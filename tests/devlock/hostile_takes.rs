@@ -51,10 +51,31 @@ pub(crate) fn devlock_busy_cannot_be_squatted_by_another_user() {
         rc = rc.display(),
         done = done.display(),
     );
+    // A GPU hold with an idle policy: its watcher reads the busy file and
+    // removes it at the end (a hold nothing watches names none).
+    let gpus = s.work("gpus");
+    std::fs::create_dir(&gpus).unwrap();
+    std::fs::write(gpus.join("gpus"), "0 81920\n").unwrap();
+    std::fs::write(gpus.join("util.0"), "0\n").unwrap();
+    std::fs::set_permissions(&gpus, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let mut victim = Killed(
         devlock_as(&s, USER_A)
             .env("TMPDIR", &tmp)
-            .args(["-q", "r", "--", "sh", "-c", &script])
+            .env(
+                "DEVLOCK_NVIDIA_SMI",
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
+            )
+            .env("FAKE_GPU_DIR", &gpus)
+            .args([
+                "-q",
+                "--idle-timeout",
+                "2h",
+                "gpu:0",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -95,16 +116,26 @@ pub(crate) fn devlock_busy_cannot_be_squatted_by_another_user() {
     );
     std::fs::write(&done, "").unwrap();
     assert!(wait_child(&mut victim.0).success());
-    assert!(
-        !Path::new(&busy_file).exists(),
-        "removed when the hold ends"
+    // Removed when the hold ends: by its watcher, once it sees the command
+    // gone.
+    poll_until(
+        "the busy file removed",
+        || Path::new(&busy_file).exists(),
+        |exists| !exists,
     );
     // Another hold, another token.
     let again = s
         .devlock()
+        .env(
+            "DEVLOCK_NVIDIA_SMI",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
+        )
+        .env("FAKE_GPU_DIR", &gpus)
         .args([
             "-q",
-            "r",
+            "--idle-timeout",
+            "2h",
+            "gpu:0",
             "--",
             "sh",
             "-c",
@@ -336,9 +367,7 @@ pub(crate) fn dir_dot_hands_the_command_none_of_devlocks_record() {
                 ["holders"][0]
                 .clone()
         },
-        |holder| {
-            holder["step"] == "mine" && holder["pids"].as_array().is_some_and(|p| p.len() == 2)
-        },
+        |holder| holder["step"] == "mine" && holder["command"][0] == "sh",
     );
     let busy = in_project(&project, &["-n", "out", "--", "true"])
         .output()

@@ -208,10 +208,12 @@ pub(crate) fn a_group_sigkill_ends_the_job_in_a_group_of_its_own() {
     ends_the_job(&job, "own group", &victims, waiter, killed);
 }
 
-test!(kill_9_of_devlock_alone_ends_the_job, needs: []);
-/// `kill -9 PID` of devlock alone: its guard ends the job too (the chosen
-/// behaviour: a wrapper's death is its job's).
-pub(crate) fn kill_9_of_devlock_alone_ends_the_job() {
+test!(kill_9_of_the_command_alone_leaves_its_children_holding, needs: []);
+/// `kill -9 PID` of devlock's pid alone kills the command, which devlock
+/// became, and nothing else: what the command started keeps the lock it
+/// inherited (as under util-linux `flock`), and the next in line gets it
+/// once that is gone too. (A supervisor ends a job by its group.)
+pub(crate) fn kill_9_of_the_command_alone_leaves_its_children_holding() {
     let job = Job::new();
     let mut devlock = job.s.devlock();
     devlock
@@ -220,13 +222,29 @@ pub(crate) fn kill_9_of_devlock_alone_ends_the_job() {
         .args(job.command(""))
         .process_group(0)
         .stdin(Stdio::null());
-    let devlock = Killed(devlock.spawn().unwrap());
+    let mut devlock = Killed(devlock.spawn().unwrap());
     let victims = job.processes("");
+    assert_eq!(victims[0], devlock.id(), "the command is devlock's process");
     let waiter = job.waiter("r", &victims, "");
     in_line(&job, "r");
-    let killed = Instant::now();
     kill(devlock.id() as i32, libc::SIGKILL);
-    ends_the_job(&job, "devlock's pid alone", &victims, waiter, killed);
+    let _ = devlock.0.wait();
+    // The child goes on, holding: the waiter stays in line.
+    assert!(
+        std::path::Path::new(&format!("/proc/{}", victims[1])).exists(),
+        "the command's child was killed with it"
+    );
+    in_line(&job, "r");
+    assert!(!waiter.report.exists(), "the waiter ran beside the child");
+    let killed = Instant::now();
+    kill(victims[1] as i32, libc::SIGKILL);
+    ends_the_job(
+        &job,
+        "the command's pid alone, then its child",
+        &victims[1..],
+        waiter,
+        killed,
+    );
 }
 
 test!(a_session_leaders_group_or_session_sigkill_ends_the_job, needs: []);
@@ -391,8 +409,8 @@ pub(crate) fn make_j_cancelled_by_a_group_sigkill_ends_every_job() {
 test!(in_a_terminals_shared_group_a_kill_ends_the_job_and_spares_the_others, needs: []);
 /// A terminal's foreground job shared with a script (`sh -c 'devlock ...;
 /// ...'`): the command stays in that group, so a group SIGKILL reaches it
-/// directly; and a `kill -9` of devlock alone there has the guard end the
-/// command and its descendants, not the script's group.
+/// directly; and a `kill -9` of the command and its child alone there
+/// ends the job and not the script's group.
 pub(crate) fn in_a_terminals_shared_group_a_kill_ends_the_job_and_spares_the_others() {
     for devlock_alone in [false, true] {
         let job = Job::new();
@@ -407,18 +425,10 @@ pub(crate) fn in_a_terminals_shared_group_a_kill_ends_the_job_and_spares_the_oth
         in_line(&job, "r");
         let killed = Instant::now();
         let placement = if devlock_alone {
-            let devlock = std::fs::read_to_string(format!("/proc/{}/stat", victims[0]))
-                .unwrap()
-                .rsplit_once(')')
-                .unwrap()
-                .1
-                .split_whitespace()
-                .nth(1)
-                .unwrap()
-                .parse::<i32>()
-                .unwrap();
-            kill(devlock, libc::SIGKILL);
-            "devlock alone, in a terminal's shared group"
+            for &pid in &victims {
+                kill(pid as i32, libc::SIGKILL);
+            }
+            "the job's processes alone, in a terminal's shared group"
         } else {
             kill(-(leader.id() as i32), libc::SIGKILL);
             "a terminal's shared group"

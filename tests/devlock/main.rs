@@ -50,6 +50,7 @@ mod harness;
 
 mod amd;
 mod budgets;
+mod chain;
 mod containers;
 mod core;
 mod devices;

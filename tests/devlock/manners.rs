@@ -332,20 +332,21 @@ pub(crate) fn a_holder_whose_devlock_is_gone_is_called_inherited_in_messages_and
     let mut holder = s.hold(
         &["--step", "train", "gpu:0"],
         &format!(
-            "echo $$ > {pid}; echo > {ready}; while [ ! -e {release} ]; do sleep 0.01; done",
+            "(while [ ! -e {release} ]; do sleep 0.01; done) & echo $! > {pid}; echo > {ready}; wait",
             pid = pidfile.display(),
             ready = ready.display(),
             release = release_file.display()
         ),
         &ready,
     );
+    // The command (devlock's own process) killed alone: the child it
+    // started holds on through the descriptor it inherited.
     let command = pid_in(&pidfile);
     s.wait_for_status("gpu:0", "the holder's record", |v| {
-        v["holders"][0]["pids"]
-            .as_array()
-            .is_some_and(|p| p.len() == 2)
+        v["holders"][0]["step"] == "train"
     });
-    kill_devlock_and_guard(&mut holder);
+    signal(holder.id(), libc::SIGKILL);
+    wait_child(&mut holder);
     let user = devlock::testing::procfs::user_name(nix::unistd::getuid().as_raw());
     let busy = s.run(&["-n", "gpu:0", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75));
@@ -385,20 +386,21 @@ pub(crate) fn a_group_row_borrows_only_a_label_its_member_backs() {
     let mut holder = s.hold(
         &["--step", "train", "gpu:0"],
         &format!(
-            "echo $$ > {pid}; echo > {ready}; while [ ! -e {release} ]; do sleep 0.01; done",
+            "(while [ ! -e {release} ]; do sleep 0.01; done) & echo $! > {pid}; echo > {ready}; wait",
             pid = pidfile.display(),
             ready = ready.display(),
             release = release_file.display()
         ),
         &ready,
     );
+    // The command (devlock's own process) killed alone: the child it
+    // started holds on through the descriptor it inherited.
     let command = pid_in(&pidfile);
     s.wait_for_status("gpu:0", "the holder's record", |v| {
-        v["holders"][0]["pids"]
-            .as_array()
-            .is_some_and(|p| p.len() == 2)
+        v["holders"][0]["step"] == "train"
     });
-    kill_devlock_and_guard(&mut holder);
+    signal(holder.id(), libc::SIGKILL);
+    wait_child(&mut holder);
     // The group's own label, the shared hold's registration that the
     // command inherited, is gone too: someone removed the file.
     let mut removed = 0;
@@ -418,13 +420,15 @@ pub(crate) fn a_group_row_borrows_only_a_label_its_member_backs() {
         "the member's label: {group}"
     );
     assert_eq!(h["pid"], command, "{group}");
-    // A member label that its own file does not back (the record's command
-    // with another start time) is not borrowed either.
+    // A member label that its own file does not back (the record naming
+    // the holding child as its command, with another start time) is not
+    // borrowed either.
     let member = s.lock_path("gpu:0");
     let mut record = devlock::testing::record::read_from(&std::fs::File::open(&member).unwrap())
         .valid()
         .expect("the member's record");
-    record.child_start = record.child_start.map(|t| t + 1);
+    record.child = Some(command);
+    record.child_start = Some(1);
     record
         .write_to(
             &std::fs::OpenOptions::new()

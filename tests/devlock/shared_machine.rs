@@ -869,9 +869,7 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let command = pid_in(&ready);
     let devlock_pid = holder.id();
     s.wait_for_status("gpu:0", "root's record", |v| {
-        v["holders"][0]["pids"]
-            .as_array()
-            .is_some_and(|p| p.len() == 2)
+        v["holders"][0]["step"] == "root-job"
     });
     // A's own process, on the GPU without the lock.
     let mut notebook = Killed(
@@ -989,8 +987,8 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let _ = notebook.0.kill();
 }
 
-test!(records_keep_no_command_line_and_release_clears_the_label, needs: [Root, Tool("setpriv")]);
-pub(crate) fn records_keep_no_command_line_and_release_clears_the_label() {
+test!(records_keep_no_command_line_and_a_released_label_names_nobody, needs: [Root, Tool("setpriv")]);
+pub(crate) fn records_keep_no_command_line_and_a_released_label_names_nobody() {
     let s = Scratch::new();
     let (script, ready) = hold_script(&s, "h");
     let mut holder = Killed(
@@ -1015,7 +1013,16 @@ pub(crate) fn records_keep_no_command_line_and_release_clears_the_label() {
     );
     release(&s, "h");
     assert!(wait_child(&mut holder.0).success());
-    assert_eq!(std::fs::read(s.lock_path("r")).unwrap(), b"");
+    // Chain-loaded, nothing of devlock is left when the command ends to
+    // clear the label: it stays, naming a process that is gone, and status
+    // labels nobody with it.
+    let view = s.resource_status("r");
+    assert_eq!(view["state"], "free", "{view}");
+    assert_eq!(array_len(&view["holders"]), 0, "{view}");
+    assert!(
+        !stdout(&s.run(&["status", "r"])).contains(" sh "),
+        "no label"
+    );
 }
 
 // ----------------------------------------------------------------------------
@@ -1248,10 +1255,12 @@ fn pid_reuse_round(shared: bool) {
         args.push("-s");
     }
     args.push("r");
-    // A command that forks nothing once ready (see `reuse_pid`).
+    // A command that starts one child, which holds on once the command
+    // (devlock's own process) is SIGKILLed; neither forks once ready (see
+    // `reuse_pid`).
     let ready = s.work("ready-h");
     let script = format!(
-        "echo $$ > {r}.tmp && mv {r}.tmp {r} && exec sleep 1000",
+        "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
         r = ready.display()
     );
     let mut holder = s
@@ -1264,11 +1273,10 @@ fn pid_reuse_round(shared: bool) {
     let command = pid_in(&ready);
     let devlock_pid = holder.id();
     s.wait_for_status("r", "the holder's label", |v| {
-        v["holders"][0]["pids"]
-            .as_array()
-            .is_some_and(|p| p.len() == 2)
+        v["holders"][0]["step"] == "job"
     });
-    kill_devlock_and_guard(&mut holder);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
     let _reused = reuse_pid(devlock_pid);
     assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
     // Root sees the command holding it through the descriptor it inherited.
@@ -2142,7 +2150,7 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
         if let Some(text) = before {
             std::fs::write(&lock, text).unwrap();
         }
-        let script = "until grep -q '\"child\"' out.lock; do sleep 0.01; done; \
+        let script = "until grep -q \"\\\"pid\\\":$$,\" out.lock; do sleep 0.01; done; \
                       printf 'version = 4\\n' > out.lock";
         let out = Command::new(BIN)
             .current_dir(&project)
@@ -2158,7 +2166,9 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
             "{round}: release cut what the command wrote"
         );
     }
-    // A record devlock wrote is still cleared on release.
+    // A record devlock wrote stays once the command ends (chain-loaded,
+    // nobody is left to clear it), naming a process that is gone: status
+    // labels nobody with it.
     let out = Command::new(BIN)
         .current_dir(&project)
         .env_remove("DEVLOCK_DIR")
@@ -2166,7 +2176,15 @@ pub(crate) fn a_lock_file_the_command_writes_itself_is_never_overwritten_or_cut(
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read(project.join("mine.lock")).unwrap(), b"");
+    let out = Command::new(BIN)
+        .current_dir(&project)
+        .env_remove("DEVLOCK_DIR")
+        .args(["--dir", ".", "status", "--json", "mine"])
+        .output()
+        .unwrap();
+    let view = &json_of(&out)["resources"][0];
+    assert_eq!(view["state"], "free", "{view}");
+    assert_eq!(array_len(&view["holders"]), 0, "{view}");
 }
 
 test!(a_command_that_waits_for_its_own_jobs_lock_file_is_told_so, needs: [Tool("flock")]);

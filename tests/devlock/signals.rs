@@ -5,7 +5,7 @@
 //! reads the terminal keeps working in the foreground, Ctrl-Z included.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use crate::harness::*;
@@ -52,35 +52,24 @@ impl Counter {
         all
     }
 
-    /// The command's pid and its parent's (devlock's), once it runs.
-    fn pids(&self) -> (u32, u32) {
+    /// The command's pid (devlock's: it became the command), once it runs.
+    fn pid(&self) -> u32 {
         wait_for_file(&self.pids);
         let text = std::fs::read_to_string(&self.pids).unwrap();
-        let mut words = text.split_whitespace().map(|w| w.parse().unwrap());
-        (words.next().unwrap(), words.next().unwrap())
+        text.split_whitespace().next().unwrap().parse().unwrap()
     }
 
-    /// Waits until the command heard something, devlock has dealt with
-    /// every copy it got (none pending, asleep waiting for the next), and
-    /// the command has taken delivery of whatever devlock passed on; then
-    /// lets it end and returns what it heard.
-    fn settle(&self, command: u32, devlock: u32, sig: i32) -> Vec<String> {
+    /// Waits until the command heard something and has taken delivery of
+    /// every copy sent (none pending); then lets it end and returns what it
+    /// heard.
+    fn settle(&self, command: u32, sig: i32) -> Vec<String> {
         until("the command to hear the signal", || {
             self.heard().next().is_some()
-        });
-        self.settle_quietly(command, devlock, sig);
-        self.heard().collect()
-    }
-
-    /// [`Counter::settle`] without waiting for the command to hear anything.
-    fn settle_quietly(&self, command: u32, devlock: u32, sig: i32) {
-        until("devlock to deal with its copies", || {
-            let gone = !Path::new(&format!("/proc/{devlock}")).exists();
-            gone || (!pending(devlock, sig) && waiting_for_signals(devlock))
         });
         until("the command to take delivery", || !pending(command, sig));
         std::fs::write(&self.release, "").unwrap();
         wait_gone(command);
+        self.heard().collect()
     }
 
     fn heard(&self) -> impl Iterator<Item = String> {
@@ -115,19 +104,6 @@ fn pending(pid: u32, sig: i32) -> bool {
     })
 }
 
-/// Whether devlock's main thread sleeps waiting for signals: in
-/// rt_sigtimedwait(2), as its wait channel or its system call says.
-fn waiting_for_signals(pid: u32) -> bool {
-    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-    wchan.contains("sigtimedwait")
-        || syscall
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<libc::c_long>().ok())
-            == Some(libc::SYS_rt_sigtimedwait)
-}
-
 fn kill(pid: i32, sig: i32) {
     // SAFETY: plain kill(2) of a process or group this test started.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {pid} {sig}");
@@ -151,10 +127,10 @@ pub(crate) fn a_signal_sent_to_devlocks_pid_reaches_the_command_once() {
         let s = Scratch::new();
         let counter = Counter::new(&s, "pid");
         let mut devlock = spawn_quiet(s.devlock().args(counter.args(&["r"])));
-        let (command, parent) = counter.pids();
-        assert_eq!(parent, devlock.id());
+        let command = counter.pid();
+        assert_eq!(command, devlock.id(), "the command is devlock's process");
         kill(devlock.id() as i32, sig);
-        once(&counter.settle(command, parent, sig), name, "kill PID");
+        once(&counter.settle(command, sig), name, "kill PID");
         assert!(wait_child(&mut devlock).success());
     }
 }
@@ -172,9 +148,9 @@ pub(crate) fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once()
         let s = Scratch::new();
         let counter = Counter::new(&s, "group");
         let mut devlock = spawn_quiet(s.devlock().args(counter.args(&["r"])).process_group(0));
-        let (command, parent) = counter.pids();
+        let command = counter.pid();
         kill(-(devlock.id() as i32), libc::SIGINT);
-        let heard = counter.settle(command, parent, libc::SIGINT);
+        let heard = counter.settle(command, libc::SIGINT);
         once(&heard, "INT", &format!("kill -- -PGID, round {round}"));
         assert!(wait_child(&mut devlock).success());
     }
@@ -194,9 +170,9 @@ pub(crate) fn timeout_reaches_the_command_once() {
                 .args(counter.args(&["r"]))
                 .env("DEVLOCK_DIR", s.dir()),
         );
-        let (command, devlock) = counter.pids();
+        let command = counter.pid();
         kill(timeout.id() as i32, libc::SIGINT);
-        let heard = counter.settle(command, devlock, libc::SIGINT);
+        let heard = counter.settle(command, libc::SIGINT);
         once(&heard, "INT", &format!("timeout, round {round}"));
         wait_child(&mut timeout);
     }
@@ -221,9 +197,9 @@ pub(crate) fn ctrl_c_at_a_terminal_reaches_the_command_once() {
         } else {
             pty.spawn(s.devlock().args(counter.args(&["r"])))
         };
-        let (command, devlock) = counter.pids();
+        let command = counter.pid();
         pty.type_in(b"\x03");
-        once(&counter.settle(command, devlock, libc::SIGINT), "INT", tag);
+        once(&counter.settle(command, libc::SIGINT), "INT", tag);
         wait_child(&mut leader);
     }
 }
@@ -255,16 +231,16 @@ pub(crate) fn ctrl_c_under_make_j_reaches_each_command_once() {
             .arg(&makefile)
             .env("DEVLOCK_DIR", s.dir()),
     );
-    let (command_a, devlock_a) = a.pids();
-    let (command_b, devlock_b) = b.pids();
+    let command_a = a.pid();
+    let command_b = b.pid();
     pty.type_in(b"\x03");
     // Both hear it before either may end: make stops the other recipe when
     // one fails.
     until("both commands to hear it", || {
         a.heard().next().is_some() && b.heard().next().is_some()
     });
-    let heard_a = a.settle(command_a, devlock_a, libc::SIGINT);
-    let heard_b = b.settle(command_b, devlock_b, libc::SIGINT);
+    let heard_a = a.settle(command_a, libc::SIGINT);
+    let heard_b = b.settle(command_b, libc::SIGINT);
     once(&heard_a, "INT", "make -j, recipe a");
     once(&heard_b, "INT", "make -j, recipe b");
     wait_child(&mut make);
@@ -497,6 +473,10 @@ pub(crate) fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job
     );
     pty.wait_for("PROMPT> ");
     pty.type_in(b"stty tostop\n");
+    // A lock file that holds somebody's data is held without a record,
+    // and watched (by the job's watcher, which says what it finds).
+    assert!(s.run(&["r", "--", "true"]).status.success());
+    std::fs::write(s.lock_path("r"), "somebody's data\n").unwrap();
     let line = sh_line(&[
         BIN.to_owned(),
         "r".to_owned(),
@@ -525,20 +505,6 @@ pub(crate) fn a_warning_while_the_command_has_the_terminal_does_not_stop_the_job
     );
     pty.type_in(b"exit\n");
     wait_child(&mut shell);
-}
-
-test!(a_signal_the_command_sends_devlock_is_not_passed_back, needs: []);
-pub(crate) fn a_signal_the_command_sends_devlock_is_not_passed_back() {
-    let s = Scratch::new();
-    let mut counter = Counter::new(&s, "self");
-    counter
-        .command
-        .insert(1, "DEVLOCK_TEST_COUNTER_KILL_PARENT=1".to_owned());
-    let mut devlock = spawn_quiet(s.devlock().args(counter.args(&["r"])));
-    let (command, parent) = counter.pids();
-    counter.settle_quietly(command, parent, libc::SIGINT);
-    assert_eq!(counter.heard().count(), 0, "passed back to the command");
-    assert!(wait_child(&mut devlock).success());
 }
 
 /// The file the counter's handler writes to.
@@ -593,10 +559,6 @@ pub(crate) fn signal_counter() {
     let parent = unsafe { libc::getppid() };
     std::fs::write(&tmp, format!("{} {parent}", std::process::id())).unwrap();
     std::fs::rename(&tmp, &pids).unwrap();
-    if std::env::var_os("DEVLOCK_TEST_COUNTER_KILL_PARENT").is_some() {
-        // SAFETY: a signal to our parent, devlock.
-        unsafe { libc::kill(parent, libc::SIGINT) };
-    }
     // On the CPU rather than asleep, so that a signal is delivered the
     // moment it is sent and a second copy cannot merge with the first
     // unseen; it looks for `release` now and then.

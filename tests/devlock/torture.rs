@@ -430,15 +430,17 @@ fn check_section(run: &SectionRun, log: &SectionLog, rmws: u32, errors: &mut Vec
     if log.entered > 1 || log.left > 1 || unbalanced {
         fail("entered/left more than once, or entered without leaving".into());
     }
-    if log.sig > 1 {
-        fail("the command heard a stop signal more than once".into());
-    }
     let stops: Vec<i32> = run
         .sent
         .iter()
         .copied()
         .filter(|&s| s != libc::SIGKILL)
         .collect();
+    // The command is devlock's process (chain-loaded): each signal sent
+    // reaches it once, nobody forwards (or repeats) one.
+    if log.sig > stops.len() {
+        fail("the command heard more stop signals than were sent".into());
+    }
     if log.sig > 0 && stops.is_empty() {
         fail("the command heard a signal nobody sent".into());
     }
@@ -455,8 +457,8 @@ fn check_section(run: &SectionRun, log: &SectionLog, rmws: u32, errors: &mut Vec
         }
     } else {
         match status.code() {
-            Some(7) if entered && log.sig == 1 => {}
-            Some(0) if entered && log.sig <= 1 => {}
+            Some(7) if entered && log.sig >= 1 => {}
+            Some(0) if entered => {}
             Some(c) if c > 128 && stops.contains(&(c - 128)) => {
                 if log.entered != 0 {
                     fail("devlock died of the signal though its command had entered".into());
@@ -1027,8 +1029,8 @@ pub(crate) fn inode_split_never_admits_two_holders() {
 
 // ----------------------------------------------------------------------------
 // 4. Stop signals sent twice to a holding supervisor with three waiters
-//    queued behind it: the command hears one, cleans up, and only then does
-//    the next waiter start; every waiter runs.
+//    queued behind it: the command hears each once, cleans up, and only
+//    then does the next waiter start; every waiter runs.
 
 fn signal_round(round: usize, procs: &Procs) {
     let first = [libc::SIGTERM, libc::SIGINT][round % 2];
@@ -1111,15 +1113,29 @@ fn signal_round(round: usize, procs: &Procs) {
     }
 
     let lines = log_lines(&log);
-    let sigs: Vec<&String> = lines.iter().filter(|l| l.starts_with("sig ")).collect();
-    assert_eq!(sigs.len(), 1, "{what}: heard exactly once: {lines:?}");
-    let heard = sigs[0].trim_start_matches("sig ");
+    // The command is devlock's process (chain-loaded): each signal reaches
+    // it once, as sent; nobody forwards or repeats one. Two sent back to
+    // back may merge in the kernel where they are the same signal.
+    let heard: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("sig "))
+        .collect();
     if after_handshake {
-        assert_eq!(heard, signal_name(first), "{what}: {lines:?}");
+        assert_eq!(
+            heard,
+            [signal_name(first), signal_name(second)],
+            "{what}: each heard once, in order: {lines:?}"
+        );
     } else {
+        let mut sent = vec![signal_name(first), signal_name(second)];
+        sent.dedup();
+        let mut distinct = heard.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        sent.sort_unstable();
         assert!(
-            heard == signal_name(first) || heard == signal_name(second),
-            "{what}: {lines:?}"
+            heard.len() <= 2 && distinct == sent,
+            "{what}: each signal sent heard, none more often than sent: {lines:?}"
         );
     }
     // Missing counts as never: a waiter that started is then too early.

@@ -96,9 +96,22 @@ impl Gpus {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
-    /// The one job of the report whose step is `step`.
+    /// The one job of the report whose step is `step`, once its end is
+    /// recorded if it has ended (the watcher writes the end line just after
+    /// the command's end).
     fn job_of(&self, step: &str) -> serde_json::Value {
-        let report = self.report(&[]);
+        let report = poll_until(
+            "the end lines",
+            || self.report(&[]),
+            |r| {
+                r["jobs"].as_array().is_some_and(|jobs| {
+                    jobs.iter().all(|j| {
+                        j["ending"] != "observed-later"
+                            || j["gpus"].as_array().is_some_and(Vec::is_empty)
+                    })
+                })
+            },
+        );
         let jobs: Vec<_> = report["jobs"]
             .as_array()
             .unwrap()
@@ -144,7 +157,12 @@ pub(crate) fn records_say_how_each_job_ended() {
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let out = g.run(&["--step", "killed", "gpu:0", "--", "sh", "-c", "kill -9 $$"]);
-    assert_eq!(out.status.code(), Some(128 + 9), "{}", stderr(&out));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "{}",
+        stderr(&out)
+    );
     let exits = g.job_of("exits");
     assert_eq!(exits["how"], "exit", "{exits:#}");
     assert_eq!(exits["code"], 3);
@@ -190,6 +208,23 @@ pub(crate) fn records_say_how_each_job_ended() {
         "{}",
         stderr(&out)
     );
+    // In a hold nothing watches (no GPU: no idle policy, nobody to remove a
+    // file at its end) the job is named no file, and `devlock busy` there
+    // succeeds doing nothing.
+    let tmp = g.s.work("busy-tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let out = g
+        .devlock()
+        .env("TMPDIR", &tmp)
+        .args(["r", "--", "sh", "-c"])
+        .arg(format!(
+            "test -z \"$DEVLOCK_BUSY_FILE\" && {BIN} busy 1m && echo said"
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "said");
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "no file left");
 }
 
 test!(a_killed_devlock_leaves_a_record_observed_later, needs: []);
@@ -204,14 +239,16 @@ pub(crate) fn a_killed_devlock_leaves_a_record_observed_later() {
         |r| r["jobs"].as_array().is_some_and(|j| j.len() == 1),
     );
     assert_eq!(running["jobs"][0]["ending"], "running", "{running:#}");
-    // kill -9 of devlock's group: its guard ends the command.
+    // kill -9 of the job's group: the command and its watcher.
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
     wait_child(&mut child);
-    let doomed = g.job_of("doomed");
+    // The watcher went with the group: nobody wrote an end line.
+    let doomed = g.report(&[])["jobs"][0].clone();
+    assert_eq!(doomed["step"], "doomed", "{doomed:#}");
     assert_eq!(doomed["ending"], "observed-later", "{doomed:#}");
     assert_eq!(doomed["how"], serde_json::Value::Null);
     assert_eq!(g.report(&[])["total"]["observed_later"], 1);
@@ -237,7 +274,11 @@ pub(crate) fn an_over_budget_stop_is_recorded() {
         None,
     );
     let status = wait_child(&mut child);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "{status:?}"
+    );
     let greedy = g.job_of("greedy");
     assert_eq!(greedy["how"], "stopped: over budget", "{greedy:#}");
     assert_eq!(greedy["mem_mib"], 1024);
@@ -295,7 +336,11 @@ pub(crate) fn an_idle_job_is_warned_then_stopped_and_busy_ones_are_not() {
         "{view:#}"
     );
     let status = wait_child(&mut idle);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "{status:?}"
+    );
     let mut rest = String::new();
     err.read_to_string(&mut rest).unwrap();
     assert!(
@@ -328,7 +373,11 @@ pub(crate) fn a_job_without_a_gpu_process_is_idle() {
     );
     let status = wait_child(&mut child);
     let text = all_stderr(&mut child);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{text}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "{text}"
+    );
     assert!(text.contains("away is idle"), "{text}");
     let away = g.job_of("away");
     assert_eq!(away["how"], "stopped: idle");
@@ -676,7 +725,11 @@ pub(crate) fn the_sites_idle_timeout_stops_a_job_that_sets_none() {
     let mut child = g.job(&["--step", "forgotten", "gpu:0"], "forgotten", 0, 100, None);
     let status = wait_child(&mut child);
     let err = all_stderr(&mut child);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "{err}"
+    );
     assert!(err.contains("forgotten is idle"), "{err}");
     let job = g.job_of("forgotten");
     assert_eq!(

@@ -176,17 +176,6 @@ impl Watch {
         used.saturating_mul(10) > self.mem_mib.saturating_mul(11)
     }
 
-    /// The job stopped (Ctrl-Z): a stopped job allocates nothing, and
-    /// devlock, stopped with it, would keep the next budget on the device
-    /// waiting for as long as the job stays stopped, past `--settle`.
-    pub(crate) fn stopped(&mut self) -> Vec<Action> {
-        if self.stepped_aside {
-            return Vec::new();
-        }
-        self.stepped_aside = true;
-        vec![Action::StepAside]
-    }
-
     /// Looks once; returns what to do (at most a few per tick).
     pub(crate) fn check(&mut self) -> Vec<Action> {
         let mut actions = Vec::new();

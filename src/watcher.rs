@@ -1,0 +1,380 @@
+//! The watcher: the one process that runs beside a chain-loaded command,
+//! and only where a hold needs something done while it lasts (GPU usage
+//! sampling with its end line, the idle policy, a memory budget's watch, a
+//! check that lock files another user could rename are still in place).
+//!
+//! It is a copy of devlock made just before the exec ([`fork_detached`]:
+//! a double fork, so the command never has it as a child to reap or wait
+//! for), in the job's process group (a supervisor's group kill ends it with
+//! the job), with the stopping signals blocked (they are the command's).
+//! It holds no lock: every descriptor of a held lock is reopened as a new
+//! open file description before it does anything (its labels are written
+//! through those), and any other descriptor that holds a flock or OFD lock
+//! is closed; a budget's place in line alone is kept, to step aside once
+//! the job settled. It knows the command by a pidfd opened before the fork
+//! (never a recycled pid), learns its end from it, and stops the job
+//! through it: the command and, where it leads its process group, the
+//! whole group. Killed alone, it leaves the job running and the lock held;
+//! the record names it, so status says the watch is gone.
+//!
+//! [`fork_detached`]: crate::sys::process::fork_detached
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use crate::flock::budget::Ask;
+use crate::flock::budget::watch::{Action, Monitor, Watch};
+use crate::flock::dir::ScratchDir;
+use crate::flock::entry::Held;
+use crate::flock::record::Record;
+use crate::flock::registration::{Kind, Registration};
+use crate::resource::Resource;
+use crate::sys::process::{Forked, PidFd};
+use crate::usage::track::{Hold, Tracker};
+
+/// What a hold needs done while its command runs.
+pub(crate) struct Duties {
+    /// GPU usage sampling, its end line, and the idle policy.
+    pub usage: bool,
+    /// A memory budget: its ask, resource, MiB, `--mem-strict`, `--settle`.
+    pub budget: Option<(Ask, Resource, u64, bool, Duration)>,
+    /// Lock files another user could rename or remove, or that hold
+    /// somebody's data (which the command may lock itself).
+    pub paths: bool,
+}
+
+impl Duties {
+    /// Whether anything needs a watcher.
+    pub(crate) fn any(&self) -> bool {
+        self.usage || self.budget.is_some() || self.paths
+    }
+}
+
+/// Starts the watcher of this process, which is about to become its
+/// command; in the watcher itself, never returns. The watcher's first act
+/// is to label the held locks with its pid (status then knows a watch runs).
+pub(crate) fn start(
+    duties: Duties,
+    hold: &Hold,
+    dir: &ScratchDir,
+    held: &[Held],
+    record: &Record,
+    quiet: bool,
+) -> io::Result<()> {
+    let command = PidFd::open(std::process::id())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS))?;
+    match crate::sys::process::fork_detached()? {
+        Forked::Caller => Ok(()),
+        Forked::Detached => {
+            let keep_line = duties.budget.is_some();
+            let_go_of_locks(held, keep_line);
+            let mut record = record.clone();
+            record.watcher = Some(std::process::id());
+            record.watcher_start = crate::proc::process::start_time(std::process::id());
+            for lock in held {
+                let _ = lock.label(&record);
+            }
+            watch(&duties, hold, dir, held, record, quiet, &command);
+            // Nothing of the hold is let go here: the locks are the command's.
+            std::process::exit(0)
+        }
+    }
+}
+
+/// Makes sure this process holds no lock: each held lock's descriptors are
+/// reopened as descriptions of their own (the labels are written through
+/// them), and any other descriptor that shares a flock or OFD lock (one
+/// devlock inherited from an outer holder) is closed. A budget's place in
+/// line is kept when `keep_line`.
+fn let_go_of_locks(held: &[Held], keep_line: bool) {
+    use std::os::fd::AsRawFd;
+    // The stopping signals are the command's; a job stop (Ctrl-Z) too:
+    // the watcher sees the job stopped and pauses its policies instead.
+    crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+    ]));
+    crate::sys::signal::ignore(libc::SIGPIPE);
+    crate::sys::process::set_name(c"devlock-watch");
+    let mut kept = Vec::new();
+    for hold in held {
+        for fd in hold.inheritable_fds() {
+            let _ = crate::sys::process::reopen_unlocked(fd.as_raw_fd());
+        }
+        if let Some(line) = hold.line_fd() {
+            if keep_line && hold.is_budget() {
+                kept.push(line.as_raw_fd());
+            } else {
+                let _ = crate::sys::process::reopen_unlocked(line.as_raw_fd());
+            }
+        }
+    }
+    let me = std::process::id().to_string();
+    for (fd, _) in crate::proc::locks::fd_locks(&me).unwrap_or_default() {
+        let fd = fd as i32;
+        if !kept.contains(&fd) {
+            crate::sys::process::close_raw(fd);
+        }
+    }
+}
+
+/// The watch itself, once a second until the command has ended; then the
+/// end line.
+fn watch(
+    duties: &Duties,
+    hold: &Hold,
+    dir: &ScratchDir,
+    held: &[Held],
+    record: Record,
+    quiet: bool,
+    command: &PidFd,
+) {
+    let mut usage = duties.usage.then(|| Tracker::start(hold));
+    let label = std::cell::RefCell::new(record.clone());
+    let mut budget_watch = duties
+        .budget
+        .as_ref()
+        .map(|(ask, resource, mem, strict, settle)| {
+            let monitor = Monitor::start(ask, vec![hold.pid], *settle);
+            Watch {
+                strict: *strict,
+                quiet,
+                ..Watch::new(monitor, resource.clone(), hold.step.clone(), *mem, *settle)
+            }
+        });
+    let mut paths = duties.paths.then(|| PathWatch {
+        dir,
+        held,
+        record: &record,
+        warned: false,
+        lost: Vec::new(),
+        self_wait_warned: false,
+    });
+    let mut next = Instant::now() + Duration::from_secs(1);
+    loop {
+        if command.wait_ended(next.saturating_duration_since(Instant::now())) {
+            break;
+        }
+        next = Instant::now() + Duration::from_secs(1);
+        if crate::proc::process::is_stopped(hold.pid) {
+            // A stopped job allocates nothing and computes nothing: a
+            // starting budget lets the next one in, and no policy counts
+            // the pause against it.
+            if let Some(budget) = budget_watch.as_mut()
+                && !budget.stepped_aside
+            {
+                budget.stepped_aside = true;
+                act_on_budget(budget, vec![Action::StepAside], held, &label);
+            }
+            continue;
+        }
+        if let Some(paths) = paths.as_mut() {
+            paths.check();
+        }
+        if let Some(usage) = usage.as_mut()
+            && act_on_usage(usage.tick(), held, &label, quiet)
+        {
+            stop_job(command, hold.pid);
+        }
+        if let Some(budget) = budget_watch.as_mut() {
+            let actions = budget.check();
+            if act_on_budget(budget, actions, held, &label) {
+                stop_job(command, hold.pid);
+            }
+        }
+    }
+    drop(paths);
+    let over_budget = budget_watch.as_ref().is_some_and(|b| b.stopped);
+    drop(budget_watch);
+    if let Some(usage) = usage {
+        let (how, code, signal) = how_it_ended(command, hold, over_budget);
+        usage.finish(how, code, signal);
+    }
+}
+
+/// How the command ended, for its end line: the stop the watcher made
+/// itself (over budget; an idle stop is the tracker's to say), else its
+/// wait status, read from its stat line while it is a zombie or, once its
+/// parent reaped it, from its pidfd (Linux 6.15 and later), given a moment;
+/// else an exit whose status only its parent knew.
+fn how_it_ended(
+    command: &PidFd,
+    hold: &Hold,
+    over_budget: bool,
+) -> (crate::usage::How, Option<i32>, Option<i32>) {
+    use crate::usage::How;
+    if over_budget {
+        return (How::OverBudget, None, None);
+    }
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let status = crate::proc::process::zombie_exit_status(hold.pid, hold.pid_start)
+            .or_else(|| command.exit_status());
+        if let Some(status) = status {
+            return if libc::WIFSIGNALED(status) {
+                (How::Signal, None, Some(libc::WTERMSIG(status)))
+            } else {
+                (How::Exit, Some(libc::WEXITSTATUS(status)), None)
+            };
+        }
+        if Instant::now() >= deadline {
+            return (How::Exit, None, None);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Stops the job as a SIGTERM to devlock once did: the whole process group
+/// where the command leads the one the watcher is in (a group with a living
+/// member, the watcher, cannot be a recycled id), else the command alone,
+/// through its pidfd (a group shared with other jobs is not the job's).
+fn stop_job(command: &PidFd, pid: u32) {
+    let pid = pid as libc::pid_t;
+    if crate::sys::process::own_group() == pid {
+        crate::sys::process::kill(-pid, libc::SIGTERM);
+    } else {
+        command.signal(libc::SIGTERM);
+    }
+}
+
+/// Does what the budget's watch says: step aside once the job started,
+/// mark it over budget (or back under) in its registration. Whether it is
+/// to be stopped (`--mem-strict`).
+fn act_on_budget(
+    budget: &Watch,
+    actions: Vec<Action>,
+    held: &[Held],
+    label: &std::cell::RefCell<Record>,
+) -> bool {
+    let Some(hold) = held
+        .iter()
+        .find(|h| h.request.name == budget.resource && h.request.via.is_none())
+    else {
+        return false;
+    };
+    let mut stop = false;
+    for action in actions {
+        match action {
+            Action::StepAside => hold.step_aside(),
+            Action::Relabel(over) => {
+                let mut record = label.borrow_mut();
+                record.over_mib = over;
+                let _ = hold.label(&record);
+            }
+            Action::Stop => stop = true,
+        }
+    }
+    stop
+}
+
+/// Does what the usage tracker's tick says: the idle label on every held
+/// lock, the idle warning. Whether the job is to be stopped (idle).
+fn act_on_usage(
+    tick: crate::usage::track::Tick,
+    held: &[Held],
+    label: &std::cell::RefCell<Record>,
+    quiet: bool,
+) -> bool {
+    use crate::usage::idle::Act;
+    if let Some(idle) = tick.relabel {
+        let mut record = label.borrow_mut();
+        record.idle_since_ms = idle;
+        for hold in held {
+            let _ = hold.label(&record);
+        }
+    }
+    let mut stop = false;
+    for act in tick.acts {
+        match act {
+            Act::Warn(text) if !quiet => crate::tty::say_while_command_runs(&text),
+            Act::Warn(_) => {}
+            Act::Stop(text) => {
+                crate::tty::say_while_command_runs(&text);
+                stop = true;
+            }
+        }
+    }
+    stop
+}
+
+/// Once a second while the command runs: whether each held lock file is
+/// still the file its path names. If someone renamed or removed it, the
+/// next devlock makes a fresh one and runs beside this job: that is said
+/// once on stderr (even with `-q`: exclusion is broken), and registered for
+/// status to show as long as the watcher lives.
+struct PathWatch<'a> {
+    dir: &'a ScratchDir,
+    held: &'a [Held],
+    record: &'a Record,
+    warned: bool,
+    lost: Vec<Registration>,
+    /// Whether the command was found waiting for a lock this job holds.
+    self_wait_warned: bool,
+}
+
+impl PathWatch<'_> {
+    fn check(&mut self) {
+        self.check_self_wait();
+        if self.warned {
+            return;
+        }
+        for held in self.held {
+            for file in held.files() {
+                let name = &held.request.name;
+                if file.still_at_path(self.dir) {
+                    continue;
+                }
+                self.warned = true;
+                crate::tty::say_while_command_runs(&format!(
+                    "devlock: warning: {} no longer names the file this job holds (someone renamed or \
+                     removed it); another devlock may now take {name} beside this one\n",
+                    crate::text::show_path(file.path())
+                ));
+                if let Ok(reg) = Registration::create(self.dir, name, self.record, Kind::Lost) {
+                    self.lost.push(reg);
+                }
+                return;
+            }
+        }
+    }
+
+    /// A lock file that holds somebody's data (`--dir . Cargo` with a
+    /// `Cargo.lock`) may be one the command locks itself (cargo does): it
+    /// then waits for this job's own hold for ever. Said once, naming it;
+    /// looked for only where such a file is held.
+    fn check_self_wait(&mut self) {
+        let command = self.record.pid;
+        if self.self_wait_warned || self.held.iter().all(Held::labelled) {
+            return;
+        }
+        let Ok(table) = crate::proc::locks::LockTable::read() else {
+            return;
+        };
+        for held in self.held.iter().filter(|h| !h.labelled()) {
+            let file = held.lock();
+            let waiter = table.blocked(file.id()).map(|l| l.pid).find(|&pid| {
+                pid == command || crate::proc::process::ancestors(pid).any(|(p, _)| p == command)
+            });
+            let Some(pid) = waiter else { continue };
+            self.self_wait_warned = true;
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|comm| crate::text::sanitize(comm.trim_end()))
+                .unwrap_or_else(|_| "a process".to_owned());
+            crate::tty::say_while_command_runs(&format!(
+                "devlock: warning: {name} (pid {pid}), part of this job, waits for a lock on {}, \
+                 which this job holds as {}: it will wait for ever; name the lock after no file \
+                 the command locks itself (e.g. devlock --dir . build -- ...)\n",
+                crate::text::show_path(file.path()),
+                held.request.name
+            ));
+            return;
+        }
+    }
+}
