@@ -7,11 +7,13 @@
 //! |---|---|---|
 //! | `/devlock/R/LEASE` | one request for `R`: its place in `R`'s line | the requester, with its lease |
 //! | `/devlock/.slots/R/K` | slot K (1..=N) of `--slots N` taken; the value is the holder's line key | that slot's holder, with its lease |
+//! | `/devlock/.members/G:M` | member `G:M` is known: a whole-group take of `G` joins its line | a devlock joining `G:M`'s line, once, without a lease; or by hand |
 //!
-//! `LEASE` is the lease's id in 16 hex digits; every key a devlock puts is on
-//! its one lease, so when devlock dies (or is cut off) its lease runs out and
-//! etcd deletes every key it had at once. A resource name never starts with
-//! `.`, so `/devlock/.slots/` is no resource's line.
+//! `LEASE` is the lease's id in 16 hex digits; every key a devlock puts in a
+//! line or a slot is on its one lease, so when devlock dies (or is cut off)
+//! its lease runs out and etcd deletes every key it had at once. A resource
+//! name never starts with `.`, so `/devlock/.slots/` and `/devlock/.members/`
+//! are no resource's line.
 //!
 //! # The line
 //!
@@ -36,6 +38,24 @@
 //! Waiting is one watch over the line from the revision it was read at, and
 //! the line kept up to date from its delete events: no polling, and nothing
 //! between the read and the watch is missed.
+//!
+//! # A whole group and its members
+//!
+//! A whole group `G` taken exclusively holds, after `G`, every member it
+//! knows, one line at a time in name order, as the file backend takes each
+//! member's lock file: a devlock can hold `G:M` only with `G` shared, so
+//! what can still hold a member is another client (`etcdctl lock
+//! /devlock/G:M`), which the group's take waits for, and which waits for
+//! the group's holder once its key is in the member's line. A member is
+//! known when its line has keys (whoever put them) or `/devlock/.members/`
+//! names it: a line is gone once empty, so, as a lock file outlives its
+//! holder, a devlock joining a member's line records the member there for
+//! good (in the join's transaction, only if not there yet), and a
+//! member devlock has never seen can be named by hand (`etcdctl put
+//! /devlock/.members/gpu:7 ''`). Deadlock-free: devlock's group takers
+//! queue on `G` first, its member takers hold `G` shared, and one line at a
+//! time in name order never holds a later member while waiting for an
+//! earlier one, whatever an `etcdctl lock` that takes in name order does.
 //!
 //! # `--slots N`: the slot number
 //!
@@ -98,8 +118,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use etcd_client::{
-    Client, ConnectOptions, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +154,11 @@ pub(crate) fn prefix() -> &'static str {
 /// Where `--slots` holders number themselves (no resource starts with `.`).
 pub(crate) fn slots_prefix() -> String {
     format!("{}.slots/", prefix())
+}
+
+/// Where the members known are recorded (see the module doc).
+pub(crate) fn members_prefix() -> String {
+    format!("{}.members/", prefix())
 }
 
 /// Where etcd is and who to be there.
@@ -503,37 +528,45 @@ pub(crate) async fn line_of(
     Ok(line_from(&response))
 }
 
-/// At most this many keys are read when looking for a group's members: the
-/// keys are anyone's to write, and a look must stay one bounded request.
+/// At most this many keys are read from each of the lines and the record
+/// when looking for a group's members: the keys are anyone's to write, and
+/// a look must stay one bounded request.
 const MEMBER_KEYS_READ: i64 = 4096;
 
-/// The members of `group` (`gpu:0`, `gpu:1:...`) that have a line now,
-/// sorted: the keys under `/devlock/GROUP:`, whoever put them (`etcdctl
-/// lock /devlock/gpu:0` included). Keys that name no resource are skipped.
+/// The members of `group` (`gpu:0`, `gpu:1:...`) known now, sorted: those
+/// with a line (keys under `/devlock/GROUP:`, whoever put them: `etcdctl
+/// lock /devlock/gpu:0` included) and those recorded under
+/// `/devlock/.members/GROUP:`. Keys that name no member are skipped.
 pub(crate) async fn members_of(
     client: &mut Client,
     group: &Resource,
 ) -> Result<Vec<Resource>, etcd_client::Error> {
-    let prefix = format!("{}{}:", self::prefix(), group.as_str());
-    let response = client
-        .get(
-            prefix.as_str(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_limit(MEMBER_KEYS_READ),
-            ),
-        )
-        .await?;
-    let mut members: Vec<Resource> = response
-        .kvs()
+    let bases = [prefix().to_owned(), members_prefix()];
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_limit(MEMBER_KEYS_READ);
+    let reads: Vec<TxnOp> = bases
         .iter()
-        .filter_map(|kv| {
-            let name = kv.key().strip_prefix(self::prefix().as_bytes())?;
-            let name = &name[..name.iter().position(|&b| b == b'/')?];
-            let name = std::str::from_utf8(name).ok()?;
-            Resource::parse(std::ffi::OsStr::new(name)).ok()
+        .map(|base| TxnOp::get(format!("{base}{}:", group.as_str()), Some(options.clone())))
+        .collect();
+    let response = client.txn(Txn::new().and_then(reads)).await?;
+    let mut members: Vec<Resource> = response
+        .op_responses()
+        .iter()
+        .zip(&bases)
+        .filter_map(|(read, base)| match read {
+            TxnOpResponse::Get(get) => Some((get, base)),
+            _ => None,
+        })
+        .flat_map(|(get, base)| {
+            get.kvs().iter().filter_map(move |kv| {
+                // `BASE G:M/LEASE` in a line, `BASE G:M` in the record.
+                let name = kv.key().strip_prefix(base.as_bytes())?;
+                let name = name.split(|&b| b == b'/').next()?;
+                let name = std::str::from_utf8(name).ok()?;
+                Resource::parse(std::ffi::OsStr::new(name)).ok()
+            })
         })
         .filter(|member| member.group().as_ref() == Some(group))
         .collect();
@@ -556,9 +589,10 @@ pub(crate) async fn lines_of(
     lines_from_txn(client.txn(txn).await?)
 }
 
-/// Puts each key (joining each line, in one revision) and reads every line
-/// back, in one round trip. Repeating it changes nothing: a key put again
-/// with the same lease keeps its create revision.
+/// Puts each key (joining each line, in one revision), records each member
+/// joined as known (see the module doc) and reads every line back, in one
+/// round trip. Repeating it changes nothing: a key put again with the same
+/// lease keeps its create revision, and a member is recorded once.
 pub(crate) async fn join_lines(
     client: &mut Client,
     joins: &[(&Resource, &str, Vec<u8>)],
@@ -577,9 +611,25 @@ pub(crate) async fn join_lines(
     ops.extend(
         joins
             .iter()
+            .filter(|(r, _, _)| r.group().is_some())
+            .map(|(r, _, _)| record_member(r)),
+    );
+    ops.extend(
+        joins
+            .iter()
             .map(|(r, _, _)| TxnOp::get(resource_prefix(r), Some(line_options()))),
     );
     lines_from_txn(client.txn(Txn::new().and_then(ops)).await?)
+}
+
+/// Records `member` as known, without a lease, unless it already is.
+fn record_member(member: &Resource) -> TxnOp {
+    let key = format!("{}{}", members_prefix(), member.as_str());
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), "", None)]),
+    )
 }
 
 fn lines_from_txn(

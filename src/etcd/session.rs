@@ -570,11 +570,13 @@ struct Taking<'a> {
 impl Taking<'_> {
     /// Joins each line in turn, holding the earlier locks while waiting for
     /// the later ones (the requests come in the one global order).
-    /// A whole group held exclusively then takes each member that has a
-    /// line, as the file backend takes each member's lock file: a devlock
-    /// holds a member only with its group shared, so what can still hold
-    /// one is another client (`etcdctl lock /devlock/gpu:0`), which the
-    /// group's take then waits for, or with `-n` names.
+    /// A whole group held exclusively then takes each member known (a line
+    /// or a record, see "A whole group and its members" in the module
+    /// above), one at a time in name order, as the file backend takes each
+    /// member's lock file: a devlock holds a member only with its group
+    /// shared, so what can still hold one is another client (`etcdctl lock
+    /// /devlock/gpu:0`), which the group's take then waits for, or with
+    /// `-n` names, and which waits behind the group's key once it is in.
     async fn in_order(&self, requests: &[Request], entries: &mut Vec<Taken>) -> Result<()> {
         for request in requests {
             let (_, taken) = self.first(std::slice::from_ref(request)).await?;

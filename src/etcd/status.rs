@@ -116,7 +116,8 @@ async fn gather(config: &Config, wanted: &[Resource]) -> Result<Report> {
                 continue;
             }
             // Under a prefix shared with other keys (an empty one: all of
-            // etcd), only the lines of names devlock can take.
+            // etcd), only the lines of names devlock can take (not the
+            // members known, `/devlock/.members/G:M`).
             let Some(name) = place
                 .key
                 .strip_prefix(prefix())
