@@ -1,11 +1,12 @@
 //! devlock and `etcdctl lock` (etcd's `concurrency.Mutex`) against one real
-//! etcd server: one gate, whichever tool holds and whichever waits; `-n`,
-//! `-w` and status naming an etcdctl holder for what etcd knows of it.
+//! etcd server: one gate, whichever tool holds and whichever waits, for a
+//! plain lock, `--shared`, `--slots`, `--any`, groups and their members;
+//! `-n`, `-w` and status naming an etcdctl holder for what etcd knows of it.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use crate::etcd::{name, run, spawn, status, wait_for, waiters};
+use crate::etcd::{etcdctl, name, run, spawn, status, wait_for, waiters};
 use crate::etcd_server::shared_etcd;
 use crate::harness::*;
 
@@ -25,8 +26,105 @@ fn etcdctl_lock(url: &str, lock: &str, script: &str) -> Child {
         .expect("etcdctl (Debian package etcd-client)")
 }
 
-fn append(line: &str, log: &Path) -> String {
-    format!("echo {line} >> {}", log.display())
+/// One take, by either tool.
+#[derive(Clone, Copy)]
+enum By<'a> {
+    /// `etcdctl lock LOCK` (the whole key prefix, `/devlock/R`).
+    Etcdctl(&'a str),
+    /// `devlock -q ARGS`.
+    Devlock(&'a [&'a str]),
+}
+
+/// The scratch, the server and the log every take of one test writes to.
+struct Gate {
+    s: Scratch,
+    url: String,
+    log: std::path::PathBuf,
+}
+
+impl Gate {
+    fn new(url: &str) -> Gate {
+        let s = Scratch::new();
+        let log = s.work("log");
+        Gate {
+            s,
+            url: url.to_owned(),
+            log,
+        }
+    }
+
+    /// Starts `by` running `script` once it holds.
+    fn take(&self, by: By, script: &str) -> Child {
+        match by {
+            By::Etcdctl(lock) => etcdctl_lock(&self.url, lock, script),
+            By::Devlock(args) => spawn(&self.s, &self.url, &[&["-q"], args].concat(), script),
+        }
+    }
+
+    /// `by` holding, once this returns, until `release(tag)`; it logs
+    /// `TAG-end` as its command ends.
+    fn holding(&self, by: By, tag: &str) -> Child {
+        let (wait, ready) = wait_for_release(&self.s, tag);
+        let child = self.take(
+            by,
+            &format!("{wait}; {}", self.append(&format!("{tag}-end"))),
+        );
+        wait_for_file(&ready);
+        child
+    }
+
+    /// `by` in line: it logs `TAG` once it holds, and gives the lock back.
+    fn behind(&self, by: By, tag: &str) -> Child {
+        self.take(by, &self.append(tag))
+    }
+
+    fn release(&self, tag: &str) {
+        release(&self.s, tag);
+    }
+
+    fn append(&self, line: &str) -> String {
+        format!("echo {line} >> {}", self.log.display())
+    }
+
+    fn log(&self) -> String {
+        read(&self.log)
+    }
+
+    /// The log's lines, those at `ties` (which may come in any order)
+    /// sorted.
+    fn lines_with_ties(&self, ties: std::ops::Range<usize>) -> Vec<String> {
+        let mut lines: Vec<String> = self.log().lines().map(str::to_owned).collect();
+        if let Some(tied) = lines.get_mut(ties) {
+            tied.sort_unstable();
+        }
+        lines
+    }
+
+    /// `devlock ARGS`, which must end as busy (75); what it said.
+    fn refused(&self, args: &[&str]) -> String {
+        let out = run(&self.s, &self.url, args);
+        assert_eq!(out.status.code(), Some(75), "{args:?}: {}", stderr(&out));
+        stderr(&out)
+    }
+
+    /// Waits until `resource`'s line has `n` waiters.
+    fn waiting(&self, resource: &str, n: usize) {
+        wait_for(
+            &self.s,
+            &self.url,
+            resource,
+            &format!("{n} waiting for {resource}"),
+            |v| waiters(v) == n,
+        );
+    }
+}
+
+/// Waits for each take to end, and to have succeeded.
+fn succeeded(children: impl IntoIterator<Item = Child>) {
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
 }
 
 fn read(path: &Path) -> String {
@@ -39,26 +137,23 @@ test!(etcd_interop_an_etcdctl_holder_keeps_devlock_out_and_is_named, needs: [Too
 /// and a waiting `devlock R` runs only once etcdctl's command has ended.
 pub(crate) fn etcd_interop_an_etcdctl_holder_keeps_devlock_out_and_is_named() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let r = name("interop-held-by-etcdctl");
-    let (log, key_file) = (s.work("log"), s.work("key"));
-    let (wait, ready) = wait_for_release(&s, "e");
-    let etcdctl = etcdctl_lock(
-        &url,
-        &format!("/devlock/{r}"),
+    let key_file = g.s.work("key");
+    let (wait, ready) = wait_for_release(&g.s, "e");
+    let etcdctl = g.take(
+        By::Etcdctl(&format!("/devlock/{r}")),
         &format!(
             "echo \"$ETCD_LOCK_KEY\" > {k}; {wait}; {end}",
             k = key_file.display(),
-            end = append("etcdctl-end", &log)
+            end = g.append("etcdctl-end")
         ),
     );
     wait_for_file(&ready);
     let key = read(&key_file).trim().to_owned();
     assert!(key.starts_with(&format!("/devlock/{r}/")), "{key}");
 
-    let out = run(&s, &url, &["-n", &r, "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    let err = stderr(&out);
+    let err = g.refused(&["-n", &r, "--", "true"]);
     assert!(
         err.starts_with(&format!(
             "devlock: {r} is busy: held by {FOREIGN} (key {key}, in line since revision "
@@ -66,34 +161,24 @@ pub(crate) fn etcd_interop_an_etcdctl_holder_keeps_devlock_out_and_is_named() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    let out = run(&s, &url, &["-w", "300ms", &r, "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("gave up on {r} after")),
-        "{}",
-        stderr(&out)
-    );
+    let err = g.refused(&["-w", "300ms", &r, "--", "true"]);
+    assert!(err.contains(&format!("gave up on {r} after")), "{err}");
 
-    let view = status(&s, &url, &r);
+    let view = status(&g.s, &url, &r);
     let holder = &view["holders"][0];
     assert_eq!(holder["client"], FOREIGN, "{view}");
     assert_eq!(holder["key"], key.as_str(), "{view}");
     assert!(holder["lease_ttl_s"].as_i64().unwrap() > 0, "{view}");
     assert!(holder["fence"].as_i64().unwrap() > 0, "{view}");
-    let table = stdout(&run(&s, &url, &["status", &r]));
+    let table = stdout(&run(&g.s, &url, &["status", &r]));
     assert!(table.contains(FOREIGN), "{table}");
     assert!(!table.contains('?'), "{table}");
 
-    let waiter = spawn(&s, &url, &["-q", &r], &append("devlock-start", &log));
-    wait_for(&s, &url, &r, "devlock waiting behind etcdctl", |v| {
-        waiters(v) == 1
-    });
-    release(&s, "e");
-    let etcdctl = etcdctl.wait_with_output().unwrap();
-    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
-    let waiter = waiter.wait_with_output().unwrap();
-    assert!(waiter.status.success(), "{}", stderr(&waiter));
-    assert_eq!(read(&log), "etcdctl-end\ndevlock-start\n");
+    let waiter = g.behind(By::Devlock(&[&r]), "devlock-start");
+    g.waiting(&r, 1);
+    g.release("e");
+    succeeded([etcdctl, waiter]);
+    assert_eq!(g.log(), "etcdctl-end\ndevlock-start\n");
 }
 
 test!(etcd_interop_a_devlock_holder_keeps_etcdctl_lock_waiting, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -101,37 +186,20 @@ test!(etcd_interop_a_devlock_holder_keeps_etcdctl_lock_waiting, needs: [Tool("et
 /// shows it waiting, named) and runs only once devlock's command has ended.
 pub(crate) fn etcd_interop_a_devlock_holder_keeps_etcdctl_lock_waiting() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let r = name("interop-held-by-devlock");
-    let log = s.work("log");
-    let (wait, ready) = wait_for_release(&s, "d");
-    let holder = spawn(
-        &s,
-        &url,
-        &["-q", &r],
-        &format!("{wait}; {}", append("devlock-end", &log)),
-    );
-    wait_for_file(&ready);
-    let etcdctl = etcdctl_lock(
-        &url,
-        &format!("/devlock/{r}"),
-        &append("etcdctl-start", &log),
-    );
-    wait_for(&s, &url, &r, "etcdctl waiting behind devlock", |v| {
-        waiters(v) == 1
-    });
-    let view = status(&s, &url, &r);
+    let holder = g.holding(By::Devlock(&[&r]), "d");
+    let etcdctl = g.behind(By::Etcdctl(&format!("/devlock/{r}")), "etcdctl-start");
+    g.waiting(&r, 1);
+    let view = status(&g.s, &url, &r);
     assert_eq!(view["waiters"][0]["client"], FOREIGN, "{view}");
     assert!(view["holders"][0]["client"].is_null(), "{view}");
-    let table = stdout(&run(&s, &url, &["status", &r]));
+    let table = stdout(&run(&g.s, &url, &["status", &r]));
     assert!(table.contains(FOREIGN) && !table.contains('?'), "{table}");
-    assert_eq!(read(&log), "");
-    release(&s, "d");
-    let holder = holder.wait_with_output().unwrap();
-    assert!(holder.status.success(), "{}", stderr(&holder));
-    let etcdctl = etcdctl.wait_with_output().unwrap();
-    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
-    assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
+    assert_eq!(g.log(), "");
+    g.release("d");
+    succeeded([holder, etcdctl]);
+    assert_eq!(g.log(), "d-end\netcdctl-start\n");
 }
 
 test!(etcd_interop_fences_from_mixed_holders_strictly_increase, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -143,46 +211,37 @@ test!(etcd_interop_fences_from_mixed_holders_strictly_increase, needs: [Tool("et
 /// revision later than the devlock waiter that joined behind it.)
 pub(crate) fn etcd_interop_fences_from_mixed_holders_strictly_increase() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let r = name("interop-fences");
     let lock = format!("/devlock/{r}");
-    let log = s.work("log");
-    let (wait, ready) = wait_for_release(&s, "first");
-    let first = etcdctl_lock(
-        &url,
-        &lock,
-        &format!("echo \"e0 $ETCD_LOCK_REV\" >> {}; {wait}", log.display()),
+    let (wait, ready) = wait_for_release(&g.s, "first");
+    let first = g.take(
+        By::Etcdctl(&lock),
+        &format!("{}; {wait}", g.append("\"e0 $ETCD_LOCK_REV\"")),
     );
     wait_for_file(&ready);
-    let mut line: Vec<Child> = Vec::new();
+    let mut line = vec![first];
     for n in 1..=6 {
-        let child = if n % 2 == 0 {
-            etcdctl_lock(
-                &url,
-                &lock,
-                &format!("echo \"e{n} $ETCD_LOCK_REV\" >> {}", log.display()),
+        line.push(if n % 2 == 0 {
+            g.take(
+                By::Etcdctl(&lock),
+                &g.append(&format!("\"e{n} $ETCD_LOCK_REV\"")),
             )
         } else {
-            spawn(
-                &s,
-                &url,
-                &["-q", &r],
+            g.take(
+                By::Devlock(&[&r]),
                 &format!(
-                    "[ \"$DEVLOCK_FENCE\" = \"$ETCD_LOCK_REV\" ] || echo mismatch >> {l}; \
-                     echo \"d{n} $DEVLOCK_FENCE\" >> {l}",
-                    l = log.display()
+                    "[ \"$DEVLOCK_FENCE\" = \"$ETCD_LOCK_REV\" ] || {}; {}",
+                    g.append("mismatch"),
+                    g.append(&format!("\"d{n} $DEVLOCK_FENCE\""))
                 ),
             )
-        };
-        line.push(child);
-        wait_for(&s, &url, &r, &format!("{n} waiting"), |v| waiters(v) == n);
+        });
+        g.waiting(&r, n);
     }
-    release(&s, "first");
-    for child in std::iter::once(first).chain(line) {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-    }
-    let text = read(&log);
+    g.release("first");
+    succeeded(line);
+    let text = g.log();
     let held: Vec<(&str, i64)> = text
         .lines()
         .map(|l| {
@@ -207,7 +266,7 @@ pub(crate) fn etcd_interop_an_etcdctl_lock_script_runs_unchanged_under_devlock()
     let s = Scratch::new();
     let r = name("interop-script");
     let fence_key = format!("/devlock-test/{r}/fence");
-    crate::etcd::etcdctl(&url, &["put", &fence_key, &format!("{:020}", 0)]);
+    etcdctl(&url, &["put", &fence_key, &format!("{:020}", 0)]);
     let out = s.work("out");
     let script = s.work("guarded.sh");
     std::fs::write(
@@ -225,14 +284,11 @@ pub(crate) fn etcd_interop_an_etcdctl_lock_script_runs_unchanged_under_devlock()
         ),
     )
     .unwrap();
-    let under_etcdctl = etcdctl_lock(
+    succeeded([etcdctl_lock(
         &url,
         &format!("/devlock/{r}"),
         &format!("sh {}", script.display()),
-    )
-    .wait_with_output()
-    .unwrap();
-    assert!(under_etcdctl.status.success(), "{}", stderr(&under_etcdctl));
+    )]);
     let under_devlock = run(
         &s,
         &url,
@@ -249,71 +305,112 @@ test!(etcd_interop_an_etcdctl_member_holder_keeps_the_whole_group_out, needs: [T
 /// member that comes later waits behind the group's holder.
 pub(crate) fn etcd_interop_an_etcdctl_member_holder_keeps_the_whole_group_out() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let group = name("igm");
     let member = format!("{group}:0");
-    let log = s.work("log");
-    let (wait, ready) = wait_for_release(&s, "e");
-    let etcdctl = etcdctl_lock(
-        &url,
-        &format!("/devlock/{member}"),
-        &format!("{wait}; {}", append("etcdctl-end", &log)),
-    );
-    wait_for_file(&ready);
-    let out = run(&s, &url, &["-n", &group, "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let member_lock = format!("/devlock/{member}");
+    let etcdctl = g.holding(By::Etcdctl(&member_lock), "e");
+    let err = g.refused(&["-n", &group, "--", "true"]);
     assert!(
-        stderr(&out).contains(&format!("busy: held by {FOREIGN} (key /devlock/{member}/")),
-        "{}",
-        stderr(&out)
+        err.contains(&format!("busy: held by {FOREIGN} (key /devlock/{member}/")),
+        "{err}"
     );
-    let (wait_d, _) = wait_for_release(&s, "d");
-    let waiter = spawn(
-        &s,
-        &url,
-        &["-q", &group],
+    let (wait_d, _) = wait_for_release(&g.s, "d");
+    let waiter = g.take(
+        By::Devlock(&[&group]),
         &format!(
             "{}; {wait_d}; {}",
-            append("devlock-start", &log),
-            append("devlock-end", &log)
+            g.append("devlock-start"),
+            g.append("devlock-end")
         ),
     );
-    wait_for(
-        &s,
-        &url,
-        &member,
-        "the group's take waiting for the member",
-        |v| waiters(v) == 1,
-    );
-    assert_eq!(status(&s, &url, &group)["state"], "held");
-    assert_eq!(read(&log), "");
-    let later = etcdctl_lock(
-        &url,
-        &format!("/devlock/{member}"),
-        &append("etcdctl-again", &log),
-    );
-    wait_for(
-        &s,
-        &url,
-        &member,
-        "a second etcdctl behind the group",
-        |v| waiters(v) == 2,
-    );
-    release(&s, "e");
-    let etcdctl = etcdctl.wait_with_output().unwrap();
-    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
-    wait_for_file(&s.work("ready-d"));
-    let view = status(&s, &url, &member);
+    g.waiting(&member, 1);
+    assert_eq!(status(&g.s, &url, &group)["state"], "held");
+    assert_eq!(g.log(), "");
+    let later = g.behind(By::Etcdctl(&member_lock), "etcdctl-again");
+    g.waiting(&member, 2);
+    g.release("e");
+    succeeded([etcdctl]);
+    wait_for_file(&g.s.work("ready-d"));
+    let view = status(&g.s, &url, &member);
     assert_eq!(view["holders"][0]["via"], group.as_str(), "{view}");
-    release(&s, "d");
-    let waiter = waiter.wait_with_output().unwrap();
-    assert!(waiter.status.success(), "{}", stderr(&waiter));
-    let later = later.wait_with_output().unwrap();
-    assert!(later.status.success(), "{}", stderr(&later));
+    g.release("d");
+    succeeded([waiter, later]);
     assert_eq!(
-        read(&log),
-        "etcdctl-end\ndevlock-start\ndevlock-end\netcdctl-again\n"
+        g.log(),
+        "e-end\ndevlock-start\ndevlock-end\netcdctl-again\n"
     );
+}
+
+test!(etcd_interop_a_devlock_group_holder_keeps_etcdctl_off_every_member_known, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `devlock G` holding keeps `etcdctl lock /devlock/G:M` waiting for every
+/// member it knows, though none had a line when it took `G`: `G:1`, which
+/// a devlock once took (and recorded under `/devlock/.members/`, where it
+/// stays), and `G:2`, recorded there by hand. Both run once the group's
+/// holder has ended. A member nobody ever recorded (`G:9`) is not known:
+/// its etcdctl take runs beside the group's holder, as a `flock` of a
+/// member with no lock file does on one machine.
+pub(crate) fn etcd_interop_a_devlock_group_holder_keeps_etcdctl_off_every_member_known() {
+    let (_server, url) = shared_etcd();
+    let g = Gate::new(&url);
+    let group = name("igk");
+    let [m1, m2, m9] = [1, 2, 9].map(|n| format!("{group}:{n}"));
+    let out = run(&g.s, &url, &["-q", &m1, "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let recorded = etcdctl(
+        &url,
+        &["get", "--keys-only", &format!("/devlock/.members/{m1}")],
+    );
+    assert_eq!(recorded.trim(), format!("/devlock/.members/{m1}"));
+    assert_eq!(status(&g.s, &url, &m1)["state"], "free");
+    etcdctl(&url, &["put", &format!("/devlock/.members/{m2}"), ""]);
+
+    let holder = g.holding(By::Devlock(&[&group]), "d");
+    let (lock1, lock2) = (format!("/devlock/{m1}"), format!("/devlock/{m2}"));
+    let e1 = g.behind(By::Etcdctl(&lock1), "etcdctl-1");
+    let e2 = g.behind(By::Etcdctl(&lock2), "etcdctl-2");
+    g.waiting(&m1, 1);
+    g.waiting(&m2, 1);
+    for member in [&m1, &m2] {
+        let view = status(&g.s, &url, member);
+        assert_eq!(view["holders"][0]["via"], group.as_str(), "{view}");
+    }
+    succeeded([g.behind(By::Etcdctl(&format!("/devlock/{m9}")), "etcdctl-9")]);
+    assert_eq!(g.log(), "etcdctl-9\n");
+    g.release("d");
+    succeeded([holder, e1, e2]);
+    assert_eq!(
+        g.lines_with_ties(2..4),
+        ["etcdctl-9", "d-end", "etcdctl-1", "etcdctl-2"]
+    );
+}
+
+test!(etcd_interop_group_takers_and_etcdctl_member_takers_do_not_deadlock, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// Two `devlock G` and etcdctl takes of its members, interleaved: the
+/// first group taker holds `G` and `G:0` and waits for an etcdctl holder of
+/// `G:1`; an etcdctl take of `G:0` waits behind it, and the second group
+/// taker waits on `G`. Once the etcdctl holder ends, everyone runs, in
+/// that order: the group's members are taken one at a time in name order,
+/// so no holder waits for one that waits for it.
+pub(crate) fn etcd_interop_group_takers_and_etcdctl_member_takers_do_not_deadlock() {
+    let (_server, url) = shared_etcd();
+    let g = Gate::new(&url);
+    let group = name("igo");
+    let [m0, m1] = [0, 1].map(|n| format!("{group}:{n}"));
+    etcdctl(&url, &["put", &format!("/devlock/.members/{m0}"), ""]);
+    let holder = g.holding(By::Etcdctl(&format!("/devlock/{m1}")), "e1");
+    let first = g.behind(By::Devlock(&[&group]), "devlock-1");
+    g.waiting(&m1, 1);
+    let view = status(&g.s, &url, &m0);
+    assert_eq!(view["holders"][0]["via"], group.as_str(), "{view}");
+    let e0 = g.behind(By::Etcdctl(&format!("/devlock/{m0}")), "etcdctl-0");
+    g.waiting(&m0, 1);
+    let second = g.behind(By::Devlock(&[&group]), "devlock-2");
+    g.waiting(&group, 1);
+    assert_eq!(g.log(), "");
+    g.release("e1");
+    succeeded([holder, first, e0, second]);
+    assert_eq!(g.log(), "e1-end\ndevlock-1\netcdctl-0\ndevlock-2\n");
 }
 
 test!(etcd_interop_a_devlock_member_holder_keeps_etcdctl_off_the_group, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -321,32 +418,14 @@ test!(etcd_interop_a_devlock_member_holder_keeps_etcdctl_off_the_group, needs: [
 /// waits, and runs once devlock's command has ended.
 pub(crate) fn etcd_interop_a_devlock_member_holder_keeps_etcdctl_off_the_group() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let group = name("igd");
-    let member = format!("{group}:0");
-    let log = s.work("log");
-    let (wait, ready) = wait_for_release(&s, "d");
-    let holder = spawn(
-        &s,
-        &url,
-        &["-q", &member],
-        &format!("{wait}; {}", append("devlock-end", &log)),
-    );
-    wait_for_file(&ready);
-    let etcdctl = etcdctl_lock(
-        &url,
-        &format!("/devlock/{group}"),
-        &append("etcdctl-start", &log),
-    );
-    wait_for(&s, &url, &group, "etcdctl waiting for the group", |v| {
-        waiters(v) == 1
-    });
-    release(&s, "d");
-    let holder = holder.wait_with_output().unwrap();
-    assert!(holder.status.success(), "{}", stderr(&holder));
-    let etcdctl = etcdctl.wait_with_output().unwrap();
-    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
-    assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
+    let holder = g.holding(By::Devlock(&[&format!("{group}:0")]), "d");
+    let etcdctl = g.behind(By::Etcdctl(&format!("/devlock/{group}")), "etcdctl-start");
+    g.waiting(&group, 1);
+    g.release("d");
+    succeeded([holder, etcdctl]);
+    assert_eq!(g.log(), "d-end\netcdctl-start\n");
 }
 
 test!(etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -354,34 +433,126 @@ test!(etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out, needs: [To
 /// waiting `devlock G:0` runs once etcdctl's command has ended.
 pub(crate) fn etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let group = name("ige");
     let member = format!("{group}:0");
-    let log = s.work("log");
-    let (wait, ready) = wait_for_release(&s, "e");
-    let etcdctl = etcdctl_lock(
-        &url,
-        &format!("/devlock/{group}"),
-        &format!("{wait}; {}", append("etcdctl-end", &log)),
+    let etcdctl = g.holding(By::Etcdctl(&format!("/devlock/{group}")), "e");
+    assert!(g.refused(&["-n", &member, "--", "true"]).contains(FOREIGN));
+    let waiter = g.behind(By::Devlock(&[&member]), "devlock-start");
+    g.waiting(&group, 1);
+    g.release("e");
+    succeeded([etcdctl, waiter]);
+    assert_eq!(g.log(), "e-end\ndevlock-start\n");
+}
+
+test!(etcd_interop_shared_holders_and_etcdctl_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `--shared`: an etcdctl holder keeps `devlock -n --shared R` out, naming
+/// it. Two shared devlock holders hold together; `etcdctl lock` waits for
+/// both, and a shared devlock that comes after it waits for it (a key
+/// devlock did not write counts as exclusive: writer preference), so the
+/// order is the shared pair, etcdctl, the later reader.
+pub(crate) fn etcd_interop_shared_holders_and_etcdctl_exclude_each_other() {
+    let (_server, url) = shared_etcd();
+    let g = Gate::new(&url);
+    let r = name("interop-shared");
+    let lock = format!("/devlock/{r}");
+    let etcdctl = g.holding(By::Etcdctl(&lock), "e");
+    let err = g.refused(&["-n", "--shared", &r, "--", "true"]);
+    assert!(
+        err.contains(&format!("held by {FOREIGN} (key {lock}/")),
+        "{err}"
+    );
+    g.release("e");
+    succeeded([etcdctl]);
+
+    let shared: &[&str] = &["--shared", &r];
+    let a = g.holding(By::Devlock(shared), "a");
+    let b = g.holding(By::Devlock(shared), "b");
+    let etcdctl = g.behind(By::Etcdctl(&lock), "etcdctl");
+    g.waiting(&r, 1);
+    let later = g.behind(By::Devlock(shared), "later");
+    g.waiting(&r, 2);
+    g.refused(&["-n", "--shared", &r, "--", "true"]);
+    g.release("a");
+    g.release("b");
+    succeeded([a, b, etcdctl, later]);
+    assert_eq!(
+        g.lines_with_ties(1..3),
+        ["e-end", "a-end", "b-end", "etcdctl", "later"]
+    );
+}
+
+test!(etcd_interop_slot_holders_and_etcdctl_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `--slots 2`: an etcdctl holder keeps `devlock -n --slots 2 R` out,
+/// naming it. One slot holder keeps `etcdctl lock` waiting, and a second
+/// slot request that comes after etcdctl waits for it though a slot is
+/// free (the key devlock did not write counts as exclusive); it then takes
+/// slot 1.
+pub(crate) fn etcd_interop_slot_holders_and_etcdctl_exclude_each_other() {
+    let (_server, url) = shared_etcd();
+    let g = Gate::new(&url);
+    let r = name("interop-slots");
+    let lock = format!("/devlock/{r}");
+    let etcdctl = g.holding(By::Etcdctl(&lock), "e");
+    let err = g.refused(&["-n", "--slots", "2", &r, "--", "true"]);
+    assert!(
+        err.contains(&format!("held by {FOREIGN} (key {lock}/")),
+        "{err}"
+    );
+    g.release("e");
+    succeeded([etcdctl]);
+
+    let slots: &[&str] = &["--slots", "2", &r];
+    let first = g.holding(By::Devlock(slots), "a");
+    let etcdctl = g.behind(By::Etcdctl(&lock), "etcdctl");
+    g.waiting(&r, 1);
+    let second = g.take(By::Devlock(slots), &g.append("b-slot-$DEVLOCK_SLOT"));
+    g.waiting(&r, 2);
+    g.release("a");
+    succeeded([first, etcdctl, second]);
+    assert_eq!(g.log(), "e-end\na-end\netcdctl\nb-slot-1\n");
+}
+
+test!(etcd_interop_any_picks_around_an_etcdctl_holder_and_keeps_it_off_the_pick, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// `--any G:0 G:1` with `etcdctl lock /devlock/G:0` holding picks `G:1`,
+/// and leaves `G:0`'s line. While it holds, `-n --any` of both is busy,
+/// `etcdctl lock` of the pick and of the group (held shared on the pick's
+/// behalf) wait, and both run once devlock's command has ended; etcdctl's
+/// holder of `G:0` is untouched throughout.
+pub(crate) fn etcd_interop_any_picks_around_an_etcdctl_holder_and_keeps_it_off_the_pick() {
+    let (_server, url) = shared_etcd();
+    let g = Gate::new(&url);
+    let group = name("iga");
+    let [m0, m1] = [0, 1].map(|n| format!("{group}:{n}"));
+    let etcdctl = g.holding(By::Etcdctl(&format!("/devlock/{m0}")), "e");
+    let picked = g.s.work("picked");
+    let (wait, ready) = wait_for_release(&g.s, "d");
+    let any: &[&str] = &["--any", &m0, &m1];
+    let holder = g.take(
+        By::Devlock(any),
+        &format!(
+            "echo \"$DEVLOCK_RESOURCES\" > {}; {wait}; {}",
+            picked.display(),
+            g.append("d-end")
+        ),
     );
     wait_for_file(&ready);
-    let out = run(&s, &url, &["-n", &member, "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    assert!(stderr(&out).contains(FOREIGN), "{}", stderr(&out));
-    let waiter = spawn(&s, &url, &["-q", &member], &append("devlock-start", &log));
-    wait_for(
-        &s,
-        &url,
-        &group,
-        "the member's take waiting for the group",
-        |v| waiters(v) == 1,
+    assert_eq!(read(&picked).trim(), m1);
+    assert_eq!(waiters(&status(&g.s, &url, &m0)), 0);
+    g.refused(&[&["-n"], any, &["--", "true"]].concat());
+    let on_pick = g.behind(By::Etcdctl(&format!("/devlock/{m1}")), "etcdctl-pick");
+    let on_group = g.behind(By::Etcdctl(&format!("/devlock/{group}")), "etcdctl-group");
+    g.waiting(&m1, 1);
+    g.waiting(&group, 1);
+    assert_eq!(g.log(), "");
+    g.release("d");
+    succeeded([holder, on_pick, on_group]);
+    g.release("e");
+    succeeded([etcdctl]);
+    assert_eq!(
+        g.lines_with_ties(1..3),
+        ["d-end", "etcdctl-group", "etcdctl-pick", "e-end"]
     );
-    release(&s, "e");
-    let etcdctl = etcdctl.wait_with_output().unwrap();
-    assert!(etcdctl.status.success(), "{}", stderr(&etcdctl));
-    let waiter = waiter.wait_with_output().unwrap();
-    assert!(waiter.status.success(), "{}", stderr(&waiter));
-    assert_eq!(read(&log), "etcdctl-end\ndevlock-start\n");
 }
 
 test!(etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -390,52 +561,33 @@ test!(etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name, needs: [T
 /// and `--etcd-prefix /team/` meets `etcdctl lock /team/R`.
 pub(crate) fn etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
+    let g = Gate::new(&url);
     let r = name("interop-bare");
-    let log = s.work("log");
-    let (wait, ready) = wait_for_release(&s, "e");
-    let etcdctl = etcdctl_lock(&url, &r, &wait);
-    wait_for_file(&ready);
-    let out = run(&s, &url, &["--etcd-prefix=", "-n", &r, "--", "true"]);
-    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("{FOREIGN} (key {r}/")),
-        "{}",
-        stderr(&out)
-    );
-    let out = crate::etcd::devlock(&s, &url)
+    let etcdctl = g.holding(By::Etcdctl(&r), "e");
+    let err = g.refused(&["--etcd-prefix=", "-n", &r, "--", "true"]);
+    assert!(err.contains(&format!("{FOREIGN} (key {r}/")), "{err}");
+    let out = crate::etcd::devlock(&g.s, &url)
         .env("DEVLOCK_ETCD_PREFIX", "")
         .args(["-n", &r, "--", "true"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    let out = run(&s, &url, &["-n", &r, "--", "true"]);
-    assert!(out.status.success(), "under /devlock/: {}", stderr(&out));
-    let out = run(
-        &s,
-        &url,
-        &["--etcd-prefix", "/team/", "-n", &r, "--", "true"],
-    );
-    assert!(out.status.success(), "under /team/: {}", stderr(&out));
-    let table = stdout(&run(&s, &url, &["--etcd-prefix=", "status", &r]));
+    for elsewhere in [&["-n", &r][..], &["--etcd-prefix", "/team/", "-n", &r]] {
+        let out = run(&g.s, &url, &[elsewhere, &["--", "true"]].concat());
+        assert!(out.status.success(), "{elsewhere:?}: {}", stderr(&out));
+    }
+    let table = stdout(&run(&g.s, &url, &["--etcd-prefix=", "status", &r]));
     assert!(table.contains(FOREIGN), "{table}");
-    release(&s, "e");
-    assert!(etcdctl.wait_with_output().unwrap().status.success());
+    g.release("e");
+    succeeded([etcdctl]);
 
-    let (wait, ready) = wait_for_release(&s, "d");
-    let holder = spawn(
-        &s,
-        &url,
-        &["-q", "--etcd-prefix", "/team/", &r],
-        &format!("{wait}; {}", append("devlock-end", &log)),
-    );
-    wait_for_file(&ready);
-    let etcdctl = etcdctl_lock(&url, &format!("/team/{r}"), &append("etcdctl-start", &log));
+    let holder = g.holding(By::Devlock(&["--etcd-prefix", "/team/", &r]), "d");
+    let etcdctl = g.behind(By::Etcdctl(&format!("/team/{r}")), "etcdctl-start");
     poll_until(
         "etcdctl waiting under /team/",
         || {
             stdout(&run(
-                &s,
+                &g.s,
                 &url,
                 &["--etcd-prefix", "/team/", "status", "--json", &r],
             ))
@@ -445,10 +597,9 @@ pub(crate) fn etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name() 
             waiters(&v["resources"][0]) == 1
         },
     );
-    release(&s, "d");
-    assert!(holder.wait_with_output().unwrap().status.success());
-    assert!(etcdctl.wait_with_output().unwrap().status.success());
-    assert_eq!(read(&log), "devlock-end\netcdctl-start\n");
+    g.release("d");
+    succeeded([holder, etcdctl]);
+    assert_eq!(g.log(), "e-end\nd-end\netcdctl-start\n");
 }
 
 test!(etcd_interop_no_lost_update_with_mixed_clients_and_a_partition, needs: [Root, Tool("etcd"), Tool("etcdctl"), Tool("unshare"), Tool("timeout")]);
@@ -466,11 +617,11 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
     let s = Scratch::new();
     let r = name("interop-set");
     let base = format!("/devlock-test/{r}");
-    crate::etcd::etcdctl(
+    etcdctl(
         &url,
         &["put", &format!("{base}/fence"), &format!("{:020}", 0)],
     );
-    crate::etcd::etcdctl(&url, &["put", &format!("{base}/counter"), "0"]);
+    etcdctl(&url, &["put", &format!("{base}/counter"), "0"]);
     let accepted = s.work("accepted");
     let stops = s.work("stops");
     // One cycle, run holding the lock: read the counter, write it + 1 if
@@ -537,14 +688,14 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
     for mut client in clients {
         client.wait().unwrap();
     }
-    let counter: usize = crate::etcd::etcdctl(
+    let counter: usize = etcdctl(
         &url,
         &["get", "--print-value-only", &format!("{base}/counter")],
     )
     .trim()
     .parse()
     .unwrap();
-    let keys = crate::etcd::etcdctl(&url, &["get", "--prefix", &format!("{base}/accepted/")]);
+    let keys = etcdctl(&url, &["get", "--prefix", &format!("{base}/accepted/")]);
     // Key and value lines: /accepted/FENCE then the counter it wrote.
     let lines: Vec<&str> = keys.lines().collect();
     let writes: Vec<(i64, usize)> = lines
