@@ -78,6 +78,19 @@ impl Gate {
         self.take(by, &self.append(tag))
     }
 
+    /// `first` holding and `then` waiting for it in `line`'s line (where
+    /// `meanwhile` looks): `then` runs only once `first`'s command has ended.
+    fn in_turn(&self, first: By, then: By, line: &str, meanwhile: impl FnOnce()) {
+        let first = self.holding(first, "first");
+        let then = self.behind(then, "then");
+        self.waiting(line, 1);
+        meanwhile();
+        assert_eq!(self.log(), "");
+        self.release("first");
+        succeeded([first, then]);
+        assert_eq!(self.log(), "first-end\nthen\n");
+    }
+
     fn release(&self, tag: &str) {
         release(&self.s, tag);
     }
@@ -188,18 +201,14 @@ pub(crate) fn etcd_interop_a_devlock_holder_keeps_etcdctl_lock_waiting() {
     let (_server, url) = shared_etcd();
     let g = Gate::new(&url);
     let r = name("interop-held-by-devlock");
-    let holder = g.holding(By::Devlock(&[&r]), "d");
-    let etcdctl = g.behind(By::Etcdctl(&format!("/devlock/{r}")), "etcdctl-start");
-    g.waiting(&r, 1);
-    let view = status(&g.s, &url, &r);
-    assert_eq!(view["waiters"][0]["client"], FOREIGN, "{view}");
-    assert!(view["holders"][0]["client"].is_null(), "{view}");
-    let table = stdout(&run(&g.s, &url, &["status", &r]));
-    assert!(table.contains(FOREIGN) && !table.contains('?'), "{table}");
-    assert_eq!(g.log(), "");
-    g.release("d");
-    succeeded([holder, etcdctl]);
-    assert_eq!(g.log(), "d-end\netcdctl-start\n");
+    let lock = format!("/devlock/{r}");
+    g.in_turn(By::Devlock(&[&r]), By::Etcdctl(&lock), &r, || {
+        let view = status(&g.s, &url, &r);
+        assert_eq!(view["waiters"][0]["client"], FOREIGN, "{view}");
+        assert!(view["holders"][0]["client"].is_null(), "{view}");
+        let table = stdout(&run(&g.s, &url, &["status", &r]));
+        assert!(table.contains(FOREIGN) && !table.contains('?'), "{table}");
+    });
 }
 
 test!(etcd_interop_fences_from_mixed_holders_strictly_increase, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -420,12 +429,9 @@ pub(crate) fn etcd_interop_a_devlock_member_holder_keeps_etcdctl_off_the_group()
     let (_server, url) = shared_etcd();
     let g = Gate::new(&url);
     let group = name("igd");
-    let holder = g.holding(By::Devlock(&[&format!("{group}:0")]), "d");
-    let etcdctl = g.behind(By::Etcdctl(&format!("/devlock/{group}")), "etcdctl-start");
-    g.waiting(&group, 1);
-    g.release("d");
-    succeeded([holder, etcdctl]);
-    assert_eq!(g.log(), "d-end\netcdctl-start\n");
+    let member = format!("{group}:0");
+    let lock = format!("/devlock/{group}");
+    g.in_turn(By::Devlock(&[&member]), By::Etcdctl(&lock), &group, || {});
 }
 
 test!(etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out, needs: [Tool("etcd"), Tool("etcdctl")]);
@@ -436,13 +442,10 @@ pub(crate) fn etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out() {
     let g = Gate::new(&url);
     let group = name("ige");
     let member = format!("{group}:0");
-    let etcdctl = g.holding(By::Etcdctl(&format!("/devlock/{group}")), "e");
-    assert!(g.refused(&["-n", &member, "--", "true"]).contains(FOREIGN));
-    let waiter = g.behind(By::Devlock(&[&member]), "devlock-start");
-    g.waiting(&group, 1);
-    g.release("e");
-    succeeded([etcdctl, waiter]);
-    assert_eq!(g.log(), "e-end\ndevlock-start\n");
+    let lock = format!("/devlock/{group}");
+    g.in_turn(By::Etcdctl(&lock), By::Devlock(&[&member]), &group, || {
+        assert!(g.refused(&["-n", &member, "--", "true"]).contains(FOREIGN));
+    });
 }
 
 test!(etcd_interop_shared_holders_and_etcdctl_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
