@@ -1,7 +1,8 @@
 //! devlock and `etcdctl lock` (etcd's `concurrency.Mutex`) against one real
 //! etcd server: one gate, whichever tool holds and whichever waits, for a
-//! plain lock, `--shared`, `--slots`, `--any`, groups and their members;
-//! `-n`, `-w` and status naming an etcdctl holder for what etcd knows of it.
+//! plain lock, groups and their members; `-n`, `-w` and status naming an
+//! etcdctl holder for what etcd knows of it; fences; the prefix. The
+//! helpers here (`Gate`) serve `etcd_interop_modes` too.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -11,11 +12,11 @@ use crate::etcd_server::shared_etcd;
 use crate::harness::*;
 
 /// What devlock calls a holder whose key it did not write.
-const FOREIGN: &str = "etcdctl lock or another client";
+pub(crate) const FOREIGN: &str = "etcdctl lock or another client";
 
 /// Starts `etcdctl lock NAME sh -c SCRIPT`: it waits its turn, runs the
 /// script holding the lock and gives it back when the script ends.
-fn etcdctl_lock(url: &str, lock: &str, script: &str) -> Child {
+pub(crate) fn etcdctl_lock(url: &str, lock: &str, script: &str) -> Child {
     Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .args(["--endpoints", url, "lock", lock, "--", "sh", "-c", script])
@@ -28,7 +29,7 @@ fn etcdctl_lock(url: &str, lock: &str, script: &str) -> Child {
 
 /// One take, by either tool.
 #[derive(Clone, Copy)]
-enum By<'a> {
+pub(crate) enum By<'a> {
     /// `etcdctl lock LOCK` (the whole key prefix, `/devlock/R`).
     Etcdctl(&'a str),
     /// `devlock -q ARGS`.
@@ -36,14 +37,14 @@ enum By<'a> {
 }
 
 /// The scratch, the server and the log every take of one test writes to.
-struct Gate {
-    s: Scratch,
+pub(crate) struct Gate {
+    pub(crate) s: Scratch,
     url: String,
     log: std::path::PathBuf,
 }
 
 impl Gate {
-    fn new(url: &str) -> Gate {
+    pub(crate) fn new(url: &str) -> Gate {
         let s = Scratch::new();
         let log = s.work("log");
         Gate {
@@ -54,7 +55,7 @@ impl Gate {
     }
 
     /// Starts `by` running `script` once it holds.
-    fn take(&self, by: By, script: &str) -> Child {
+    pub(crate) fn take(&self, by: By, script: &str) -> Child {
         match by {
             By::Etcdctl(lock) => etcdctl_lock(&self.url, lock, script),
             By::Devlock(args) => spawn(&self.s, &self.url, &[&["-q"], args].concat(), script),
@@ -63,7 +64,7 @@ impl Gate {
 
     /// `by` holding, once this returns, until `release(tag)`; it logs
     /// `TAG-end` as its command ends.
-    fn holding(&self, by: By, tag: &str) -> Child {
+    pub(crate) fn holding(&self, by: By, tag: &str) -> Child {
         let (wait, ready) = wait_for_release(&self.s, tag);
         let child = self.take(
             by,
@@ -74,13 +75,13 @@ impl Gate {
     }
 
     /// `by` in line: it logs `TAG` once it holds, and gives the lock back.
-    fn behind(&self, by: By, tag: &str) -> Child {
+    pub(crate) fn behind(&self, by: By, tag: &str) -> Child {
         self.take(by, &self.append(tag))
     }
 
     /// `first` holding and `then` waiting for it in `line`'s line (where
     /// `meanwhile` looks): `then` runs only once `first`'s command has ended.
-    fn in_turn(&self, first: By, then: By, line: &str, meanwhile: impl FnOnce()) {
+    pub(crate) fn in_turn(&self, first: By, then: By, line: &str, meanwhile: impl FnOnce()) {
         let first = self.holding(first, "first");
         let then = self.behind(then, "then");
         self.waiting(line, 1);
@@ -91,21 +92,21 @@ impl Gate {
         assert_eq!(self.log(), "first-end\nthen\n");
     }
 
-    fn release(&self, tag: &str) {
+    pub(crate) fn release(&self, tag: &str) {
         release(&self.s, tag);
     }
 
-    fn append(&self, line: &str) -> String {
+    pub(crate) fn append(&self, line: &str) -> String {
         format!("echo {line} >> {}", self.log.display())
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         read(&self.log)
     }
 
     /// The log's lines, those at `ties` (which may come in any order)
     /// sorted.
-    fn lines_with_ties(&self, ties: std::ops::Range<usize>) -> Vec<String> {
+    pub(crate) fn lines_with_ties(&self, ties: std::ops::Range<usize>) -> Vec<String> {
         let mut lines: Vec<String> = self.log().lines().map(str::to_owned).collect();
         if let Some(tied) = lines.get_mut(ties) {
             tied.sort_unstable();
@@ -114,14 +115,14 @@ impl Gate {
     }
 
     /// `devlock ARGS`, which must end as busy (75); what it said.
-    fn refused(&self, args: &[&str]) -> String {
+    pub(crate) fn refused(&self, args: &[&str]) -> String {
         let out = run(&self.s, &self.url, args);
         assert_eq!(out.status.code(), Some(75), "{args:?}: {}", stderr(&out));
         stderr(&out)
     }
 
     /// Waits until `resource`'s line has `n` waiters.
-    fn waiting(&self, resource: &str, n: usize) {
+    pub(crate) fn waiting(&self, resource: &str, n: usize) {
         wait_for(
             &self.s,
             &self.url,
@@ -133,14 +134,14 @@ impl Gate {
 }
 
 /// Waits for each take to end, and to have succeeded.
-fn succeeded(children: impl IntoIterator<Item = Child>) {
+pub(crate) fn succeeded(children: impl IntoIterator<Item = Child>) {
     for child in children {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
     }
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
@@ -446,116 +447,6 @@ pub(crate) fn etcd_interop_an_etcdctl_group_holder_keeps_devlock_members_out() {
     g.in_turn(By::Etcdctl(&lock), By::Devlock(&[&member]), &group, || {
         assert!(g.refused(&["-n", &member, "--", "true"]).contains(FOREIGN));
     });
-}
-
-test!(etcd_interop_shared_holders_and_etcdctl_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
-/// `--shared`: an etcdctl holder keeps `devlock -n --shared R` out, naming
-/// it. Two shared devlock holders hold together; `etcdctl lock` waits for
-/// both, and a shared devlock that comes after it waits for it (a key
-/// devlock did not write counts as exclusive: writer preference), so the
-/// order is the shared pair, etcdctl, the later reader.
-pub(crate) fn etcd_interop_shared_holders_and_etcdctl_exclude_each_other() {
-    let (_server, url) = shared_etcd();
-    let g = Gate::new(&url);
-    let r = name("interop-shared");
-    let lock = format!("/devlock/{r}");
-    let etcdctl = g.holding(By::Etcdctl(&lock), "e");
-    let err = g.refused(&["-n", "--shared", &r, "--", "true"]);
-    assert!(
-        err.contains(&format!("held by {FOREIGN} (key {lock}/")),
-        "{err}"
-    );
-    g.release("e");
-    succeeded([etcdctl]);
-
-    let shared: &[&str] = &["--shared", &r];
-    let a = g.holding(By::Devlock(shared), "a");
-    let b = g.holding(By::Devlock(shared), "b");
-    let etcdctl = g.behind(By::Etcdctl(&lock), "etcdctl");
-    g.waiting(&r, 1);
-    let later = g.behind(By::Devlock(shared), "later");
-    g.waiting(&r, 2);
-    g.refused(&["-n", "--shared", &r, "--", "true"]);
-    g.release("a");
-    g.release("b");
-    succeeded([a, b, etcdctl, later]);
-    assert_eq!(
-        g.lines_with_ties(1..3),
-        ["e-end", "a-end", "b-end", "etcdctl", "later"]
-    );
-}
-
-test!(etcd_interop_slot_holders_and_etcdctl_exclude_each_other, needs: [Tool("etcd"), Tool("etcdctl")]);
-/// `--slots 2`: an etcdctl holder keeps `devlock -n --slots 2 R` out,
-/// naming it. One slot holder keeps `etcdctl lock` waiting, and a second
-/// slot request that comes after etcdctl waits for it though a slot is
-/// free (the key devlock did not write counts as exclusive); it then takes
-/// slot 1.
-pub(crate) fn etcd_interop_slot_holders_and_etcdctl_exclude_each_other() {
-    let (_server, url) = shared_etcd();
-    let g = Gate::new(&url);
-    let r = name("interop-slots");
-    let lock = format!("/devlock/{r}");
-    let etcdctl = g.holding(By::Etcdctl(&lock), "e");
-    let err = g.refused(&["-n", "--slots", "2", &r, "--", "true"]);
-    assert!(
-        err.contains(&format!("held by {FOREIGN} (key {lock}/")),
-        "{err}"
-    );
-    g.release("e");
-    succeeded([etcdctl]);
-
-    let slots: &[&str] = &["--slots", "2", &r];
-    let first = g.holding(By::Devlock(slots), "a");
-    let etcdctl = g.behind(By::Etcdctl(&lock), "etcdctl");
-    g.waiting(&r, 1);
-    let second = g.take(By::Devlock(slots), &g.append("b-slot-$DEVLOCK_SLOT"));
-    g.waiting(&r, 2);
-    g.release("a");
-    succeeded([first, etcdctl, second]);
-    assert_eq!(g.log(), "e-end\na-end\netcdctl\nb-slot-1\n");
-}
-
-test!(etcd_interop_any_picks_around_an_etcdctl_holder_and_keeps_it_off_the_pick, needs: [Tool("etcd"), Tool("etcdctl")]);
-/// `--any G:0 G:1` with `etcdctl lock /devlock/G:0` holding picks `G:1`,
-/// and leaves `G:0`'s line. While it holds, `-n --any` of both is busy,
-/// `etcdctl lock` of the pick and of the group (held shared on the pick's
-/// behalf) wait, and both run once devlock's command has ended; etcdctl's
-/// holder of `G:0` is untouched throughout.
-pub(crate) fn etcd_interop_any_picks_around_an_etcdctl_holder_and_keeps_it_off_the_pick() {
-    let (_server, url) = shared_etcd();
-    let g = Gate::new(&url);
-    let group = name("iga");
-    let [m0, m1] = [0, 1].map(|n| format!("{group}:{n}"));
-    let etcdctl = g.holding(By::Etcdctl(&format!("/devlock/{m0}")), "e");
-    let picked = g.s.work("picked");
-    let (wait, ready) = wait_for_release(&g.s, "d");
-    let any: &[&str] = &["--any", &m0, &m1];
-    let holder = g.take(
-        By::Devlock(any),
-        &format!(
-            "echo \"$DEVLOCK_RESOURCES\" > {}; {wait}; {}",
-            picked.display(),
-            g.append("d-end")
-        ),
-    );
-    wait_for_file(&ready);
-    assert_eq!(read(&picked).trim(), m1);
-    assert_eq!(waiters(&status(&g.s, &url, &m0)), 0);
-    g.refused(&[&["-n"], any, &["--", "true"]].concat());
-    let on_pick = g.behind(By::Etcdctl(&format!("/devlock/{m1}")), "etcdctl-pick");
-    let on_group = g.behind(By::Etcdctl(&format!("/devlock/{group}")), "etcdctl-group");
-    g.waiting(&m1, 1);
-    g.waiting(&group, 1);
-    assert_eq!(g.log(), "");
-    g.release("d");
-    succeeded([holder, on_pick, on_group]);
-    g.release("e");
-    succeeded([etcdctl]);
-    assert_eq!(
-        g.lines_with_ties(1..3),
-        ["d-end", "etcdctl-group", "etcdctl-pick", "e-end"]
-    );
 }
 
 test!(etcd_interop_the_prefix_is_chosen_and_empty_means_the_bare_name, needs: [Tool("etcd"), Tool("etcdctl")]);

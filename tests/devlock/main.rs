@@ -64,6 +64,8 @@ mod etcd_ha;
 #[cfg(feature = "etcd")]
 mod etcd_interop;
 #[cfg(feature = "etcd")]
+mod etcd_interop_modes;
+#[cfg(feature = "etcd")]
 mod etcd_pools;
 #[cfg(feature = "etcd")]
 mod etcd_server;
