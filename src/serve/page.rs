@@ -3,14 +3,18 @@
 //! font, image or anything else fetched from anywhere (the favicon is an
 //! empty `data:` URL, so the browser does not ask for one either).
 //!
-//! The page is a card per GPU (`gpu:N`, from the probe's devices and the
-//! lock files alike), in index order: the lock's state, the device's name
-//! and utilisation, a memory bar (used inside the gate, used outside it,
-//! the `--mem` budgets as an outline), the holders, the line, the
-//! processes outside the gate and the MIG instances; then a table of every
-//! other lock held or waited for (a group's rows held for a member are
-//! shown on the member's card, not again); then what status warns about.
-//! Every text is status's (sanitised), escaped for HTML.
+//! The page is a legend of its colours, then a card per GPU (`gpu:N`, from
+//! the probe's devices and the lock files alike), in index order: the
+//! lock's state, the device's name and utilisation, a memory bar (used
+//! inside the gate, used outside it, the `--mem` budgets as an outline),
+//! the holders, the line, the processes outside the gate and the MIG
+//! instances; then a table of every other lock held or waited for (a
+//! group's rows held for a member are shown on the member's card, not
+//! again); then what status warns about, the last day by user and the
+//! site's policy ([`site`]). A card says FREE only when nobody holds the
+//! lock and no process outside every gate is on the GPU ("in use outside
+//! devlock"), and its processes are known: the badge is about the device,
+//! not the lock file. Every text is status's (sanitised), escaped for HTML.
 //!
 //! A card's last day of use comes from the usage records, which any user
 //! writes: [`Snapshot`] carries them bounded (at most 96 marks a GPU, see
