@@ -391,6 +391,32 @@ pub(crate) fn per_user_totals_on_the_page_match_report() {
         .map(cells)
         .collect();
     assert_eq!(shown, reported, "the page:\n{users}\nthe report:\n{report}");
+    // gpu:2's last day, under its strip: the UTC hours every six hours
+    // from a day ago, then now.
+    let gpu2 = card(&page, 2);
+    let ticks: Vec<&str> = gpu2
+        .split("<div class=\"ticks\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</div>").next())
+        .unwrap_or_else(|| panic!("no labels under the strip: {gpu2}"))
+        .split("</span>")
+        .filter_map(|t| t.rsplit('>').next())
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(ticks.len(), 5, "{ticks:?}");
+    assert_eq!(ticks[4], "now", "{ticks:?}");
+    let minutes = |t: &str| -> u32 {
+        let (h, m) = t[..5].split_once(':').unwrap();
+        h.parse::<u32>().unwrap() * 60 + m.parse::<u32>().unwrap()
+    };
+    assert!(ticks[0].ends_with(" UTC"), "{ticks:?}");
+    for pair in ticks[..4].windows(2) {
+        assert_eq!(
+            (minutes(pair[1]) + 1440 - minutes(pair[0])) % 1440,
+            360,
+            "{ticks:?}"
+        );
+    }
     let nobody = reported.iter().find(|r| r[0] == "nobody").unwrap();
     assert_eq!(nobody[1], "1", "{report}");
     let idle = reported

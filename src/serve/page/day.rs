@@ -68,15 +68,15 @@ pub(super) fn day(page: &mut String, day: &Day, now_ms: u64) {
     let held = std::time::Duration::from_millis(day.held_ms);
     let _ = writeln!(
         page,
-        "<p class=\"figures\">last 24 h (UTC): held {} by {} {}</p>",
+        "<p class=\"figures\">last 24 h: held {} by {} {}</p>",
         crate::text::short_duration(held),
         day.holds,
         if day.holds == 1 { "hold" } else { "holds" }
     );
 }
 
-/// The strip's labels: its start, every six hours after it (UTC), and
-/// now at its end.
+/// The strip's labels: its start, every six hours after it (UTC, said
+/// once at the start), and now at its end.
 fn ticks(page: &mut String, since: u64) {
     use crate::usage::history::SPAN_MS;
     page.push_str("<div class=\"ticks\">");
@@ -84,9 +84,10 @@ fn ticks(page: &mut String, since: u64) {
         let at = since + quarter * SPAN_MS / 4;
         let _ = write!(
             page,
-            "<span style=\"left:{}%\">{}</span>",
+            "<span style=\"left:{}%\">{}{}</span>",
             quarter * 25,
-            &crate::text::utc_seconds(at)[11..16]
+            &crate::text::utc_seconds(at)[11..16],
+            if quarter == 0 { " UTC" } else { "" }
         );
     }
     page.push_str("<span style=\"left:100%\">now</span></div>\n");
