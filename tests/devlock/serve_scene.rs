@@ -8,7 +8,8 @@
 //! What is staged, and how: the users are uids 2001-2010, named in a
 //! passwd file bind-mounted over /etc/passwd for the server alone (in a
 //! mount namespace of its own, where the scratch directory is also
-//! mounted at /run/lock/devlock, with the host name `dgx-h200-01` in a UTS
+//! mounted at /run/lock/devlock and its usage directory at the default
+//! /var/lib/devlock/usage, with the host name `dgx-h200-01` in a UTS
 //! namespace); the holds and waits are hours old because each devlock is
 //! started under faketime(1) with its clock set back (the server's clock is
 //! the real one); the GPUs' memory and processes are a scenario of the fake
@@ -461,13 +462,16 @@ pub(crate) fn doc_screenshot() {
         .args(["--mount", "--uts", "sh", "-c"])
         .arg(format!(
             "hostname {HOST} && mount --bind {} /etc/passwd && mount -t tmpfs tmpfs /run/lock \
-             && mkdir /run/lock/devlock && mount --bind {} /run/lock/devlock && exec \"$0\" \"$@\"",
+             && mkdir /run/lock/devlock && mount --bind {} /run/lock/devlock \
+             && mount -t tmpfs tmpfs /var/lib && mkdir -p /var/lib/devlock/usage \
+             && mount --bind {} /var/lib/devlock/usage && exec \"$0\" \"$@\"",
             passwd_file.display(),
-            s.dir().display()
+            s.dir().display(),
+            s.usage_dir().display()
         ))
         .arg(BIN)
         .env_remove("DEVLOCK_DIR")
-        .env("DEVLOCK_USAGE_DIR", s.usage_dir())
+        .env_remove("DEVLOCK_USAGE_DIR")
         .env("DEVLOCK_NVML", &library)
         .env("FAKE_NVML_PIDS", pid_list(&pids));
     let server = Server::start(&mut serve, &[]);
