@@ -206,8 +206,9 @@ impl OutsideUse {
         OutsideUse {
             index,
             pid: p.pid,
-            name: p.name.clone(),
-            user: p.user().map(str::to_owned),
+            // Whatever its user named it: cleaned, as every text here.
+            name: clean(&p.name),
+            user: p.user().map(clean),
             used_mib: p.used_mib,
         }
     }

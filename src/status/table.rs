@@ -452,7 +452,7 @@ fn memory(used: Option<u64>, total: Option<u64>) -> String {
 
 /// `outside devlock: pid 4242 python3, bob, 11.7 GiB`, or for several
 /// processes their count and memory (the GPUs table lists each).
-pub(crate) fn outside_words(uses: &[OutsideUse]) -> String {
+fn outside_words(uses: &[OutsideUse]) -> String {
     let used = |u: &OutsideUse| u.used_mib.map_or("? MiB".to_owned(), format_mib);
     match uses {
         [one] => format!(

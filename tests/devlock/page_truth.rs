@@ -206,6 +206,10 @@ pub(crate) fn an_ungated_process_makes_the_page_and_status_say_in_use_never_free
     assert_eq!(gpu1["in_use_outside"][0]["pid"], stranger, "{gpu1}");
     assert_eq!(gpu1["in_use_outside"][0]["user"], "nobody", "{gpu1}");
     assert_eq!(gpu1["in_use_outside"][0]["used_mib"], 11980, "{gpu1}");
+    assert_eq!(
+        gpu1["in_use_outside"][0]["name"], "<s>&'\"?z",
+        "cleaned: {gpu1}"
+    );
     assert!(view("gpu:2").get("in_use_outside").is_none());
     assert!(
         view("gpu:0").get("in_use_outside").is_none(),
@@ -428,4 +432,30 @@ pub(crate) fn per_user_totals_on_the_page_match_report() {
         ("8%", "1 idle"),
         "{report}"
     );
+}
+
+test!(a_gpu_whose_processes_are_unknown_is_not_called_free, needs: [Tool("cc")]);
+pub(crate) fn a_gpu_whose_processes_are_unknown_is_not_called_free() {
+    let s = Scratch::new();
+    // GPU 1's process list is refused (NVML_ERROR_NO_PERMISSION); GPU 2's
+    // is empty.
+    let text = format!("{SCENARIO}error nvmlDeviceGetComputeRunningProcesses_v3 1 4\n");
+    let library = fake_nvml(&s, &text);
+    for name in ["gpu:1", "gpu:2"] {
+        let out = with_nvml(&s, &library, &[])
+            .args(["--new", name, "--", "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let server = Server::start(&mut with_nvml(&s, &library, &[]), &[]);
+    let page = server.get("/").body;
+    assert_eq!(card_class(&page, 1), "gpu unknown", "{}", card(&page, 1));
+    assert!(
+        card(&page, 1).contains("<span class=\"state\">lock free, use unknown</span>")
+            && card(&page, 1).contains("processes</th><td colspan=\"4\">unknown: "),
+        "{}",
+        card(&page, 1)
+    );
+    assert_eq!(card_class(&page, 2), "gpu free", "{}", card(&page, 2));
 }
