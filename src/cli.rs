@@ -191,7 +191,9 @@ pub enum Command {
         instances, gpu:N:PROFILE:giG.ciC, each with its own), which of them are \
         outside the gate, and which source said so. Files another user could rename or replace are named in a \
         warning, with the fix. The table shows the locks held or waited for, and \
-        counts the unused ones in one line (lock files are never deleted); --all or \
+        counts the unused ones in one line (lock files are never deleted); a GPU lock \
+        nobody holds whose GPU a process outside every gate uses is 'in use' with \
+        that process, never 'free' and never counted away; --all or \
         naming resources shows them too; --json lists every lock file. The PID column \
         is the process the kernel names (the devlock; --json's pids has its command \
         too), and a GPU's memory under the budgets is a line of its own after the \
@@ -212,7 +214,9 @@ pub enum Command {
         memory (gpu:N with the device's memory known: {index, total_mib, budgets_mib, \
         used_inside_mib, used_outside_mib, room_mib}, the budgets each counted as the \
         larger of budget and use, outside meaning the device's use less the budget \
-        holders', room before any headroom)}], \
+        holders', room before any headroom), in_use_outside (a GPU resource: the \
+        processes on its GPUs outside every gate, [{index, pid, name, user, used_mib}]; \
+        state stays the lock's)}], \
         device_info: {status (none, unknown or ok), reason}, device_source (nvml, \
         nvidia-smi, amd-smi or drm-fdinfo), devices: [{index, uuid, name, \
         memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, name, \
@@ -406,8 +410,15 @@ const SERVE_ABOUT: &str = "\
 Serve what devlock status shows, read-only, over HTTP at ADDR: / is a status page \
 for a browser, which reloads itself every 5 seconds (HTML and CSS that devlock \
 serves itself; no script): each GPU with its holders and line, its memory \
-(budgeted, used by the gate's jobs, used outside the gate) and the processes \
-outside the gate, then every other lock in use; /metrics is the Prometheus text \
+(budgeted, used by the gate's jobs, used outside the gate), the processes \
+outside the gate and its last 24 hours of holds (labelled in UTC hours), then \
+every other lock in use, the last 24 hours by user (devlock report --by user \
+--since 24h's figures) and the site policy in force (set up or not, the idle \
+timeout ceiling, the budgets held, where use is recorded), with a legend of \
+every colour. A GPU is free only when nobody holds its lock and no process \
+outside devlock uses it: one that does is 'in use outside devlock', with the \
+process, its user (or 'user hidden' where /proc does not show it) and its \
+memory; /metrics is the Prometheus text \
 format (version 0.0.4), its families listed under METRICS in devlock-serve(1); \
 /status.json is the document of devlock status --json.\n\n\
 Every answer comes from one snapshot of the status model, taken at most once a \

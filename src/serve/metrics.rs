@@ -669,6 +669,8 @@ mod tests {
             at: std::time::SystemTime::now(),
             took: std::time::Duration::ZERO,
             history: Default::default(),
+            users: Default::default(),
+            idle_ceiling: None,
         };
         let text = render(&snapshot);
         let mut found = Vec::new();

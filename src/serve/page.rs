@@ -3,14 +3,18 @@
 //! font, image or anything else fetched from anywhere (the favicon is an
 //! empty `data:` URL, so the browser does not ask for one either).
 //!
-//! The page is a card per GPU (`gpu:N`, from the probe's devices and the
-//! lock files alike), in index order: the lock's state, the device's name
-//! and utilisation, a memory bar (used inside the gate, used outside it,
-//! the `--mem` budgets as an outline), the holders, the line, the
-//! processes outside the gate and the MIG instances; then a table of every
-//! other lock held or waited for (a group's rows held for a member are
-//! shown on the member's card, not again); then what status warns about.
-//! Every text is status's (sanitised), escaped for HTML.
+//! The page is a legend of its colours, then a card per GPU (`gpu:N`, from
+//! the probe's devices and the lock files alike), in index order: the
+//! lock's state, the device's name and utilisation, a memory bar (used
+//! inside the gate, used outside it, the `--mem` budgets as an outline),
+//! the holders, the line, the processes outside the gate and the MIG
+//! instances; then a table of every other lock held or waited for (a
+//! group's rows held for a member are shown on the member's card, not
+//! again); then what status warns about, the last day by user and the
+//! site's policy ([`site`]). A card says FREE only when nobody holds the
+//! lock and no process outside every gate is on the GPU ("in use outside
+//! devlock"), and its processes are known: the badge is about the device,
+//! not the lock file. Every text is status's (sanitised), escaped for HTML.
 //!
 //! A card's last day of use comes from the usage records, which any user
 //! writes: [`Snapshot`] carries them bounded (at most 96 marks a GPU, see
@@ -19,6 +23,7 @@
 //! card however many there are.
 
 mod day;
+mod site;
 
 use crate::usage::history::Day;
 use day::day;
@@ -130,7 +135,9 @@ pub(crate) fn render(snapshot: &Snapshot, host: &str) -> String {
             .replace('T', " ")
             .replace('Z', " UTC"),
     );
+    site::legend(&mut page);
     warnings(&mut page, snapshot);
+    let gpus_unknown = matches!(report.device_info, Some(DeviceReport::Unknown { .. }));
     if !cards.is_empty() {
         page.push_str("<section class=\"gpus\">\n");
         for card in &cards {
@@ -141,19 +148,22 @@ pub(crate) fn render(snapshot: &Snapshot, host: &str) -> String {
                 group,
                 history,
                 crate::usage::ms_of(snapshot.at),
+                gpus_unknown,
             );
         }
         page.push_str("</section>\n");
     }
     others(&mut page, &report.resources);
-    let idle = report
+    site::users(&mut page, snapshot);
+    site::policy(&mut page, snapshot);
+    let unused = report
         .resources
         .iter()
-        .filter(|r| r.state == State::Free && r.waiters.is_empty())
+        .filter(|r| r.state == State::Free && r.waiters.is_empty() && r.in_use_outside.is_empty())
         .count();
     let _ = write!(
         page,
-        "<footer>devlock {} · {} lock files in {}, {idle} of them free</footer>\n</body>\n</html>\n",
+        "<footer>devlock {} · {} lock files in {}, {unused} of them unused</footer>\n</body>\n</html>\n",
         env!("CARGO_PKG_VERSION"),
         report.resources.len(),
         esc(&report.dir)
@@ -192,23 +202,47 @@ fn on_a_card(name: &str) -> bool {
         .is_ok_and(|r| r.gpu_index().is_some() || r.mig_parent().is_some())
 }
 
+/// What a card's badge says: the lock's state, except that a GPU whose
+/// lock nobody holds is free only when nothing runs on it outside devlock
+/// and its processes are known.
+fn badge(state: State, card: &Card, gpus_unknown: bool) -> (&'static str, &'static str) {
+    let outside = card
+        .device
+        .is_some_and(|d| d.processes.iter().any(|p| !p.gated()));
+    let unknown = gpus_unknown || card.device.is_some_and(|d| d.processes_unknown.is_some());
+    match state {
+        State::Free if outside => ("outside", "in use outside devlock"),
+        State::Free if unknown => ("unknown", "lock free, use unknown"),
+        state => (state_name(state), state_name(state)),
+    }
+}
+
 fn gpu_card(
     page: &mut String,
     card: &Card,
     group: Option<&ResourceView>,
     history: Option<&Day>,
     now_ms: u64,
+    gpus_unknown: bool,
 ) {
     let state = card.view.map_or(State::Free, |v| v.state);
     let waiting = card.view.map_or(0, |v| v.waiters.len());
+    let (class, words) = badge(state, card, gpus_unknown);
     let _ = write!(
         page,
-        "<article class=\"gpu {}\" id=\"gpu-{}\">\n<h2>gpu:{}",
-        state_name(state),
-        card.index,
-        card.index
+        "<article class=\"gpu {class}\" id=\"gpu-{}\">\n<h2>gpu:{}",
+        card.index, card.index
     );
-    let _ = write!(page, " <span class=\"state\">{}</span>", state_name(state));
+    let _ = write!(page, " <span class=\"state\">{words}</span>");
+    let outside = card
+        .device
+        .map_or(0, |d| d.processes.iter().filter(|p| !p.gated()).count());
+    if outside > 0 && class != "outside" {
+        let _ = write!(
+            page,
+            " <span class=\"also-outside\">+{outside} outside devlock</span>"
+        );
+    }
     if waiting > 0 {
         let _ = write!(page, " <span class=\"waiting\">{waiting} waiting</span>");
     }
@@ -435,20 +469,28 @@ fn outside_rows(page: &mut String, device: &Device) {
     }
 }
 
+/// A process outside every gate: what this server can know of it. Its
+/// user is unknown where `/proc` hides it (another user's process under
+/// `hidepid`), and its pid where it runs outside this PID namespace.
 fn process_row(page: &mut String, p: &DeviceProcess) {
     let container = p
         .container
         .as_deref()
         .map(|c| format!(" · in {}", esc(c)))
         .unwrap_or_default();
+    let user = p.user().map(esc).unwrap_or_else(|| {
+        "<i title=\"its owner is hidden from this server (/proc)\">user hidden</i>".to_owned()
+    });
+    let pid = match p.pid {
+        0 => "pid outside this namespace".to_owned(),
+        pid => format!("pid {pid}"),
+    };
     let _ = writeln!(
         page,
-        "<tr class=\"outside\"><th>NOT GATED</th><td>{}</td><td>{}</td><td>{}</td>\
-         <td class=\"notes\">outside the gate{container} <span class=\"pid\">pid {}</span></td></tr>",
+        "<tr class=\"outside\"><th>NOT GATED</th><td>{}</td><td>{user}</td><td>{}</td>\
+         <td class=\"notes\">in use outside devlock{container} <span class=\"pid\">{pid}</span></td></tr>",
         esc(&p.name),
-        p.user().map(esc).unwrap_or_else(|| "?".to_owned()),
-        p.used_mib.map_or("?".to_owned(), size),
-        p.pid
+        p.used_mib.map_or("memory unknown".to_owned(), size),
     );
 }
 

@@ -37,6 +37,21 @@ pub(crate) struct Snapshot {
     /// The last day's holds of each GPU, from the usage records (read at
     /// most once a minute; empty where there are none to read).
     pub(crate) history: Arc<History>,
+    /// The last day's use by user, from the same reading.
+    pub(crate) users: Arc<Users>,
+    /// The site's idle timeout (`devlock setup --idle-timeout`): a ceiling
+    /// on every job's.
+    pub(crate) idle_ceiling: Option<Duration>,
+}
+
+/// The last day summed by user as `devlock report --by user --since 24h`
+/// sums it ([`crate::usage::report::rows`]), and where the records are.
+#[derive(Debug, Default)]
+pub(crate) struct Users {
+    pub(crate) rows: Vec<crate::usage::report::Row>,
+    pub(crate) total: crate::usage::report::Row,
+    /// The usage directory read; `None` where no records are kept.
+    pub(crate) dir: Option<PathBuf>,
 }
 
 /// Each GPU's holds of the last 24 hours (bounded: see
@@ -61,8 +76,11 @@ pub(crate) struct Snapshots {
     dir: PathBuf,
     probe_timeout: Duration,
     latest: Mutex<Option<(Instant, Arc<Snapshot>)>>,
-    history: Mutex<Option<(Instant, Arc<History>)>>,
+    history: Mutex<Option<(Instant, Usage)>>,
 }
+
+/// What one reading of the usage records gives the page.
+type Usage = (Arc<History>, Arc<Users>);
 
 impl Snapshots {
     pub(crate) fn new(dir: PathBuf, probe_timeout: Duration) -> Snapshots {
@@ -74,22 +92,35 @@ impl Snapshots {
         }
     }
 
-    /// The history, read again when older than [`HISTORY_FRESH_FOR`].
-    fn history(&self) -> Arc<History> {
+    /// The history and the users' day, read again when older than
+    /// [`HISTORY_FRESH_FOR`].
+    fn history(&self) -> Usage {
+        use crate::usage::{history, report};
         let mut kept = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((taken, history)) = kept.as_ref()
+        if let Some((taken, usage)) = kept.as_ref()
             && taken.elapsed() < HISTORY_FRESH_FOR
         {
-            return history.clone();
+            return usage.clone();
         }
         let now = crate::usage::now_ms();
-        let jobs = crate::usage::dir()
-            .and_then(|dir| crate::usage::read::jobs(&dir, now).ok())
+        let dir = crate::usage::dir();
+        let jobs = dir
+            .as_ref()
+            .and_then(|dir| crate::usage::read::jobs(dir, now).ok())
             .map(|(jobs, _)| jobs)
             .unwrap_or_default();
-        let history = Arc::new(crate::usage::history::of(&jobs, now));
-        *kept = Some((Instant::now(), history.clone()));
-        history
+        let (rows, total) = report::rows(
+            &jobs,
+            report::By::User,
+            now.saturating_sub(history::SPAN_MS),
+            now,
+        );
+        let usage = (
+            Arc::new(history::of(&jobs, now)),
+            Arc::new(Users { rows, total, dir }),
+        );
+        *kept = Some((Instant::now(), usage.clone()));
+        usage
     }
 
     /// The latest snapshot, or a new one when it is older than
@@ -106,12 +137,20 @@ impl Snapshots {
         let at = SystemTime::now();
         let mut report = model::gather(&self.dir, &[], Some(self.probe_timeout))?;
         withhold_commands(&mut report);
-        let history = self.history();
+        let (history, users) = self.history();
+        // Read as a job reads it: believed only when root's (see
+        // `usage::idle::site_default`).
+        let idle_ceiling = crate::flock::dir::ScratchDir::open(&self.dir)
+            .ok()
+            .flatten()
+            .and_then(|dir| crate::usage::idle::site_default(&dir));
         let snapshot = Arc::new(Snapshot {
             report,
             at,
             took: started.elapsed(),
             history,
+            users,
+            idle_ceiling,
         });
         *latest = Some((started, snapshot.clone()));
         Ok(snapshot)

@@ -189,6 +189,31 @@ pub(crate) struct ResourceMemory {
     pub room_mib: u64,
 }
 
+/// A process using a GPU outside every gate, as far as this user can see
+/// it: a `pid` of 0 is outside this PID namespace, and `user` is `None`
+/// where `/proc` does not show it (another user's process under `hidepid`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OutsideUse {
+    pub index: u32,
+    pub pid: u32,
+    pub name: String,
+    pub user: Option<String>,
+    pub used_mib: Option<u64>,
+}
+
+impl OutsideUse {
+    fn of(index: u32, p: &crate::gpu::device::DeviceProcess) -> OutsideUse {
+        OutsideUse {
+            index,
+            pid: p.pid,
+            // Whatever its user named it: cleaned, as every text here.
+            name: clean(&p.name),
+            user: p.user().map(clean),
+            used_mib: p.used_mib,
+        }
+    }
+}
+
 /// A holder's footprint on one GPU.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct HolderDevice {
@@ -284,6 +309,11 @@ pub(crate) struct ResourceView {
     /// file), or it is a `gpu:N` the driver does not list.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unknown_name: Option<String>,
+    /// For a GPU resource: the processes on its device(s) outside every
+    /// gate. The device is in use whatever the lock's state: a free lock
+    /// with any of these is shown as in use, never as free.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub in_use_outside: Vec<OutsideUse>,
     /// The lock file, as the kernel names it.
     #[serde(skip)]
     pub lock: Option<FileId>,
@@ -475,6 +505,7 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
         let Some(indices) = devices::gpu_indices(&resource, &all) else {
             continue;
         };
+        view.in_use_outside = outside_uses(&resource, &indices, info.devices());
         for holder in view.holders.iter_mut().filter(|h| h.via.is_none()) {
             holder.devices = indices
                 .iter()
@@ -542,6 +573,29 @@ fn add_devices(report: &mut StatusReport, timeout: Duration, gates: Vec<devices:
     report.device_info = Some(info);
 }
 
+/// The processes outside every gate on what `resource` stands for: its
+/// MIG instance's, or its GPUs'.
+fn outside_uses(resource: &Resource, indices: &[u32], devices: &[Device]) -> Vec<OutsideUse> {
+    let mut uses = Vec::new();
+    for device in devices.iter().filter(|d| indices.contains(&d.index)) {
+        let processes = match resource.mig_parent() {
+            Some(_) => device
+                .mig_instances
+                .iter()
+                .find(|i| i.name.as_deref() == Some(resource.as_str()))
+                .map_or(&[][..], |i| &i.processes),
+            None => &device.processes,
+        };
+        uses.extend(
+            processes
+                .iter()
+                .filter(|p| !p.gated())
+                .map(|p| OutsideUse::of(device.index, p)),
+        );
+    }
+    uses
+}
+
 fn free_view(resource: &Resource) -> ResourceView {
     ResourceView {
         name: resource.to_string(),
@@ -560,6 +614,7 @@ fn free_view(resource: &Resource) -> ResourceView {
         slots: None,
         memory: None,
         unknown_name: None,
+        in_use_outside: Vec::new(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
 use crate::status::model::{
-    Effect, HolderSource, ResourceView, State, StatusReport, WaiterSource, WaiterView,
+    Effect, HolderSource, OutsideUse, ResourceView, State, StatusReport, WaiterSource, WaiterView,
 };
 use crate::text::{sanitize, short_duration};
 
@@ -77,6 +77,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             && res.conflicts.is_empty()
             && res.foreign_locks.iter().all(|l| l.effect == Effect::None)
             && res.unknown_name.is_none()
+            && res.in_use_outside.is_empty()
     };
     let hidden = if report.hide_idle {
         report.resources.iter().filter(unused).count()
@@ -89,6 +90,8 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         .filter(|res| !(report.hide_idle && unused(res)))
     {
         let mut state = match res.state {
+            // Nobody holds the lock, but its device is not free.
+            State::Free if !res.in_use_outside.is_empty() => "in use".to_owned(),
             State::Free => "free".to_owned(),
             State::Held => "held".to_owned(),
             State::Shared => format!("shared by {}", res.holders.len()),
@@ -108,6 +111,9 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
             ]));
         } else if res.holders.is_empty() {
             let note = match (&res.stale_record, res.record) {
+                _ if !res.in_use_outside.is_empty() => {
+                    format!("({})", outside_words(&res.in_use_outside))
+                }
                 (Some(s), _) => format!("(stale record: {} pid {})", sanitize(&s.step), s.pid),
                 (None, Some(r)) => format!("({r} record)"),
                 _ => String::new(),
@@ -444,6 +450,40 @@ fn memory(used: Option<u64>, total: Option<u64>) -> String {
     )
 }
 
+/// `outside devlock: pid 4242 python3, bob, 11.7 GiB`, or for several
+/// processes their count and memory (the GPUs table lists each).
+fn outside_words(uses: &[OutsideUse]) -> String {
+    let used = |u: &OutsideUse| u.used_mib.map_or("? MiB".to_owned(), format_mib);
+    match uses {
+        [one] => format!(
+            "outside devlock: {}{}, {}, {}",
+            if one.pid == 0 {
+                String::new()
+            } else {
+                format!("pid {} ", one.pid)
+            },
+            sanitize(&one.name),
+            one.user
+                .as_deref()
+                .map_or("user unknown".to_owned(), sanitize),
+            used(one)
+        ),
+        many => {
+            let known: u64 = many.iter().filter_map(|u| u.used_mib).sum();
+            let unknown = if many.iter().any(|u| u.used_mib.is_none()) {
+                " and more"
+            } else {
+                ""
+            };
+            format!(
+                "outside devlock: {} processes, {}{unknown}",
+                many.len(),
+                format_mib(known)
+            )
+        }
+    }
+}
+
 /// A device's row and one more per process; a warning for each process
 /// outside the gate, and for a list that is unknown.
 fn process_rows(
@@ -627,6 +667,7 @@ fn wrap(text: &str, width: Option<usize>) -> Vec<String> {
 pub(crate) fn paint_lock_cell(column: usize, cell: &str) -> Option<&'static str> {
     match (column, cell) {
         (1, "free") => Some("32"),
+        (1, "in use") => Some("31"),
         (1, c) if c.starts_with("held") || c.starts_with("shared") => Some("33"),
         (1, "unknown" | "unknown name") => Some("35"),
         _ => None,

@@ -219,15 +219,15 @@ fn clip(text: &str, max: usize) -> String {
     cut
 }
 
-/// The table: one line per row and the total, in columns.
-pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
+/// The table's header, its first column named for `by`.
+pub(crate) fn header(by: By) -> [&'static str; 9] {
     let by_name = match by {
         By::User => "USER",
         By::Resource => "RESOURCE",
         By::Step => "STEP",
         By::Day => "DAY (UTC)",
     };
-    let header = [
+    [
         by_name,
         "JOBS",
         "GPU-H",
@@ -237,41 +237,49 @@ pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
         "MAX",
         "BUDGET/PEAK",
         "STOPPED",
-    ];
-    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
-    for row in rows.iter().chain(std::iter::once(total)) {
-        let budget = if row.budget_mib > 0 {
-            format!("{}/{}", mib(row.budget_mib), mib(row.peak_mib_of_budgeted))
-        } else {
-            "-".into()
-        };
-        let mut stopped = Vec::new();
-        if row.stopped_idle > 0 {
-            stopped.push(format!("{} idle", row.stopped_idle));
-        }
-        if row.stopped_over_budget > 0 {
-            stopped.push(format!("{} mem", row.stopped_over_budget));
-        }
-        if row.observed_later > 0 {
-            stopped.push(format!("{} killed", row.observed_later));
-        }
-        lines.push(vec![
-            clip(&crate::text::sanitize(&row.key), MAX_KEY),
-            row.jobs.to_string(),
-            hours(row.gpu_hours),
-            // One number: the share of the sampled GPU time that computed.
-            share(row.gpu_hours_computing, row.gpu_hours_sampled),
-            hours(row.gpu_hours_idle),
-            crate::text::short_duration(crate::text::seconds(row.wait_s)),
-            crate::text::short_duration(crate::text::seconds(row.longest_wait_s)),
-            budget,
-            if stopped.is_empty() {
-                "-".into()
-            } else {
-                stopped.join(", ")
-            },
-        ]);
+    ]
+}
+
+/// One row's cells, as the table shows them (and `devlock serve`'s page).
+pub(crate) fn cells(row: &Row) -> Vec<String> {
+    let budget = if row.budget_mib > 0 {
+        format!("{}/{}", mib(row.budget_mib), mib(row.peak_mib_of_budgeted))
+    } else {
+        "-".into()
+    };
+    let mut stopped = Vec::new();
+    if row.stopped_idle > 0 {
+        stopped.push(format!("{} idle", row.stopped_idle));
     }
+    if row.stopped_over_budget > 0 {
+        stopped.push(format!("{} mem", row.stopped_over_budget));
+    }
+    if row.observed_later > 0 {
+        stopped.push(format!("{} killed", row.observed_later));
+    }
+    vec![
+        clip(&crate::text::sanitize(&row.key), MAX_KEY),
+        row.jobs.to_string(),
+        hours(row.gpu_hours),
+        // One number: the share of the sampled GPU time that computed.
+        share(row.gpu_hours_computing, row.gpu_hours_sampled),
+        hours(row.gpu_hours_idle),
+        crate::text::short_duration(crate::text::seconds(row.wait_s)),
+        crate::text::short_duration(crate::text::seconds(row.longest_wait_s)),
+        budget,
+        if stopped.is_empty() {
+            "-".into()
+        } else {
+            stopped.join(", ")
+        },
+    ]
+}
+
+/// The table: one line per row and the total, in columns.
+pub(crate) fn table(by: By, rows: &[Row], total: &Row) -> String {
+    let header = header(by);
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
+    lines.extend(rows.iter().chain(std::iter::once(total)).map(cells));
     let columns = header.len();
     let widths = column_widths(&lines, columns);
     let mut out = String::new();

@@ -80,6 +80,7 @@ mod hostile_takes;
 mod kills;
 mod manners;
 mod nvml;
+mod page_truth;
 mod screens;
 mod screens_daily;
 mod serve;

@@ -481,7 +481,7 @@ pub(crate) fn metrics_pass_promtool_and_carry_the_values() {
 }
 
 /// The DOM after chromium has loaded `url`.
-fn dump_dom(chromium: &Path, user_data: &Path, url: &str) -> String {
+pub fn dump_dom(chromium: &Path, user_data: &Path, url: &str) -> String {
     let out = browser(chromium, user_data, &["--dump-dom", url]);
     String::from_utf8(out).unwrap()
 }

@@ -8,13 +8,21 @@
 //! What is staged, and how: the users are uids 2001-2010, named in a
 //! passwd file bind-mounted over /etc/passwd for the server alone (in a
 //! mount namespace of its own, where the scratch directory is also
-//! mounted at /run/lock/devlock, with the host name `dgx-h200-01` in a UTS
+//! mounted at /run/lock/devlock and its usage directory at the default
+//! /var/lib/devlock/usage, with the host name `dgx-h200-01` in a UTS
 //! namespace); the holds and waits are hours old because each devlock is
 //! started under faketime(1) with its clock set back (the server's clock is
 //! the real one); the GPUs' memory and processes are a scenario of the fake
 //! NVML, written twice: empty while the jobs are admitted (their devlocks
 //! see no memory in use, so the budgets go in), then with every worker's
-//! real pid for the server. Everything else is devlock as it runs.
+//! real pid for the server; their utilisation is scripted for the jobs
+//! from the start (`FAKE_NVML_UTIL`), so that only the one GPU that
+//! computes nothing has an idle holder. The last day's holds that ended
+//! are usage records written in devlock's format (each user's file, theirs)
+//! before the jobs start, which then add their own. Everything else is
+//! devlock as it runs: the site's idle policy (`setup --idle-timeout`), a
+//! process outside devlock on a GPU nobody holds (gpu:7, in use, never
+//! free), an idle notebook, a line.
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -23,6 +31,7 @@ use std::process::{Command, Stdio};
 use crate::harness::*;
 use crate::nvml::fake_nvml;
 use crate::serve::{Server, artefact, screenshot, which};
+use crate::usage::{end_line, now_ms, start_line};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 const H200: u64 = 143_771;
@@ -56,6 +65,77 @@ const GPUS: [(u32, u64, u32); 8] = [
     (6, 45_568, 0),
     (7, 3_584, 2),
 ];
+
+const HOUR: u64 = 3_600_000;
+
+/// The machine's name, in the server's and the jobs' UTS namespaces.
+const HOST: &str = "dgx-h200-01";
+
+/// The holds of the last day that ended, as records: user, step, GPU,
+/// start and end (hours ago), how it ended, and the share of it that
+/// computed.
+const PAST: [(&str, &str, u32, f64, f64, &str, f64); 12] = [
+    ("alice", "data-prep", 4, 21.0, 15.5, "exit", 0.82),
+    ("bob", "eval-harness", 0, 16.0, 15.0, "exit", 0.74),
+    ("bob", "sweep-lr-1e-4", 3, 9.5, 5.0, "exit", 0.91),
+    ("carol", "vllm-serve", 2, 23.0, 6.0, "signal", 0.55),
+    ("dave", "embed-batch", 2, 12.0, 10.5, "exit", 0.68),
+    ("erin", "finetune-7b", 4, 7.0, 2.0, "exit", 0.95),
+    ("erin", "finetune-7b", 5, 7.0, 2.0, "exit", 0.94),
+    ("frank", "notebook", 5, 20.0, 12.0, "idle", 0.03),
+    ("grace", "mig-eval", 6, 6.5, 5.0, "exit", 0.61),
+    ("henry", "plots", 7, 3.0, 2.5, "exit", 0.12),
+    ("ivan", "simulink-batch", 1, 13.0, 11.0, "exit", 0.88),
+    (
+        "alice",
+        "llama3-70b-sft",
+        1,
+        23.5,
+        18.0,
+        "over-budget",
+        0.97,
+    ),
+];
+
+/// Writes [`PAST`] into each user's usage file in `dir`, theirs.
+fn past_records(dir: &Path) {
+    let now = now_ms();
+    let ago = |hours: f64| now - (hours * HOUR as f64) as u64;
+    for (user, _) in USERS {
+        let mut text = String::new();
+        for (n, (_, step, gpu, from, to, how, busy)) in
+            PAST.iter().enumerate().filter(|(_, p)| p.0 == user)
+        {
+            let job = format!("past-{n}");
+            let seconds = ((from - to) * 3600.0) as u64;
+            let computing = (seconds as f64 * busy) as u64;
+            text += &start_line(
+                &job,
+                step,
+                &[&format!("gpu:{gpu}")],
+                &[*gpu],
+                ago(*from),
+                40,
+                None,
+            );
+            text += &end_line(
+                &job,
+                ago(*to),
+                how,
+                computing,
+                seconds - computing,
+                seconds,
+                None,
+            );
+        }
+        if text.is_empty() {
+            continue;
+        }
+        let file = dir.join(format!("{}.jsonl", uid(user)));
+        std::fs::write(&file, text).unwrap();
+        std::os::unix::fs::chown(&file, Some(uid(user)), Some(uid(user))).unwrap();
+    }
+}
 
 /// A worker on a GPU: its GPU, the tag of its pid file, its MiB, and its
 /// MIG instance (GPU and compute instance ids).
@@ -105,6 +185,8 @@ fn scenario(busy: bool) -> String {
 struct Stage<'a> {
     s: &'a Scratch,
     library: &'a Path,
+    /// Each GPU's utilisation as the jobs' samplers read it.
+    util: &'a Path,
     jobs: Vec<Killed>,
 }
 
@@ -115,7 +197,20 @@ impl Stage<'_> {
     fn job(&mut self, user: &str, ago: u64, tag: &str, args: &[&str], waits: bool) {
         let pidfile = self.s.work(&format!("{tag}.pid"));
         let ready = self.s.work(&format!("{tag}.ready"));
-        let mut cmd = as_user(uid(user), "faketime");
+        // On the server's host name, so that the usage records of the
+        // holds name the host the server reads them on (a hold that runs
+        // elsewhere is not running here).
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--uts", "sh", "-c"])
+            .arg(format!("hostname {HOST} && exec \"$0\" \"$@\""))
+            .args([
+                "setpriv",
+                &format!("--reuid={}", uid(user)),
+                &format!("--regid={}", uid(user)),
+                "--clear-groups",
+                "--",
+                "faketime",
+            ]);
         cmd.args(["-f", &format!("-{ago}"), BIN])
             .args(args)
             .args(["--", "sh", "-c"])
@@ -126,6 +221,9 @@ impl Stage<'_> {
             ))
             .env("DEVLOCK_DIR", self.s.dir())
             .env("DEVLOCK_NVML", self.library)
+            .env("DEVLOCK_USAGE_DIR", self.s.usage_dir())
+            .env("FAKE_NVML_UTIL", self.util)
+            .env("FAKE_NVML_PROCESSES", self.s.work("processes"))
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .env("HOME", "/")
             .stdin(Stdio::null())
@@ -199,13 +297,25 @@ pub(crate) fn doc_screenshot() {
     let setup = s
         .devlock()
         .env("DEVLOCK_NVML", &library)
-        .args(["setup", "--gpus", "dataset-imagenet", "licence-matlab"])
+        .args([
+            "setup",
+            "--idle-timeout",
+            "4h",
+            "--gpus",
+            "dataset-imagenet",
+            "licence-matlab",
+        ])
         .output()
         .unwrap();
     assert!(setup.status.success(), "{}", stderr(&setup));
+    past_records(&s.usage_dir());
+    let util = s.work("util");
+    let utils: String = GPUS.iter().map(|(i, _, u)| format!("{i} {u}\n")).collect();
+    std::fs::write(&util, utils).unwrap();
     let mut stage = Stage {
         s: &s,
         library: &library,
+        util: &util,
         jobs: Vec::new(),
     };
     let gib = |n: u64| format!("{}MiB", n * GIB);
@@ -255,7 +365,7 @@ pub(crate) fn doc_screenshot() {
     );
     stage.job(
         "frank",
-        183600,
+        10800,
         "frank",
         &["--step", "notebook", "gpu:5"],
         false,
@@ -311,6 +421,35 @@ pub(crate) fn doc_screenshot() {
         })
         .collect();
     std::fs::write(library.with_file_name("scenario"), scenario(true)).unwrap();
+    // The jobs' samplers see their workers from now on: every holder but
+    // the notebook on gpu:5 (which computes nothing) is busy again at its
+    // next sample.
+    let processes: String = PROCESSES
+        .iter()
+        .zip(&pids)
+        .map(|((gpu, _, mib, _), pid)| format!("{gpu} {pid} {mib}\n"))
+        .collect();
+    let listed = s.work("processes.tmp");
+    std::fs::write(&listed, processes).unwrap();
+    std::fs::rename(&listed, s.work("processes")).unwrap();
+    poll_until(
+        "only the notebook idle",
+        || {
+            let json = s.status_json(&[]);
+            let mut idle: Vec<String> = json["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r["holders"].as_array().unwrap().clone())
+                .filter(|h| h.get("idle_for_ms").is_some())
+                .map(|h| h["step"].as_str().unwrap_or("?").to_owned())
+                .collect();
+            idle.sort();
+            idle.dedup();
+            serde_json::json!(idle)
+        },
+        |idle| idle == &serde_json::json!(["notebook"]),
+    );
     // The server: the users' names and the machine's in namespaces of its own.
     let mut passwd = std::fs::read_to_string("/etc/passwd").unwrap();
     for (name, uid) in USERS {
@@ -322,13 +461,17 @@ pub(crate) fn doc_screenshot() {
     serve
         .args(["--mount", "--uts", "sh", "-c"])
         .arg(format!(
-            "hostname dgx-h200-01 && mount --bind {} /etc/passwd && mount -t tmpfs tmpfs /run/lock \
-             && mkdir /run/lock/devlock && mount --bind {} /run/lock/devlock && exec \"$0\" \"$@\"",
+            "hostname {HOST} && mount --bind {} /etc/passwd && mount -t tmpfs tmpfs /run/lock \
+             && mkdir /run/lock/devlock && mount --bind {} /run/lock/devlock \
+             && mount -t tmpfs tmpfs /var/lib && mkdir -p /var/lib/devlock/usage \
+             && mount --bind {} /var/lib/devlock/usage && exec \"$0\" \"$@\"",
             passwd_file.display(),
-            s.dir().display()
+            s.dir().display(),
+            s.usage_dir().display()
         ))
         .arg(BIN)
         .env_remove("DEVLOCK_DIR")
+        .env_remove("DEVLOCK_USAGE_DIR")
         .env("DEVLOCK_NVML", &library)
         .env("FAKE_NVML_PIDS", pid_list(&pids));
     let server = Server::start(&mut serve, &[]);
@@ -339,7 +482,7 @@ pub(crate) fn doc_screenshot() {
         &s.work("chromium"),
         &server.url("/"),
         &png,
-        (1600, 985),
+        (1600, 1640),
     );
     std::fs::copy(&png, format!("{REPO}/doc/serve.png")).unwrap();
     eprintln!("wrote {REPO}/doc/serve.png");

@@ -456,7 +456,7 @@ pub(crate) fn a_forged_record_is_counted_for_nobody_else() {
     );
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -468,7 +468,7 @@ const WEEK: u64 = 1_795_392_000_000;
 const H: u64 = 3_600_000;
 const D: u64 = 24 * H;
 
-fn start_line(
+pub(crate) fn start_line(
     job: &str,
     step: &str,
     resources: &[&str],
@@ -487,7 +487,7 @@ fn start_line(
     )
 }
 
-fn end_line(
+pub(crate) fn end_line(
     job: &str,
     at: u64,
     how: &str,

@@ -63,14 +63,34 @@ pub(super) fn day(page: &mut String, day: &Day, now_ms: u64) {
         );
         debug_assert!(page.len() - before <= MAX_MARK_BYTES, "{}", &page[before..]);
     }
+    page.push_str("</div>\n");
+    ticks(page, since);
     let held = std::time::Duration::from_millis(day.held_ms);
     let _ = writeln!(
         page,
-        "</div>\n<p class=\"figures\">last 24 h: held {} by {} {}</p>",
+        "<p class=\"figures\">last 24 h: held {} by {} {}</p>",
         crate::text::short_duration(held),
         day.holds,
         if day.holds == 1 { "hold" } else { "holds" }
     );
+}
+
+/// The strip's labels: its start, every six hours after it (UTC, said
+/// once at the start), and now at its end.
+fn ticks(page: &mut String, since: u64) {
+    use crate::usage::history::SPAN_MS;
+    page.push_str("<div class=\"ticks\">");
+    for quarter in 0..4u64 {
+        let at = since + quarter * SPAN_MS / 4;
+        let _ = write!(
+            page,
+            "<span style=\"left:{}%\">{}{}</span>",
+            quarter * 25,
+            &crate::text::utc_seconds(at)[11..16],
+            if quarter == 0 { " UTC" } else { "" }
+        );
+    }
+    page.push_str("<span style=\"left:100%\">now</span></div>\n");
 }
 
 /// [`esc`] of at most `max` characters of `text`, `…` when cut.
@@ -134,8 +154,8 @@ mod tests {
             };
             let mut page = String::new();
             day(&mut page, gpu, NOW);
-            prop_assert!(page.len() <= MAX_MARKS * MAX_MARK_BYTES + 256, "{}", page.len());
-            prop_assert!(page.matches("<span ").count() <= MAX_MARKS);
+            prop_assert!(page.len() <= MAX_MARKS * MAX_MARK_BYTES + 512, "{}", page.len());
+            prop_assert!(page.matches("<span class=\"hold").count() <= MAX_MARKS);
             let titles = page.split("title=\"").skip(2);
             for title in titles {
                 let title = title.split('"').next().unwrap();
