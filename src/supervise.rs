@@ -89,14 +89,6 @@ pub(crate) fn wait_stop_or_wake(timeout: Duration) -> Option<Received> {
     signal::wait(&SigSet::of(&signals), Some(timeout))
 }
 
-#[cfg(feature = "etcd")]
-/// For the etcd backend's parent: a stopping signal or SIGCHLD.
-pub(crate) fn wait_signal(timeout: Option<Duration>) -> Option<Received> {
-    let mut signals = STOP_SIGNALS.to_vec();
-    signals.push(libc::SIGCHLD);
-    signal::wait(&SigSet::of(&signals), timeout)
-}
-
 /// Looks `program` up as posix_spawnp(3) will when it starts it (on `PATH`,
 /// or the path itself when it has a slash) and checks that it can be
 /// executed, so that a typo fails at once with 127, or 126, instead of

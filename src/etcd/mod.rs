@@ -86,8 +86,8 @@
 //! that has it, which no key in etcd can do for another machine: refused.
 
 mod cluster;
+mod job;
 mod keeper;
-mod parent;
 mod probe;
 pub(crate) mod run;
 mod session;

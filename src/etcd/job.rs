@@ -1,0 +1,125 @@
+//! The job an etcd lease covers, as its watcher knows it: the command (by a
+//! pidfd) and every process that holds the job's descriptor, the write end
+//! of a pipe that the command inherits as it would a lock file's
+//! descriptor (and passes on to what it starts). The job has ended when the
+//! command has and nothing holds that descriptor any more: what the kernel
+//! waits for before it lets go of a flock.
+
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::sys::process::PidFd;
+
+/// The watcher's end of the job's descriptor.
+pub(super) struct WatchersEnd(OwnedFd);
+
+/// Makes the job's descriptor before the watcher is forked: the watcher's
+/// end, and the command's. Both close on exec: the command's is made
+/// inheritable just before the command's (see `supervise::exec`).
+pub(super) fn descriptor() -> io::Result<(WatchersEnd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((WatchersEnd(read), write))
+}
+
+impl WatchersEnd {
+    /// In the watcher: its copy of the command's end, `commands_end`,
+    /// closes (else the job would never end; the caller's owner of it never
+    /// runs on in this process), and the job is known by `command` and the
+    /// pipe.
+    pub(super) fn into_job(self, command: PidFd, commands_end: RawFd) -> io::Result<Job> {
+        crate::sys::process::close_raw(commands_end);
+        let inode = nix::sys::stat::fstat(&self.0)?.st_ino;
+        Ok(Job {
+            command,
+            read: self.0,
+            link: format!("pipe:[{inode}]"),
+            ended: AtomicBool::new(false),
+            ended_notify: Notify::new(),
+        })
+    }
+}
+
+/// The job, in its watcher.
+pub(super) struct Job {
+    command: PidFd,
+    read: OwnedFd,
+    /// What /proc/PID/fd/N reads for a descriptor of the pipe.
+    link: String,
+    ended: AtomicBool,
+    ended_notify: Notify,
+}
+
+impl Job {
+    /// Blocks until the job has ended, then says so to [`Job::ended`]; on
+    /// a thread of its own.
+    pub(super) fn wait_for_the_end(&self) {
+        while !self.command.wait_ended(Duration::from_secs(3600)) {}
+        let mut buf = [0u8; 512];
+        // Nobody is meant to write, but the command may: read and forget.
+        loop {
+            match nix::unistd::read(&self.read, &mut buf) {
+                Ok(0) => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        self.ended.store(true, Ordering::SeqCst);
+        self.ended_notify.notify_waiters();
+    }
+
+    pub(super) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the job has ended.
+    pub(super) async fn ended(&self) {
+        loop {
+            let notified = self.ended_notify.notified();
+            if self.has_ended() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Sends `signal` to the whole job: the command, through its pidfd, and
+    /// each process that holds the job's descriptor, through a pidfd opened
+    /// before it is checked to still hold it (so a pid reused meanwhile is
+    /// never signalled).
+    pub(super) fn signal(&self, signal: libc::c_int) {
+        self.command.signal(signal);
+        let me = std::process::id();
+        for pid in self.holders().filter(|&pid| pid != me) {
+            let Some(pidfd) = PidFd::open(pid) else {
+                continue;
+            };
+            if self.held_by(pid) {
+                pidfd.signal(signal);
+            }
+        }
+    }
+
+    /// The processes that seem to hold the pipe (the watcher among them).
+    fn holders(&self) -> impl Iterator<Item = u32> + '_ {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| self.held_by(pid))
+    }
+
+    /// Whether process `pid` has a descriptor of the job's pipe.
+    fn held_by(&self, pid: u32) -> bool {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == self.link.as_str())
+        })
+    }
+}
