@@ -234,6 +234,11 @@ pub(super) async fn keep(
             }
         }
     }
+    // Given back meanwhile (a renewal under way as the job ended meets the
+    // lease revoked): nothing was lost.
+    if state.releasing.load(Ordering::SeqCst) {
+        return;
+    }
     // etcd saying the lease is gone has freed the lock already.
     state.mark_lost(
         format!(

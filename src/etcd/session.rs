@@ -881,6 +881,24 @@ impl Waiting<'_> {
         Ok(blockers(&self.line, index).is_empty())
     }
 
+    /// Whether all that stands before our key is being let go: places of
+    /// this machine whose devlock has ended (the command it became), which
+    /// its watcher gives back just after (a round trip to etcd), or whose
+    /// lease runs out. A `-n` take right after the last holder's command
+    /// exited waits for that, up to [`RELEASE_TIMEOUT`], rather than
+    /// finding it busy (what a lock file's holder never is once reaped).
+    fn letting_go(&self) -> bool {
+        let Ok(at) = self.position() else {
+            return false;
+        };
+        let host = super::hostname();
+        blockers(&self.line, at).iter().all(|place| {
+            place.entry.as_ref().is_some_and(|e| {
+                e.host == host && !proc::process::is_same_process(e.pid, e.pid_start)
+            })
+        })
+    }
+
     fn position(&self) -> Result<usize> {
         self.line
             .iter()
@@ -912,6 +930,8 @@ async fn wait_turn(
         name,
         say,
     };
+    // With -n, how long to wait for what is being let go (see `letting_go`).
+    let mut grace: Option<Instant> = None;
     loop {
         let gave_up = |why: String| {
             crate::exit::busy(
@@ -963,16 +983,19 @@ async fn wait_turn(
             .collect::<Vec<_>>()
             .join("; ");
         if settings.no_wait {
-            return Err(crate::exit::busy(
-                settings.conflict_code,
-                messages::busy(name, &who),
-            ));
+            let over = grace.get_or_insert_with(|| Instant::now() + RELEASE_TIMEOUT);
+            if !waits.iter().all(Waiting::letting_go) || Instant::now() >= *over {
+                return Err(crate::exit::busy(
+                    settings.conflict_code,
+                    messages::busy(name, &who),
+                ));
+            }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(gave_up(format!("held by {who}")));
         }
         let report_due = last_report.is_none_or(|t| t.elapsed() >= settings.report_every);
-        if report_due {
+        if report_due && grace.is_none() {
             if !settings.quiet {
                 let waited = last_report.map(|_| started.elapsed());
                 let ahead = waits
@@ -988,6 +1011,7 @@ async fn wait_turn(
             .and_then(|t| t.checked_add(settings.report_every))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let until = deadline.map_or(next_report, |d| d.min(next_report));
+        let until = grace.map_or(until, |g| g.min(until));
         // One watch per line on one stream, from just after the revision
         // they were read at: events come in revision order, so nothing
         // between the read and the watch is missed, and our own key's

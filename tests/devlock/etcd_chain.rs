@@ -241,3 +241,22 @@ fn signal_group(group: u32, sig: i32) {
     // SAFETY: kill(2) of a process group this test started.
     assert_eq!(unsafe { libc::kill(-(group as i32), sig) }, 0);
 }
+
+test!(etcd_chain_a_take_with_no_wait_right_after_the_last_one_ended_gets_the_lock, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// The watcher gives the lease back just after the command's parent saw it
+/// end: a `-n` take in the same instant (the next line of a script) waits
+/// for that hand-back rather than failing as busy. 100 in a row, each
+/// right after the one before.
+pub(crate) fn etcd_chain_a_take_with_no_wait_right_after_the_last_one_ended_gets_the_lock() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("chain-seq");
+    let script = format!("for i in $(seq 100); do {BIN} -q -n {r} -- true || exit 1; done");
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .env("DEVLOCK_ETCD", &url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
