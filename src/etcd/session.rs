@@ -95,7 +95,7 @@ enum FromSession {
     Released {
         lost: Option<String>,
     },
-    HandedOver(keeper::Held),
+    HandedOver(Box<keeper::Held>),
 }
 
 /// The handle the main thread keeps.
@@ -196,7 +196,7 @@ impl Session {
         let mut held = None;
         while let Ok(message) = self.from.recv() {
             match message {
-                FromSession::HandedOver(h) => held = Some(h),
+                FromSession::HandedOver(h) => held = Some(*h),
                 FromSession::Say(line) => eprintln!("{line}"),
                 _ => {}
             }
@@ -410,7 +410,7 @@ async fn run_session(
             ToSession::HandOver => {
                 // Dropped with this thread's runtime: the renewals and the
                 // watches, which the watcher starts afresh; nothing revoked.
-                return report(FromSession::HandedOver(keeper::Held {
+                return report(FromSession::HandedOver(Box::new(keeper::Held {
                     config: settings.config.clone(),
                     lease,
                     confirmed_until: state.confirmed_until(),
@@ -420,7 +420,7 @@ async fn run_session(
                         .into_iter()
                         .map(|t| (t.key, t.joined_at, t.entry))
                         .collect(),
-                }));
+                })));
             }
             ToSession::Release => break,
             ToSession::Stop(_) => {}

@@ -249,7 +249,6 @@ test!(etcd_chain_a_take_with_no_wait_right_after_the_last_one_ended_gets_the_loc
 /// right after the one before.
 pub(crate) fn etcd_chain_a_take_with_no_wait_right_after_the_last_one_ended_gets_the_lock() {
     let (_server, url) = shared_etcd();
-    let s = Scratch::new();
     let r = name("chain-seq");
     let script = format!("for i in $(seq 100); do {BIN} -q -n {r} -- true || exit 1; done");
     let out = std::process::Command::new("sh")
