@@ -259,3 +259,48 @@ pub(crate) fn etcd_chain_a_take_with_no_wait_right_after_the_last_one_ended_gets
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+test!(etcd_chain_the_watcher_holds_no_lock_of_a_hold_it_runs_under, needs: [Tool("etcd"), Tool("etcdctl")]);
+/// An etcd take inside a lock-file hold (`devlock gpu -- devlock --etcd r
+/// -- ...`): the outer lock's descriptor is the job's; the etcd watcher,
+/// which outlives the command by a round trip to etcd, does not keep it.
+pub(crate) fn etcd_chain_the_watcher_holds_no_lock_of_a_hold_it_runs_under() {
+    let (_server, url) = shared_etcd();
+    let s = Scratch::new();
+    let r = name("chain-nested");
+    let (script, ready) = wait_for_release(&s, "h");
+    let mut holder = s
+        .devlock()
+        .args([
+            "outer", "--", BIN, "--etcd", &url, &r, "--", "sh", "-c", &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready);
+    let watcher = watcher_in(holder.id());
+    let locks = std::fs::read_dir(format!("/proc/{watcher}/fdinfo"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path())
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.starts_with("lock:"))
+        })
+        .count();
+    assert_eq!(locks, 0, "the watcher holds a lock");
+    // The command does: the outer hold's descriptor is the job's.
+    let out = s
+        .devlock()
+        .args(["-n", "outer", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    release(&s, "h");
+    assert!(wait_child(&mut holder).success());
+    wait_free(&s, &url, &r);
+}
