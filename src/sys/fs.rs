@@ -236,9 +236,9 @@ pub(crate) fn stdout_to_null() {
     let Ok(null) = nix::fcntl::open(c"/dev/null", OFlag::O_WRONLY, Mode::empty()) else {
         return;
     };
-    // SAFETY: dup2 onto standard output, which nothing in this process
-    // owns as a Rust object; `null` stays owned and is closed when dropped.
-    unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    // Onto standard output, which nothing in this process owns as a Rust
+    // object; `null` stays owned and is closed when dropped.
+    let _ = nix::unistd::dup2_stdout(&null);
 }
 
 /// Empties the file open as `fd`, a descriptor the caller keeps open.

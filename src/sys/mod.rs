@@ -2,8 +2,8 @@
 //! covers goes through nix; what it does not cover (OFD byte-range locks,
 //! flock(2) without nix's unlocking `Drop`, the watcher's double fork, POSIX
 //! timers aimed at one thread, pidfds, NVML loaded with dlopen) is a thin
-//! wrapper here, each `unsafe` block with the reason it is sound. Everything above works
-//! on owned descriptors and safe types.
+//! wrapper here, each `unsafe` block with the reason it is sound.
+//! Everything above works on owned descriptors and safe types.
 
 // The one layer allowed it (see Cargo.toml's [lints]).
 #![allow(unsafe_code)]
