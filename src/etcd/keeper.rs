@@ -431,6 +431,8 @@ pub(super) async fn hold(held: Held, job: Arc<Job>) {
 async fn label(cluster: Arc<Cluster>, lease: i64, keys: Vec<(String, i64, Entry)>) {
     for (key, _, mut entry) in keys {
         entry.child = Some(entry.pid);
+        let me = std::process::id();
+        entry.watcher = crate::proc::process::start_time(me).map(|start| (me, start));
         let value = serde_json::to_vec(&entry).expect("entries serialise");
         let put = |mut client: etcd_client::Client| {
             let (key, value) = (key.clone(), value.clone());

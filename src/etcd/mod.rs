@@ -424,6 +424,11 @@ pub(crate) struct Entry {
     /// The command, once it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<u32>,
+    /// The watcher that keeps the lease while the job runs, with its start
+    /// time: the job may outlive the command (what it started keeps the
+    /// lock), and is alive while its watcher is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher: Option<(u32, u64)>,
     pub user: String,
     pub host: String,
     /// When the request joined the line (ms since the Unix epoch, on `host`'s clock).
@@ -663,6 +668,7 @@ mod tests {
                 pid: 1,
                 pid_start: None,
                 child: None,
+                watcher: None,
                 user: String::new(),
                 host: String::new(),
                 since_ms: 0,

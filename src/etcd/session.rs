@@ -552,6 +552,7 @@ impl Label {
             pid: self.pid,
             pid_start: Some(self.pid_start),
             child: None,
+            watcher: None,
             user: self.user.clone(),
             host: self.host.clone(),
             since_ms: now_ms(),

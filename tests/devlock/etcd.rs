@@ -392,6 +392,12 @@ pub(crate) fn etcd_what_the_command_leaves_running_keeps_the_lock() {
     assert_eq!(wait_child(&mut holder).code(), Some(3));
     let out = run(&s, &url, &["-n", &r, "--", "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    // Status counts the job alive while its watcher is (the label names it).
+    wait_for(&s, &url, &r, "the job alive", |v| {
+        v["holders"][0]["alive"] == true && v["holders"][0]["pid"] == holder.id()
+    });
+    let table = stdout(&run(&s, &url, &["status", &r]));
+    assert!(!table.contains("gone"), "{table}");
     signal(orphan_pid, libc::SIGTERM);
     wait_gone(orphan_pid);
     wait_free(&s, &url, &r);
