@@ -7,6 +7,7 @@
 
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -28,15 +29,17 @@ pub(super) fn descriptor() -> io::Result<(WatchersEnd, OwnedFd)> {
 impl WatchersEnd {
     /// In the watcher: its copy of the command's end, `commands_end`,
     /// closes (else the job would never end; the caller's owner of it never
-    /// runs on in this process), and the job is known by `command` and the
-    /// pipe.
-    pub(super) fn into_job(self, command: PidFd, commands_end: RawFd) -> io::Result<Job> {
+    /// runs on in this process), and the job is known by `command` (process
+    /// `pid`) and the pipe.
+    pub(super) fn into_job(self, command: PidFd, pid: u32, commands_end: RawFd) -> io::Result<Job> {
         crate::sys::process::close_raw(commands_end);
         let inode = nix::sys::stat::fstat(&self.0)?.st_ino;
         Ok(Job {
             command,
+            since: crate::proc::process::start_time(pid).unwrap_or(0),
             read: self.0,
             link: format!("pipe:[{inode}]"),
+            members: Mutex::new(Vec::new()),
             ended: AtomicBool::new(false),
             ended_notify: Notify::new(),
         })
@@ -46,9 +49,14 @@ impl WatchersEnd {
 /// The job, in its watcher.
 pub(super) struct Job {
     command: PidFd,
+    /// The command's start time: a process started before it is not the
+    /// job's (it cannot have inherited the descriptor).
+    since: u64,
     read: OwnedFd,
     /// What /proc/PID/fd/N reads for a descriptor of the pipe.
     link: String,
+    /// The other processes found holding the descriptor so far.
+    members: Mutex<Vec<(u32, PidFd)>>,
     ended: AtomicBool,
     ended_notify: Notify,
 }
@@ -86,31 +94,42 @@ impl Job {
         }
     }
 
-    /// Sends `signal` to the whole job: the command, through its pidfd, and
-    /// each process that holds the job's descriptor, through a pidfd opened
-    /// before it is checked to still hold it (so a pid reused meanwhile is
-    /// never signalled).
+    /// Sends `signal` to the whole job: the command, through its pidfd,
+    /// and each process that holds the job's descriptor: first those found
+    /// before (their pidfds kept: the SIGKILL at the deadline goes out at
+    /// once), then any new one, through a pidfd opened before it is checked
+    /// to still hold the descriptor (so a pid reused meanwhile is never
+    /// signalled).
     pub(super) fn signal(&self, signal: libc::c_int) {
         self.command.signal(signal);
-        let me = std::process::id();
-        for pid in self.holders().filter(|&pid| pid != me) {
+        let mut members = self.members.lock().unwrap();
+        for (_, member) in members.iter() {
+            member.signal(signal);
+        }
+        let mut known: Vec<u32> = members.iter().map(|(pid, _)| *pid).collect();
+        known.push(std::process::id());
+        let pids: Vec<u32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| !known.contains(pid))
+            .filter(|&pid| {
+                crate::proc::process::stat(pid).is_some_and(|stat| stat.start >= self.since)
+            })
+            .collect();
+        for pid in pids {
+            if !self.held_by(pid) {
+                continue;
+            }
             let Some(pidfd) = PidFd::open(pid) else {
                 continue;
             };
             if self.held_by(pid) {
                 pidfd.signal(signal);
+                members.push((pid, pidfd));
             }
         }
-    }
-
-    /// The processes that seem to hold the pipe (the watcher among them).
-    fn holders(&self) -> impl Iterator<Item = u32> + '_ {
-        std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|&pid| self.held_by(pid))
     }
 
     /// Whether process `pid` has a descriptor of the job's pipe.

@@ -90,9 +90,9 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
         .ok_or_else(|| anyhow::anyhow!("the etcd session ended unexpectedly"))?;
     let lease = held.lease;
     let config = held.config.clone();
-    let commands_fd = commands_end.as_raw_fd();
+    let (commands_fd, pid) = (commands_end.as_raw_fd(), std::process::id());
     let started = crate::watcher::start_with(move |command| {
-        if let Ok(job) = watchers_end.into_job(command, commands_fd) {
+        if let Ok(job) = watchers_end.into_job(command, pid, commands_fd) {
             keep_for(held, job);
         }
     });

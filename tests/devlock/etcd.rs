@@ -329,7 +329,12 @@ pub(crate) fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     let out = holder.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     // The command's own status: the watcher's SIGTERM ended the shell.
-    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGTERM),
+        "{:?}: {err}",
+        out.status
+    );
     assert!(err.contains("lost the etcd lease"), "{err}");
     assert!(wait_child(&mut waiter).success());
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
@@ -573,7 +578,12 @@ pub(crate) fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw
     server.freeze();
     let out = holder.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGTERM),
+        "{:?}: {err}",
+        out.status
+    );
     assert!(err.contains("lost the etcd lease"), "{err}");
     wait_gone(command_pid);
     server.thaw();

@@ -160,7 +160,12 @@ pub(crate) fn etcd_chain_a_lease_loss_stops_the_whole_job_before_the_next_holder
     proxy.cut();
     let out = holder.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGTERM),
+        "{:?}: {err}",
+        out.status
+    );
     assert!(err.contains("lost the etcd lease"), "{err}");
     wait_gone(away_pid);
     assert!(wait_child(&mut waiter).success());
