@@ -31,10 +31,12 @@ impl WatchersEnd {
     /// closes (else the job would never end; the caller's owner of it never
     /// runs on in this process), and the job is known by `command` (process
     /// `pid`) and the pipe.
-    pub(super) fn into_job(self, command: PidFd, pid: u32, commands_end: RawFd) -> io::Result<Job> {
+    pub(super) fn into_job(self, command: PidFd, pid: u32, commands_end: RawFd) -> Job {
         crate::sys::process::close_raw(commands_end);
-        let inode = nix::sys::stat::fstat(&self.0)?.st_ino;
-        Ok(Job {
+        // Without it (it cannot fail on a pipe of ours), only the command
+        // is known to signal; the job's end is still the pipe's.
+        let inode = nix::sys::stat::fstat(&self.0).map_or(0, |stat| stat.st_ino);
+        Job {
             command,
             since: crate::proc::process::start_time(pid).unwrap_or(0),
             read: self.0,
@@ -42,7 +44,7 @@ impl WatchersEnd {
             members: Mutex::new(Vec::new()),
             ended: AtomicBool::new(false),
             ended_notify: Notify::new(),
-        })
+        }
     }
 }
 

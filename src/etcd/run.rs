@@ -81,7 +81,13 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
             format!("{why}; the command was not started"),
         ));
     }
-    let (watchers_end, commands_end) = super::job::descriptor().map_err(cannot_watch)?;
+    let (watchers_end, commands_end) = match super::job::descriptor() {
+        Ok(ends) => ends,
+        Err(e) => {
+            session.release();
+            return Err(cannot_watch(e));
+        }
+    };
     // The session's thread and runtime end here, with every connection:
     // this process has one thread again, to fork the watcher from, and the
     // command inherits no socket.
@@ -92,9 +98,7 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
     let config = held.config.clone();
     let (commands_fd, pid) = (commands_end.as_raw_fd(), std::process::id());
     let started = crate::watcher::start_with(move |command| {
-        if let Ok(job) = watchers_end.into_job(command, pid, commands_fd) {
-            keep_for(held, job);
-        }
+        keep_for(held, watchers_end.into_job(command, pid, commands_fd));
     });
     if let Err(e) = started {
         // Nobody would keep the lease: the command must not run.
