@@ -614,12 +614,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub report_every: Duration,
 
-    /// With --etcd: the lease's time to live [default: 10s]. If devlock dies,
-    /// the lock frees itself this long after its last renewal
+    /// With --etcd: the lease's time to live [default: 10s]. If its watcher
+    /// dies, the lock frees itself this long after its last renewal
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub ttl: Option<Duration>,
 
-    /// With --etcd: when the lease cannot be renewed, the command's time
+    /// With --etcd: when the lease cannot be renewed, the job's time
     /// between SIGTERM and SIGKILL [default: 2s]; both come before the lease
     /// could expire
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]

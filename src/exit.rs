@@ -21,9 +21,6 @@ pub enum ExitCode {
     /// The lock is held by someone else and we were told not to wait, or the
     /// wait timed out (EX_TEMPFAIL; `--conflict-exit-code` overrides it).
     Busy,
-    /// With `--etcd`: the lease could not be renewed in time, so devlock
-    /// stopped the command before anyone else could be let in (EX_PROTOCOL).
-    LeaseLost,
     /// etcd refused the user name or password, or the client certificate
     /// (EX_NOPERM).
     EtcdDenied,
@@ -55,7 +52,6 @@ impl ExitCode {
             ExitCode::NotIdle => 69,
             ExitCode::IoError => 74,
             ExitCode::Busy => 75,
-            ExitCode::LeaseLost => 76,
             ExitCode::EtcdDenied | ExitCode::NoPermission => 77,
             ExitCode::EtcdTls => 78,
             ExitCode::CannotExecute => 126,
@@ -79,7 +75,6 @@ mod tests {
         assert_eq!(ExitCode::IoError.code(), 74);
         assert_eq!(ExitCode::Busy.code(), 75);
         assert_eq!(ExitCode::EtcdUnreachable.code(), 68);
-        assert_eq!(ExitCode::LeaseLost.code(), 76);
         assert_eq!(ExitCode::EtcdDenied.code(), 77);
         assert_eq!(ExitCode::NoPermission.code(), 77);
         assert_eq!(ExitCode::EtcdTls.code(), 78);

@@ -684,16 +684,6 @@ pub(crate) fn budget_starting(resource: &crate::resource::Resource, starter: &Ho
     )
 }
 
-#[cfg(feature = "etcd")]
-/// The job's guard could not be started (a fork refused under a process
-/// limit): the command runs, but would outlive a killed devlock.
-pub(crate) fn no_guard(err: &std::io::Error) -> String {
-    format!(
-        "cannot start the job's guard ({}): if devlock is killed, the command runs on",
-        crate::proc::os_text(err)
-    )
-}
-
 /// What `--help` adds to a flag of the etcd feature in a build without it.
 #[cfg(not(feature = "etcd"))]
 pub(crate) const NOT_IN_THIS_BUILD: &str =

@@ -1,5 +1,6 @@
-//! Running the command under the lock: it inherits the locked file, hears each
-//! stopping signal once, and devlock waits for it whatever happens.
+//! Starting the command under the lock: the look-up before the wait, the
+//! signals devlock handles while it waits, and the exec that makes devlock
+//! the command, its lock descriptors inherited (either backend).
 
 use std::ffi::CString;
 use std::ffi::OsString;
@@ -15,15 +16,15 @@ use crate::sys::signal::{self, SigSet};
 /// Variables set for the command, over devlock's own environment.
 pub(crate) type Env = Vec<(OsString, OsString)>;
 
-/// The signals that ask a job to stop, which devlock passes on to its command.
+/// The signals that ask a job to stop: a waiter's to handle (it leaves the
+/// line), the command's once it runs.
 pub(crate) const STOP_SIGNALS: [libc::c_int; 4] =
     [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 pub(crate) use crate::sys::signal::Received;
 
-/// The signal that tells the waiting display its wait is over: a real-time
-/// one, sent to that thread alone, so it never eats the SIGCHLD of the
-/// command (which would then never be reaped).
+/// The signal that tells the waiting display (or the etcd backend's main
+/// thread) its wait is over: a real-time one, sent to that thread alone.
 pub(crate) fn wake_signal() -> libc::c_int {
     libc::SIGRTMIN() + 2
 }
@@ -31,8 +32,8 @@ pub(crate) fn wake_signal() -> libc::c_int {
 /// Blocks the signals devlock handles itself (the stop signals, SIGCHLD,
 /// SIGWINCH for the waiting line, and the wake signal) in this thread and
 /// every thread it starts, so they queue up for sigwaitinfo instead of
-/// killing devlock while its command still runs. Call before starting any
-/// thread.
+/// killing devlock while it waits (the exec unblocks them). Call before
+/// starting any thread.
 pub(crate) fn block_handled_signals() {
     let mut all = STOP_SIGNALS.to_vec();
     all.extend([libc::SIGCHLD, libc::SIGWINCH, wake_signal()]);
@@ -87,14 +88,6 @@ pub(crate) fn wait_stop_or_wake(timeout: Duration) -> Option<Received> {
     let mut signals = STOP_SIGNALS.to_vec();
     signals.extend([wake_signal(), libc::SIGWINCH]);
     signal::wait(&SigSet::of(&signals), Some(timeout))
-}
-
-#[cfg(feature = "etcd")]
-/// For the etcd backend's parent: a stopping signal or SIGCHLD.
-pub(crate) fn wait_signal(timeout: Option<Duration>) -> Option<Received> {
-    let mut signals = STOP_SIGNALS.to_vec();
-    signals.push(libc::SIGCHLD);
-    signal::wait(&SigSet::of(&signals), timeout)
 }
 
 /// Looks `program` up as posix_spawnp(3) will when it starts it (on `PATH`,

@@ -11,8 +11,6 @@
 
 use std::sync::OnceLock;
 
-#[cfg(feature = "etcd")]
-pub(crate) use crate::sys::tty::Terminal;
 use crate::sys::tty::{self as sys_tty, stderr};
 
 /// Whether devlock's process group is the foreground group of the terminal

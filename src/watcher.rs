@@ -81,6 +81,45 @@ pub(crate) fn start(
     }
 }
 
+#[cfg(feature = "etcd")]
+/// Starts a watcher that does `duty` (given the command's pidfd) and
+/// exits: the etcd backend's, which keeps its lease. Like [`start`]'s, it
+/// holds no lock, is in the job's process group, and blocks the job's
+/// stopping signals (a Ctrl-C or a supervisor's SIGTERM is the command's to
+/// handle; the lease must be kept until the job has ended). It leaves the
+/// job's standard output (a `$(devlock ...)` ends with the command's
+/// output, not the watcher); it may say why it stops the job on standard
+/// error. In the watcher, never returns.
+pub(crate) fn start_with(duty: impl FnOnce(PidFd)) -> io::Result<()> {
+    let command = PidFd::open(std::process::id())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS))?;
+    match crate::sys::process::fork_detached()? {
+        Forked::Caller => Ok(()),
+        Forked::Detached => {
+            crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[
+                libc::SIGINT,
+                libc::SIGTERM,
+                libc::SIGHUP,
+                libc::SIGQUIT,
+                libc::SIGTSTP,
+                libc::SIGTTIN,
+                libc::SIGTTOU,
+                libc::SIGPIPE,
+            ]));
+            crate::sys::process::set_name(c"devlock-watch");
+            crate::sys::fs::stdout_to_null();
+            // It holds no lock: a descriptor of a lock this devlock runs
+            // under (an outer hold's, inherited) is the job's alone.
+            let me = std::process::id().to_string();
+            for (fd, _) in crate::proc::locks::fd_locks(&me).unwrap_or_default() {
+                crate::sys::process::close_raw(fd as i32);
+            }
+            duty(command);
+            std::process::exit(0)
+        }
+    }
+}
+
 /// Makes sure this process holds no lock: each held lock's descriptors are
 /// reopened as descriptions of their own (the labels are written through
 /// them), and any other descriptor that shares a flock or OFD lock (one

@@ -1,6 +1,8 @@
 //! The lease: renewed every third of its TTL, under a deadline of devlock's
-//! own that stops the work (the command and every process under devlock)
-//! before etcd could let the lease expire and admit someone else.
+//! own that stops the job (the command and every process that holds the
+//! job's descriptor) before etcd could let the lease expire and admit
+//! someone else. The session keeps it while devlock waits; the watcher from
+//! the grant on ([`hold`]), and gives it back once the job has ended.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,9 +11,8 @@ use std::time::Duration;
 use etcd_client::{EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use tokio::sync::Notify;
 
-use super::Cluster;
-use crate::proc::process::{live_descendants, signal_descendants};
-use crate::sys::process::PidFd;
+use super::job::Job;
+use super::{Cluster, Config, Entry};
 use crate::text::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the
@@ -41,8 +42,10 @@ pub(super) struct LeaseState {
     /// keys that the deletes to come are ours.
     released: Notify,
     releasing: AtomicBool,
-    /// Set once the command runs: from then on a lost lease stops it.
-    command: Mutex<Option<Started>>,
+    /// Set in the watcher: from then on a lost lease stops the job.
+    job: Mutex<Option<Arc<Job>>>,
+    /// Done once the stop was said on stderr (see [`stop_work`]).
+    said: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -53,12 +56,16 @@ struct Lost {
     etcd_answers: bool,
 }
 
-/// The running command, as the kill needs it.
-#[derive(Debug, Clone)]
-struct Started {
-    /// Names exactly our command even once it is reaped; None where the
-    /// kernel has no pidfd_open. Closed with the last reference.
-    pidfd: Option<Arc<PidFd>>,
+/// What the watcher needs to keep a lease the session took.
+pub(super) struct Held {
+    pub config: Config,
+    pub lease: i64,
+    /// Boot time until which etcd cannot have let the lease expire.
+    pub confirmed_until: Duration,
+    pub ttl: Duration,
+    pub kill_after: Duration,
+    /// Each key taken, the revision it joined at, and its label.
+    pub keys: Vec<(String, i64, Entry)>,
 }
 
 impl LeaseState {
@@ -72,8 +79,14 @@ impl LeaseState {
             lost_notify: Notify::new(),
             released: Notify::new(),
             releasing: AtomicBool::new(false),
-            command: Mutex::new(None),
+            job: Mutex::new(None),
+            said: Mutex::new(None),
         })
+    }
+
+    /// Boot time until which etcd cannot have let the lease expire.
+    pub(super) fn confirmed_until(&self) -> Duration {
+        *self.confirmed_until.lock().unwrap()
     }
 
     pub(super) fn is_lost(&self) -> bool {
@@ -112,15 +125,6 @@ impl LeaseState {
             .is_none_or(|l| l.etcd_answers)
     }
 
-    /// The command runs: from now on a lost lease stops it.
-    pub(super) fn command_started(self: &Arc<Self>, pidfd: Option<PidFd>) {
-        let pidfd = pidfd.map(Arc::new);
-        *self.command.lock().unwrap() = Some(Started { pidfd });
-        if self.is_lost() {
-            tokio::spawn(stop_work(self.clone()));
-        }
-    }
-
     /// Marks the lease lost; `at_once` when etcd has freed the lock already
     /// (no grace left: SIGTERM and SIGKILL come together).
     fn mark_lost(&self, why: String, etcd_answers: bool, at_once: bool) {
@@ -132,15 +136,21 @@ impl LeaseState {
     }
 }
 
-/// Renews the lease every third of its TTL. A renewal counts from when it
-/// was sent: etcd restarted the TTL no earlier than that. When no renewal is
-/// confirmed in time to stop the work before the lease could expire, marks
-/// the lease lost and stops the work.
-pub(super) async fn keep(cluster: Arc<Cluster>, lease: i64, state: Arc<LeaseState>) {
+/// Renews the lease every third of its TTL, the first time at boot time
+/// `first`. A renewal counts from when it was sent: etcd restarted the TTL
+/// no earlier than that. When no renewal is confirmed in time to stop the
+/// work before the lease could expire, marks the lease lost and stops the
+/// work.
+pub(super) async fn keep(
+    cluster: Arc<Cluster>,
+    lease: i64,
+    state: Arc<LeaseState>,
+    first: Duration,
+) {
     let renew_every = state.ttl / 3;
     // The renewal stream, and the endpoint it goes to.
     let mut stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)> = None;
-    let mut next_renew = boot_now() + renew_every;
+    let mut next_renew = first;
     let mut last_error = "no answer".to_owned();
     let mut last_confirmed = boot_now();
     let mut gone = false;
@@ -223,6 +233,11 @@ pub(super) async fn keep(cluster: Arc<Cluster>, lease: i64, state: Arc<LeaseStat
                 next_renew = boot_now() + Duration::from_millis(200);
             }
         }
+    }
+    // Given back meanwhile (a renewal under way as the job ended meets the
+    // lease revoked): nothing was lost.
+    if state.releasing.load(Ordering::SeqCst) {
+        return;
     }
     // etcd saying the lease is gone has freed the lock already.
     state.mark_lost(
@@ -322,15 +337,15 @@ enum Watched {
     Moved,
 }
 
-/// SIGTERM to the command and every process under devlock, then SIGKILL to
-/// all of them, both before etcd could let the lease expire. devlock is a
-/// child subreaper, so what the command started stays under it.
+/// SIGTERM to the job, then SIGKILL until it has ended, both before etcd
+/// could let the lease expire. Nothing to do before the watcher runs (the
+/// session's wait then ends on the loss, and nothing ran).
 async fn stop_work(state: Arc<LeaseState>) {
-    let Some(Started { pidfd }) = state.command.lock().unwrap().clone() else {
+    let Some(job) = state.job.lock().unwrap().clone() else {
         return;
     };
-    let kill_at = state.confirmed_until.lock().unwrap().saturating_sub(GUARD);
-    signal_work(pidfd.as_deref(), libc::SIGTERM);
+    let kill_at = state.confirmed_until().saturating_sub(GUARD);
+    job.signal(libc::SIGTERM);
     // Said after the signal, on a thread of its own: a stderr nobody reads
     // must not hold up the kill.
     let message = format!(
@@ -338,30 +353,96 @@ async fn stop_work(state: Arc<LeaseState>) {
         state.lost_reason().unwrap_or_default(),
         human_duration(kill_at.saturating_sub(boot_now()))
     );
-    std::thread::spawn(move || eprintln!("{message}"));
-    while boot_now() < kill_at {
-        tokio::time::sleep(kill_at.saturating_sub(boot_now()).min(MAX_NAP)).await;
+    let (said, done) = std::sync::mpsc::channel();
+    *state.said.lock().unwrap() = Some(done);
+    std::thread::spawn(move || {
+        eprintln!("{message}");
+        let _ = said.send(());
+    });
+    while boot_now() < kill_at && !job.has_ended() {
+        let nap = kill_at.saturating_sub(boot_now()).min(MAX_NAP);
+        tokio::select! {
+            () = tokio::time::sleep(nap) => {}
+            () = job.ended() => {}
+        }
     }
-    // Again and again until nothing under devlock is alive: a process can
-    // fork between a look at /proc and the kill. Backing off, so one stuck
-    // in the kernel does not cost a core.
+    // Again and again until the job has ended: a process can fork between
+    // a look at /proc and the kill. Backing off, so one stuck in the
+    // kernel does not cost a core.
     let mut nap = Duration::from_millis(1);
     for _ in 0..1000 {
-        signal_work(pidfd.as_deref(), libc::SIGKILL);
-        if live_descendants(std::process::id()).is_empty() {
+        if job.has_ended() {
             break;
         }
-        tokio::time::sleep(nap).await;
+        job.signal(libc::SIGKILL);
+        tokio::select! {
+            () = tokio::time::sleep(nap) => {}
+            () = job.ended() => {}
+        }
         nap = (nap * 2).min(MAX_NAP);
     }
 }
 
-fn signal_work(pidfd: Option<&PidFd>, signal: libc::c_int) {
-    // The pidfd names exactly our command, even once reaped.
-    if let Some(fd) = pidfd {
-        fd.signal(signal);
+/// The watcher's part of an etcd hold: keeps the lease the session took
+/// (renewed at once: the session's renewals stopped at the hand-over),
+/// watches its keys, labels them with the running command, and once the
+/// job has ended gives the lease back; a lost lease stops the job first
+/// ([`stop_work`]), and is given back only once the job has ended.
+pub(super) async fn hold(held: Held, job: Arc<Job>) {
+    let cluster = Cluster::new(held.config);
+    let state = LeaseState::new(
+        held.ttl,
+        held.kill_after,
+        held.confirmed_until.saturating_sub(held.ttl),
+    );
+    *state.job.lock().unwrap() = Some(job.clone());
+    tokio::spawn(keep(cluster.clone(), held.lease, state.clone(), boot_now()));
+    for (key, joined_at, _) in &held.keys {
+        tokio::spawn(watch_own_key(
+            cluster.clone(),
+            key.clone(),
+            *joined_at,
+            state.clone(),
+        ));
     }
-    signal_descendants(signal);
+    let labelling = tokio::spawn(label(cluster.clone(), held.lease, held.keys));
+    tokio::select! {
+        () = job.ended() => {}
+        _ = state.wait_lost() => {
+            // Past the TTL the lease has run out anyway.
+            let _ = tokio::time::timeout(held.ttl, job.ended()).await;
+        }
+    }
+    labelling.abort();
+    state.release();
+    if job.has_ended() && state.etcd_answers() {
+        super::session::revoke(&cluster, held.lease).await;
+    }
+    // The stop said, if it was, before the watcher goes (bounded: a stderr
+    // nobody reads must not keep it for ever).
+    let said = state.said.lock().unwrap().take();
+    if let Some(said) = said {
+        let _ = tokio::task::spawn_blocking(move || said.recv_timeout(held.ttl)).await;
+    }
+}
+
+/// Labels each key with the command that runs (devlock's pid, which the
+/// command kept): off the command's path, who runs since when.
+async fn label(cluster: Arc<Cluster>, lease: i64, keys: Vec<(String, i64, Entry)>) {
+    for (key, _, mut entry) in keys {
+        entry.child = Some(entry.pid);
+        let me = std::process::id();
+        entry.watcher = crate::proc::process::start_time(me).map(|start| (me, start));
+        let value = serde_json::to_vec(&entry).expect("entries serialise");
+        let put = |mut client: etcd_client::Client| {
+            let (key, value) = (key.clone(), value.clone());
+            let options = etcd_client::PutOptions::new().with_lease(lease);
+            async move { client.put(key, value, Some(options)).await }
+        };
+        let _ = cluster
+            .ask_within(super::session::RELEASE_TIMEOUT, "labelling", put)
+            .await;
+    }
 }
 
 #[cfg(test)]

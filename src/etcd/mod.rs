@@ -106,8 +106,8 @@
 //! that has it, which no key in etcd can do for another machine: refused.
 
 mod cluster;
+mod job;
 mod keeper;
-mod parent;
 mod probe;
 pub(crate) mod run;
 mod session;
@@ -449,6 +449,11 @@ pub(crate) struct Entry {
     /// The command, once it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<u32>,
+    /// The watcher that keeps the lease while the job runs, with its start
+    /// time: the job may outlive the command (what it started keeps the
+    /// lock), and is alive while its watcher is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher: Option<(u32, u64)>,
     pub user: String,
     pub host: String,
     /// When the request joined the line (ms since the Unix epoch, on `host`'s clock).
@@ -713,6 +718,7 @@ mod tests {
                 pid: 1,
                 pid_start: None,
                 child: None,
+                watcher: None,
                 user: String::new(),
                 host: String::new(),
                 since_ms: 0,

@@ -1,9 +1,11 @@
 //! `devlock --etcd URL RESOURCE... -- COMMAND`: the same run as with lock
-//! files, with the locks in etcd and the command tied to the lease.
+//! files, with the locks in etcd: once they are granted, devlock hands the
+//! lease to a watcher (which keeps it, and stops the job should it be lost)
+//! and execs the command, as with lock files.
 
-use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
-use std::time::{Duration, Instant};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -15,7 +17,7 @@ use crate::exit::{ExitCode, coded};
 use crate::plan::Plan;
 use crate::request::Request;
 use crate::resource::Resource;
-use crate::supervise::{self, Received};
+use crate::supervise;
 
 /// The shortest TTL etcd grants with its default timing.
 const MIN_TTL: Duration = Duration::from_secs(2);
@@ -29,10 +31,12 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 /// unnoticed, and the vote.
 const ELECTION: Duration = Duration::from_secs(2);
 
-/// Runs `args`'s command under the locks of `plan` (built from `args`).
+/// Runs `args`'s command under the locks of `plan` (built from `args`):
+/// waits for them with the session on a thread, hands the lease over to a
+/// watcher, and becomes the command.
 pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<ExitCode> {
     let (ttl, kill_after) = check_margins(args, config.endpoints.len())?;
-    supervise::check_command(&args.command[0])?;
+    let found = supervise::check_command(&args.command[0])?;
     // This machine's part, as with lock files: the caller's
     // CUDA_VISIBLE_DEVICES (--any skips candidates outside it), one MIG
     // instance per command.
@@ -41,8 +45,6 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
     supervise::sane_start();
     supervise::block_handled_signals();
     super::block_sigpipe();
-    // Before the session's connections: the guard holds nothing of devlock's.
-    let guard = super::parent::Guard::start();
     let settings = Settings {
         config,
         ttl,
@@ -66,7 +68,6 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
     };
     if let Acquired::AllInherited(_) = acquired {
         session.finish();
-        drop(guard);
         return Ok(supervise::pass_through(&args.command, &env));
     }
     if let Some(sig) = stopped.or_else(supervise::pending_stop) {
@@ -80,33 +81,37 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
             format!("{why}; the command was not started"),
         ));
     }
-    // What the command starts stays under devlock, even when its parent
-    // exits first: the lock covers it, and a lost lease stops it.
-    crate::sys::process::become_subreaper();
-    let child = match spawn_tied(&args.command, &env, guard) {
-        Ok(child) => child,
+    let (watchers_end, commands_end) = match super::job::descriptor() {
+        Ok(ends) => ends,
         Err(e) => {
             session.release();
-            return Err(e);
+            return Err(cannot_watch(e));
         }
     };
-    session.started(child.id());
-    let (code, signal) = super::parent::supervise_reaping(child, None, true);
-    wait_for_what_it_left(signal, kill_after, args.quiet, &|| session.lease_lost());
-    match session.release() {
-        None => Ok(code),
-        Some(why) => Err(coded(
-            ExitCode::LeaseLost,
-            format!(
-                "{why}; everything under devlock was stopped because the lock no longer \
-                 protected it (the command {})",
-                match code {
-                    ExitCode::Signal(n) => format!("was killed by signal {n}"),
-                    other => format!("ended with exit status {}", other.code()),
-                }
-            ),
-        )),
+    // The session's thread and runtime end here, with every connection:
+    // this process has one thread again, to fork the watcher from, and the
+    // command inherits no socket.
+    let held = session
+        .hand_over()
+        .ok_or_else(|| anyhow::anyhow!("the etcd session ended unexpectedly"))?;
+    let lease = held.lease;
+    let config = held.config.clone();
+    let (commands_fd, pid) = (commands_end.as_raw_fd(), std::process::id());
+    let started = crate::watcher::start_with(move |command| {
+        keep_for(held, watchers_end.into_job(command, pid, commands_fd));
+    });
+    if let Err(e) = started {
+        // Nobody would keep the lease: the command must not run.
+        give_back(config, lease);
+        return Err(cannot_watch(e));
     }
+    Ok(supervise::exec(
+        &args.command,
+        Some(&found),
+        &[commands_end.as_fd()],
+        &[],
+        &env,
+    ))
 }
 
 /// What the session takes for `plan`: its locks in the global order, or
@@ -219,80 +224,52 @@ fn fences(resources: &[Resource], fences: &super::session::Fences) -> String {
         .join(" ")
 }
 
-/// Holds the lock until every process the command started has exited too,
-/// as the inherited descriptor does with the file backend. A stopping
-/// signal goes to all of them (one from a terminal only to those it did not
-/// reach, outside devlock's process group), the one the command got
-/// included; a second one, or `kill_after` later, SIGKILL. A lost lease
-/// kills them from the session thread.
-fn wait_for_what_it_left(
-    first: Option<Received>,
-    kill_after: Duration,
-    quiet: bool,
-    lease_lost: &dyn Fn() -> bool,
-) {
-    let own_group = crate::sys::process::own_group();
-    let mut signalled: Option<Instant> = None;
-    let forward = |sig: Received, signalled: &mut Option<Instant>| {
-        if signalled.is_some() {
-            crate::proc::process::signal_descendants(libc::SIGKILL);
-            return;
-        }
-        let skip = (!sig.from_process).then_some(own_group);
-        crate::proc::process::signal_descendants_outside(sig.signo, skip);
-        *signalled = Some(Instant::now());
-    };
-    let mut first = first;
-    let mut said = quiet;
-    let mut empty_looks = 0;
-    loop {
-        // Reaps any child of ours (devlock is their subreaper).
-        match crate::sys::process::poll_child(None, false) {
-            // Nothing left under devlock.
-            Ok(None) => return,
-            Ok(Some((_, crate::sys::process::ChildState::Running))) => {}
-            Ok(Some(_)) => continue,
-            Err(e) => {
-                eprintln!(
-                    "devlock: cannot wait for what the command left behind: {}",
-                    crate::proc::os_text(&e)
-                );
-                return;
-            }
-        }
-        if let Some(sig) = first.take() {
-            forward(sig, &mut signalled);
-        }
-        if !said && !lease_lost() {
-            let left = crate::proc::process::live_descendants(std::process::id());
-            // The last one may have died between the reap and this look
-            // (a zombie is not listed): reap again rather than name nobody.
-            if left.is_empty() && empty_looks < 3 {
-                empty_looks += 1;
-                continue;
-            }
-            if left.is_empty() {
-                said = true;
-                continue;
-            }
+/// In the watcher: keeps the lease until the job has ended (see
+/// `keeper::hold`).
+fn keep_for(held: super::keeper::Held, job: super::job::Job) {
+    let job = Arc::new(job);
+    let waiter = job.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let waiting = std::thread::Builder::new()
+        .name("devlock-job".into())
+        .spawn(move || waiter.wait_for_the_end());
+    match (runtime, waiting) {
+        (Ok(runtime), Ok(_)) => runtime.block_on(super::keeper::hold(held, job)),
+        (Err(e), _) | (_, Err(e)) => {
+            // The lease would run out under the job: it must not run on.
             eprintln!(
-                "devlock: the command has exited; holding the lock until what it started has too (pid {})",
-                left.iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "devlock: cannot keep the etcd lease ({}); stopping the command",
+                crate::proc::os_text(&e)
             );
-            said = true;
-        }
-        let timeout = signalled.map(|t| kill_after.saturating_sub(t.elapsed()));
-        if timeout.is_some_and(|t| t.is_zero()) {
-            crate::proc::process::signal_descendants(libc::SIGKILL);
-        }
-        match supervise::wait_signal(timeout.filter(|t| !t.is_zero())) {
-            Some(sig) if sig.signo != libc::SIGCHLD => forward(sig, &mut signalled),
-            _ => {}
+            job.signal(libc::SIGKILL);
         }
     }
+}
+
+/// Gives a lease back that nobody will keep (the watcher did not start).
+fn give_back(config: Config, lease: i64) {
+    if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        runtime.block_on(super::session::revoke(
+            &super::cluster::Cluster::new(config),
+            lease,
+        ));
+    }
+}
+
+/// The watcher could not be started: nobody would keep the lease.
+fn cannot_watch(err: std::io::Error) -> anyhow::Error {
+    coded(
+        ExitCode::GeneralError,
+        format!(
+            "cannot start the watcher that keeps the etcd lease ({}); the command was not started",
+            crate::proc::os_text(&err)
+        ),
+    )
 }
 
 /// The TTL and kill grace, checked so SIGKILL lands at least [`GUARD`] before
@@ -337,31 +314,6 @@ fn check_margins(args: &RunArgs, endpoints: usize) -> Result<(Duration, Duration
         ));
     }
     Ok((ttl, kill_after))
-}
-
-/// Starts the command so that it dies with devlock: the lease dies with
-/// devlock, and the command must not outlive the lock that covers it. The
-/// kernel sends it SIGKILL when devlock's main thread ends, however it ends,
-/// and the job's guard ends its process group then, as for the flock
-/// backend.
-fn spawn_tied(
-    command: &[OsString],
-    env: &supervise::Env,
-    guard: Option<super::parent::Guard>,
-) -> Result<super::parent::Child> {
-    let placement = super::parent::Placement::choose();
-    let (own_group, terminal) = placement.spawn_settings();
-    let mut cmd = std::process::Command::new(&command[0]);
-    cmd.args(&command[1..])
-        .envs(env.iter().map(|(k, v)| (k, v)));
-    super::parent::Child::start_with(placement, guard, |group| {
-        if own_group {
-            cmd.process_group(group.unwrap_or(0));
-        }
-        crate::sys::process::tie_to_parent(&mut cmd, terminal);
-        cmd.spawn().map(|child| child.id())
-    })
-    .map_err(|e| supervise::cannot_start(&command[0], &e))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! The etcd side of one run, on its own thread: the places in line and the
-//! lease (see `keeper`). The main thread waits for signals, says what the
-//! session reports, and supervises the command.
+//! The etcd side of one run's wait, on its own thread: the places in line
+//! and the lease (see `keeper`). The main thread waits for signals and says
+//! what the session reports; once every lock is granted, the session hands
+//! the lease and its keys over to the watcher (see `keeper::hold`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -19,14 +20,13 @@ use crate::flock::record::{Record, now_ms};
 use crate::proc;
 use crate::request::Request;
 use crate::supervise::{self, Received};
-use crate::sys::process::PidFd;
 use crate::sys::signal::Thread;
 use crate::text::human_duration;
 
 use crate::messages::etcd as messages;
 
 /// How long releasing may take before devlock leaves the lease to expire.
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long to wait before asking etcd again after it failed a waiter.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
@@ -48,7 +48,8 @@ pub(super) struct Settings {
 
 enum ToSession {
     Stop(Received),
-    Started { pid: u32, pidfd: Option<PidFd> },
+    /// The watcher keeps the lease from now on: stop without giving it back.
+    HandOver,
     Release,
 }
 
@@ -94,6 +95,7 @@ enum FromSession {
     Released {
         lost: Option<String>,
     },
+    HandedOver(Box<keeper::Held>),
 }
 
 /// The handle the main thread keeps.
@@ -154,7 +156,9 @@ impl Session {
                     self.lease = lease;
                     return result.map(|acquired| (acquired, stopped));
                 }
-                Ok(FromSession::Released { .. }) => unreachable!("released before acquired"),
+                Ok(FromSession::Released { .. } | FromSession::HandedOver(_)) => {
+                    unreachable!("released before acquired")
+                }
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                     return Err(anyhow::anyhow!("the etcd session ended unexpectedly"));
                 }
@@ -183,11 +187,24 @@ impl Session {
         self.lease.as_ref().is_some_and(|l| l.is_lost())
     }
 
-    /// Tells the session which process to stop if the lease is lost.
-    pub(super) fn started(&self, pid: u32) {
-        // Our own child, not yet reaped: the pidfd names it.
-        let pidfd = PidFd::open(pid);
-        let _ = self.to.send(ToSession::Started { pid, pidfd });
+    /// Stops the session without giving the lease back: what the watcher
+    /// needs to keep it, once the session thread (and its runtime, with
+    /// every connection) is gone, so this process has one thread again.
+    /// `None` if the session ended otherwise (then nothing is held).
+    pub(super) fn hand_over(mut self) -> Option<keeper::Held> {
+        let _ = self.to.send(ToSession::HandOver);
+        let mut held = None;
+        while let Ok(message) = self.from.recv() {
+            match message {
+                FromSession::HandedOver(h) => held = Some(*h),
+                FromSession::Say(line) => eprintln!("{line}"),
+                _ => {}
+            }
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        held
     }
 
     /// Gives the locks back; says why the lease was lost, if it was.
@@ -201,7 +218,7 @@ impl Session {
                     break;
                 }
                 FromSession::Say(line) => eprintln!("{line}"),
-                FromSession::Acquired(..) => {}
+                FromSession::Acquired(..) | FromSession::HandedOver(_) => {}
             }
         }
         if let Some(thread) = self.thread.take() {
@@ -274,7 +291,12 @@ async fn run_session(
         .ttl
         .min(Duration::from_secs(grant.ttl().max(0) as u64));
     let state = LeaseState::new(ttl, settings.kill_after, sent);
-    tokio::spawn(keeper::keep(cluster.clone(), lease, state.clone()));
+    tokio::spawn(keeper::keep(
+        cluster.clone(),
+        lease,
+        state.clone(),
+        boot_now() + ttl / 3,
+    ));
 
     let mut entries = Vec::new();
     let say = |line: String| report(FromSession::Say(line));
@@ -383,41 +405,26 @@ async fn run_session(
         ));
     }
 
-    let mut labelling = None;
     while let Some(message) = rx.recv().await {
         match message {
-            ToSession::Started { pid, pidfd } => {
-                state.command_started(pidfd);
-                // Labels only, off the command's path: who runs, since when.
-                // A command that is over first does not wait for them.
-                let labeller = cluster.clone();
-                let labels: Vec<(String, Vec<u8>)> = entries
-                    .iter_mut()
-                    .map(|Taken { key, entry, .. }| {
-                        entry.child = Some(pid);
-                        (
-                            key.clone(),
-                            serde_json::to_vec(&*entry).expect("entries serialise"),
-                        )
-                    })
-                    .collect();
-                labelling = Some(tokio::spawn(async move {
-                    for (key, value) in labels {
-                        let put = |mut client: etcd_client::Client| {
-                            let (key, value) = (key.clone(), value.clone());
-                            let options = PutOptions::new().with_lease(lease);
-                            async move { client.put(key, value, Some(options)).await }
-                        };
-                        let _ = labeller.ask_within(RELEASE_TIMEOUT, "labelling", put).await;
-                    }
-                }));
+            ToSession::HandOver => {
+                // Dropped with this thread's runtime: the renewals and the
+                // watches, which the watcher starts afresh; nothing revoked.
+                return report(FromSession::HandedOver(Box::new(keeper::Held {
+                    config: settings.config.clone(),
+                    lease,
+                    confirmed_until: state.confirmed_until(),
+                    ttl,
+                    kill_after: settings.kill_after,
+                    keys: entries
+                        .into_iter()
+                        .map(|t| (t.key, t.joined_at, t.entry))
+                        .collect(),
+                })));
             }
             ToSession::Release => break,
             ToSession::Stop(_) => {}
         }
-    }
-    if let Some(labelling) = labelling {
-        labelling.abort();
     }
     state.release();
     let lost = state.lost_reason();
@@ -468,12 +475,13 @@ async fn inherited(
     Ok(None)
 }
 
-/// This process's ancestors with their start times, when one of them may be
+/// This process and its ancestors with their start times, when one of them may be
 /// a devlock: a devlock set `DEVLOCK_RESOURCES` for its command, or an
 /// ancestor runs a program called devlock, or the kernel will not say what
 /// it runs. Usually there is none, which spares asking etcd.
 fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
-    let ancestors: Vec<(u32, u64)> = proc::process::ancestors(std::process::id())
+    let me = std::process::id();
+    let ancestors: Vec<(u32, u64)> = proc::process::ancestors(me)
         .map(|(pid, stat)| (pid, stat.start))
         .collect();
     let maybe_nested = std::env::var_os("DEVLOCK_RESOURCES").is_some()
@@ -481,7 +489,12 @@ fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
             std::fs::read_link(format!("/proc/{pid}/exe"))
                 .map_or(true, |exe| exe.to_string_lossy().contains("devlock"))
         });
-    if maybe_nested { ancestors } else { Vec::new() }
+    if !maybe_nested {
+        return Vec::new();
+    }
+    // This process among them: a devlock whose command is devlock became it.
+    let this = proc::process::start_time(me).map(|start| (me, start));
+    this.into_iter().chain(ancestors).collect()
 }
 
 /// A lock taken: its key, label, fencing token (the revision it was
@@ -539,6 +552,7 @@ impl Label {
             pid: self.pid,
             pid_start: Some(self.pid_start),
             child: None,
+            watcher: None,
             user: self.user.clone(),
             host: self.host.clone(),
             since_ms: now_ms(),
@@ -870,6 +884,24 @@ impl Waiting<'_> {
         Ok(blockers(&self.line, index).is_empty())
     }
 
+    /// Whether all that stands before our key is being let go: places of
+    /// this machine whose devlock has ended (the command it became), which
+    /// its watcher gives back just after (a round trip to etcd), or whose
+    /// lease runs out. A `-n` take right after the last holder's command
+    /// exited waits for that, up to [`RELEASE_TIMEOUT`], rather than
+    /// finding it busy (what a lock file's holder never is once reaped).
+    fn letting_go(&self) -> bool {
+        let Ok(at) = self.position() else {
+            return false;
+        };
+        let host = super::hostname();
+        blockers(&self.line, at).iter().all(|place| {
+            place.entry.as_ref().is_some_and(|e| {
+                e.host == host && !proc::process::is_same_process(e.pid, e.pid_start)
+            })
+        })
+    }
+
     fn position(&self) -> Result<usize> {
         self.line
             .iter()
@@ -901,6 +933,8 @@ async fn wait_turn(
         name,
         say,
     };
+    // With -n, how long to wait for what is being let go (see `letting_go`).
+    let mut grace: Option<Instant> = None;
     loop {
         let gave_up = |why: String| {
             crate::exit::busy(
@@ -952,16 +986,19 @@ async fn wait_turn(
             .collect::<Vec<_>>()
             .join("; ");
         if settings.no_wait {
-            return Err(crate::exit::busy(
-                settings.conflict_code,
-                messages::busy(name, &who),
-            ));
+            let over = grace.get_or_insert_with(|| Instant::now() + RELEASE_TIMEOUT);
+            if !waits.iter().all(Waiting::letting_go) || Instant::now() >= *over {
+                return Err(crate::exit::busy(
+                    settings.conflict_code,
+                    messages::busy(name, &who),
+                ));
+            }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(gave_up(format!("held by {who}")));
         }
         let report_due = last_report.is_none_or(|t| t.elapsed() >= settings.report_every);
-        if report_due {
+        if report_due && grace.is_none() {
             if !settings.quiet {
                 let waited = last_report.map(|_| started.elapsed());
                 let ahead = waits
@@ -977,6 +1014,7 @@ async fn wait_turn(
             .and_then(|t| t.checked_add(settings.report_every))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let until = deadline.map_or(next_report, |d| d.min(next_report));
+        let until = grace.map_or(until, |g| g.min(until));
         // One watch per line on one stream, from just after the revision
         // they were read at: events come in revision order, so nothing
         // between the read and the watch is missed, and our own key's
@@ -1146,7 +1184,7 @@ fn describe_holders(line: &[Place]) -> String {
 
 /// Revokes the lease (every key goes with it); if etcd does not answer, the
 /// lease runs out by itself.
-async fn revoke(cluster: &Cluster, lease: i64) {
+pub(super) async fn revoke(cluster: &Cluster, lease: i64) {
     let revoke = |mut client: etcd_client::Client| async move { client.lease_revoke(lease).await };
     let _ = cluster
         .ask_within(RELEASE_TIMEOUT, "giving back the lease", revoke)

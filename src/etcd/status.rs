@@ -238,9 +238,11 @@ fn view(
     position: Option<usize>,
 ) -> PlaceView {
     let entry = place.entry.as_ref();
-    let alive = entry
-        .filter(|e| e.host == here)
-        .map(|e| proc::process::is_same_process(e.pid, e.pid_start));
+    let alive = entry.filter(|e| e.host == here).map(|e| {
+        proc::process::is_same_process(e.pid, e.pid_start)
+            || e.watcher
+                .is_some_and(|(pid, start)| proc::process::is_same_process(pid, Some(start)))
+    });
     PlaceView {
         step: entry.map(|e| e.step.clone()),
         pid: entry.map(|e| e.pid),

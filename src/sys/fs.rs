@@ -229,6 +229,18 @@ pub(crate) fn open_std_descriptors() {
     }
 }
 
+#[cfg(feature = "etcd")]
+/// Points standard output at /dev/null (a process that writes nothing
+/// there lets go of the pipe a `$(...)` reads).
+pub(crate) fn stdout_to_null() {
+    let Ok(null) = nix::fcntl::open(c"/dev/null", OFlag::O_WRONLY, Mode::empty()) else {
+        return;
+    };
+    // Onto standard output, which nothing in this process owns as a Rust
+    // object; `null` stays owned and is closed when dropped.
+    let _ = nix::unistd::dup2_stdout(&null);
+}
+
 /// Empties the file open as `fd`, a descriptor the caller keeps open.
 pub(crate) fn truncate_fd(fd: RawFd) -> io::Result<()> {
     // SAFETY: the caller keeps `fd` open for the length of this call.

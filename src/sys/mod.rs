@@ -1,11 +1,9 @@
 //! The system interface: the only layer with `unsafe`. Each call that nix
 //! covers goes through nix; what it does not cover (OFD byte-range locks,
-//! flock(2) without nix's unlocking `Drop`, the watcher's double fork, the
-//! etcd backend's guard process (a fork that makes only raw calls), POSIX
+//! flock(2) without nix's unlocking `Drop`, the watcher's double fork, POSIX
 //! timers aimed at one thread, pidfds, NVML loaded with dlopen) is a thin
-//! wrapper here,
-//! each `unsafe` block with the reason it is sound. Everything above works
-//! on owned descriptors and safe types.
+//! wrapper here, each `unsafe` block with the reason it is sound.
+//! Everything above works on owned descriptors and safe types.
 
 // The one layer allowed it (see Cargo.toml's [lints]).
 #![allow(unsafe_code)]
@@ -14,8 +12,6 @@ pub(crate) mod args;
 #[cfg(test)]
 pub(crate) mod env;
 pub(crate) mod fs;
-#[cfg(feature = "etcd")]
-pub(crate) mod guard;
 pub(crate) mod nvml;
 pub(crate) mod process;
 pub(crate) mod random;

@@ -1,7 +1,6 @@
 //! Processes: the watcher's double fork, pidfds (a process's end, and how
 //! it ended), signals to processes and groups, reopening a descriptor
-//! without its locks, and (for the etcd backend's parent) waiting for a
-//! child.
+//! without its locks.
 
 use std::ffi::CString;
 use std::io;
@@ -10,45 +9,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::unistd::Pid;
 
-#[cfg(feature = "etcd")]
-/// What waitpid(2) said about a child.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ChildState {
-    /// Still running (`WNOHANG`).
-    Running,
-    Exited(i32),
-    Signaled(i32),
-    /// Stopped by this signal (only asked with `WUNTRACED`).
-    Stopped(i32),
-}
-
-#[cfg(feature = "etcd")]
-/// One waitpid(2) without blocking: for `pid` (or any child, with `None`),
-/// reporting stops too when `stops`. `Ok(None)` when there is no child to
-/// wait for (ECHILD).
-pub(crate) fn poll_child(
-    pid: Option<libc::pid_t>,
-    stops: bool,
-) -> io::Result<Option<(libc::pid_t, ChildState)>> {
-    use nix::sys::wait::{WaitPidFlag, WaitStatus};
-    let mut flags = WaitPidFlag::WNOHANG;
-    if stops {
-        flags |= WaitPidFlag::WUNTRACED;
-    }
-    let status = match nix::sys::wait::waitpid(pid.map(Pid::from_raw), Some(flags)) {
-        Ok(status) => status,
-        Err(nix::errno::Errno::ECHILD) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    Ok(Some(match status {
-        WaitStatus::StillAlive => (pid.unwrap_or(0), ChildState::Running),
-        WaitStatus::Exited(pid, code) => (pid.as_raw(), ChildState::Exited(code)),
-        WaitStatus::Signaled(pid, sig, _) => (pid.as_raw(), ChildState::Signaled(sig as i32)),
-        WaitStatus::Stopped(pid, sig) => (pid.as_raw(), ChildState::Stopped(sig as i32)),
-        other => (other.pid().map_or(0, Pid::as_raw), ChildState::Running),
-    }))
-}
-
 /// kill(2): `sig` to `pid` (a negative pid names a process group). Whether
 /// it was sent.
 pub(crate) fn kill(pid: libc::pid_t, sig: libc::c_int) -> bool {
@@ -56,36 +16,14 @@ pub(crate) fn kill(pid: libc::pid_t, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-#[cfg(feature = "etcd")]
-/// The process group of `pid`, if it is alive.
-pub(crate) fn group_of(pid: libc::pid_t) -> Option<libc::pid_t> {
-    nix::unistd::getpgid(Some(Pid::from_raw(pid)))
-        .ok()
-        .map(Pid::as_raw)
-}
-
 /// This process's group.
 pub(crate) fn own_group() -> libc::pid_t {
     nix::unistd::getpgrp().as_raw()
 }
 
-#[cfg(feature = "etcd")]
-/// Whether this process leads its session (a terminal's hang-up is sent
-/// to the session leader alone).
-pub(crate) fn is_session_leader() -> bool {
-    nix::unistd::getsid(None).is_ok_and(|sid| sid == nix::unistd::getpid())
-}
-
 /// The effective uid.
 pub(crate) fn effective_uid() -> u32 {
     nix::unistd::geteuid().as_raw()
-}
-
-#[cfg(feature = "etcd")]
-/// Makes this process a child subreaper: what the command starts stays
-/// under devlock when its parent exits first.
-pub(crate) fn become_subreaper() {
-    let _ = nix::sys::prctl::set_child_subreaper(true);
 }
 
 /// A process descriptor: names exactly one process, even once it is
@@ -94,20 +32,15 @@ pub(crate) fn become_subreaper() {
 pub(crate) struct PidFd(OwnedFd);
 
 impl PidFd {
-    /// A pidfd for our child `pid` (not yet reaped); `None` where the
-    /// kernel has no pidfd_open.
+    /// A pidfd for process `pid` (this process, or one whose pid cannot
+    /// have been reused: a child not yet reaped, or one checked after the
+    /// open); `None` where the kernel has no pidfd_open or it is gone.
     pub(crate) fn open(pid: u32) -> Option<PidFd> {
         // SAFETY: pidfd_open takes a pid and flags and returns a new
         // descriptor, which is ours alone.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
         (fd >= 0).then(|| PidFd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
-    }
-
-    #[cfg(feature = "etcd")]
-    /// The descriptor, for a process that is to inherit it.
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
     }
 
     /// Sends `sig` to the process (nothing if it is gone).
@@ -237,39 +170,4 @@ pub(crate) fn reopen_unlocked(fd: RawFd) -> io::Result<()> {
 pub(crate) fn close_raw(fd: RawFd) {
     // SAFETY: close(2) of a descriptor number the caller gave up.
     unsafe { libc::close(fd) };
-}
-
-#[cfg(feature = "etcd")]
-/// Makes a command started with std's `Command` die with devlock (the
-/// kernel sends it SIGKILL when devlock's thread ends), start with an empty
-/// signal mask, and, given `terminal`, take that terminal for its process
-/// group (the one it leads, or its guard's) before it execs.
-pub(crate) fn tie_to_parent(cmd: &mut std::process::Command, terminal: Option<RawFd>) {
-    use std::os::unix::process::CommandExt;
-    let parent = std::process::id();
-    // SAFETY: only async-signal-safe calls between fork and exec, on data
-    // the closure owns.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            // The parent may have died before the line above: then nobody
-            // would send the SIGKILL.
-            if libc::getppid() as u32 != parent {
-                libc::raise(libc::SIGKILL);
-            }
-            let mut empty = std::mem::zeroed::<libc::sigset_t>();
-            libc::sigemptyset(&mut empty);
-            if let Some(fd) = terminal {
-                // Its own group (set just before) takes the terminal before
-                // it can read it; from the background that needs SIGTTOU
-                // blocked, as it is until the mask is emptied below.
-                let mut ttou = empty;
-                libc::sigaddset(&mut ttou, libc::SIGTTOU);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, std::ptr::null_mut());
-                libc::tcsetpgrp(fd, libc::getpgrp());
-            }
-            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            Ok(())
-        });
-    }
 }

@@ -64,17 +64,10 @@ pub(crate) fn set_mask(set: &SigSet) -> SigSet {
     mask(libc::SIG_SETMASK, set)
 }
 
-/// A signal as sigwaitinfo reported it (who sent it matters to the etcd
-/// backend's parent, which passes signals on).
+/// A signal as sigwaitinfo reported it.
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) struct Received {
     pub(crate) signo: libc::c_int,
-    /// Sent by a process with kill(2) (as opposed to raised by the kernel,
-    /// which is how a terminal's Ctrl-C arrives).
-    pub(crate) from_process: bool,
-    /// The sending process, when one sent it.
-    pub(crate) sender: Option<libc::pid_t>,
 }
 
 /// Takes one signal of `set` (blocked by the caller) off the queue,
@@ -91,13 +84,7 @@ pub(crate) fn wait(set: &SigSet, timeout: Option<Duration>) -> Option<Received> 
             unsafe { libc::sigtimedwait(&set.0, &mut info, &ts) }
         }
     };
-    let from_process = info.si_code <= 0;
-    (signo > 0).then(|| Received {
-        signo,
-        from_process,
-        // SAFETY: a signal a process sent carries its pid in si_pid.
-        sender: from_process.then(|| unsafe { info.si_pid() }),
-    })
+    (signo > 0).then_some(Received { signo })
 }
 
 /// Installs `handler` for `sig`, without `SA_RESTART`: a lock call the

@@ -1,12 +1,8 @@
-//! Terminal calls: the foreground process group, the width, and handing
-//! the terminal to a group without being stopped for it.
+//! Terminal calls: the foreground process group, the width, and writing
+//! to the terminal without being stopped for it.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-#[cfg(feature = "etcd")]
-use std::os::fd::{OwnedFd, RawFd};
 
-#[cfg(feature = "etcd")]
-use nix::fcntl::OFlag;
 use nix::unistd::Pid;
 
 use crate::sys::signal::{self, SigSet};
@@ -40,45 +36,6 @@ pub(crate) fn columns(fd: impl AsFd) -> Option<usize> {
     // descriptor the borrow keeps open.
     let ok = unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCGWINSZ, &mut size) } == 0;
     (ok && size.ws_col > 0).then_some(usize::from(size.ws_col))
-}
-
-#[cfg(feature = "etcd")]
-/// devlock's controlling terminal, opened as `/dev/tty`.
-#[derive(Debug)]
-pub(crate) struct Terminal {
-    fd: OwnedFd,
-}
-
-#[cfg(feature = "etcd")]
-impl Terminal {
-    /// The controlling terminal, if devlock has one.
-    pub(crate) fn open() -> Option<Terminal> {
-        let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
-        crate::sys::fs::open(c"/dev/tty", flags)
-            .ok()
-            .map(|fd| Terminal { fd })
-    }
-
-    /// The descriptor, for a child that takes the terminal before it execs.
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// The terminal's foreground process group.
-    pub(crate) fn foreground(&self) -> Option<libc::pid_t> {
-        foreground_of(&self.fd)
-    }
-
-    /// Whether devlock's own group is the foreground group.
-    pub(crate) fn is_ours(&self) -> bool {
-        self.foreground() == Some(crate::sys::process::own_group())
-    }
-
-    /// Makes `group` the foreground group. A background process asking
-    /// this would be stopped by SIGTTOU, so that is blocked meanwhile.
-    pub(crate) fn give_to(&self, group: libc::pid_t) -> bool {
-        with_ttou_held(|| nix::unistd::tcsetpgrp(&self.fd, Pid::from_raw(group)).is_ok())
-    }
 }
 
 /// Runs `f` with SIGTTOU blocked on this thread: a write to the terminal

@@ -58,6 +58,8 @@ mod display;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
+mod etcd_chain;
+#[cfg(feature = "etcd")]
 mod etcd_cluster;
 #[cfg(feature = "etcd")]
 mod etcd_ha;

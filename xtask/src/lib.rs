@@ -442,7 +442,6 @@ pub fn exit_codes() -> Vec<(ExitCode, String)> {
         ExitCode::NotIdle,
         ExitCode::IoError,
         ExitCode::Busy,
-        ExitCode::LeaseLost,
         ExitCode::EtcdDenied,
         ExitCode::NoPermission,
         ExitCode::EtcdTls,
@@ -461,7 +460,6 @@ pub fn exit_codes() -> Vec<(ExitCode, String)> {
             | ExitCode::NotIdle
             | ExitCode::IoError
             | ExitCode::Busy
-            | ExitCode::LeaseLost
             | ExitCode::EtcdDenied
             | ExitCode::NoPermission
             | ExitCode::EtcdTls
