@@ -78,6 +78,7 @@ mod hostile_takes;
 mod kills;
 mod manners;
 mod nvml;
+mod readme;
 mod screens;
 mod screens_daily;
 mod serve;
