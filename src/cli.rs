@@ -889,7 +889,7 @@ pub fn usage_line(rendered: &str) -> String {
     if !listed.is_empty() {
         line = format!("{} {}", line.trim_end_matches(':'), listed.join(", "));
     }
-    // etcdctl's spellings, which devlock does not take (see README).
+    // etcdctl's spellings, which devlock does not take (see ACROSS MACHINES in devlock(1)).
     for (theirs, ours) in [
         ("'--cacert'", "--etcd-ca"),
         ("'--cert'", "--etcd-cert"),
