@@ -11,7 +11,8 @@ const ABOUT: &str = "Run a command while holding a machine-wide lock on a device
 
 const LONG_ABOUT: &str = "\
 devlock takes a kernel flock(2) on DIR/RESOURCE.lock, records who holds it, \
-runs COMMAND as a child that inherits the locked file, and waits for it. The kernel \
+and becomes COMMAND (execve, as flock -F does: the same pid, exit status and \
+signals), which inherits the locked file. The kernel \
 holds the lock until the command, and anything it started that inherited the lock, \
 has exited, whatever kills whom; nothing is left to clean up after a crash. \
 Waiters are served first come, first served. util-linux flock on the same file \
@@ -169,68 +170,14 @@ pub enum Command {
     /// Show who holds each lock, for how long, and who waits
     #[command(
         long_about = "Show who holds each lock, for how long, and who waits.\n\n\
-        Whether a lock is held comes from the kernel (/proc/locks); users come from \
-        the kernel too (the uid of the live process), and command lines are read \
-        live from /proc, never from a file. A record in a lock file only labels its \
-        holder (step, since), and only when the process it names, pid and start \
-        time, is the holder the kernel lists; a record whose process is gone is \
-        shown as stale. When status cannot see who holds a lock (another user's \
-        process whose descriptors it may not read, a holder outside its PID namespace) \
-        the table says (held, owner hidden from you), never free, and --json's note \
-        says why: the pid that took it, and what this user cannot tell of it. A \
-        request waiting for a member of a group (gpu:0, or with --any each of gpu:0 \
-        to gpu:3) holds the group (gpu) shared meanwhile, so that a taker of the \
-        whole group waits behind it: status shows it as the members' waiter, not as \
-        a holder of the group, for every user, and the table shows a request that \
-        waits on several locks at once as one row, after the locks' own, that names \
-        them all (gpu:0-3). status never takes a lock to find out, except inside a child PID \
-        namespace (see devlock(1)); a holder in a container is named with it. With \
-        NVML (libnvidia-ml.so.1, or DEVLOCK_NVML), nvidia-smi (or DEVLOCK_NVIDIA_SMI) \
-        or, for AMD GPUs, amd-smi (or DEVLOCK_AMD_SMI) or the kernel's DRM fdinfo, it \
-        also shows each GPU's memory, utilisation and processes (and a MIG GPU's \
-        instances, gpu:N:PROFILE:giG.ciC, each with its own), which of them are \
-        outside the gate, and which source said so. Files another user could rename or replace are named in a \
-        warning, with the fix. The table shows the locks held or waited for, and \
-        counts the unused ones in one line (lock files are never deleted); a GPU lock \
-        nobody holds whose GPU a process outside every gate uses is 'in use' with \
-        that process, never 'free' and never counted away; --all or \
-        naming resources shows them too; --json lists every lock file. The PID column \
-        is the process the kernel names (the devlock; --json's pids has its command \
-        too), and a GPU's memory under the budgets is a line of its own after the \
-        lock rows.\n\n\
-        --json prints one document: {dir, trust: {safe, managed, issues: [{path, \
-        owner, reason}]}, resources: [{name, state (free, held, shared or unknown), \
-        slots, holders: [{step, pid, pids, user, since, held_for_ms, command, name, \
-        exclusive, via, slot, stopped, devices, source (record, no-record, inherited \
-        or unknown), note, container, and with a --mem budget mem_mib, used_mib (measured now), \
-        starting (it still holds its place in line: the next budget waits) and \
-        over_budget; idle_for_ms while its GPUs computed nothing for its job; kept_for_ms, kept_mib \
-        and kept_gpu while a library hold is kept past its block's end because its process still \
-        uses the GPU}], waiters: [{step, pid, user, since, waiting_for_ms, \
-        position, ticket, stopped, source (registration, flock or unregistered), \
-        mem_mib (with --mem: the budget asked)}], \
-        record (unreadable or private), stale_record, foreign_locks: [{path, range, \
-        exclusive, pid, user, effect}], conflicts: [{pid, user, step, since}], trust, \
-        memory (gpu:N with the device's memory known: {index, total_mib, budgets_mib, \
-        used_inside_mib, used_outside_mib, room_mib}, the budgets each counted as the \
-        larger of budget and use, outside meaning the device's use less the budget \
-        holders', room before any headroom), in_use_outside (a GPU resource: the \
-        processes on its GPUs outside every gate, [{index, pid, name, user, used_mib}]; \
-        state stays the lock's)}], \
-        device_info: {status (none, unknown or ok), reason}, device_source (nvml, \
-        nvidia-smi, amd-smi or drm-fdinfo), devices: [{index, uuid, name, \
-        memory_used_mib, memory_total_mib, utilization_pct, processes: [{pid, name, \
-        user, used_mib, gated, gate, container}], processes_unknown, mig_mode, \
-        mig_instances: [{name, uuid, profile, gpu_instance_id, compute_instance_id, \
-        memory_used_mib, memory_total_mib, processes, processes_unknown}], \
-        mig_unknown}]}. Unknown values are null; text from \
-        files and processes has control and format characters replaced by '?'.\n\n\
-        With --etcd URL it shows the locks in etcd instead, across machines: \
-        {etcd, prefix, resources: [{name, state (free, held, shared or slots), slots \
-        (--slots N's N), holders: [{step, pid, child, user, host, since, held_for_ms, \
-        command, exclusive, via, slot, key, revision, fence, lease, lease_ttl_s, alive}], waiters: [{... waiting_for_ms, position}]}], endpoint (the \
-        one that answered), tls ({ca, cert, key, subject, issuer, not_after}, or null \
-        without TLS), user}."
+        Who holds and who waits comes from the kernel's lock table (/proc/locks), \
+        users and command lines from /proc; a lock file's record only labels its \
+        holder. Beside the locks it shows each GPU's memory, utilisation and \
+        processes, from NVML, nvidia-smi or amd-smi, marking those outside the gate, \
+        and warns of files another user could break. The table shows the locks held \
+        or waited for and counts the unused ones (--all shows them); --json prints \
+        every lock as one document, each field described under JSON OUTPUT in \
+        devlock-status(1), and how to read the table under THE TABLE."
     )]
     Status(StatusArgs),
 
@@ -950,7 +897,7 @@ pub fn usage_line(rendered: &str) -> String {
     if !listed.is_empty() {
         line = format!("{} {}", line.trim_end_matches(':'), listed.join(", "));
     }
-    // etcdctl's spellings, which devlock does not take (see README).
+    // etcdctl's spellings, which devlock does not take (see ACROSS MACHINES in devlock(1)).
     for (theirs, ours) in [
         ("'--cacert'", "--etcd-ca"),
         ("'--cert'", "--etcd-cert"),

@@ -14,6 +14,38 @@
 //! exit codes), `testing` for the integration tests: none of them is part
 //! of the library's API (they are hidden from its documentation and may
 //! change in any release). Everything else is private to the crate.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), devlock::Error> {
+//! let options = devlock::Options {
+//!     wait: devlock::Wait::Timeout(std::time::Duration::from_secs(600)),
+//!     ..Default::default()
+//! };
+//! let _gpu = devlock::Lock::acquire("gpu:0", &options)?; // gpu shared, gpu:0; released when dropped
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Lock::acquire`] takes a resource's name or a [`Spec`], and is
+//! `Acquiring::start(&spec, &options, &inside)` waited for on the calling
+//! thread, returning the same [`Hold`]: the same plan as `devlock NAME --`
+//! (a member `gpu:0` takes its group `gpu` shared, `--slots`, `--any`,
+//! `--mem`; a GPU outside the caller's `CUDA_VISIBLE_DEVICES` is a usage
+//! error), the same files, line, records and typed errors. A [`Spec`]
+//! carries `--shared`, `--slots`, `--any`/`--count` (groups included) and
+//! `--mem` with `mem_headroom`, `settle` and `mem_strict`: a budget's hold
+//! keeps a watch thread for its life ([`Hold::on_budget_event`] hears over
+//! budget and, with `mem_strict`, when to stop the work, which the caller
+//! does its own way; [`Hold::budget_env`] is what the work learns).
+//! [`Acquiring`] is taken at once when free, else waits on a thread of its
+//! own that the caller polls (`wait`), shows in the command line's words
+//! (`waiting_line`) and stops at once (`cancel`, a timeout), leaving the
+//! line. A [`Hold`] that a forked child lets go of leaves its parent's hold
+//! alone. [`status_document`] is `devlock status --json`. Every call
+//! returns the typed [`Error`]: `Busy` and `Timeout` (a [`Busy`] worded as
+//! `devlock -n` and `-w` word it, with the holder), `Usage`, `Unsafe`,
+//! `DeviceUnknown`, `NotSupported` and `Other`, each with the command
+//! line's line and `exit_code()`.
 
 #![warn(missing_docs)]
 

@@ -92,7 +92,7 @@ impl Resource {
     }
 
     /// The GPU `gpu:N` of a MIG instance `gpu:N:PROFILE:giG.ciC`
-    /// (see the naming in the README); `None` for anything else.
+    /// (see the naming in devlock(1)); `None` for anything else.
     pub(crate) fn mig_parent(&self) -> Option<Resource> {
         let parsed = crate::gpu::mig::parse(&self.0).ok()??;
         Some(Resource(format!("gpu:{}", parsed.gpu)))

@@ -844,7 +844,7 @@ fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs, idle: Option<Duration>) -
     let mut out = format!(
         "# devlock: a managed lock directory, made again at every boot (/run is a tmpfs).\n\
          # Root owns the directory and the declared resources' files, so no user can rename,\n\
-         # remove or squat them; see \"On a shared machine\" in devlock's README.\n\
+         # remove or squat them; see ON A SHARED MACHINE in devlock(1).\n\
          # Made by: {invocation}\n\
          # Install: sudo cp devlock.conf /etc/tmpfiles.d/ && sudo systemd-tmpfiles --create devlock.conf\n\
          d {} {:04o} root {group} -\n",

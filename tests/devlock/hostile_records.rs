@@ -25,7 +25,7 @@ const GONE_PID: u32 = 4 * 1024 * 1024;
 
 /// What `/` may weigh for 8 GPUs whose locks are free, whatever the records
 /// hold: 96 marks of at most 512 bytes per GPU (48 KiB), and the rest of
-/// the page (README, "Usage and idle policy").
+/// the page (devlock-serve(1), ENDPOINTS).
 const PAGE_OF_8_GPUS: usize = 400 * 1024;
 
 fn now_ms() -> u64 {

@@ -83,6 +83,7 @@ mod kills;
 mod manners;
 mod nvml;
 mod page_truth;
+mod readme;
 mod screens;
 mod screens_daily;
 mod serve;

@@ -36,6 +36,13 @@ const HAND_WRITTEN_SECTIONS: &[(&str, &str)] = &[
 /// under doc/man/, in page order.
 const SUBCOMMAND_SECTIONS: &[(&str, &[(&str, &str)])] = &[
     (
+        "status",
+        &[
+            ("THE TABLE", "status-table.roff"),
+            ("JSON OUTPUT", "status-json.roff"),
+        ],
+    ),
+    (
         "serve",
         &[
             ("ENDPOINTS", "serve-endpoints.roff"),
