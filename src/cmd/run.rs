@@ -188,9 +188,14 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
             Default::default()
         },
     ));
-    if !watch.any() {
+    // The start line is the watcher's where it samples; else this process's
+    // (a watcher for the lock files alone writes none).
+    if !watch.usage {
         crate::usage::track::start_line(&hold);
-    } else if let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet) {
+    }
+    if watch.any()
+        && let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet)
+    {
         eprintln!(
             "devlock: warning: no watcher for this job ({}): it runs without its usage \
              sampling, idle policy, memory watch and lock-file checks",
