@@ -83,7 +83,7 @@ impl Snapshots {
             return history.clone();
         }
         let now = crate::usage::now_ms();
-        let jobs = crate::usage::dir()
+        let jobs = crate::usage::dir_at(&self.dir)
             .and_then(|dir| crate::usage::read::jobs(&dir, now).ok())
             .map(|(jobs, _)| jobs)
             .unwrap_or_default();
