@@ -92,9 +92,11 @@ fn write_site_file(dir: &ScratchDir, name: &str, text: &str) -> Result<()> {
     ))
 }
 
-/// The usage directory setup makes and records: `--usage-dir`, else
-/// `DEVLOCK_USAGE_DIR`, else the one `recorded` in the lock directory
-/// before, else the managed one (`none`, or `off`: nowhere).
+/// The usage directory setup makes and records: `--usage-dir`, else the one
+/// `recorded` in the lock directory before, else `DEVLOCK_USAGE_DIR`, else
+/// the managed one (`none`, or `off`: nowhere). The record comes before the
+/// variable: a user's own variable (where their records go) must not move
+/// the site's in a boot snippet they print, nor a later setup.
 pub(super) fn usage_choice(args: &SetupArgs, recorded: Option<UsageDir>) -> UsageDir {
     let named = |v: &std::ffi::OsStr| {
         if v == "none" || v == "off" {
@@ -106,9 +108,12 @@ pub(super) fn usage_choice(args: &SetupArgs, recorded: Option<UsageDir>) -> Usag
     if let Some(asked) = &args.usage_dir {
         return named(asked.as_os_str());
     }
+    if let Some(recorded) = recorded {
+        return recorded;
+    }
     match std::env::var_os(crate::usage::ENV) {
         Some(v) if !v.is_empty() => named(&v),
-        _ => recorded.unwrap_or_else(|| UsageDir::At(crate::usage::MANAGED_DIR.into())),
+        _ => UsageDir::At(crate::usage::MANAGED_DIR.into()),
     }
 }
 

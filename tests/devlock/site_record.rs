@@ -194,8 +194,14 @@ pub(crate) fn a_usage_directory_setup_recorded_is_every_users_without_the_variab
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(records(&own, USER_A).contains(r#""step":"by-variable""#));
     assert!(!records(&site, USER_A).contains("by-variable"));
-    // Setup again, asked nothing of it: the record stays.
-    let again = d.run(&s, 0, &["setup", "r"]);
+    // Setup again, asked nothing of it (its caller's variable naming
+    // another directory): the record stays.
+    let again = d
+        .devlock(&s, 0)
+        .env("DEVLOCK_USAGE_DIR", &own)
+        .args(["setup", "r"])
+        .output()
+        .unwrap();
     assert!(
         stdout(&again).contains("nothing changed"),
         "{}",
@@ -295,8 +301,14 @@ pub(crate) fn the_boot_snippet_carries_the_usage_directory_and_its_record() {
     let shown = site.display().to_string();
     let out = d.run(&s, 0, &["setup", "--usage-dir", &shown, "r"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    // Printed later without repeating it: it comes from the record.
-    let printed = d.run(&s, 0, &["setup", "--print-tmpfiles"]);
+    // Printed later without repeating it, by a user whose variable names a
+    // directory of theirs: it comes from the record.
+    let printed = d
+        .devlock(&s, USER_A)
+        .env("DEVLOCK_USAGE_DIR", s.work("alices-usage"))
+        .args(["setup", "--print-tmpfiles"])
+        .output()
+        .unwrap();
     assert!(printed.status.success(), "{}", stderr(&printed));
     let snippet = stdout(&printed);
     let escaped = shown.replace('%', "%%");
