@@ -396,3 +396,55 @@ fn group(gid: u32) -> String {
         _ => gid.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(path: &Path) -> VecDeque<Component<'_>> {
+        let mut parts: VecDeque<Component<'_>> = path.components().collect();
+        parts.pop_back();
+        parts
+    }
+
+    const USE: Way<'static> = Way {
+        verb: "use",
+        ..Way::SETUP
+    };
+
+    /// The plain way is taken only where the walk one component at a time
+    /// would go through the same directories without a word: real
+    /// directories, each trusted; a link, `..` or a directory of another
+    /// user's is left to the walk, which decides and says why.
+    #[test]
+    fn only_a_plain_trusted_way_is_taken_by_path() {
+        let base = tempfile::tempdir().unwrap();
+        let base = base.path();
+        std::fs::create_dir_all(base.join("a/b")).unwrap();
+        let plain = base.join("a/b/locks");
+        let me = crate::sys::process::effective_uid();
+        let way = Way {
+            also: (me != 0).then_some(me),
+            ..USE
+        };
+        let name = OsStr::new("locks");
+        let found = plain_way(&parts(&plain), name, way).expect("a plain way");
+        assert_eq!(found.target(), plain);
+        std::os::unix::fs::symlink(base.join("a/b"), base.join("link")).unwrap();
+        for other in [base.join("link/locks"), base.join("a/../a/b/locks")] {
+            assert!(plain_way(&parts(&other), name, way).is_none(), "{other:?}");
+        }
+        // A directory on the way that everyone may write, not sticky.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(plain_way(&parts(&plain), name, way).is_none());
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(plain_way(&parts(&plain), name, way).is_some(), "sticky");
+        if me == 0 {
+            // Another user's directory on root's way.
+            std::os::unix::fs::lchown(base.join("a/b"), Some(65534), None).unwrap();
+            assert!(plain_way(&parts(&plain), name, USE).is_none());
+            assert!(walk(&plain, USE).is_err(), "the walk refuses it too");
+        }
+    }
+}
