@@ -256,15 +256,16 @@ pub enum Command {
         the same set-up as a systemd-tmpfiles(5) snippet instead, to make it again at \
         every boot (/run is a tmpfs); a --dir with a control character is refused \
         (exit 2).\n\n\
-        It also makes the usage directory (--usage-dir, else the one recorded \
-        before, else $DEVLOCK_USAGE_DIR, else /var/lib/devlock/usage) root's, 1777 \
+        It also makes the usage directory (--usage-dir, else $DEVLOCK_USAGE_DIR, \
+        else the one recorded before, else /var/lib/devlock/usage) root's, 1777 \
         (root:G 1770 with --group), where every user's holds keep their records (see \
         devlock-report(1)), reached as --dir is and checked before anything changes \
         (a directory missing above it is made, root's 0755), and records its real \
         path in DIR/.usage-dir (root's 0644; --usage-dir none: that no records are \
         kept), where every run, report and serve in DIR find it without \
         DEVLOCK_USAGE_DIR in anyone's environment (the variable still overrides \
-        it); --print-tmpfiles carries both. With --idle-timeout DURATION it sets the \
+        it); --print-tmpfiles carries both (the one recorded, not a caller's \
+        variable, unless none is). With --idle-timeout DURATION it sets the \
         site's default idle timeout."
     )]
     Setup(SetupArgs),
@@ -494,8 +495,9 @@ pub struct SetupArgs {
     /// Where every job's usage records go (none: nowhere): made root's,
     /// 1777 (root:GROUP 1770 with --group), and recorded in DIR/.usage-dir,
     /// root's, where every run, report and serve find it without
-    /// DEVLOCK_USAGE_DIR (which still overrides it) [default: the one
-    /// recorded, else $DEVLOCK_USAGE_DIR, else /var/lib/devlock/usage]
+    /// DEVLOCK_USAGE_DIR (which still overrides it) [default:
+    /// $DEVLOCK_USAGE_DIR, else the one recorded, else
+    /// /var/lib/devlock/usage]
     #[arg(long, value_name = "USAGE_DIR", value_hint = clap::ValueHint::DirPath)]
     pub usage_dir: Option<PathBuf>,
 }

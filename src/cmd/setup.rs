@@ -27,7 +27,10 @@ use nix::fcntl::AtFlags;
 use std::os::fd::AsFd;
 
 use super::setup_path::{self, Parent};
-use super::setup_site::{record_usage_dir, site_idle_timeout, tmpfiles, usage_choice, usage_way};
+use super::setup_site::{
+    record_usage_dir, site_idle_timeout, tmpfiles, usage_asked, usage_managed, usage_named_by_env,
+    usage_way,
+};
 
 /// How many times a step that someone races is tried again.
 pub(super) const TRIES: usize = 10;
@@ -95,8 +98,13 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         let idle = args
             .idle_timeout
             .or_else(|| now.as_ref().and_then(crate::usage::idle::site_default));
-        let recorded = now.as_ref().and_then(|now| site::usage_dir(now.fd()));
-        let usage = match usage_choice(args, recorded) {
+        // The one recorded before a caller's variable: a user's own (where
+        // their records go) must not move the site's in a snippet they print.
+        let usage = usage_asked(args)
+            .or_else(|| now.as_ref().and_then(|now| site::usage_dir(now.fd())))
+            .or_else(usage_named_by_env)
+            .unwrap_or_else(usage_managed);
+        let usage = match usage {
             UsageDir::At(path) => UsageDir::At(std::path::absolute(&path)?),
             nowhere => nowhere,
         };
@@ -120,11 +128,16 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     // The whole way to --dir, and to the usage directory, is checked before
     // anything changes.
     let parent = setup_path::reach(dir)?;
-    let recorded = parent
-        .open()
-        .ok()
-        .and_then(|now| site::usage_dir(now.as_fd()));
-    let usage = usage_way(usage_choice(args, recorded))?;
+    // Asked, named by the variable (as setup has always taken it), or as
+    // recorded before.
+    let usage = usage_asked(args)
+        .or_else(usage_named_by_env)
+        .or_else(|| {
+            let now = parent.open().ok()?;
+            site::usage_dir(now.as_fd())
+        })
+        .unwrap_or_else(usage_managed);
+    let usage = usage_way(usage)?;
     let mut report = Report::default();
     let scratch = ScratchDir::from_fd(
         dir,

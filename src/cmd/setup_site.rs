@@ -92,28 +92,31 @@ fn write_site_file(dir: &ScratchDir, name: &str, text: &str) -> Result<()> {
     ))
 }
 
-/// The usage directory setup makes and records: `--usage-dir`, else the one
-/// `recorded` in the lock directory before, else `DEVLOCK_USAGE_DIR`, else
-/// the managed one (`none`, or `off`: nowhere). The record comes before the
-/// variable: a user's own variable (where their records go) must not move
-/// the site's in a boot snippet they print, nor a later setup.
-pub(super) fn usage_choice(args: &SetupArgs, recorded: Option<UsageDir>) -> UsageDir {
-    let named = |v: &std::ffi::OsStr| {
-        if v == "none" || v == "off" {
-            UsageDir::Nowhere
-        } else {
-            UsageDir::At(std::path::PathBuf::from(v))
-        }
-    };
-    if let Some(asked) = &args.usage_dir {
-        return named(asked.as_os_str());
-    }
-    if let Some(recorded) = recorded {
-        return recorded;
-    }
-    match std::env::var_os(crate::usage::ENV) {
-        Some(v) if !v.is_empty() => named(&v),
-        _ => UsageDir::At(crate::usage::MANAGED_DIR.into()),
+/// The usage directory `--usage-dir` names, if it does (`none`, or `off`:
+/// nowhere).
+pub(super) fn usage_asked(args: &SetupArgs) -> Option<UsageDir> {
+    args.usage_dir
+        .as_deref()
+        .map(|asked| named(asked.as_os_str()))
+}
+
+/// The usage directory `DEVLOCK_USAGE_DIR` names, if it is set.
+pub(super) fn usage_named_by_env() -> Option<UsageDir> {
+    std::env::var_os(crate::usage::ENV)
+        .filter(|v| !v.is_empty())
+        .map(|v| named(&v))
+}
+
+/// The usage directory where nothing else names one.
+pub(super) fn usage_managed() -> UsageDir {
+    UsageDir::At(crate::usage::MANAGED_DIR.into())
+}
+
+fn named(v: &std::ffi::OsStr) -> UsageDir {
+    if v == "none" || v == "off" {
+        UsageDir::Nowhere
+    } else {
+        UsageDir::At(std::path::PathBuf::from(v))
     }
 }
 

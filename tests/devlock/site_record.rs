@@ -194,14 +194,8 @@ pub(crate) fn a_usage_directory_setup_recorded_is_every_users_without_the_variab
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(records(&own, USER_A).contains(r#""step":"by-variable""#));
     assert!(!records(&site, USER_A).contains("by-variable"));
-    // Setup again, asked nothing of it (its caller's variable naming
-    // another directory): the record stays.
-    let again = d
-        .devlock(&s, 0)
-        .env("DEVLOCK_USAGE_DIR", &own)
-        .args(["setup", "r"])
-        .output()
-        .unwrap();
+    // Setup again, asked nothing of it: the record stays.
+    let again = d.run(&s, 0, &["setup", "r"]);
     assert!(
         stdout(&again).contains("nothing changed"),
         "{}",
