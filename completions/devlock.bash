@@ -776,7 +776,7 @@ _devlock() {
             return 0
             ;;
         devlock__subcmd__setup)
-            opts="-h --group --gpus --slots --print-tmpfiles --idle-timeout --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
+            opts="-h --group --gpus --slots --print-tmpfiles --idle-timeout --usage-dir --dir --probe-timeout --etcd --etcd-user --etcd-ca --etcd-cert --etcd-key --etcd-prefix --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -800,6 +800,13 @@ _devlock() {
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --usage-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
                     fi
                     return 0
                     ;;
@@ -991,7 +998,7 @@ fi
 # Whether $1 is an option that takes the next word as its value.
 _devlock_takes_value() {
     case $1 in
-        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --resource | --settle | --since | --slots | --step | --timeout | --ttl | --until | --user | -E | -w) return 0 ;;
+        --by | --conflict-exit-code | --count | --dir | --etcd | --etcd-ca | --etcd-cert | --etcd-key | --etcd-prefix | --etcd-user | --group | --idle-threshold | --idle-timeout | --kill-after | --listen | --mem | --mem-headroom | --probe-timeout | --report-every | --resource | --settle | --since | --slots | --step | --timeout | --ttl | --until | --usage-dir | --user | -E | -w) return 0 ;;
     esac
     return 1
 }

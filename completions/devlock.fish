@@ -80,6 +80,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand status" -s h -l help -d 
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l group -d 'Only members of this group may take the locks (directory root:GROUP 1770, files root:GROUP 0660)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l slots -d 'Also make the semaphore slot files of each RESOURCE (for --slots N)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l idle-timeout -d 'The site\'s --idle-timeout for every job in this directory, a ceiling (written to DIR/.idle-timeout, root\'s; a job may ask for a shorter one, and a longer one is refused)' -r -f
+complete -c devlock -n "__fish_devlock_using_subcommand setup" -l usage-dir -d 'Where every job\'s usage records go (none: nowhere): made root\'s, 1777 (root:GROUP 1770 with --group), and recorded in DIR/.usage-dir, root\'s, where every run, report and serve find it without DEVLOCK_USAGE_DIR (which still overrides it) [default: $DEVLOCK_USAGE_DIR, else the one recorded, else /var/lib/devlock/usage]' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l dir -d 'Scratch directory holding the lock files (created sticky and world-writable when missing; `devlock setup` makes it root\'s)' -r -f -a "(__fish_complete_directories)"
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l probe-timeout -d 'Longest wait for the GPU source (NVML, nvidia-smi or amd-smi) before a device counts as unknown (a bare number is seconds)' -r -f
 complete -c devlock -n "__fish_devlock_using_subcommand setup" -l etcd -d 'Lock in etcd at these endpoints instead of the scratch directory, for resources shared between machines (needs the `etcd` build feature)' -r -f
@@ -150,7 +151,7 @@ complete -c devlock -n "__fish_devlock_using_subcommand help; and not __fish_see
 # Generated from the clap definitions in src/cli.rs.
 # Whether $argv[1] is an option that takes the next word as its value.
 function __devlock_takes_value
-    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --resource --settle --since --slots --step --timeout --ttl --until --user -E -w
+    contains -- $argv[1] --by --conflict-exit-code --count --dir --etcd --etcd-ca --etcd-cert --etcd-key --etcd-prefix --etcd-user --group --idle-threshold --idle-timeout --kill-after --listen --mem --mem-headroom --probe-timeout --report-every --resource --settle --since --slots --step --timeout --ttl --until --usage-dir --user -E -w
 end
 # Whether $argv[1] is an option whose value nothing completes (a duration, a number, a name).
 function __devlock_value_is_free

@@ -207,12 +207,17 @@ pub enum Command {
         the same set-up as a systemd-tmpfiles(5) snippet instead, to make it again at \
         every boot (/run is a tmpfs); a --dir with a control character is refused \
         (exit 2).\n\n\
-        It also makes the usage directory (/var/lib/devlock/usage, or \
-        $DEVLOCK_USAGE_DIR) root's, 1777 (root:G 1770 with --group), where every \
-        user's holds keep their records (see devlock-report(1)), reached as --dir is \
-        and checked before anything changes (a directory missing above it is made, \
-        root's 0755); with \
-        --idle-timeout DURATION it sets the site's default idle timeout."
+        It also makes the usage directory (--usage-dir, else $DEVLOCK_USAGE_DIR, \
+        else the one recorded before, else /var/lib/devlock/usage) root's, 1777 \
+        (root:G 1770 with --group), where every user's holds keep their records (see \
+        devlock-report(1)), reached as --dir is and checked before anything changes \
+        (a directory missing above it is made, root's 0755), and records its real \
+        path in DIR/.usage-dir (root's 0644; --usage-dir none: that no records are \
+        kept), where every run, report and serve in DIR find it without \
+        DEVLOCK_USAGE_DIR in anyone's environment (the variable still overrides \
+        it); --print-tmpfiles carries both (the one recorded, not a caller's \
+        variable, unless none is). With --idle-timeout DURATION it sets the \
+        site's default idle timeout."
     )]
     Setup(SetupArgs),
 
@@ -269,8 +274,12 @@ JSON lines to its user's file in the usage directory, UID.jsonl: one when the \
 command has started, one every 10 minutes while it runs and one when it has \
 ended, with what its holder sampled of its GPUs every 5 seconds (peak memory of \
 the job's processes, utilization). The directory is $DEVLOCK_USAGE_DIR (none: no \
-records), else /var/lib/devlock/usage where devlock setup made it, else \
-/var/tmp/devlock-usage (made sticky and world-writable on first use). A file \
+records), else the one devlock setup recorded in the lock directory (--dir), \
+DIR/.usage-dir (believed only as root's: a regular file with one link, not \
+writable by group or others, in a directory of root's, at most 4096 bytes, an \
+absolute path or none), else /var/lib/devlock/usage where devlock setup made \
+it, else /var/tmp/devlock-usage (made sticky and world-writable on first use). \
+Every run and the Python library's holds find it the same way. A file \
 counts only for the user the kernel says owns it, and only when it is named for \
 that user, a regular file with one link: nobody can write records counted as \
 another user's. Where another user made UID.jsonl (or its .old) first, the \
@@ -440,6 +449,15 @@ pub struct SetupArgs {
     /// one, and a longer one is refused)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, value_hint = clap::ValueHint::Other)]
     pub idle_timeout: Option<Duration>,
+
+    /// Where every job's usage records go (none: nowhere): made root's,
+    /// 1777 (root:GROUP 1770 with --group), and recorded in DIR/.usage-dir,
+    /// root's, where every run, report and serve find it without
+    /// DEVLOCK_USAGE_DIR (which still overrides it) [default:
+    /// $DEVLOCK_USAGE_DIR, else the one recorded, else
+    /// /var/lib/devlock/usage]
+    #[arg(long, value_name = "USAGE_DIR", value_hint = clap::ValueHint::DirPath)]
+    pub usage_dir: Option<PathBuf>,
 }
 
 /// Arguments for running a command under a lock.

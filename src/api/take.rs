@@ -76,7 +76,12 @@ impl Acquiring {
         let label = takes.label();
         let usage = crate::api::usage::Ask {
             started,
-            idle_timeout: crate::usage::idle::within_site(spec.idle_timeout, &dir)?,
+            idle_timeout: crate::usage::idle::within_site(
+                spec.idle_timeout,
+                &dir,
+                &plan.resources,
+            )?,
+            usage_dir: crate::usage::dir_for(Some(&dir)),
             probe_timeout: takes.probe_timeout,
             mem_mib: None,
         };

@@ -39,10 +39,12 @@ impl super::outbox::Event for IdleEvent {
 }
 
 /// What the take knows of the hold's usage.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Ask {
     pub started: Instant,
     pub idle_timeout: Option<Duration>,
+    /// Where its records go ([`crate::usage::dir_for`]).
+    pub usage_dir: Option<std::path::PathBuf>,
     pub probe_timeout: Duration,
     pub mem_mib: Option<u64>,
 }
@@ -77,6 +79,7 @@ impl Usage {
             waited: ask.started.elapsed(),
             mem_mib: ask.mem_mib,
             idle_timeout: ask.idle_timeout,
+            usage_dir: ask.usage_dir,
             from: "library",
             roots: vec![record.pid],
             probe_timeout: ask.probe_timeout,

@@ -8,6 +8,7 @@ pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod setup;
 pub(crate) mod setup_path;
+pub(crate) mod setup_site;
 pub(crate) mod status;
 
 use anyhow::Result;
@@ -28,7 +29,7 @@ pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
         Some(Command::Setup(args)) => setup::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Serve(args)) => crate::serve::run(&args, &cli.dir, cli.probe_timeout),
         Some(Command::Forget(args)) => forget::run(&args, &cli.dir),
-        Some(Command::Report(args)) => report::run(&args),
+        Some(Command::Report(args)) => report::run(&args, &cli.dir),
         Some(Command::Busy(args)) => report::busy(&args),
         None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
     }
@@ -53,7 +54,7 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             ExitCode::Usage,
             crate::messages::serve::not_for_etcd(),
         )),
-        Some(Command::Report(args)) => report::run(&args),
+        Some(Command::Report(args)) => report::run(&args, &cli.dir),
         Some(Command::Busy(args)) => report::busy(&args),
         Some(Command::Forget(_)) => Err(crate::exit::coded(
             ExitCode::Usage,

@@ -9,7 +9,7 @@ use crate::cli::{BusyArgs, ReportArgs};
 use crate::exit::{ExitCode, coded};
 use crate::usage::{self, ms_of, read, report};
 
-pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
+pub(crate) fn run(args: &ReportArgs, lock_dir: &std::path::Path) -> Result<ExitCode> {
     let now = SystemTime::now();
     let since = when(&args.since, now, "--since")?;
     let until = match &args.until {
@@ -20,10 +20,11 @@ pub(crate) fn run(args: &ReportArgs) -> Result<ExitCode> {
     if until < since {
         return Err(coded(ExitCode::Usage, "--until comes before --since"));
     }
-    let Some(dir) = usage::dir() else {
+    let Some(dir) = usage::dir_at(lock_dir) else {
         return Err(coded(
             ExitCode::Usage,
-            "DEVLOCK_USAGE_DIR=none: no usage records are kept, so there is nothing to report",
+            "no usage records are kept (DEVLOCK_USAGE_DIR=none, or devlock setup --usage-dir \
+             none), so there is nothing to report",
         ));
     };
     let (jobs, notes) = match read::jobs(&dir, ms_of(now)) {

@@ -41,7 +41,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     crate::known::check(&dir, &resources, args.new, args.quiet)?;
     let notes = Notes::new(&mut dir, &resources).without_setup_warning(args.no_setup_warning);
     let dir = dir;
-    let idle_timeout = crate::usage::idle::within_site(args.idle_timeout, &dir)?;
+    let idle_timeout = crate::usage::idle::within_site(args.idle_timeout, &dir, &resources)?;
     let wait_plan = WaitPlan {
         deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
         timeout: args.timeout,
@@ -153,6 +153,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         waited,
         mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
         idle_timeout,
+        usage_dir: crate::usage::dir_for(Some(&dir)),
         from: "cli",
         roots: vec![record.pid],
         probe_timeout,
@@ -188,9 +189,14 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
             Default::default()
         },
     ));
-    if !watch.any() {
+    // The start line is the watcher's where it samples; else this process's
+    // (a watcher for the lock files alone writes none).
+    if !watch.usage {
         crate::usage::track::start_line(&hold);
-    } else if let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet) {
+    }
+    if watch.any()
+        && let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet)
+    {
         eprintln!(
             "devlock: warning: no watcher for this job ({}): it runs without its usage \
              sampling, idle policy, memory watch and lock-file checks",

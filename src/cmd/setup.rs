@@ -22,27 +22,32 @@ use crate::proc;
 use crate::proc::locks::{FileId, LockTable};
 use crate::resource::Resource;
 use crate::text::{sanitize, show_path};
+use crate::usage::site::{self, UsageDir};
 use nix::fcntl::AtFlags;
 use std::os::fd::AsFd;
 
 use super::setup_path::{self, Parent};
+use super::setup_site::{
+    record_usage_dir, site_idle_timeout, tmpfiles, usage_asked, usage_managed, usage_named_by_env,
+    usage_way,
+};
 
 /// How many times a step that someone races is tried again.
-const TRIES: usize = 10;
+pub(super) const TRIES: usize = 10;
 
 /// What to make: modes and owners.
-struct Plan {
+pub(super) struct Plan {
     gid: u32,
-    group: Option<String>,
-    dir_mode: u32,
-    file_mode: u32,
-    resources: Vec<Resource>,
+    pub(super) group: Option<String>,
+    pub(super) dir_mode: u32,
+    pub(super) file_mode: u32,
+    pub(super) resources: Vec<Resource>,
     slots: u16,
 }
 
 impl Plan {
     /// The files of one resource: lock, queue, and slots when asked.
-    fn files(&self, r: &Resource) -> Vec<String> {
+    pub(super) fn files(&self, r: &Resource) -> Vec<String> {
         let lock = r.file_name();
         let queue = crate::flock::queue::queue_name(&lock);
         let mut files = vec![lock, queue];
@@ -93,7 +98,17 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         let idle = args
             .idle_timeout
             .or_else(|| now.as_ref().and_then(crate::usage::idle::site_default));
-        print!("{}", tmpfiles(dir, &plan, args, idle)?);
+        // The one recorded before a caller's variable: a user's own (where
+        // their records go) must not move the site's in a snippet they print.
+        let usage = usage_asked(args)
+            .or_else(|| now.as_ref().and_then(|now| site::usage_dir(now.fd())))
+            .or_else(usage_named_by_env)
+            .unwrap_or_else(usage_managed);
+        let usage = match usage {
+            UsageDir::At(path) => UsageDir::At(std::path::absolute(&path)?),
+            nowhere => nowhere,
+        };
+        print!("{}", tmpfiles(dir, &plan, args, idle, &usage)?);
         return Ok(ExitCode::Success);
     }
     if crate::sys::process::effective_uid() != 0 {
@@ -113,7 +128,16 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     // The whole way to --dir, and to the usage directory, is checked before
     // anything changes.
     let parent = setup_path::reach(dir)?;
-    let usage = usage_way()?;
+    // Asked, named by the variable (as setup has always taken it), or as
+    // recorded before.
+    let usage = usage_asked(args)
+        .or_else(usage_named_by_env)
+        .or_else(|| {
+            let now = parent.open().ok()?;
+            site::usage_dir(now.as_fd())
+        })
+        .unwrap_or_else(usage_managed);
+    let usage = usage_way(usage)?;
     let mut report = Report::default();
     let scratch = ScratchDir::from_fd(
         dir,
@@ -145,6 +169,11 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
             &mut report,
         )?;
     }
+    let usage = match usage {
+        Some((_, parent)) => UsageDir::At(parent.target()),
+        None => UsageDir::Nowhere,
+    };
+    record_usage_dir(&scratch, &usage, &mut report)?;
     for issue in crate::flock::trust::dir_issues(&scratch) {
         println!("devlock setup: warning: {}", issue.reason);
     }
@@ -191,58 +220,14 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     Ok(ExitCode::Success)
 }
 
-/// Writes the site's default idle timeout, root's 0644, in place of
-/// whatever was at its name.
-fn site_idle_timeout(dir: &ScratchDir, timeout: Duration, report: &mut Report) -> Result<()> {
-    use std::io::Write;
-    let name = crate::usage::idle::SITE_FILE;
-    let path = dir.path().join(name);
-    let text = format!("{}\n", humantime::format_duration(timeout));
-    let old = crate::usage::idle::site_default(dir);
-    if old == Some(timeout) {
-        return Ok(());
-    }
-    let _ = nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
-    let flags =
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = crate::sys::fs::openat(dir.fd(), &c_string(name)?, flags, 0o644)
-        .with_context(|| format!("creating {}", path.display()))?;
-    crate::sys::fs::fchmod(&fd, 0o644)?;
-    std::fs::File::from(fd)
-        .write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
-    report.changed(&path, &format!("site idle timeout {}", text.trim()));
-    Ok(())
-}
-
-/// The usage directory setup makes root's (sticky, world-writable;
-/// group-writable with --group, so each user makes and keeps files of
-/// their own there), and the directory above it, walked to as `--dir` is
-/// (directories missing on the way are made, root's 0755): `None` with
-/// `DEVLOCK_USAGE_DIR=none`.
-fn usage_way() -> Result<Option<(std::path::PathBuf, Parent)>> {
-    let path = match std::env::var_os(crate::usage::ENV) {
-        Some(v) if v == "none" || v == "off" => return Ok(None),
-        Some(v) if !v.is_empty() => std::path::PathBuf::from(v),
-        _ => std::path::PathBuf::from(crate::usage::MANAGED_DIR),
-    };
-    let way = setup_path::Way {
-        what: "the usage directory",
-        make_missing: true,
-        ..setup_path::Way::SETUP
-    };
-    let parent = setup_path::reach_by(&path, way)?;
-    Ok(Some((path, parent)))
-}
-
 #[derive(Default)]
-struct Report {
+pub(super) struct Report {
     changes: usize,
     refused: usize,
 }
 
 impl Report {
-    fn changed(&mut self, path: &Path, what: &str) {
+    pub(super) fn changed(&mut self, path: &Path, what: &str) {
         self.changes += 1;
         println!("devlock setup: {}: {what}", show_path(path));
     }
@@ -286,7 +271,7 @@ fn c_string_os(text: &std::ffi::OsStr) -> Result<CString> {
     CString::new(text.as_bytes()).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
 }
 
-fn c_string(text: &str) -> Result<CString> {
+pub(super) fn c_string(text: &str) -> Result<CString> {
     CString::new(text).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
 }
 
@@ -786,97 +771,8 @@ fn rename(dir: &ScratchDir, from: &str, to: &str, exchange: bool) -> std::io::Re
     crate::sys::fs::rename_in(dir.fd(), from, to, exchange)
 }
 
-fn unlink(dir: &ScratchDir, name: &str) -> nix::Result<()> {
+pub(super) fn unlink(dir: &ScratchDir, name: &str) -> nix::Result<()> {
     nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
-}
-
-/// The same set-up as a systemd-tmpfiles(5) snippet, to make it again at
-/// every boot. Paths are quoted where needed and `%` escaped.
-fn tmpfiles(dir: &Path, plan: &Plan, args: &SetupArgs, idle: Option<Duration>) -> Result<String> {
-    let Some(dir_text) = dir.to_str().filter(|d| d.starts_with('/')) else {
-        return Err(coded(
-            ExitCode::Usage,
-            "--print-tmpfiles needs an absolute UTF-8 --dir",
-        ));
-    };
-    // A newline would end the line and start a directive of its own (any
-    // control or format character is refused: none belongs in a path an
-    // administrator installs at boot). Spaces are quoted below.
-    if dir_text.chars().any(crate::text::is_unsafe_char) {
-        return Err(coded(
-            ExitCode::Usage,
-            format!(
-                "--print-tmpfiles: --dir {} holds a control or format character (shown as ?), \
-                 which would break the snippet's lines; name a directory without one",
-                show_path(dir)
-            ),
-        ));
-    }
-    let quote = |path: &str| {
-        let escaped = path.replace('%', "%%");
-        if escaped.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\') {
-            format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\""))
-        } else {
-            escaped
-        }
-    };
-    let group = plan.group.as_deref().unwrap_or("root");
-    let mut invocation = "devlock setup --print-tmpfiles".to_owned();
-    if dir != Path::new(crate::flock::dir::DEFAULT_DIR) {
-        invocation.push_str(&format!(" --dir {dir_text}"));
-    }
-    if let Some(g) = &plan.group {
-        invocation.push_str(&format!(" --group {g}"));
-    }
-    if let Some(n) = args.slots {
-        invocation.push_str(&format!(" --slots {n}"));
-    }
-    if let Some(t) = idle {
-        invocation.push_str(&format!(
-            " --idle-timeout {}",
-            humantime::format_duration(t)
-        ));
-    }
-    for r in &plan.resources {
-        invocation.push(' ');
-        invocation.push_str(r.as_str());
-    }
-    let mut out = format!(
-        "# devlock: a managed lock directory, made again at every boot (/run is a tmpfs).\n\
-         # Root owns the directory and the declared resources' files, so no user can rename,\n\
-         # remove or squat them; see ON A SHARED MACHINE in devlock(1).\n\
-         # Made by: {invocation}\n\
-         # Install: sudo cp devlock.conf /etc/tmpfiles.d/ && sudo systemd-tmpfiles --create devlock.conf\n\
-         d {} {:04o} root {group} -\n",
-        quote(dir_text),
-        plan.dir_mode
-    );
-    for r in &plan.resources {
-        for name in plan.files(r) {
-            out.push_str(&format!(
-                "f {} {:04o} root {group} -\n",
-                quote(&format!("{dir_text}/{name}")),
-                plan.file_mode
-            ));
-        }
-    }
-    if !plan.resources.is_empty() {
-        // The declared names, one a line (tmpfiles writes the argument,
-        // its \n escapes as newlines, into a file it creates).
-        let names: String = plan.resources.iter().map(|r| format!("{r}\\n")).collect();
-        out.push_str(&format!(
-            "f {} 0644 root root - {names}\n",
-            quote(&format!("{dir_text}/{}", crate::flock::declared::FILE))
-        ));
-    }
-    if let Some(timeout) = idle {
-        out.push_str(&format!(
-            "f {} 0644 root root - {}\n",
-            quote(&format!("{dir_text}/{}", crate::usage::idle::SITE_FILE)),
-            humantime::format_duration(timeout)
-        ));
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -1,11 +1,17 @@
 //! How root reaches a directory it acts in (setup's `--dir` and usage
 //! directory, a root take's, forget's, status's and serve's lock directory,
 //! the usage directory of a root run or report), and a user the usage
-//! directory: from `/`, one component at a time, each opened relative to
-//! the one before without following links (`openat(O_NOFOLLOW|O_DIRECTORY)`)
-//! and checked through its descriptor (`fstat`), so that nothing another
-//! user owns decides where it acts. What is done afterwards is relative to
-//! the descriptor of the last directory above, never by path again.
+//! directory: from `/`, each directory on the way checked before anything
+//! goes through it, so that nothing another user owns decides where it
+//! acts. What is done afterwards is relative to the descriptor of the last
+//! directory above, never by path again.
+//!
+//! A plain way (real directories only, every one trusted) costs one
+//! `lstat` a component and one `open` ([`plain_way`]); anything else (a
+//! link, `..`, a missing or refused component) is walked one component at
+//! a time, each opened relative to the one before without following links
+//! (`openat(O_NOFOLLOW|O_DIRECTORY)`) and checked through its descriptor,
+//! which decides and says why.
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
@@ -149,6 +155,9 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
             )));
         }
     };
+    if let Some(parent) = plain_way(&parts, &name, way) {
+        return Ok(parent);
+    }
     let root = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
         Stop::Refused(coded(
             ExitCode::IoError,
@@ -268,6 +277,38 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
     })
 }
 
+/// The way to the directory above `name` when it is plain: `parts` (from
+/// `/`) are real directories, no link and no `..`, each one `way` trusts as
+/// [`check_dir`] does. Each is looked at by path without following a link
+/// (`lstat`), top down and only once the one above it was found trusted, so
+/// that nobody but a trusted owner can change what a later look, or the
+/// `open` of the last at the end, goes through (an entry that root owns in
+/// a directory only root may write, or that is sticky, stays what it is).
+/// `None` for anything else, which the walk one component at a time then
+/// decides and says.
+fn plain_way(parts: &VecDeque<Component<'_>>, name: &OsStr, way: Way<'_>) -> Option<Parent> {
+    let mut real = PathBuf::new();
+    for part in parts {
+        match part {
+            Component::RootDir => real.push("/"),
+            Component::Normal(part) => real.push(part),
+            _ => return None,
+        }
+        let st = nix::sys::stat::lstat(&real).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR || fault(&st, way).is_some() {
+            return None;
+        }
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let c_real = std::ffi::CString::new(real.as_os_str().as_bytes()).ok()?;
+    let fd = crate::sys::fs::open(&c_real, flags).ok()?;
+    Some(Parent {
+        fd,
+        real,
+        name: name.to_owned(),
+    })
+}
+
 impl Parent {
     /// Opens the directory itself, without following a link.
     pub(crate) fn open(&self) -> std::io::Result<OwnedFd> {
@@ -293,25 +334,34 @@ fn open_dir(at: impl AsFd, name: &OsStr) -> std::io::Result<OwnedFd> {
 fn check_dir(fd: &OwnedFd, real: &Path, dir: &Path, way: Way<'_>) -> Result<(), Stop> {
     let refused = |why: String| Stop::Refused(refusal(dir, real, why, way));
     let st = nix::sys::stat::fstat(fd).map_err(|e| refused(e.desc().to_owned()))?;
+    match fault(&st, way) {
+        Some(why) => Err(refused(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why a directory on the way (its stat `st`) cannot be gone through, if
+/// it cannot: its owner is not trusted, or group or others may write it
+/// without the sticky bit.
+fn fault(st: &libc::stat, way: Way<'_>) -> Option<String> {
     if !way.trusts(st.st_uid) {
-        return Err(refused(format!(
+        return Some(format!(
             "it is owned by {}, who can replace what is below it",
             user(st.st_uid)
-        )));
+        ));
     }
     let sticky = st.st_mode & libc::S_ISVTX != 0;
-    if st.st_mode & 0o022 != 0 && !sticky {
+    (st.st_mode & 0o022 != 0 && !sticky).then(|| {
         let who = if st.st_mode & 0o002 != 0 {
             "everyone".to_owned()
         } else {
             format!("group {}", group(st.st_gid))
         };
-        return Err(refused(format!(
+        format!(
             "it is writable by {who} and not sticky ({:o}), so they can replace what is below it",
             st.st_mode & 0o7777
-        )));
-    }
-    Ok(())
+        )
+    })
 }
 
 /// The one-line refusal (exit 74), naming the real path of the component
@@ -344,5 +394,57 @@ fn group(gid: u32) -> String {
     match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
         Ok(Some(g)) => crate::text::sanitize(&g.name),
         _ => gid.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(path: &Path) -> VecDeque<Component<'_>> {
+        let mut parts: VecDeque<Component<'_>> = path.components().collect();
+        parts.pop_back();
+        parts
+    }
+
+    const USE: Way<'static> = Way {
+        verb: "use",
+        ..Way::SETUP
+    };
+
+    /// The plain way is taken only where the walk one component at a time
+    /// would go through the same directories without a word: real
+    /// directories, each trusted; a link, `..` or a directory of another
+    /// user's is left to the walk, which decides and says why.
+    #[test]
+    fn only_a_plain_trusted_way_is_taken_by_path() {
+        let base = tempfile::tempdir().unwrap();
+        let base = base.path();
+        std::fs::create_dir_all(base.join("a/b")).unwrap();
+        let plain = base.join("a/b/locks");
+        let me = crate::sys::process::effective_uid();
+        let way = Way {
+            also: (me != 0).then_some(me),
+            ..USE
+        };
+        let name = OsStr::new("locks");
+        let found = plain_way(&parts(&plain), name, way).expect("a plain way");
+        assert_eq!(found.target(), plain);
+        std::os::unix::fs::symlink(base.join("a/b"), base.join("link")).unwrap();
+        for other in [base.join("link/locks"), base.join("a/../a/b/locks")] {
+            assert!(plain_way(&parts(&other), name, way).is_none(), "{other:?}");
+        }
+        // A directory on the way that everyone may write, not sticky.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(plain_way(&parts(&plain), name, way).is_none());
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(plain_way(&parts(&plain), name, way).is_some(), "sticky");
+        if me == 0 {
+            // Another user's directory on root's way.
+            std::os::unix::fs::lchown(base.join("a/b"), Some(65534), None).unwrap();
+            assert!(plain_way(&parts(&plain), name, USE).is_none());
+            assert!(walk(&plain, USE).is_err(), "the walk refuses it too");
+        }
     }
 }

@@ -103,7 +103,7 @@ impl Snapshots {
             return usage.clone();
         }
         let now = crate::usage::now_ms();
-        let dir = crate::usage::dir();
+        let dir = crate::usage::dir_at(&self.dir);
         let jobs = dir
             .as_ref()
             .and_then(|dir| crate::usage::read::jobs(dir, now).ok())

@@ -89,44 +89,28 @@ impl Policy {
 }
 
 /// The site's default idle timeout: [`SITE_FILE`] in the scratch directory
-/// open as `dir`, believed only when the directory and the file are root's,
-/// the file regular with one link and writable by nobody else (nobody else
-/// can have written it). Opened relative to the directory, never through a
-/// link, and never waited on (a FIFO there is not read).
+/// open as `dir`, believed only as root wrote it ([`super::site`]).
 pub(crate) fn site_default(dir: &crate::flock::dir::ScratchDir) -> Option<Duration> {
-    use nix::fcntl::OFlag;
-    use std::io::Read;
-    if nix::sys::stat::fstat(dir.fd()).ok()?.st_uid != 0 {
-        return None;
-    }
     let name = std::ffi::CString::new(SITE_FILE).expect("no NUL in the name");
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    let fd = crate::sys::fs::openat(dir.fd(), &name, flags, 0).ok()?;
-    let st = nix::sys::stat::fstat(&fd).ok()?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG
-        || st.st_uid != 0
-        || st.st_nlink != 1
-        || st.st_mode & 0o022 != 0
-    {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::from(fd)
-        .take(MOST_SITE + 1)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    parse_site(&bytes)
+    parse_site(&super::site::root_file(dir.fd(), &name, MOST_SITE)?)
 }
 
-/// The idle timeout a hold in `dir` runs under: the site's policy is a
-/// ceiling, so a job may ask for a shorter one but not a longer one. A
-/// longer request is refused before anything is taken (exit 2, the policy
-/// named): capping it would stop the job sooner than its owner asked, with
-/// the reason said only after it had waited its turn and started.
+/// The idle timeout a hold of `resources` in `dir` runs under: the site's
+/// policy is a ceiling, so a job may ask for a shorter one but not a longer
+/// one. A longer request is refused before anything is taken (exit 2, the
+/// policy named): capping it would stop the job sooner than its owner
+/// asked, with the reason said only after it had waited its turn and
+/// started. The policy is read only where it can matter: a timeout was
+/// asked, or a resource maps to GPUs (the only thing idle is measured on);
+/// a plain take reads nothing.
 pub(crate) fn within_site(
     asked: Option<Duration>,
     dir: &crate::flock::dir::ScratchDir,
+    resources: &[crate::resource::Resource],
 ) -> anyhow::Result<Option<Duration>> {
+    if asked.is_none() && !super::sample::any_gpus(resources) {
+        return Ok(None);
+    }
     let site = site_default(dir);
     match (asked, site) {
         (Some(asked), Some(site)) if asked > site => Err(crate::exit::coded(
@@ -139,13 +123,13 @@ pub(crate) fn within_site(
 }
 
 /// The longest [`SITE_FILE`] believed.
-const MOST_SITE: u64 = 64;
+const MOST_SITE: usize = 64;
 
 /// What a [`SITE_FILE`] says: one duration (`2h`, `90m`, a bare number of
 /// seconds), not zero; anything longer than [`MOST_SITE`] bytes, not UTF-8
 /// or not a duration says nothing.
 pub(crate) fn parse_site(bytes: &[u8]) -> Option<Duration> {
-    if bytes.len() as u64 > MOST_SITE {
+    if bytes.len() > MOST_SITE {
         return None;
     }
     let text = std::str::from_utf8(bytes).ok()?;
@@ -290,7 +274,7 @@ mod tests {
                 bytes in proptest::collection::vec(any::<u8>(), 0..200)
             ) {
                 if let Some(d) = parse_site(&bytes) {
-                    prop_assert!(bytes.len() as u64 <= MOST_SITE);
+                    prop_assert!(bytes.len() <= MOST_SITE);
                     prop_assert!(!d.is_zero());
                 }
             }

@@ -17,6 +17,7 @@ pub(crate) mod line;
 pub(crate) mod read;
 pub(crate) mod report;
 pub(crate) mod sample;
+pub(crate) mod site;
 pub(crate) mod track;
 
 use std::ffi::CString;
@@ -52,14 +53,40 @@ pub(crate) const VERSION: u32 = 1;
 /// Longest line a reader accepts.
 pub(crate) const MAX_LINE: usize = 16 * 1024;
 
-/// Where records go: `DEVLOCK_USAGE_DIR` (`none` or `off`: nowhere), else the
-/// managed directory where it exists, else [`OPEN_DIR`].
-pub(crate) fn dir() -> Option<PathBuf> {
+/// Where records of holds in the lock directory `lock` go:
+/// `DEVLOCK_USAGE_DIR` (`none` or `off`: nowhere), else where `devlock
+/// setup` recorded it in `lock` ([`site::USAGE_FILE`], believed only as
+/// root wrote it), else the managed directory where it exists, else
+/// [`OPEN_DIR`]. `None`: no records.
+pub(crate) fn dir_for(lock: Option<&crate::flock::dir::ScratchDir>) -> Option<PathBuf> {
+    if let Some(named) = named_by_env() {
+        return named;
+    }
+    match lock.and_then(|lock| site::usage_dir(lock.fd())) {
+        Some(site::UsageDir::Nowhere) => None,
+        Some(site::UsageDir::At(path)) => Some(path),
+        None if Path::new(MANAGED_DIR).is_dir() => Some(PathBuf::from(MANAGED_DIR)),
+        None => Some(PathBuf::from(OPEN_DIR)),
+    }
+}
+
+/// [`dir_for`] the lock directory at `lock`, opened (never made) as a take
+/// opens it: for a reader of records (`report`, `serve`) that has not
+/// opened it already.
+pub(crate) fn dir_at(lock: &Path) -> Option<PathBuf> {
+    if let Some(named) = named_by_env() {
+        return named;
+    }
+    let opened = crate::flock::dir::ScratchDir::open(lock).ok().flatten();
+    dir_for(opened.as_ref())
+}
+
+/// What `DEVLOCK_USAGE_DIR` says, if it is set: nowhere, or there.
+fn named_by_env() -> Option<Option<PathBuf>> {
     match std::env::var_os(ENV) {
-        Some(v) if v == "none" || v == "off" => None,
-        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
-        _ if Path::new(MANAGED_DIR).is_dir() => Some(PathBuf::from(MANAGED_DIR)),
-        _ => Some(PathBuf::from(OPEN_DIR)),
+        Some(v) if v == "none" || v == "off" => Some(None),
+        Some(v) if !v.is_empty() => Some(Some(PathBuf::from(v))),
+        _ => None,
     }
 }
 
@@ -203,12 +230,11 @@ pub(crate) struct Log {
 }
 
 impl Log {
-    /// Opens (or makes) this user's file in the usage directory and writes
-    /// `start`; `None`, with a note on stderr unless `quiet`, when records
-    /// cannot be kept (the hold goes on).
-    pub(crate) fn start(start: &Start, quiet: bool) -> Option<Log> {
-        let dir = dir()?;
-        match open_own(&dir) {
+    /// Opens (or makes) this user's file in the usage directory `dir` and
+    /// writes `start`; `None`, with a note on stderr unless `quiet`, when
+    /// records cannot be kept (the hold goes on), or are kept nowhere.
+    pub(crate) fn start(start: &Start, dir: Option<&Path>, quiet: bool) -> Option<Log> {
+        match open_own(dir?) {
             Ok(file) => {
                 let log = Log {
                     file,
@@ -375,8 +401,7 @@ fn open_own(dir: &Path) -> Result<std::fs::File, String> {
             crate::proc::os_text(&e)
         )
     };
-    let (stem, file) = open_file(&dir_fd, uid).map_err(shown)?;
-    let size = file.metadata().map_or(0, |m| m.len());
+    let (stem, file, size) = open_file(&dir_fd, uid).map_err(shown)?;
     if size <= ROTATE_AT {
         return Ok(file);
     }
@@ -385,7 +410,7 @@ fn open_own(dir: &Path) -> Result<std::fs::File, String> {
     // stem, so that a user keeps one file and one .old.
     let (from, to) = (format!("{stem}.jsonl"), format!("{stem}.jsonl.old"));
     if nix::fcntl::renameat(&dir_fd, from.as_str(), &dir_fd, to.as_str()).is_ok()
-        && let Ok(Some(anew)) = open_stem(&dir_fd, &stem, uid)
+        && let Ok(Some((anew, _))) = open_stem(&dir_fd, &stem, uid)
     {
         return Ok(anew);
     }
@@ -393,14 +418,14 @@ fn open_own(dir: &Path) -> Result<std::fs::File, String> {
 }
 
 /// The file of this user's records in the usage directory open as `dir`,
-/// and its stem: `UID.jsonl`, or, where a co-user made that name (or its
-/// `.old`) first, one of this user's `UID.TAG.jsonl` (TAG sixteen random
-/// hex digits: nobody can make it before this user has).
-fn open_file(dir: &OwnedFd, uid: u32) -> io::Result<(String, std::fs::File)> {
+/// its stem and its size: `UID.jsonl`, or, where a co-user made that name
+/// (or its `.old`) first, one of this user's `UID.TAG.jsonl` (TAG sixteen
+/// random hex digits: nobody can make it before this user has).
+fn open_file(dir: &OwnedFd, uid: u32) -> io::Result<(String, std::fs::File, u64)> {
     for _ in 0..TRIES {
         let stem = stem_for(dir, uid)?;
-        if let Some(file) = open_stem(dir, &stem, uid)? {
-            return Ok((stem, file));
+        if let Some((file, size)) = open_stem(dir, &stem, uid)? {
+            return Ok((stem, file, size));
         }
     }
     Err(io::Error::other(
@@ -412,8 +437,9 @@ fn open_file(dir: &OwnedFd, uid: u32) -> io::Result<(String, std::fs::File)> {
 /// opened without O_CREAT when there (`fs.protected_regular`), never
 /// through a symbolic link, and kept only as a regular file of this user's
 /// with one link (in a sticky directory nobody else can then rename,
-/// replace or remove it); `None` when something else took the name.
-fn open_stem(dir: &OwnedFd, stem: &str, uid: u32) -> io::Result<Option<std::fs::File>> {
+/// replace or remove it), with its size; `None` when something else took
+/// the name.
+fn open_stem(dir: &OwnedFd, stem: &str, uid: u32) -> io::Result<Option<(std::fs::File, u64)>> {
     let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let name = CString::new(format!("{stem}.jsonl")).expect("no NUL in a number");
     let fd = match crate::sys::fs::openat(dir.as_fd(), &name, flags | OFlag::O_NONBLOCK, 0) {
@@ -438,7 +464,8 @@ fn open_stem(dir: &OwnedFd, stem: &str, uid: u32) -> io::Result<Option<std::fs::
         Err(_) => return Ok(None),
     };
     let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
-    Ok(is_ours(&st, uid).then(|| std::fs::File::from(fd)))
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    Ok(is_ours(&st, uid).then(|| (std::fs::File::from(fd), size)))
 }
 
 /// A regular file of `uid`'s with one link.

@@ -76,10 +76,16 @@ pub(crate) struct Job {
 impl Job {
     /// Whether any resource maps to GPUs: only then is there anything to sample.
     pub(crate) fn has_gpus(&self) -> bool {
-        self.resources
-            .iter()
-            .any(|r| gpu_indices(r, &[]).is_some_and(|ix| !ix.is_empty()) || r.as_str() == "gpu")
+        any_gpus(&self.resources)
     }
+}
+
+/// Whether any of `resources` maps to GPUs (what a hold's usage samples and
+/// its idle policy acts on).
+pub(crate) fn any_gpus(resources: &[Resource]) -> bool {
+    resources
+        .iter()
+        .any(|r| gpu_indices(r, &[]).is_some_and(|ix| !ix.is_empty()) || r.as_str() == "gpu")
 }
 
 impl Sampler {

@@ -23,6 +23,8 @@ pub(crate) struct Hold {
     pub waited: Duration,
     pub mem_mib: Option<u64>,
     pub idle_timeout: Option<Duration>,
+    /// Where its records go ([`super::dir_for`]); `None`: nowhere.
+    pub usage_dir: Option<std::path::PathBuf>,
     /// `cli` or `python`.
     pub from: &'static str,
     /// The processes whose trees are the job's.
@@ -66,12 +68,12 @@ pub(crate) fn needs_watch(hold: &Hold) -> bool {
         probe_timeout: hold.probe_timeout,
         busy_file: None,
     };
-    job.has_gpus() && (super::dir().is_some() || hold.idle_timeout.is_some())
+    job.has_gpus() && (hold.usage_dir.is_some() || hold.idle_timeout.is_some())
 }
 
 /// The start line alone, for a hold nothing watches.
 pub(crate) fn start_line(hold: &Hold) {
-    Log::start(&start_of(hold), hold.quiet);
+    Log::start(&start_of(hold), hold.usage_dir.as_deref(), hold.quiet);
 }
 
 fn start_of(hold: &Hold) -> Start {
@@ -106,7 +108,7 @@ impl Tracker {
     pub(crate) fn start(hold: &Hold) -> Tracker {
         let names: Vec<String> = hold.resources.iter().map(|r| r.to_string()).collect();
         let start = start_of(hold);
-        let log = Log::start(&start, hold.quiet);
+        let log = Log::start(&start, hold.usage_dir.as_deref(), hold.quiet);
         let busy = Some(BusyFile::for_holder(hold.pid, hold.pid_start));
         let job = Job {
             resources: hold.resources.clone(),

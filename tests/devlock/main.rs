@@ -90,6 +90,7 @@ mod serve;
 mod serve_scene;
 mod shared_machine;
 mod signals;
+mod site_record;
 mod status;
 mod torture;
 mod usage;
@@ -99,6 +100,11 @@ fn main() {
     // so the listing shows nothing ignored that is not a skipped test).
     if std::env::var_os("DEVLOCK_TEST_COUNTER").is_some() {
         signals::signal_counter();
+        return;
+    }
+    // So are the library's holds of the usage record's tests.
+    if let Some(dir) = std::env::var_os(site_record::LIBRARY_HOLD) {
+        site_record::library_hold(dir.into());
         return;
     }
     let args = libtest_mimic::Arguments::from_args();
