@@ -155,6 +155,7 @@ fn wait_for<T>(
             // in a log the command may start first (hand-off latency).
             let on_terminal = display != Display::Log && !plan.quiet;
             let (state, plan) = (state.clone(), plan.clone());
+            crate::sys::process::one_heap();
             let spawned = std::thread::Builder::new()
                 .name("devlock-wait".into())
                 .stack_size(256 * 1024)
@@ -488,8 +489,17 @@ struct Seen {
     place: Option<usize>,
 }
 
-/// Who stands in the way of `watch` now.
-fn seen(watch: &Watch) -> Seen {
+/// How far back in line a waiting line still names who is ahead. Naming
+/// them reads every registration ahead (and each waiter's descriptors):
+/// in a line of hundreds each waiter's look cost as much as the line is
+/// long, and all of them starting together kept the machine busy for a
+/// minute. Further back, the line says the holder and the place.
+const NAMES_AHEAD_UP_TO: usize = 16;
+
+/// Who stands in the way of `watch` now; `bounded`: for a waiting line,
+/// naming who is ahead only within [`NAMES_AHEAD_UP_TO`] (a timeout's
+/// message, said once, names them from any place).
+fn seen(watch: &Watch, bounded: bool) -> Seen {
     let place = watch.ticket.and_then(|ticket| {
         let name = watch.resource.file_name();
         crate::flock::queue::count_ahead(&watch.dir, &name, ticket)
@@ -498,7 +508,7 @@ fn seen(watch: &Watch) -> Seen {
     });
     // Naming who is ahead needs the registrations; only read them when
     // somebody is.
-    if place.is_some_and(|p| p > 1) {
+    if place.is_some_and(|p| p > 1 && (!bounded || p <= NAMES_AHEAD_UP_TO + 1)) {
         let view =
             status::describe_in_line(&watch.lock, &watch.dir, &watch.resource, watch.agreement);
         let me = std::process::id();
@@ -580,7 +590,7 @@ impl Board {
         let holder = shown
             .watches
             .iter()
-            .find_map(|w| seen(w).view.holders.first().cloned());
+            .find_map(|w| seen(w, false).view.holders.first().cloned());
         let resource = match &shown.watches[..] {
             [one] => one.resource.to_string(),
             _ => shown.label.clone(),
@@ -618,7 +628,7 @@ impl Shown {
         match &self.watches[..] {
             [] => {}
             [watch] => {
-                let seen = seen(watch);
+                let seen = seen(watch, true);
                 if let Some(room) = room_text(watch) {
                     parts.push((format!(" · {}", unnamed(watch, &room)), true));
                 } else if let Some(h) = seen.view.holders.first() {
@@ -648,7 +658,7 @@ impl Shown {
                 let each: Vec<String> = several
                     .iter()
                     .map(|watch| {
-                        let seen = seen(watch);
+                        let seen = seen(watch, true);
                         if let Some(room) = room_text(watch) {
                             return room;
                         }
@@ -679,7 +689,7 @@ impl Shown {
                 if let Some(room) = room_text(watch) {
                     return format!(": {}", unnamed(watch, &room));
                 }
-                let seen = seen(watch);
+                let seen = seen(watch, false);
                 in_the_way(&seen.view, &seen.ahead)
             }
             several => {
@@ -689,7 +699,7 @@ impl Shown {
                         if let Some(room) = room_text(watch) {
                             return room;
                         }
-                        let seen = seen(watch);
+                        let seen = seen(watch, false);
                         let why = in_the_way(&seen.view, &seen.ahead);
                         format!("{} {}", watch.label, why.trim_start_matches(": "))
                     })

@@ -171,3 +171,15 @@ pub(crate) fn close_raw(fd: RawFd) {
     // SAFETY: close(2) of a descriptor number the caller gave up.
     unsafe { libc::close(fd) };
 }
+
+/// Lets a thread started from now on share the main heap rather than get
+/// an arena of its own (glibc reserves 64 MiB of address space and touches
+/// tens of kB for each): for the one helper thread of a wait, whose few
+/// allocations gain nothing from an arena of their own.
+pub(crate) fn one_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's settings.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
