@@ -171,11 +171,7 @@ pub(crate) fn the_scene_of_case_one_shows_every_user_one_row_per_request_in_80_c
         // The kernel lists a shared lock's holders in no fixed order.
         let mut holders = steps(&group["holders"]);
         holders.sort();
-        assert_eq!(
-            holders,
-            ["bench", "train"],
-            "as {uid}: {group}"
-        );
+        assert_eq!(holders, ["bench", "train"], "as {uid}: {group}");
         for holder in group["holders"].as_array().unwrap() {
             assert_ne!(holder["source"], "unknown", "as {uid}: {group}");
             assert!(
