@@ -292,7 +292,7 @@ pub(crate) fn a_session_leaders_group_or_session_sigkill_ends_the_job() {
 
 test!(timeout_kill_after_ends_the_job, needs: [Tool("timeout")]);
 /// `timeout -s TERM -k 1 3 devlock r -- ...`: the SIGTERM reaches the
-/// command once (it logs it and goes on), then timeout's SIGKILL of its
+/// command as timeout sends it (it logs it and goes on), then timeout's SIGKILL of its
 /// whole group ends everything (timeout with it: 137 to its shell).
 pub(crate) fn timeout_kill_after_ends_the_job() {
     let job = Job::new();
@@ -315,11 +315,13 @@ pub(crate) fn timeout_kill_after_ends_the_job() {
         Some(libc::SIGKILL),
         "timeout's exit: {status:?}"
     );
+    // timeout sends its SIGTERM to the command and again to its group:
+    // once or twice (as the two sends meet in one pending signal or not),
+    // as without devlock, which adds none.
     let heard = std::fs::read_to_string(&job.heard).unwrap_or_default();
-    assert_eq!(
-        heard.lines().count(),
-        1,
-        "the command heard SIGTERM once: {heard:?}"
+    assert!(
+        matches!(heard.lines().count(), 1 | 2),
+        "the command heard SIGTERM once or twice: {heard:?}"
     );
     ends_the_job(&job, "timeout -k", &victims, waiter, killed);
 }

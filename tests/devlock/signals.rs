@@ -158,23 +158,42 @@ pub(crate) fn a_signal_sent_to_devlocks_process_group_reaches_the_command_once()
 
 test!(timeout_reaches_the_command_once, needs: [Tool("timeout")]);
 pub(crate) fn timeout_reaches_the_command_once() {
-    // timeout(1) signals its child and then its whole process group. It
-    // does so when its time is up, or when it is itself told to stop,
-    // which lets the test pick the moment instead of guessing a duration.
+    // timeout(1) signals its child, and then (without --foreground) its
+    // whole process group too: a command under it hears the signal once or
+    // twice, as the two sends meet in one pending signal or not, with or
+    // without devlock. devlock, being the command, adds none: with
+    // --foreground (the child alone) it is exactly once, and without, never
+    // more than timeout's two. timeout does so when its time is up, or when
+    // it is itself told to stop, which lets the test pick the moment
+    // instead of guessing a duration.
     for round in 0..ROUNDS {
-        let s = Scratch::new();
-        let counter = Counter::new(&s, "timeout");
-        let mut timeout = spawn_quiet(
-            Command::new("timeout")
-                .args(["-s", "INT", "1h", BIN])
-                .args(counter.args(&["r"]))
-                .env("DEVLOCK_DIR", s.dir()),
-        );
-        let command = counter.pid();
-        kill(timeout.id() as i32, libc::SIGINT);
-        let heard = counter.settle(command, libc::SIGINT);
-        once(&heard, "INT", &format!("timeout, round {round}"));
-        wait_child(&mut timeout);
+        for foreground in [true, false] {
+            let s = Scratch::new();
+            let counter = Counter::new(&s, "timeout");
+            let mut timeout = Command::new("timeout");
+            if foreground {
+                timeout.arg("--foreground");
+            }
+            let mut timeout = spawn_quiet(
+                timeout
+                    .args(["-s", "INT", "1h", BIN])
+                    .args(counter.args(&["r"]))
+                    .env("DEVLOCK_DIR", s.dir()),
+            );
+            let command = counter.pid();
+            kill(timeout.id() as i32, libc::SIGINT);
+            let heard = counter.settle(command, libc::SIGINT);
+            let path = format!("timeout, foreground {foreground}, round {round}");
+            if foreground {
+                once(&heard, "INT", &path);
+            } else {
+                assert!(
+                    matches!(heard.len(), 1 | 2) && heard.iter().all(|h| h == "INT"),
+                    "{path}: the command heard {heard:?}"
+                );
+            }
+            wait_child(&mut timeout);
+        }
     }
 }
 
