@@ -67,7 +67,24 @@ pub(super) fn record_usage_dir(
 fn write_site_file(dir: &ScratchDir, name: &str, text: &str) -> Result<()> {
     use std::io::Write;
     let path = dir.path().join(name);
-    let _ = nix::unistd::unlinkat(dir.fd(), name, nix::unistd::UnlinkatFlags::RemoveDir);
+    // A directory at the name (planted by whoever owned the lock directory
+    // before setup took it over) would make the rename below fail: it is
+    // moved aside, whatever it holds, and said; setup owns the directory
+    // now, so nobody can plant another in its place.
+    let planted = nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .ok()
+        .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    if let Some(st) = planted {
+        let aside = format!(".{name}.planted-{}", std::process::id());
+        nix::fcntl::renameat(dir.fd(), name, dir.fd(), aside.as_str())
+            .with_context(|| format!("moving aside the directory at {}", show_path(&path)))?;
+        eprintln!(
+            "devlock: {} was a directory of {}'s; moved aside to {}",
+            show_path(&path),
+            sanitize(&crate::proc::process::user_name(st.st_uid)),
+            show_path(&dir.path().join(&aside))
+        );
+    }
     for n in 0..TRIES {
         let temp = format!(".{name}.setup-{}-{n}", std::process::id());
         let flags =

@@ -286,6 +286,49 @@ pub(crate) fn a_usage_record_root_did_not_write_is_not_believed() {
     assert_eq!(records(&hers, USER_B), "");
 }
 
+test!(a_directory_planted_at_a_site_records_name_does_not_stop_setup, needs: [Root, Tool("setpriv"), Tool("unshare")]);
+/// Before setup, an open lock directory (1777) lets a user make a
+/// non-empty directory at `.usage-dir` or `.idle-timeout`, which no rename
+/// of a file can replace: setup moves it aside, says so, and writes its
+/// records; it does not stop half-way.
+pub(crate) fn a_directory_planted_at_a_site_records_name_does_not_stop_setup() {
+    let s = Scratch::new();
+    let d = Defaults::new(&s);
+    let out = d
+        .devlock(&s, 0)
+        .env("DEVLOCK_USAGE_DIR", "none")
+        .args(["--no-setup-warning", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    for name in [".usage-dir", ".idle-timeout"] {
+        let planted = s.dir().join(name).join("x");
+        let made = as_user(USER_A, "mkdir")
+            .arg("-p")
+            .arg(&planted)
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{}", stderr(&made));
+    }
+    let out = d.run(&s, 0, &["setup", "--idle-timeout", "1h", "r"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for name in [".usage-dir", ".idle-timeout"] {
+        let record = s.dir().join(name);
+        assert_eq!(owner_mode(&record), (0, 0o644), "{name}");
+        assert!(
+            stderr(&out).contains(&format!("{name} was a directory of ")),
+            "{name}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(s.dir().join(".usage-dir")).unwrap(),
+        "/var/lib/devlock/usage\n"
+    );
+    d.job(&s, USER_B, None, "after-the-plant");
+    assert!(records(&d.managed_default(), USER_B).contains("after-the-plant"));
+}
+
 test!(the_boot_snippet_carries_the_usage_directory_and_its_record, needs: [Root, Tool("setpriv"), Tool("unshare"), Tool("systemd-tmpfiles")]);
 pub(crate) fn the_boot_snippet_carries_the_usage_directory_and_its_record() {
     let s = Scratch::new();
