@@ -275,3 +275,44 @@ pub(crate) fn an_idle_or_over_budget_stop_ends_the_whole_job() {
         assert_eq!(g.how_it_ended(), how);
     }
 }
+
+test!(a_command_that_closes_its_descriptors_lets_the_lock_go_and_a_shell_keeps_it, needs: [Tool("python3")]);
+/// The lock lives in the command's descriptors (as under `flock -F`): a
+/// command that closes every descriptor it inherits (sudo, ssh) lets the
+/// lock go while it runs, as devlock(1) says; the remedy it gives, a shell
+/// that holds the lock and runs the command as its child, keeps it.
+pub(crate) fn a_command_that_closes_its_descriptors_lets_the_lock_go_and_a_shell_keeps_it() {
+    let s = Scratch::new();
+    for (tag, via_shell) in [("closer", false), ("shell", true)] {
+        let (ready, go) = (
+            s.work(&format!("{tag}-ready")),
+            s.work(&format!("{tag}-go")),
+        );
+        let python = format!(
+            "import os,time\nos.closerange(3, 65536)\nopen({r:?}, 'w').close()\nwhile not os.path.exists({g:?}): time.sleep(0.01)",
+            r = ready.display().to_string(),
+            g = go.display().to_string()
+        );
+        let mut cmd = s.devlock();
+        cmd.args(["-q", "r", "--"]);
+        if via_shell {
+            cmd.args(["sh", "-c", "python3 -c \"$1\"; exit $?", "sh", &python]);
+        } else {
+            cmd.args(["python3", "-c", &python]);
+        }
+        let mut holder = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_file(&ready);
+        let taken = s.run(&["-n", "r", "--", "true"]);
+        if via_shell {
+            assert_eq!(taken.status.code(), Some(75), "{tag}: {}", stderr(&taken));
+        } else {
+            assert!(taken.status.success(), "{tag}: {}", stderr(&taken));
+        }
+        std::fs::write(&go, "").unwrap();
+        assert!(wait_child(&mut holder).success(), "{tag}");
+    }
+}
