@@ -284,10 +284,24 @@ pub(crate) fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path
     )
 }
 
+/// Waits for a holder its watcher stopped on a lost lease: the command's
+/// own status is SIGTERM's (the watcher's), and devlock said why.
+pub(crate) fn stopped_on_lease_loss(holder: std::process::Child) {
+    let out = holder.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGTERM),
+        "{:?}: {err}",
+        out.status
+    );
+    assert!(err.contains("lost the etcd lease"), "{err}");
+}
+
 /// Starts a waiter for `r` whose command first writes to the returned
 /// verdict file whether the processes in `pid_files` are all gone, and
 /// waits until it is in line.
-fn waiter_checking(
+pub(crate) fn waiter_checking(
     s: &Scratch,
     url: &str,
     r: &str,
@@ -326,16 +340,7 @@ pub(crate) fn etcd_holder_cut_off_stops_its_work_before_the_next_one_starts() {
     wait_for_file(&shell);
     let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&shell, &orphan]);
     proxy.cut();
-    let out = holder.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    // The command's own status: the watcher's SIGTERM ended the shell.
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGTERM),
-        "{:?}: {err}",
-        out.status
-    );
-    assert!(err.contains("lost the etcd lease"), "{err}");
+    stopped_on_lease_loss(holder);
     assert!(wait_child(&mut waiter).success());
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
 }
@@ -576,15 +581,7 @@ pub(crate) fn etcd_frozen_server_stops_the_command_and_the_lock_frees_after_thaw
     );
     let command_pid = pid_in(&pid_file);
     server.freeze();
-    let out = holder.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGTERM),
-        "{:?}: {err}",
-        out.status
-    );
-    assert!(err.contains("lost the etcd lease"), "{err}");
+    stopped_on_lease_loss(holder);
     wait_gone(command_pid);
     server.thaw();
     // Once etcd runs again it expires the lease, and the lock is free.

@@ -6,10 +6,13 @@
 //! the lease back once the job has ended. Killed alone, it leaves the job
 //! running, and the lease runs out under it within its TTL.
 
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 
-use crate::etcd::{devlock, name, spawn, verdict_script, wait_for, wait_free, waiters, write_pid};
+use crate::etcd::{
+    devlock, name, spawn, stopped_on_lease_loss, verdict_script, wait_for, wait_free,
+    waiter_checking, write_pid,
+};
 use crate::etcd_server::{Proxy, shared_etcd};
 use crate::harness::*;
 
@@ -149,24 +152,9 @@ pub(crate) fn etcd_chain_a_lease_loss_stops_the_whole_job_before_the_next_holder
         || stat_of(away_pid).map_or(0, |(_, group, _)| group),
         |&group| group == away_pid,
     );
-    let verdict = s.work("verdict");
-    let mut waiter = spawn(
-        &s,
-        &url,
-        &["-q", &r],
-        &verdict_script(&[&shell, &away], &verdict),
-    );
-    wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
+    let (mut waiter, verdict) = waiter_checking(&s, &url, &r, &[&shell, &away]);
     proxy.cut();
-    let out = holder.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGTERM),
-        "{:?}: {err}",
-        out.status
-    );
-    assert!(err.contains("lost the etcd lease"), "{err}");
+    stopped_on_lease_loss(holder);
     wait_gone(away_pid);
     assert!(wait_child(&mut waiter).success());
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");

@@ -4,11 +4,12 @@
 //! a slot holder cut off from etcd; and what a `gpu:N` or MIG instance's
 //! command is told, with this machine's checks.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::etcd::{name, status, verdict_script, wait_for, waiters, write_pid};
+use crate::etcd::{
+    name, status, stopped_on_lease_loss, verdict_script, wait_for, waiters, write_pid,
+};
 use crate::etcd_server::{Proxy, shared_etcd};
 use crate::harness::*;
 
@@ -350,15 +351,7 @@ pub(crate) fn etcd_slot_holder_cut_off_stops_its_work_before_the_next_slot_holde
     let mut waiter = spawn_on("m3", &s, &url, &["-q", "--slots", "2", &r], &next);
     wait_for(&s, &url, &r, "a waiter", |v| waiters(v) == 1);
     proxy.cut();
-    let out = cut_off.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGTERM),
-        "{:?}: {err}",
-        out.status
-    );
-    assert!(err.contains("lost the etcd lease"), "{err}");
+    stopped_on_lease_loss(cut_off);
     assert!(wait_child(&mut waiter).success());
     assert_eq!(read(&verdict), "clean");
     assert_eq!(read(&s.work("slot-m3")), read(&slot));
@@ -500,14 +493,7 @@ pub(crate) fn etcd_any_holder_cut_off_stops_its_work_before_the_next_one_starts(
     );
     wait_for(&s, &url, &a, "a waiter", |v| waiters(v) == 1);
     proxy.cut();
-    let out = cut_off.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGTERM),
-        "{:?}: {err}",
-        out.status
-    );
+    stopped_on_lease_loss(cut_off);
     assert!(wait_child(&mut waiter).success());
     assert_eq!(read(&verdict), "clean");
     release(&s, "m2");
