@@ -35,13 +35,9 @@ impl Gpus {
 
     fn devlock(&self) -> Command {
         let mut cmd = self.s.devlock();
-        cmd.env(
-            "DEVLOCK_NVIDIA_SMI",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-        )
-        .env("FAKE_GPU_DIR", &self.state)
-        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        .stdin(Stdio::null());
+        cmd.on_fake_gpu(&self.state)
+            .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+            .stdin(Stdio::null());
         cmd
     }
 
@@ -700,11 +696,7 @@ pub(crate) fn budgets_of_another_user_count_and_are_counted() {
         let mut cmd = as_user(USER_A, BIN);
         cmd.args(args)
             .env("DEVLOCK_DIR", g.s.dir())
-            .env(
-                "DEVLOCK_NVIDIA_SMI",
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-            )
-            .env("FAKE_GPU_DIR", &g.state)
+            .on_fake_gpu(&g.state)
             .stdin(Stdio::null());
         cmd
     };
@@ -902,11 +894,7 @@ pub(crate) fn a_starting_job_stopped_by_ctrl_z_lets_the_next_budget_start() {
             .env_remove("PROMPT_COMMAND")
             .env("DEVLOCK_DIR", g.s.dir())
             .env("DEVLOCK_NVML", "none")
-            .env(
-                "DEVLOCK_NVIDIA_SMI",
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-            )
-            .env("FAKE_GPU_DIR", &g.state),
+            .on_fake_gpu(&g.state),
     );
     pty.wait_for("PROMPT> ");
     // Starting for an hour unless it steps aside: its memory never shows.

@@ -28,15 +28,11 @@ impl Gpu {
 
     fn devlock(&self) -> Command {
         let mut cmd = self.s.devlock();
-        cmd.env(
-            "DEVLOCK_NVIDIA_SMI",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-        )
-        .env("FAKE_GPU_DIR", &self.state)
-        .env("DEVLOCK_SAMPLE_EVERY", "200ms")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        cmd.on_fake_gpu(&self.state)
+            .env("DEVLOCK_SAMPLE_EVERY", "200ms")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         cmd
     }
 

@@ -278,6 +278,22 @@ pub fn wait_blocked(lock: &Path, count: usize) {
     }
 }
 
+/// Points a devlock command at contrib/fake-gpu's nvidia-smi, reading the
+/// GPUs it reports from `state` (the tests' stand-in for real cards).
+pub trait OnFakeGpu {
+    fn on_fake_gpu(&mut self, state: &Path) -> &mut Self;
+}
+
+impl OnFakeGpu for Command {
+    fn on_fake_gpu(&mut self, state: &Path) -> &mut Command {
+        self.env(
+            "DEVLOCK_NVIDIA_SMI",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
+        )
+        .env("FAKE_GPU_DIR", state)
+    }
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

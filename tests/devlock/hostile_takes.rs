@@ -61,11 +61,7 @@ pub(crate) fn devlock_busy_cannot_be_squatted_by_another_user() {
     let mut victim = Killed(
         devlock_as(&s, USER_A)
             .env("TMPDIR", &tmp)
-            .env(
-                "DEVLOCK_NVIDIA_SMI",
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-            )
-            .env("FAKE_GPU_DIR", &gpus)
+            .on_fake_gpu(&gpus)
             .args([
                 "-q",
                 "--idle-timeout",
@@ -126,11 +122,7 @@ pub(crate) fn devlock_busy_cannot_be_squatted_by_another_user() {
     // Another hold, another token.
     let again = s
         .devlock()
-        .env(
-            "DEVLOCK_NVIDIA_SMI",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-        )
-        .env("FAKE_GPU_DIR", &gpus)
+        .on_fake_gpu(&gpus)
         .args([
             "-q",
             "--idle-timeout",
