@@ -892,6 +892,18 @@ impl Drop for Stranger {
     }
 }
 
+/// The steps of the jobs a `report --json` document lists, sorted.
+pub fn report_steps(doc: &serde_json::Value) -> Vec<String> {
+    let mut steps: Vec<String> = doc["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["step"].as_str().unwrap().to_owned())
+        .collect();
+    steps.sort();
+    steps
+}
+
 /// A successful run's stdout as JSON (status --json).
 pub fn json_of(out: &Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", stderr(out));

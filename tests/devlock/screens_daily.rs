@@ -201,17 +201,7 @@ pub(crate) fn report_user_and_resource_list_exactly_those_jobs() {
     let steps = |filter: &[&str]| -> Vec<String> {
         let mut args = vec!["report", "--json"];
         args.extend(filter);
-        let out = s.devlock().args(&args).output().unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let mut steps: Vec<String> = json["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|j| j["step"].as_str().unwrap().to_owned())
-            .collect();
-        steps.sort();
-        steps
+        report_steps(&json_of(&s.devlock().args(&args).output().unwrap()))
     };
     assert_eq!(steps(&[]), ["alice-1", "alice-2", "bob-1"]);
     assert_eq!(steps(&["--user", "nobody"]), ["alice-1", "alice-2"]);

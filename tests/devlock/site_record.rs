@@ -100,16 +100,8 @@ impl Defaults {
             cmd.arg("--dir").arg(dir);
         }
         let out = cmd.args(["report", "--json"]).output().unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let mut steps: Vec<String> = doc["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|j| j["step"].as_str().unwrap().to_owned())
-            .collect();
-        steps.sort();
-        (doc["dir"].as_str().unwrap().to_owned(), steps)
+        let doc = json_of(&out);
+        (doc["dir"].as_str().unwrap().to_owned(), report_steps(&doc))
     }
 }
 
