@@ -6,7 +6,7 @@
 //! Handshakes only: holders write their pid into a ready file, and waiters
 //! are awaited through status until their registrations show.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Output, Stdio};
 
 use crate::harness::*;
@@ -82,12 +82,7 @@ impl Lab {
     /// `devlock` as `uid`, with the fake GPU.
     fn devlock(&self, uid: u32) -> std::process::Command {
         let mut cmd = devlock_as(&self.s, uid);
-        cmd.env(
-            "DEVLOCK_NVIDIA_SMI",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-        )
-        .env("FAKE_GPU_DIR", &self.gpus)
-        .env("DEVLOCK_NVML", "none");
+        cmd.on_fake_gpu(&self.gpus).env("DEVLOCK_NVML", "none");
         cmd
     }
 
@@ -399,12 +394,7 @@ pub(crate) fn a_gpus_budget_figures_follow_the_lock_rows() {
     std::fs::write(gpus.join("gpus"), "0 81920\n").unwrap();
     let devlock = || {
         let mut cmd = s.devlock();
-        cmd.env(
-            "DEVLOCK_NVIDIA_SMI",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi"),
-        )
-        .env("FAKE_GPU_DIR", &gpus)
-        .stdin(Stdio::null());
+        cmd.on_fake_gpu(&gpus).stdin(Stdio::null());
         cmd
     };
     let (script, ready) = hold_script(&s, "small");

@@ -551,11 +551,9 @@ pub(crate) fn names_nothing_uses_are_flagged_said_once_and_forgotten() {
     let state = s.work("gpus");
     std::fs::create_dir(&state).unwrap();
     std::fs::write(state.join("gpus"), "0 81920\n1 81920\n").unwrap();
-    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/fake-gpu/nvidia-smi");
     let run = |args: &[&str]| {
         s.devlock()
-            .env("DEVLOCK_NVIDIA_SMI", &fake)
-            .env("FAKE_GPU_DIR", &state)
+            .on_fake_gpu(&state)
             .args(args)
             .stdin(Stdio::null())
             .output()
