@@ -28,8 +28,7 @@ use std::os::fd::AsFd;
 
 use super::setup_path::{self, Parent};
 use super::setup_site::{
-    record_usage_dir, site_idle_timeout, tmpfiles, usage_asked, usage_managed, usage_named_by_env,
-    usage_way,
+    record_usage_dir, site_idle_timeout, tmpfiles, usage_asked, usage_managed, usage_way,
 };
 
 /// How many times a step that someone races is tried again.
@@ -102,7 +101,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         // their records go) must not move the site's in a snippet they print.
         let usage = usage_asked(args)
             .or_else(|| now.as_ref().and_then(|now| site::usage_dir(now.fd())))
-            .or_else(usage_named_by_env)
+            .or_else(crate::usage::named_by_env)
             .unwrap_or_else(usage_managed);
         let usage = match usage {
             UsageDir::At(path) => UsageDir::At(std::path::absolute(&path)?),
@@ -131,7 +130,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     // Asked, named by the variable (as setup has always taken it), or as
     // recorded before.
     let usage = usage_asked(args)
-        .or_else(usage_named_by_env)
+        .or_else(crate::usage::named_by_env)
         .or_else(|| {
             let now = parent.open().ok()?;
             site::usage_dir(now.as_fd())

@@ -114,27 +114,12 @@ fn write_site_file(dir: &ScratchDir, name: &str, text: &str) -> Result<()> {
 pub(super) fn usage_asked(args: &SetupArgs) -> Option<UsageDir> {
     args.usage_dir
         .as_deref()
-        .map(|asked| named(asked.as_os_str()))
-}
-
-/// The usage directory `DEVLOCK_USAGE_DIR` names, if it is set.
-pub(super) fn usage_named_by_env() -> Option<UsageDir> {
-    std::env::var_os(crate::usage::ENV)
-        .filter(|v| !v.is_empty())
-        .map(|v| named(&v))
+        .map(|asked| UsageDir::named(asked.as_os_str()))
 }
 
 /// The usage directory where nothing else names one.
 pub(super) fn usage_managed() -> UsageDir {
     UsageDir::At(crate::usage::MANAGED_DIR.into())
-}
-
-fn named(v: &std::ffi::OsStr) -> UsageDir {
-    if v == "none" || v == "off" {
-        UsageDir::Nowhere
-    } else {
-        UsageDir::At(std::path::PathBuf::from(v))
-    }
 }
 
 /// The usage directory setup makes root's (sticky, world-writable;

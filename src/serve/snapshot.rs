@@ -93,8 +93,9 @@ impl Snapshots {
     }
 
     /// The history and the users' day, read again when older than
-    /// [`HISTORY_FRESH_FOR`].
-    fn history(&self) -> Usage {
+    /// [`HISTORY_FRESH_FOR`], from the usage directory of the lock
+    /// directory open as `lock` ([`crate::usage::dir_for`]).
+    fn history(&self, lock: Option<&crate::flock::dir::ScratchDir>) -> Usage {
         use crate::usage::{history, report};
         let mut kept = self.history.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((taken, usage)) = kept.as_ref()
@@ -103,7 +104,7 @@ impl Snapshots {
             return usage.clone();
         }
         let now = crate::usage::now_ms();
-        let dir = crate::usage::dir_at(&self.dir);
+        let dir = crate::usage::dir_for(lock);
         let jobs = dir
             .as_ref()
             .and_then(|dir| crate::usage::read::jobs(dir, now).ok())
@@ -137,13 +138,15 @@ impl Snapshots {
         let at = SystemTime::now();
         let mut report = model::gather(&self.dir, &[], Some(self.probe_timeout))?;
         withhold_commands(&mut report);
-        let (history, users) = self.history();
+        // Opened (never made) as a take opens it, once for both records
+        // read from it.
+        let lock = crate::flock::dir::ScratchDir::open(&self.dir)
+            .ok()
+            .flatten();
+        let (history, users) = self.history(lock.as_ref());
         // Read as a job reads it: believed only when root's (see
         // `usage::idle::site_default`).
-        let idle_ceiling = crate::flock::dir::ScratchDir::open(&self.dir)
-            .ok()
-            .flatten()
-            .and_then(|dir| crate::usage::idle::site_default(&dir));
+        let idle_ceiling = lock.as_ref().and_then(crate::usage::idle::site_default);
         let snapshot = Arc::new(Snapshot {
             report,
             at,

@@ -59,12 +59,8 @@ pub(crate) const MAX_LINE: usize = 16 * 1024;
 /// root wrote it), else the managed directory where it exists, else
 /// [`OPEN_DIR`]. `None`: no records.
 pub(crate) fn dir_for(lock: Option<&crate::flock::dir::ScratchDir>) -> Option<PathBuf> {
-    if let Some(named) = named_by_env() {
-        return named;
-    }
-    match lock.and_then(|lock| site::usage_dir(lock.fd())) {
-        Some(site::UsageDir::Nowhere) => None,
-        Some(site::UsageDir::At(path)) => Some(path),
+    match named_by_env().or_else(|| lock.and_then(|lock| site::usage_dir(lock.fd()))) {
+        Some(usage) => usage.path(),
         None if Path::new(MANAGED_DIR).is_dir() => Some(PathBuf::from(MANAGED_DIR)),
         None => Some(PathBuf::from(OPEN_DIR)),
     }
@@ -72,22 +68,21 @@ pub(crate) fn dir_for(lock: Option<&crate::flock::dir::ScratchDir>) -> Option<Pa
 
 /// [`dir_for`] the lock directory at `lock`, opened (never made) as a take
 /// opens it: for a reader of records (`report`, `serve`) that has not
-/// opened it already.
+/// opened it already. Not opened where the variable names the directory.
 pub(crate) fn dir_at(lock: &Path) -> Option<PathBuf> {
-    if let Some(named) = named_by_env() {
-        return named;
-    }
-    let opened = crate::flock::dir::ScratchDir::open(lock).ok().flatten();
+    let opened = match named_by_env() {
+        Some(_) => None,
+        None => crate::flock::dir::ScratchDir::open(lock).ok().flatten(),
+    };
     dir_for(opened.as_ref())
 }
 
-/// What `DEVLOCK_USAGE_DIR` says, if it is set: nowhere, or there.
-fn named_by_env() -> Option<Option<PathBuf>> {
-    match std::env::var_os(ENV) {
-        Some(v) if v == "none" || v == "off" => Some(None),
-        Some(v) if !v.is_empty() => Some(Some(PathBuf::from(v))),
-        _ => None,
-    }
+/// What `DEVLOCK_USAGE_DIR` says, if it is set (not empty): nowhere, or
+/// there ([`site::UsageDir::named`]).
+pub(crate) fn named_by_env() -> Option<site::UsageDir> {
+    std::env::var_os(ENV)
+        .filter(|v| !v.is_empty())
+        .map(|v| site::UsageDir::named(&v))
 }
 
 /// How a hold ended.

@@ -30,6 +30,26 @@ pub(crate) enum UsageDir {
     At(PathBuf),
 }
 
+impl UsageDir {
+    /// What a name given by `--usage-dir` or `DEVLOCK_USAGE_DIR` says:
+    /// `none` (or `off`) for nowhere, else that directory.
+    pub(crate) fn named(v: &std::ffi::OsStr) -> UsageDir {
+        if v == "none" || v == "off" {
+            UsageDir::Nowhere
+        } else {
+            UsageDir::At(PathBuf::from(v))
+        }
+    }
+
+    /// The directory, if there is one.
+    pub(crate) fn path(self) -> Option<PathBuf> {
+        match self {
+            UsageDir::Nowhere => None,
+            UsageDir::At(path) => Some(path),
+        }
+    }
+}
+
 /// The usage directory recorded in the lock directory open as `dir`, if
 /// root recorded one.
 pub(crate) fn usage_dir(dir: BorrowedFd<'_>) -> Option<UsageDir> {
