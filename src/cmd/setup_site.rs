@@ -69,8 +69,11 @@ fn write_site_file(dir: &ScratchDir, name: &str, text: &str) -> Result<()> {
     let path = dir.path().join(name);
     // A directory at the name (planted by whoever owned the lock directory
     // before setup took it over) would make the rename below fail: it is
-    // moved aside, whatever it holds, and said; setup owns the directory
-    // now, so nobody can plant another in its place.
+    // moved aside, whatever it holds, and said. The directory stays sticky
+    // and open to every user (1777), so a user racing setup can still plant
+    // another between the move and the rename (or one at the aside name):
+    // setup then fails with the error, changing nothing more, and is run
+    // again.
     let planted = nix::sys::stat::fstatat(dir.fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
         .ok()
         .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
