@@ -28,9 +28,7 @@ pub(crate) fn columns() -> Option<usize> {
 /// its own, as an interactive shell starts it, rather than one shared with
 /// make, xargs, a script or the other half of a pipeline. Asked once, of
 /// `/proc` (a process can only join the group by being forked into it by
-/// a member, or moved in by the shell that built the job). A job guard,
-/// devlock's own or that of the devlock that started this one (a nested
-/// devlock), is no other job.
+/// a member, or moved in by the shell that built the job).
 pub(crate) fn alone_in_group() -> bool {
     static ALONE: OnceLock<bool> = OnceLock::new();
     *ALONE.get_or_init(|| {
@@ -38,7 +36,6 @@ pub(crate) fn alone_in_group() -> bool {
             crate::sys::process::own_group(),
             std::process::id() as libc::pid_t,
         );
-        let parent = nix::unistd::getppid().as_raw();
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return false;
         };
@@ -53,10 +50,7 @@ pub(crate) fn alone_in_group() -> bool {
             if pid == me {
                 continue;
             }
-            if let Some(other) = Member::of(pid)
-                && other.group == group
-                && !(other.is_guard && (other.parent == me || other.parent == parent))
-            {
+            if group_of(pid) == Some(group) {
                 return false;
             }
         }
@@ -64,27 +58,12 @@ pub(crate) fn alone_in_group() -> bool {
     })
 }
 
-/// What the group test needs of a process's stat line.
-struct Member {
-    group: libc::pid_t,
-    parent: libc::pid_t,
-    /// Named as devlock names its job guard (`crate::sys::guard`).
-    is_guard: bool,
-}
-
-impl Member {
-    fn of(pid: libc::pid_t) -> Option<Member> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (head, after_comm) = stat.rsplit_once(')')?;
-        let mut fields = after_comm.split_whitespace().skip(1);
-        let parent = fields.next()?.parse().ok()?;
-        let group = fields.next()?.parse().ok()?;
-        Some(Member {
-            group,
-            parent,
-            is_guard: head.ends_with("(devlock-guard"),
-        })
-    }
+/// The process group of `pid`, from its stat line (the fields after the
+/// command name, which may itself hold spaces and parentheses).
+fn group_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_comm) = stat.rsplit_once(')')?;
+    after_comm.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// Writes `text` to stderr in one call even when devlock's group is not
