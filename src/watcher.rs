@@ -137,15 +137,9 @@ fn let_go_of_locks(held: &[Held], keep_line: bool) {
 /// supervisor's SIGTERM); a job stop (Ctrl-Z) too: the watcher sees the
 /// job stopped and pauses its policies instead. And names the process.
 fn become_watcher() {
-    crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[
-        libc::SIGINT,
-        libc::SIGTERM,
-        libc::SIGHUP,
-        libc::SIGQUIT,
-        libc::SIGTSTP,
-        libc::SIGTTIN,
-        libc::SIGTTOU,
-    ]));
+    let mut stopping = crate::supervise::STOP_SIGNALS.to_vec();
+    stopping.extend([libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU]);
+    crate::sys::signal::block(&crate::sys::signal::SigSet::of(&stopping));
     crate::sys::process::set_name(c"devlock-watch");
 }
 
