@@ -32,10 +32,7 @@ pub(crate) fn columns() -> Option<usize> {
 pub(crate) fn alone_in_group() -> bool {
     static ALONE: OnceLock<bool> = OnceLock::new();
     *ALONE.get_or_init(|| {
-        let (group, me) = (
-            crate::sys::process::own_group(),
-            std::process::id() as libc::pid_t,
-        );
+        let (group, me) = (crate::sys::process::own_group() as u32, std::process::id());
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return false;
         };
@@ -43,27 +40,19 @@ pub(crate) fn alone_in_group() -> bool {
             let Some(pid) = entry
                 .file_name()
                 .to_str()
-                .and_then(|n| n.parse::<libc::pid_t>().ok())
+                .and_then(|n| n.parse::<u32>().ok())
             else {
                 continue;
             };
             if pid == me {
                 continue;
             }
-            if group_of(pid) == Some(group) {
+            if crate::proc::process::stat(pid).is_some_and(|s| s.pgrp == group) {
                 return false;
             }
         }
         true
     })
-}
-
-/// The process group of `pid`, from its stat line (the fields after the
-/// command name, which may itself hold spaces and parentheses).
-fn group_of(pid: libc::pid_t) -> Option<libc::pid_t> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, after_comm) = stat.rsplit_once(')')?;
-    after_comm.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// Writes `text` to stderr in one call even when devlock's group is not
