@@ -396,9 +396,9 @@ impl PathWatch<'_> {
             });
             let Some(pid) = waiter else { continue };
             self.self_wait_warned = true;
-            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .map(|comm| crate::text::sanitize(comm.trim_end()))
-                .unwrap_or_else(|_| "a process".to_owned());
+            let name = crate::proc::process::comm_of(pid)
+                .map(|comm| crate::text::sanitize(&comm))
+                .unwrap_or_else(|| "a process".to_owned());
             crate::tty::say_while_command_runs(&format!(
                 "devlock: warning: {name} (pid {pid}), part of this job, waits for a lock on {}, \
                  which this job holds as {}: it will wait for ever; name the lock after no file \
