@@ -29,21 +29,39 @@ pub(crate) fn wake_signal() -> libc::c_int {
     libc::SIGRTMIN() + 2
 }
 
-/// Blocks the signals devlock handles itself (the stop signals, SIGCHLD,
-/// SIGWINCH for the waiting line, and the wake signal) in this thread and
-/// every thread it starts, so they queue up for sigwaitinfo instead of
+/// Blocks the signals devlock handles itself (the stop signals, SIGWINCH
+/// for the waiting line, and the wake signal) in this thread and every
+/// thread it starts, so they queue up for sigwaitinfo instead of
 /// killing devlock while it waits (the exec unblocks them). Call before
 /// starting any thread.
 pub(crate) fn block_handled_signals() {
     let mut all = STOP_SIGNALS.to_vec();
-    all.extend([libc::SIGCHLD, libc::SIGWINCH, wake_signal()]);
+    all.extend([libc::SIGWINCH, wake_signal()]);
     signal::block(&SigSet::of(&all));
 }
 
+/// The device variables for the GPUs among `got`, added to `env`: a MIG
+/// instance is named to CUDA by its UUID, which only the probe knows.
+pub(crate) fn push_gpu_env<'a>(
+    env: &mut Env,
+    got: impl IntoIterator<Item = &'a crate::resource::Resource> + Clone,
+    probe_timeout: Duration,
+) -> Result<()> {
+    let gpu_env = match got.clone().into_iter().find(|r| r.mig_parent().is_some()) {
+        Some(instance) => {
+            crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
+        }
+        None => crate::gpu::cuda::child_env(got),
+    };
+    env.extend(gpu_env.into_iter().map(|(k, v)| (k.into(), v.into())));
+    Ok(())
+}
+
 /// Puts right what devlock may inherit from a careless parent: an ignored
-/// SIGCHLD (children would be reaped behind its back and it would wait
-/// forever) and closed standard descriptors (a lock file opened into fd 2
-/// would become the command's stderr).
+/// SIGCHLD (the children it waits for, a GPU tool and the watcher's first
+/// fork, would be reaped behind its back, and the command would inherit
+/// it) and closed standard descriptors (a lock file opened into fd 2 would
+/// become the command's stderr).
 pub(crate) fn sane_start() {
     signal::set_default(libc::SIGCHLD);
     crate::sys::fs::open_std_descriptors();
@@ -90,7 +108,7 @@ pub(crate) fn wait_stop_or_wake(timeout: Duration) -> Option<Received> {
     signal::wait(&SigSet::of(&signals), Some(timeout))
 }
 
-/// Looks `program` up as posix_spawnp(3) will when it starts it (on `PATH`,
+/// Looks `program` up as execvp(3) will when it starts it (on `PATH`,
 /// or the path itself when it has a slash) and checks that it can be
 /// executed, so that a typo fails at once with 127, or 126, instead of
 /// after its turn in line. The start itself still decides: this is a

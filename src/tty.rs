@@ -28,17 +28,11 @@ pub(crate) fn columns() -> Option<usize> {
 /// its own, as an interactive shell starts it, rather than one shared with
 /// make, xargs, a script or the other half of a pipeline. Asked once, of
 /// `/proc` (a process can only join the group by being forked into it by
-/// a member, or moved in by the shell that built the job). A job guard,
-/// devlock's own or that of the devlock that started this one (a nested
-/// devlock), is no other job.
+/// a member, or moved in by the shell that built the job).
 pub(crate) fn alone_in_group() -> bool {
     static ALONE: OnceLock<bool> = OnceLock::new();
     *ALONE.get_or_init(|| {
-        let (group, me) = (
-            crate::sys::process::own_group(),
-            std::process::id() as libc::pid_t,
-        );
-        let parent = nix::unistd::getppid().as_raw();
+        let (group, me) = (crate::sys::process::own_group() as u32, std::process::id());
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return false;
         };
@@ -46,45 +40,19 @@ pub(crate) fn alone_in_group() -> bool {
             let Some(pid) = entry
                 .file_name()
                 .to_str()
-                .and_then(|n| n.parse::<libc::pid_t>().ok())
+                .and_then(|n| n.parse::<u32>().ok())
             else {
                 continue;
             };
             if pid == me {
                 continue;
             }
-            if let Some(other) = Member::of(pid)
-                && other.group == group
-                && !(other.is_guard && (other.parent == me || other.parent == parent))
-            {
+            if crate::proc::process::stat(pid).is_some_and(|s| s.pgrp == group) {
                 return false;
             }
         }
         true
     })
-}
-
-/// What the group test needs of a process's stat line.
-struct Member {
-    group: libc::pid_t,
-    parent: libc::pid_t,
-    /// Named as devlock names its job guard (`crate::sys::guard`).
-    is_guard: bool,
-}
-
-impl Member {
-    fn of(pid: libc::pid_t) -> Option<Member> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (head, after_comm) = stat.rsplit_once(')')?;
-        let mut fields = after_comm.split_whitespace().skip(1);
-        let parent = fields.next()?.parse().ok()?;
-        let group = fields.next()?.parse().ok()?;
-        Some(Member {
-            group,
-            parent,
-            is_guard: head.ends_with("(devlock-guard"),
-        })
-    }
 }
 
 /// Writes `text` to stderr in one call even when devlock's group is not

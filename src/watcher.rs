@@ -96,24 +96,12 @@ pub(crate) fn start_with(duty: impl FnOnce(PidFd)) -> io::Result<()> {
     match crate::sys::process::fork_detached()? {
         Forked::Caller => Ok(()),
         Forked::Detached => {
-            crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[
-                libc::SIGINT,
-                libc::SIGTERM,
-                libc::SIGHUP,
-                libc::SIGQUIT,
-                libc::SIGTSTP,
-                libc::SIGTTIN,
-                libc::SIGTTOU,
-                libc::SIGPIPE,
-            ]));
-            crate::sys::process::set_name(c"devlock-watch");
+            become_watcher();
+            crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[libc::SIGPIPE]));
             crate::sys::fs::stdout_to_null();
             // It holds no lock: a descriptor of a lock this devlock runs
             // under (an outer hold's, inherited) is the job's alone.
-            let me = std::process::id().to_string();
-            for (fd, _) in crate::proc::locks::fd_locks(&me).unwrap_or_default() {
-                crate::sys::process::close_raw(fd as i32);
-            }
+            close_lock_fds_but(&[]);
             duty(command);
             std::process::exit(0)
         }
@@ -127,19 +115,8 @@ pub(crate) fn start_with(duty: impl FnOnce(PidFd)) -> io::Result<()> {
 /// line is kept when `keep_line`.
 fn let_go_of_locks(held: &[Held], keep_line: bool) {
     use std::os::fd::AsRawFd;
-    // The stopping signals are the command's; a job stop (Ctrl-Z) too:
-    // the watcher sees the job stopped and pauses its policies instead.
-    crate::sys::signal::block(&crate::sys::signal::SigSet::of(&[
-        libc::SIGINT,
-        libc::SIGTERM,
-        libc::SIGHUP,
-        libc::SIGQUIT,
-        libc::SIGTSTP,
-        libc::SIGTTIN,
-        libc::SIGTTOU,
-    ]));
+    become_watcher();
     crate::sys::signal::ignore(libc::SIGPIPE);
-    crate::sys::process::set_name(c"devlock-watch");
     let mut kept = Vec::new();
     for hold in held {
         for fd in hold.inheritable_fds() {
@@ -153,6 +130,22 @@ fn let_go_of_locks(held: &[Held], keep_line: bool) {
             }
         }
     }
+    close_lock_fds_but(&kept);
+}
+
+/// Blocks the stopping signals, which are the command's (a Ctrl-C, a
+/// supervisor's SIGTERM); a job stop (Ctrl-Z) too: the watcher sees the
+/// job stopped and pauses its policies instead. And names the process.
+fn become_watcher() {
+    let mut stopping = crate::supervise::STOP_SIGNALS.to_vec();
+    stopping.extend([libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU]);
+    crate::sys::signal::block(&crate::sys::signal::SigSet::of(&stopping));
+    crate::sys::process::set_name(c"devlock-watch");
+}
+
+/// Closes each descriptor of this process that holds a flock or OFD lock,
+/// but those in `kept`.
+fn close_lock_fds_but(kept: &[i32]) {
     let me = std::process::id().to_string();
     for (fd, _) in crate::proc::locks::fd_locks(&me).unwrap_or_default() {
         let fd = fd as i32;
@@ -403,9 +396,9 @@ impl PathWatch<'_> {
             });
             let Some(pid) = waiter else { continue };
             self.self_wait_warned = true;
-            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .map(|comm| crate::text::sanitize(comm.trim_end()))
-                .unwrap_or_else(|_| "a process".to_owned());
+            let name = crate::proc::process::comm_of(pid)
+                .map(|comm| crate::text::sanitize(&comm))
+                .unwrap_or_else(|| "a process".to_owned());
             crate::tty::say_while_command_runs(&format!(
                 "devlock: warning: {name} (pid {pid}), part of this job, waits for a lock on {}, \
                  which this job holds as {}: it will wait for ever; name the lock after no file \

@@ -382,15 +382,6 @@ fn child_env(
     if let Some(slot) = slot {
         env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
     }
-    // A MIG instance is named to CUDA by its UUID, which only the probe knows.
-    let gpu_env = match got.iter().find(|r| r.mig_parent().is_some()) {
-        Some(instance) => {
-            crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
-        }
-        None => crate::gpu::cuda::child_env(got),
-    };
-    for (name, value) in gpu_env {
-        env.push((name.into(), value.into()));
-    }
+    supervise::push_gpu_env(&mut env, got.iter().copied(), probe_timeout)?;
     Ok(env)
 }

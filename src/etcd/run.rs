@@ -203,13 +203,7 @@ fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<supervise
             env.push(("ETCD_LOCK_REV".into(), fence.to_string().into()));
         }
     }
-    let gpu_env = match got.resources.iter().find(|r| r.mig_parent().is_some()) {
-        Some(instance) => {
-            crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
-        }
-        None => crate::gpu::cuda::child_env(&got.resources),
-    };
-    env.extend(gpu_env.into_iter().map(|(k, v)| (k.into(), v.into())));
+    supervise::push_gpu_env(&mut env, &got.resources, probe_timeout)?;
     Ok(env)
 }
 

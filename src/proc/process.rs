@@ -15,6 +15,8 @@ pub(crate) struct Stat {
     pub state: char,
     /// Parent pid (field 4).
     pub ppid: u32,
+    /// Process group (field 5).
+    pub pgrp: u32,
     /// Start time in clock ticks since boot (field 22). Together with the pid
     /// this names one process for the life of the machine, so a recycled pid
     /// is not mistaken for the process a record describes.
@@ -26,6 +28,7 @@ pub(crate) fn stat(pid: u32) -> Option<Stat> {
     Some(Stat {
         state: stat_field(&text, 3)?.chars().next()?,
         ppid: stat_field(&text, 4)?.parse().ok()?,
+        pgrp: stat_field(&text, 5)?.parse().ok()?,
         start: stat_field(&text, 22)?.parse().ok()?,
     })
 }
