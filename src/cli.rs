@@ -602,14 +602,11 @@ pub const SUBCOMMANDS: [&str; 7] = [
 /// take it (and setup would declare a lock nobody can use).
 pub fn refuse_subcommand_names(resources: &[crate::resource::Resource]) -> anyhow::Result<()> {
     match resources.iter().find(|r| SUBCOMMANDS.contains(&r.as_str())) {
-        Some(name) => Err(crate::exit::coded(
-            crate::exit::ExitCode::Usage,
-            format!(
-                "{name} is the name of devlock's subcommand `devlock {name}`, so it cannot be a \
+        Some(name) => Err(crate::error::usage(format!(
+            "{name} is the name of devlock's subcommand `devlock {name}`, so it cannot be a \
                  resource (as the first word it would be read as the subcommand); choose another \
                  name, such as {name}-lock"
-            ),
-        )),
+        ))),
         None => Ok(()),
     }
 }
@@ -704,15 +701,12 @@ impl StatusArgs {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        Err(crate::exit::coded(
-            crate::exit::ExitCode::Usage,
-            format!(
-                "`devlock status` shows the locks and runs nothing, so it takes no `-- {}`; \
+        Err(crate::error::usage(format!(
+            "`devlock status` shows the locks and runs nothing, so it takes no `-- {}`; \
                  to run it under a lock, name the resource: devlock RESOURCE -- {}",
-                crate::text::sanitize(&command.join(" ")),
-                crate::text::sanitize(&command.join(" "))
-            ),
-        ))
+            crate::text::sanitize(&command.join(" ")),
+            crate::text::sanitize(&command.join(" "))
+        )))
     }
 }
 

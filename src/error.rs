@@ -1,40 +1,94 @@
-//! The library's error: what kind of failure it is, and the one line the
-//! command line says for it. Kinds meet exit numbers in one place
-//! ([`Error::exit_code_with`]): the command line ends with it, and the
-//! Python package raises the exception class of the kind.
+//! The library's error: what kind of failure it is and the one line the
+//! command line says for it, as data. It names no exit number: the front
+//! end's `impl From<&Error> for ExitCode` (src/exit.rs) is the one place a
+//! kind becomes one, and the Python package raises the class of the kind.
 //!
-//! Inside the crate failures travel as `anyhow` errors whose innermost
-//! cause says its exit code ([`crate::exit::Coded`]) or is a [`Busy`]; they
-//! become an [`Error`] where they leave the crate.
-
-use crate::exit::{ExitCode, exit_code_of, is_busy};
+//! Inside the crate failures travel as `anyhow` errors (for their context)
+//! whose root is an [`Error`] made by one of the constructors below (or a
+//! [`Busy`]); they become an [`Error`] where they leave the crate.
 
 /// Why a take, a hold or a look at the locks failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock is held (or has others ahead in line) and the take was not
     /// to wait (`-n`, `wait=False`).
+    #[error("{0}")]
     Busy(Busy),
     /// The wait ran out of time (`-w`, `timeout=`) and left the line.
+    #[error("{0}")]
     Timeout(Busy),
     /// A bad resource name or a bad combination of options (exit 2).
+    #[error("{0}")]
     Usage(String),
+    /// An option this build does not have (exit 2).
+    #[error("{0}")]
+    NotSupported(String),
     /// The scratch directory or a lock file is unsafe or unusable: a
     /// symbolic link, a FIFO, a network filesystem (exit 74).
+    #[error("{0}")]
     Unsafe(String),
     /// A device whose state could not be learned, or (`--require-idle`)
     /// that runs work outside the gate (exit 69).
+    #[error("{0}")]
     DeviceUnknown(String),
-    /// An option this build does not have (exit 2).
-    NotSupported(String),
-    /// Anything else: the line, and the exit code the command line ends with.
-    Other {
-        /// The one line, after `devlock: `.
+    /// In use in a way no wait can end, said even with `-q`: an exclusive
+    /// take inside a shared hold of the same job, a file `setup` must
+    /// replace that is locked (exit 75, never the conflict code).
+    #[error("{0}")]
+    InUse(String),
+    /// The etcd backend failed, as `kind` says.
+    #[error("{message}")]
+    Etcd {
+        /// What went wrong with etcd.
+        kind: EtcdKind,
+        /// The one line.
         message: String,
-        /// The exit code.
-        code: i32,
     },
+    /// The command could not be started, as `kind` says.
+    #[error("{message}")]
+    Command {
+        /// Why it could not run.
+        kind: CommandKind,
+        /// The one line.
+        message: String,
+    },
+    /// A stopping signal came before the command started.
+    #[error("{message}")]
+    Signal {
+        /// The signal's number.
+        signo: i32,
+        /// The one line.
+        message: String,
+    },
+    /// Not allowed: `devlock setup` or `forget` without root (exit 77).
+    #[error("{0}")]
+    Denied(String),
+    /// Anything else (exit 1).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What went wrong with etcd (`--etcd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EtcdKind {
+    /// Not reached, no answer in time, not etcd, or the lease was lost.
+    Unreachable,
+    /// The user name, password or client certificate was refused.
+    Denied,
+    /// TLS cannot work: files, verification, TLS on one side only.
+    Tls,
+}
+
+/// Why the command could not be started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommandKind {
+    /// No such command.
+    NotFound,
+    /// Found, but not executable.
+    CannotExecute,
 }
 
 /// The library's `Result`.
@@ -53,7 +107,8 @@ pub struct Holder {
 
 /// A take that found the lock busy without waiting (`-n`), or whose wait
 /// ran out of time (`-w`); the message is the command line's, word for word.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
 pub struct Busy {
     /// The lock in the way (for `--any`: every candidate, space-separated).
     pub resource: String,
@@ -64,14 +119,6 @@ pub struct Busy {
     /// The one line the command line says, without `devlock: `.
     pub message: String,
 }
-
-impl std::fmt::Display for Busy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Busy {}
 
 impl Busy {
     /// A lock devlock did not take in the way (a stranger's byte lock, a
@@ -93,39 +140,85 @@ impl Busy {
     }
 }
 
-/// An option of the command line that this build does not have yet.
-#[derive(Debug, Clone)]
-pub struct NotSupported(pub String);
+// One constructor per kind, so that a failure is made where it is found
+// with its kind and nothing else: the number comes later, in the front end.
 
-impl std::fmt::Display for NotSupported {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// A refusal of what was asked: a name, a flag, a combination.
+pub(crate) fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Usage(message.into()))
 }
 
-impl std::error::Error for NotSupported {}
+/// The scratch directory or a devlock file is unusable or unsafe.
+pub(crate) fn unsafe_file(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Unsafe(message.into()))
+}
+
+/// A device that cannot be learned, or is busy outside the gate.
+pub(crate) fn device(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::DeviceUnknown(message.into()))
+}
+
+/// In use in a way no wait ends (see [`Error::InUse`]).
+pub(crate) fn in_use(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::InUse(message.into()))
+}
+
+/// Not allowed without root.
+pub(crate) fn denied(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Denied(message.into()))
+}
+
+/// A failure of no other kind.
+pub(crate) fn other(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Other(message.into()))
+}
+
+/// An etcd failure of `kind`.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) fn etcd(kind: EtcdKind, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Etcd {
+        kind,
+        message: message.into(),
+    })
+}
+
+/// A command that cannot be started, for `kind`.
+pub(crate) fn command(kind: CommandKind, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Command {
+        kind,
+        message: message.into(),
+    })
+}
+
+/// Stopped by signal `signo` before the command started.
+pub(crate) fn signal(signo: i32, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Error::Signal {
+        signo,
+        message: message.into(),
+    })
+}
+
+/// A busy outcome whose holder cannot be named (etcd, `forget`): said
+/// unless `-q`, ended with the conflict code.
+pub(crate) fn busy(resource: &str, timed_out: bool, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Busy {
+        resource: resource.to_owned(),
+        holder: None,
+        timed_out,
+        message: message.into(),
+    })
+}
+
+/// The typed root of a crate error, if it has one (a [`Busy`] is found
+/// by [`Error::from`]).
+pub(crate) fn root(err: &anyhow::Error) -> Option<&Error> {
+    err.downcast_ref::<Error>()
+}
 
 impl Error {
-    /// The exit code the command line ends with, a busy lock or a timeout
-    /// with `conflict` (its `--conflict-exit-code`): the one place a kind
-    /// becomes a number.
-    pub fn exit_code_with(&self, conflict: i32) -> i32 {
-        match self {
-            Error::Busy(_) | Error::Timeout(_) => conflict,
-            Error::Usage(_) | Error::NotSupported(_) => ExitCode::Usage.code(),
-            Error::Unsafe(_) => ExitCode::IoError.code(),
-            Error::DeviceUnknown(_) => ExitCode::NotIdle.code(),
-            Error::Other { code, .. } => *code,
-        }
-    }
-
-    /// The exit code the command line would end with (75 for a busy lock).
-    pub fn exit_code(&self) -> i32 {
-        self.exit_code_with(ExitCode::Busy.code())
-    }
-
     /// Whether this is a busy lock or a timeout: an outcome `--quiet`
-    /// keeps to the exit status, not a failure to report.
+    /// keeps to the exit status, not a failure to report, and the one
+    /// `--conflict-exit-code` renumbers.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy(_) | Error::Timeout(_))
     }
@@ -143,60 +236,54 @@ impl Error {
         match self {
             Error::Busy(busy) | Error::Timeout(busy) => &busy.message,
             Error::Usage(m)
+            | Error::NotSupported(m)
             | Error::Unsafe(m)
             | Error::DeviceUnknown(m)
-            | Error::NotSupported(m)
-            | Error::Other { message: m, .. } => m,
+            | Error::InUse(m)
+            | Error::Denied(m)
+            | Error::Other(m)
+            | Error::Etcd { message: m, .. }
+            | Error::Command { message: m, .. }
+            | Error::Signal { message: m, .. } => m,
         }
     }
-}
 
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.message())
+    /// The same kind with another line (the whole chain's, or the
+    /// library's words for it).
+    pub(crate) fn with_message(mut self, line: String) -> Error {
+        match &mut self {
+            Error::Busy(busy) | Error::Timeout(busy) => busy.message = line,
+            Error::Usage(m)
+            | Error::NotSupported(m)
+            | Error::Unsafe(m)
+            | Error::DeviceUnknown(m)
+            | Error::InUse(m)
+            | Error::Denied(m)
+            | Error::Other(m)
+            | Error::Etcd { message: m, .. }
+            | Error::Command { message: m, .. }
+            | Error::Signal { message: m, .. } => *m = line,
+        }
+        self
     }
 }
 
-impl std::error::Error for Error {}
-
-/// The crate's failures as they leave it: the innermost [`Busy`],
-/// [`NotSupported`] or exit code decides the kind; the line is the whole
-/// chain, as `devlock: {err:#}` says it.
+/// The crate's failures as they leave it: the typed root (an [`Error`] or
+/// a [`Busy`]) decides the kind, anything else is [`Error::Other`]; the
+/// line is the whole chain, as `devlock: {err:#}` says it.
 impl From<anyhow::Error> for Error {
     fn from(err: anyhow::Error) -> Error {
         // The one line reaches a terminal (or a Python traceback): whatever
         // a path or another process put in it, no escape goes with it.
         let message = crate::text::clean(&format!("{err:#}"));
-        if let Some(busy) = err.chain().find_map(|e| e.downcast_ref::<Busy>()) {
-            let busy = Busy {
-                message,
-                ..busy.clone()
-            };
-            return match busy.timed_out {
-                true => Error::Timeout(busy),
-                false => Error::Busy(busy),
-            };
-        }
-        if err
-            .chain()
-            .any(|e| e.downcast_ref::<NotSupported>().is_some())
-        {
-            return Error::NotSupported(message);
-        }
-        match exit_code_of(&err) {
-            _ if is_busy(&err) => Error::Busy(Busy {
-                resource: String::new(),
-                holder: None,
-                timed_out: false,
-                message,
-            }),
-            ExitCode::Usage => Error::Usage(message),
-            ExitCode::IoError => Error::Unsafe(message),
-            ExitCode::NotIdle => Error::DeviceUnknown(message),
-            code => Error::Other {
-                message,
-                code: code.code(),
-            },
+        let err = match err.downcast::<Error>() {
+            Ok(root) => return root.with_message(message),
+            Err(err) => err,
+        };
+        match err.downcast::<Busy>() {
+            Ok(busy) if busy.timed_out => Error::Timeout(Busy { message, ..busy }),
+            Ok(busy) => Error::Busy(Busy { message, ..busy }),
+            Err(_) => Error::Other(message),
         }
     }
 }
@@ -207,24 +294,26 @@ mod tests {
     use anyhow::Context;
 
     #[test]
-    fn the_kind_survives_context_and_picks_the_exit_code() {
+    fn the_kind_survives_context_and_the_line_is_the_chain() {
         let err = Error::from(
-            Err::<(), _>(crate::exit::coded(ExitCode::IoError, "bad file"))
+            Err::<(), _>(unsafe_file("bad file"))
                 .context("opening gpu")
+                .context("taking gpu")
                 .unwrap_err(),
         );
-        assert!(matches!(&err, Error::Unsafe(m) if m == "opening gpu: bad file"));
-        assert_eq!(err.exit_code(), 74);
-        let busy = Error::from(anyhow::Error::new(Busy {
-            resource: "gpu".into(),
-            holder: None,
-            timed_out: true,
-            message: "timed out".into(),
-        }));
-        assert!(matches!(&busy, Error::Timeout(b) if b.resource == "gpu"));
-        assert_eq!((busy.exit_code(), busy.exit_code_with(3)), (75, 3));
-        let other = Error::from(anyhow::anyhow!("plain"));
-        assert_eq!(other.exit_code(), 1);
+        assert!(matches!(&err, Error::Unsafe(m) if m == "taking gpu: opening gpu: bad file"));
+        assert_eq!(err.to_string(), "taking gpu: opening gpu: bad file");
+        let timeout = Error::from(
+            Err::<(), _>(busy("gpu", true, "timed out"))
+                .context("waiting")
+                .unwrap_err(),
+        );
+        assert!(matches!(&timeout, Error::Timeout(b) if b.resource == "gpu"));
+        assert_eq!(timeout.message(), "waiting: timed out");
+        assert!(timeout.is_busy());
+        let other = Error::from(anyhow::anyhow!("plain\x1b[2J"));
+        assert!(matches!(&other, Error::Other(m) if !m.contains('\x1b')));
         assert!(!other.is_busy());
+        assert!(!Error::from(in_use("held only shared")).is_busy());
     }
 }

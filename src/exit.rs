@@ -1,5 +1,8 @@
-//! The exit codes devlock itself uses, in one place (for the binary and the
-//! bindings: not part of the library's API).
+//! The exit codes devlock itself uses, and the one place an error's kind
+//! becomes one (for the binary and the bindings: not part of the library's
+//! API).
+
+use crate::error::{CommandKind, Error, EtcdKind};
 
 /// How devlock ends when it does not pass on the command's own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,53 @@ impl ExitCode {
     }
 }
 
+/// The one place an exit number is chosen for a failure. A busy lock and a
+/// timeout are [`ExitCode::Busy`] here; `--conflict-exit-code` renumbers
+/// them (and only them) where the binary ends (src/main.rs).
+impl From<&Error> for ExitCode {
+    fn from(err: &Error) -> ExitCode {
+        match err {
+            Error::Busy(_) | Error::Timeout(_) | Error::InUse(_) => ExitCode::Busy,
+            Error::Usage(_) | Error::NotSupported(_) => ExitCode::Usage,
+            Error::Unsafe(_) => ExitCode::IoError,
+            Error::DeviceUnknown(_) => ExitCode::NotIdle,
+            Error::Etcd { kind, .. } => match kind {
+                EtcdKind::Unreachable => ExitCode::EtcdUnreachable,
+                EtcdKind::Denied => ExitCode::EtcdDenied,
+                EtcdKind::Tls => ExitCode::EtcdTls,
+            },
+            Error::Command { kind, .. } => match kind {
+                CommandKind::NotFound => ExitCode::NotFound,
+                CommandKind::CannotExecute => ExitCode::CannotExecute,
+            },
+            Error::Signal { signo, .. } => ExitCode::Signal(*signo),
+            Error::Denied(_) => ExitCode::NoPermission,
+            Error::Other(_) => ExitCode::GeneralError,
+        }
+    }
+}
+
+/// The exit code of a crate-internal error: its typed root's, else a
+/// general failure.
+pub(crate) fn of(err: &anyhow::Error) -> ExitCode {
+    match crate::error::root(err) {
+        Some(root) => ExitCode::from(root),
+        None if err.downcast_ref::<crate::error::Busy>().is_some() => ExitCode::Busy,
+        None => ExitCode::GeneralError,
+    }
+}
+
+// The command line's number for the library's error, as the tests and the
+// bindings ask for it; it moves to a front-end trait when error.rs leaves
+// this crate.
+impl Error {
+    /// The exit code the command line would end with (75 for a busy lock,
+    /// before `--conflict-exit-code`).
+    pub fn exit_code(&self) -> i32 {
+        ExitCode::from(self).code()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,75 +136,31 @@ mod tests {
     }
 }
 
-/// An error that carries the exit code devlock should end with.
-#[derive(Debug)]
-pub struct Coded {
-    /// How devlock ends.
-    pub code: ExitCode,
-    /// The one line it says, after `devlock: `.
-    pub message: String,
-    /// The lock was busy or the wait timed out: an outcome `--quiet` keeps
-    /// to the exit status, not a failure to report.
-    pub busy: bool,
-}
-
-impl std::fmt::Display for Coded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Coded {}
-
-/// Builds an error that ends devlock with `code`.
-pub fn coded(code: ExitCode, message: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Coded {
-        code,
-        message: message.into(),
-        busy: false,
-    })
-}
-
-/// The error of a busy lock or a timed-out wait (`-n`, `-w`): said unless
-/// `--quiet`, and ended with `code` (the conflict exit code).
-pub fn busy(code: ExitCode, message: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Coded {
-        code,
-        message: message.into(),
-        busy: true,
-    })
-}
-
-/// Whether an error is a busy lock or a timeout, as [`busy`] made it.
-pub fn is_busy(err: &anyhow::Error) -> bool {
-    err.chain()
-        .find_map(|e| e.downcast_ref::<Coded>())
-        .is_some_and(|c| c.busy)
-}
-
-/// The exit code an error maps to: the innermost [`Coded`] wins, anything
-/// else is a general failure.
-pub fn exit_code_of(err: &anyhow::Error) -> ExitCode {
-    err.chain()
-        .find_map(|e| e.downcast_ref::<Coded>())
-        .map_or(ExitCode::GeneralError, |c| c.code)
-}
-
 #[cfg(test)]
-mod coded_tests {
+mod kind_tests {
     use super::*;
     use anyhow::Context;
 
     #[test]
-    fn code_survives_added_context() {
-        let err = Err::<(), _>(coded(ExitCode::IoError, "bad file"))
+    fn the_kind_picks_the_number_through_context() {
+        let err = Err::<(), _>(crate::error::unsafe_file("bad file"))
             .context("opening gpu")
             .unwrap_err();
-        assert_eq!(exit_code_of(&err), ExitCode::IoError);
-        assert_eq!(format!("{err:#}"), "opening gpu: bad file");
+        assert_eq!(of(&err), ExitCode::IoError);
+        assert_eq!(of(&anyhow::anyhow!("plain")), ExitCode::GeneralError);
         assert_eq!(
-            exit_code_of(&anyhow::anyhow!("plain")),
-            ExitCode::GeneralError
+            of(&crate::error::busy("gpu", false, "busy")),
+            ExitCode::Busy
         );
+        assert_eq!(
+            of(&crate::error::in_use("held only shared")),
+            ExitCode::Busy
+        );
+        assert_eq!(
+            of(&crate::error::signal(15, "stopped")),
+            ExitCode::Signal(15)
+        );
+        let timeout = Error::from(crate::error::busy("gpu", true, "gave up"));
+        assert_eq!((timeout.exit_code(), timeout.is_busy()), (75, true));
     }
 }

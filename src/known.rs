@@ -6,12 +6,10 @@
 //! a machine's first job must not read as a mistake. A `gpu:N` the driver
 //! does not list is named by status: a run never waits on the GPU probe.)
 
-use anyhow::Result;
-
-use crate::exit::{ExitCode, coded};
 use crate::flock::declared;
 use crate::flock::dir::ScratchDir;
 use crate::resource::Resource;
+use anyhow::Result;
 
 /// Checks `asked` against what `dir` knows; `new` is `--new`.
 pub(crate) fn check(dir: &ScratchDir, asked: &[Resource], new: bool, quiet: bool) -> Result<()> {
@@ -48,15 +46,12 @@ pub(crate) fn check(dir: &ScratchDir, asked: &[Resource], new: bool, quiet: bool
             if new {
                 continue;
             }
-            return Err(coded(
-                ExitCode::Usage,
-                crate::messages::undeclared(
-                    name,
-                    &crate::text::show_path(dir.path()),
-                    declared,
-                    close,
-                ),
-            ));
+            return Err(crate::error::usage(crate::messages::undeclared(
+                name,
+                &crate::text::show_path(dir.path()),
+                declared,
+                close,
+            )));
         }
         if new || quiet {
             continue;

@@ -86,7 +86,7 @@ pub use api::{
     Acquiring, BudgetEvent, BudgetSink, HeldLock, Hold, IdleEvent, IdleSink, Kept, Lock, Options,
     Spec, Wait, duration_of, status_document,
 };
-pub use error::{Busy, Error, Holder, NotSupported, Result};
+pub use error::{Busy, CommandKind, Error, EtcdKind, Holder, Result};
 pub use resource::Resource;
 
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same

@@ -32,7 +32,11 @@ extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) 
             if !(quiet && err.is_busy()) {
                 eprintln!("devlock: {err}");
             }
-            err.exit_code_with(conflict)
+            // A busy lock or a timeout alone takes --conflict-exit-code.
+            match err.is_busy() {
+                true => conflict,
+                false => ExitCode::from(&err).code(),
+            }
         }
     }
 }

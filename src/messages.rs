@@ -4,12 +4,10 @@
 //! timeout and waiting lines built from them. Built from the status model's
 //! views (or, for etcd, from plain values); nothing here looks at a file.
 
-use std::time::Duration;
-
-use crate::exit::ExitCode;
 use crate::request::Request;
 use crate::status::model::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
 use crate::text::{sanitize, short_duration};
+use std::time::Duration;
 
 /// What lines call a request: its resource, or for a group taken shared on
 /// a member's behalf, the member and its group (what the user asked for,
@@ -66,33 +64,24 @@ pub(crate) fn all_busy(names: &[String], each: &[(String, ResourceView)]) -> Str
 
 /// A job that holds a lock only shared, asked for it exclusively.
 pub(crate) fn held_only_shared(resource: &crate::resource::Resource, pid: u32) -> anyhow::Error {
-    crate::exit::coded(
-        ExitCode::Busy,
-        format!(
-            "{resource} is held only shared by the job this runs in (pid {pid}); taking it \
+    crate::error::in_use(format!(
+        "{resource} is held only shared by the job this runs in (pid {pid}); taking it \
              exclusively inside that job would wait for itself"
-        ),
-    )
+    ))
 }
 
 /// A take inside an enclosing hold of this process (the library's nesting)
 /// that holds a lock only shared, asked for it exclusively.
 pub(crate) fn held_only_shared_here(resource: &crate::resource::Resource) -> anyhow::Error {
-    crate::exit::coded(
-        ExitCode::Busy,
-        format!(
-            "{resource} is held only shared by an enclosing hold of this process; taking it \
+    crate::error::in_use(format!(
+        "{resource} is held only shared by an enclosing hold of this process; taking it \
              exclusively inside that hold would wait for itself"
-        ),
-    )
+    ))
 }
 
 /// The library's take of nothing.
 pub(crate) fn no_resource() -> anyhow::Error {
-    crate::exit::coded(
-        ExitCode::Usage,
-        "missing RESOURCE: name at least one resource to lock",
-    )
+    crate::error::usage("missing RESOURCE: name at least one resource to lock")
 }
 
 /// `gpu is in use with --slots 2, but this asks for it as a plain lock; ...`
@@ -101,14 +90,11 @@ pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::
         0 => "as a plain lock".to_owned(),
         n => format!("with --slots {n}"),
     };
-    crate::exit::coded(
-        ExitCode::Usage,
-        format!(
-            "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
-            how(theirs),
-            how(ours)
-        ),
-    )
+    crate::error::usage(format!(
+        "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
+        how(theirs),
+        how(ours)
+    ))
 }
 
 /// `devlock: timed out after 10m waiting for gpu: held by ...` (with the
@@ -786,10 +772,10 @@ pub(crate) mod serve {
 /// `Spec` fields and Python's keyword arguments (`mem=` for `--mem`,
 /// `wait=False` for `-n`), which is what a library or Python user wrote.
 pub(crate) fn in_library_words(err: anyhow::Error) -> anyhow::Error {
-    match err.downcast::<crate::exit::Coded>() {
-        Ok(mut coded) => {
-            coded.message = library_words(&coded.message);
-            anyhow::Error::new(coded)
+    match err.downcast::<crate::error::Error>() {
+        Ok(root) => {
+            let words = library_words(root.message());
+            anyhow::Error::new(root.with_message(words))
         }
         Err(err) => err,
     }

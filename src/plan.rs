@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::cli::RunArgs;
-use crate::exit::{ExitCode, coded};
 use crate::gpu::device::DeviceReport;
 use crate::gpu::memory;
 use crate::resource::Resource;
@@ -67,7 +66,7 @@ pub(crate) type Seen = (Instant, DeviceReport);
 pub(crate) const LIBRARY_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn usage<T>(message: &str) -> Result<T> {
-    Err(coded(ExitCode::Usage, message.to_owned()))
+    Err(crate::error::usage(message.to_owned()))
 }
 
 impl Plan {
@@ -382,10 +381,7 @@ fn check_budget(shape: &Shape) -> Result<Option<Budget>> {
 /// `512MiB`, `1.5G`, a bare number of MiB), failing in its words.
 fn size(flag: &str, text: &str) -> Result<u64> {
     crate::cli::parse_mib(text).map_err(|why| {
-        coded(
-            ExitCode::Usage,
-            format!("invalid value '{text}' for '{flag} <SIZE>': {why}"),
-        )
+        crate::error::usage(format!("invalid value '{text}' for '{flag} <SIZE>': {why}"))
     })
 }
 
@@ -404,18 +400,15 @@ fn totals(
     let mut totals = Vec::new();
     for resource in resources {
         let index = resource.gpu_index().expect("checked: gpu:N");
-        let device = memory::device(&report, index).map_err(|why| coded(ExitCode::NotIdle, why))?;
+        let device = memory::device(&report, index).map_err(crate::error::device)?;
         let total = device.memory_total_mib.unwrap_or(0);
         if mem + headroom > total {
-            return Err(coded(
-                ExitCode::Usage,
-                format!(
-                    "--mem {} with {} headroom can never fit on {resource}, which has {} in all",
-                    memory::size(mem),
-                    memory::size(headroom),
-                    memory::size(total)
-                ),
-            ));
+            return Err(crate::error::usage(format!(
+                "--mem {} with {} headroom can never fit on {resource}, which has {} in all",
+                memory::size(mem),
+                memory::size(headroom),
+                memory::size(total)
+            )));
         }
         totals.push((resource.clone(), total));
     }

@@ -62,10 +62,7 @@ impl Resource {
     pub(crate) fn parse_all(names: &[std::ffi::OsString]) -> anyhow::Result<Vec<Resource>> {
         names
             .iter()
-            .map(|name| {
-                Resource::parse(name)
-                    .map_err(|e| crate::exit::coded(crate::exit::ExitCode::Usage, e))
-            })
+            .map(|name| Resource::parse(name).map_err(crate::error::usage))
             .collect()
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::sys::signal::{self, SigSet};
 
 /// Variables set for the command, over devlock's own environment.
@@ -88,8 +88,8 @@ pub(crate) fn pending_stop() -> Option<Received> {
 /// The error that ends devlock when a stopping signal came before the
 /// command started: nothing runs, the locks go with the process.
 pub(crate) fn stopped_before_start(sig: Received) -> anyhow::Error {
-    coded(
-        ExitCode::Signal(sig.signo),
+    crate::error::signal(
+        sig.signo,
         format!("stopped by signal {} before the command started", sig.signo),
     )
 }
@@ -161,15 +161,16 @@ pub(crate) fn check_command(program: &std::ffi::OsStr) -> Result<CString> {
 pub(crate) fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> anyhow::Error {
     let shown = program.to_string_lossy();
     match err.kind() {
-        std::io::ErrorKind::NotFound => {
-            coded(ExitCode::NotFound, format!("{shown}: command not found"))
-        }
-        std::io::ErrorKind::PermissionDenied => coded(
-            ExitCode::CannotExecute,
+        std::io::ErrorKind::NotFound => crate::error::command(
+            crate::error::CommandKind::NotFound,
+            format!("{shown}: command not found"),
+        ),
+        std::io::ErrorKind::PermissionDenied => crate::error::command(
+            crate::error::CommandKind::CannotExecute,
             format!("{shown}: cannot execute: permission denied"),
         ),
-        _ => coded(
-            ExitCode::CannotExecute,
+        _ => crate::error::command(
+            crate::error::CommandKind::CannotExecute,
             format!("{shown}: cannot execute: {err}"),
         ),
     }
@@ -237,7 +238,7 @@ pub(crate) fn exec(
     }
     let err = cannot_start(&command[0], &err);
     eprintln!("devlock: {}", crate::text::clean(&format!("{err:#}")));
-    crate::exit::exit_code_of(&err)
+    crate::exit::of(&err)
 }
 
 /// Replaces devlock with the command: an inherited lock already covers it

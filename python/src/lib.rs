@@ -192,7 +192,7 @@ fn to_py(py: Python<'_>, err: devlock::Error) -> PyErr {
             };
             let cls = cls.bind(py);
             let exc = cls.call1((err.message(),))?;
-            let code = err.exit_code();
+            let code = ExitCode::from(&err).code();
             if cls.getattr("exit_code")?.extract::<i32>()? != code {
                 exc.setattr("exit_code", code)?;
             }

@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use crate::cli::ForgetArgs;
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::flock::declared;
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
@@ -23,17 +23,15 @@ use crate::resource::Resource;
 pub(crate) fn run(args: &ForgetArgs, dir_path: &Path) -> Result<ExitCode> {
     let names = Resource::parse_all(&args.resources)?;
     let Some(dir) = ScratchDir::open(dir_path)? else {
-        return Err(coded(
-            ExitCode::Usage,
-            crate::messages::forget_nothing(&crate::text::show_path(dir_path)),
-        ));
+        return Err(crate::error::usage(crate::messages::forget_nothing(
+            &crate::text::show_path(dir_path),
+        )));
     };
     let declared = declared::read(&dir);
     if declared.is_some() && !nix::unistd::geteuid().is_root() {
-        return Err(coded(
-            ExitCode::NoPermission,
-            crate::messages::forget_needs_root(&crate::text::show_path(dir_path)),
-        ));
+        return Err(crate::error::denied(crate::messages::forget_needs_root(
+            &crate::text::show_path(dir_path),
+        )));
     }
     for name in &names {
         forget(&dir, name)?;
@@ -66,10 +64,10 @@ fn files_of(dir: &ScratchDir, name: &Resource) -> Result<Vec<String>> {
 fn forget(dir: &ScratchDir, name: &Resource) -> Result<()> {
     let files = files_of(dir, name)?;
     if !files.contains(&name.file_name()) {
-        return Err(coded(
-            ExitCode::Usage,
-            crate::messages::forget_unknown(name, &crate::text::show_path(dir.path())),
-        ));
+        return Err(crate::error::usage(crate::messages::forget_unknown(
+            name,
+            &crate::text::show_path(dir.path()),
+        )));
     }
     let id_of = |f: &str| {
         nix::sys::stat::fstatat(dir.fd(), f, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
@@ -119,8 +117,9 @@ fn forget(dir: &ScratchDir, name: &Resource) -> Result<()> {
 fn busy(dir: &ScratchDir, name: &Resource) -> anyhow::Error {
     let view = LockFile::open(dir, &name.file_name())
         .map(|lock| crate::status::model::describe(&lock, dir, name));
-    crate::exit::busy(
-        ExitCode::Busy,
+    crate::error::busy(
+        name.as_str(),
+        false,
         crate::messages::forget_in_use(name, view.ok().as_ref()),
     )
 }

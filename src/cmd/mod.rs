@@ -46,18 +46,13 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
         crate::etcd::Config::new(&cli.etcd, cli.etcd_user.as_deref(), &tls, &cli.etcd_prefix)?;
     match cli.subcommand {
         Some(Command::Status(args)) => crate::etcd::status::run(&args, config),
-        Some(Command::Setup(_)) => Err(crate::exit::coded(
-            ExitCode::Usage,
+        Some(Command::Setup(_)) => Err(crate::error::usage(
             "devlock setup prepares the scratch directory; it has nothing to do with --etcd",
         )),
-        Some(Command::Serve(_)) => Err(crate::exit::coded(
-            ExitCode::Usage,
-            crate::messages::serve::not_for_etcd(),
-        )),
+        Some(Command::Serve(_)) => Err(crate::error::usage(crate::messages::serve::not_for_etcd())),
         Some(Command::Report(args)) => report::run(&args, &cli.dir),
         Some(Command::Busy(args)) => report::busy(&args),
-        Some(Command::Forget(_)) => Err(crate::exit::coded(
-            ExitCode::Usage,
+        Some(Command::Forget(_)) => Err(crate::error::usage(
             "devlock forget removes lock files in the scratch directory; it has nothing to do with --etcd",
         )),
         None => {
@@ -69,8 +64,5 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
 
 #[cfg(not(feature = "etcd"))]
 fn etcd(_cli: Cli) -> Result<ExitCode> {
-    Err(crate::exit::coded(
-        ExitCode::Usage,
-        crate::messages::HOW_TO_GET_ETCD,
-    ))
+    Err(crate::error::usage(crate::messages::HOW_TO_GET_ETCD))
 }

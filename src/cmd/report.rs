@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use anyhow::Result;
 
 use crate::cli::{BusyArgs, ReportArgs};
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::usage::{self, ms_of, read, report};
 
 pub(crate) fn run(args: &ReportArgs, lock_dir: &std::path::Path) -> Result<ExitCode> {
@@ -18,11 +18,10 @@ pub(crate) fn run(args: &ReportArgs, lock_dir: &std::path::Path) -> Result<ExitC
     };
     let (since, until) = (ms_of(since), ms_of(until));
     if until < since {
-        return Err(coded(ExitCode::Usage, "--until comes before --since"));
+        return Err(crate::error::usage("--until comes before --since"));
     }
     let Some(dir) = usage::dir_at(lock_dir) else {
-        return Err(coded(
-            ExitCode::Usage,
+        return Err(crate::error::usage(
             "no usage records are kept (DEVLOCK_USAGE_DIR=none, or devlock setup --usage-dir \
              none), so there is nothing to report",
         ));
@@ -31,10 +30,11 @@ pub(crate) fn run(args: &ReportArgs, lock_dir: &std::path::Path) -> Result<ExitC
         Ok(found) => found,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), Vec::new()),
         Err(e) => {
-            return Err(coded(
-                ExitCode::IoError,
-                format!("{}: {}", dir.display(), crate::proc::os_text(&e)),
-            ));
+            return Err(crate::error::unsafe_file(format!(
+                "{}: {}",
+                dir.display(),
+                crate::proc::os_text(&e)
+            )));
         }
     };
     let jobs: Vec<read::Job> = jobs
@@ -112,14 +112,11 @@ fn when(text: &str, now: SystemTime, flag: &str) -> Result<SystemTime> {
         text.to_owned()
     };
     humantime::parse_rfc3339_weak(&full).map_err(|_| {
-        coded(
-            ExitCode::Usage,
-            format!(
-                "{flag} {}: neither a duration back from now (7d, 12h) nor a UTC time \
+        crate::error::usage(format!(
+            "{flag} {}: neither a duration back from now (7d, 12h) nor a UTC time \
                  (2026-11-30, 2026-11-30T08:00:00Z)",
-                crate::text::sanitize(text)
-            ),
-        )
+            crate::text::sanitize(text)
+        ))
     })
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::cli::RunArgs;
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Held, Taken};
 use crate::flock::record::Record;
@@ -300,14 +300,11 @@ fn idle_candidates(
     } else {
         format!("{} of them are idle, --count asks for {count}", idle.len())
     };
-    Err(coded(
-        ExitCode::NotIdle,
-        format!(
-            "--any {} --require-idle: {how_many}: {}",
-            names.join(" "),
-            reasons.join(" | ")
-        ),
-    ))
+    Err(crate::error::device(format!(
+        "--any {} --require-idle: {how_many}: {}",
+        names.join(" "),
+        reasons.join(" | ")
+    )))
 }
 
 /// Fails fast, with the lock released, when a GPU the resources map to runs
@@ -345,7 +342,7 @@ fn require_idle(
             continue;
         }
         if let Some(reason) = devices::not_idle_reason(&info, resource, threshold_mib) {
-            return Err(coded(ExitCode::NotIdle, reason));
+            return Err(crate::error::device(reason));
         }
     }
     Ok(())

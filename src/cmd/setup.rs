@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::cli::SetupArgs;
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::kind_of;
 use crate::gpu::device::{DeviceReport, Probe};
@@ -70,10 +70,10 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         Some(name) => match nix::unistd::Group::from_name(name) {
             Ok(Some(group)) => group.gid.as_raw(),
             _ => {
-                return Err(coded(
-                    ExitCode::Usage,
-                    format!("no group named {:?} (see getent group)", sanitize(name)),
-                ));
+                return Err(crate::error::usage(format!(
+                    "no group named {:?} (see getent group)",
+                    sanitize(name)
+                )));
             }
         },
     };
@@ -111,18 +111,15 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         return Ok(ExitCode::Success);
     }
     if crate::sys::process::effective_uid() != 0 {
-        return Err(coded(
-            ExitCode::NoPermission,
-            format!(
-                "devlock setup must run as root: it makes {} and its lock files root's, so that \
+        return Err(crate::error::denied(format!(
+            "devlock setup must run as root: it makes {} and its lock files root's, so that \
                  no user can rename or remove them (try: {})",
-                show_path(dir),
-                crate::flock::trust::fix_command(
-                    Some(dir),
-                    plan.resources.iter().map(Resource::as_str)
-                )
-            ),
-        ));
+            show_path(dir),
+            crate::flock::trust::fix_command(
+                Some(dir),
+                plan.resources.iter().map(Resource::as_str)
+            )
+        )));
     }
     // The whole way to --dir, and to the usage directory, is checked before
     // anything changes.
@@ -208,13 +205,10 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         }
     );
     if report.refused > 0 {
-        return Err(coded(
-            ExitCode::Busy,
-            format!(
-                "{} of the files could not be replaced while locked; run devlock setup again once they are free",
-                report.refused
-            ),
-        ));
+        return Err(crate::error::in_use(format!(
+            "{} of the files could not be replaced while locked; run devlock setup again once they are free",
+            report.refused
+        )));
     }
     Ok(ExitCode::Success)
 }
@@ -237,16 +231,15 @@ fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
     let devices = match Auto.probe(timeout) {
         DeviceReport::Devices(devices) => devices,
         DeviceReport::NoInfo => {
-            return Err(coded(
-                ExitCode::NotIdle,
+            return Err(crate::error::device(
                 "--gpus: no NVML library and no nvidia-smi found (set DEVLOCK_NVML or DEVLOCK_NVIDIA_SMI, or name the resources)",
             ));
         }
         DeviceReport::Unknown { reason } => {
-            return Err(coded(
-                ExitCode::NotIdle,
-                format!("--gpus: cannot list the GPUs: {}", sanitize(&reason)),
-            ));
+            return Err(crate::error::device(format!(
+                "--gpus: cannot list the GPUs: {}",
+                sanitize(&reason)
+            )));
         }
     };
     let mut names = vec!["gpu".to_owned()];
@@ -260,18 +253,18 @@ fn gpu_resources(timeout: Duration) -> Result<Vec<Resource>> {
         .iter()
         .map(|n| {
             n.parse()
-                .map_err(|e: String| coded(ExitCode::NotIdle, format!("--gpus: {e}")))
+                .map_err(|e: String| crate::error::device(format!("--gpus: {e}")))
         })
         .collect()
 }
 
 fn c_string_os(text: &std::ffi::OsStr) -> Result<CString> {
     use std::os::unix::ffi::OsStrExt;
-    CString::new(text.as_bytes()).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
+    CString::new(text.as_bytes()).map_err(|_| crate::error::usage("a path contains a NUL byte"))
 }
 
 pub(super) fn c_string(text: &str) -> Result<CString> {
-    CString::new(text).map_err(|_| coded(ExitCode::Usage, "a path contains a NUL byte"))
+    CString::new(text).map_err(|_| crate::error::usage("a path contains a NUL byte"))
 }
 
 /// Makes the directory root's, with `mode`: created when missing, taken
@@ -305,10 +298,10 @@ fn take_dir(
                     Ok(()) => created = true,
                     Err(nix::errno::Errno::EEXIST) => continue,
                     Err(e) => {
-                        return Err(coded(
-                            ExitCode::IoError,
-                            format!("cannot create {}: {e}", show_path(&shown)),
-                        ));
+                        return Err(crate::error::unsafe_file(format!(
+                            "cannot create {}: {e}",
+                            show_path(&shown)
+                        )));
                     }
                 }
             }
@@ -378,13 +371,10 @@ fn take_dir(
         }
         return Ok(fd);
     }
-    Err(coded(
-        ExitCode::IoError,
-        format!(
-            "{} keeps changing under devlock setup; someone is racing it",
-            show_path(&shown)
-        ),
-    ))
+    Err(crate::error::unsafe_file(format!(
+        "{} keeps changing under devlock setup; someone is racing it",
+        show_path(&shown)
+    )))
 }
 
 fn owner_name(uid: u32) -> String {
@@ -615,13 +605,10 @@ fn declare(dir: &ScratchDir, name: &str, plan: &Plan, report: &mut Report) -> Re
         );
         return Ok(());
     }
-    Err(coded(
-        ExitCode::IoError,
-        format!(
-            "{} keeps changing under devlock setup; someone is racing it",
-            show_path(&path)
-        ),
-    ))
+    Err(crate::error::unsafe_file(format!(
+        "{} keeps changing under devlock setup; someone is racing it",
+        show_path(&path)
+    )))
 }
 
 /// What came of replacing another user's regular file.
@@ -759,10 +746,10 @@ fn new_file(dir: &ScratchDir, name: &str, plan: &Plan) -> Result<String> {
         }
         return Ok(temp);
     }
-    Err(coded(
-        ExitCode::IoError,
-        format!("cannot make a temporary file in {}", show_path(dir.path())),
-    ))
+    Err(crate::error::unsafe_file(format!(
+        "cannot make a temporary file in {}",
+        show_path(dir.path())
+    )))
 }
 
 /// `renameat2` in the directory: `exchange` swaps, else it never replaces.

@@ -19,12 +19,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::Result;
-use nix::fcntl::{AtFlags, OFlag};
-
-use crate::exit::{ExitCode, coded};
 use crate::flock::file::kind_of;
 use crate::text::show_path;
+use anyhow::Result;
+use nix::fcntl::{AtFlags, OFlag};
 
 /// As many symbolic links as the kernel follows in one path (`MAXSYMLINKS`).
 const MAX_LINKS: usize = 40;
@@ -105,17 +103,14 @@ pub(crate) fn reach(dir: &Path) -> Result<Parent> {
 /// [`walk`], a missing directory on the way refused as setup refuses it.
 pub(crate) fn reach_by(dir: &Path, way: Way<'_>) -> Result<Parent> {
     walk(dir, way).map_err(|stop| match stop {
-        Stop::Missing(here) => coded(
-            ExitCode::IoError,
-            format!(
-                "refusing to {} {}: {} does not exist (setup makes only the last \
+        Stop::Missing(here) => crate::error::unsafe_file(format!(
+            "refusing to {} {}: {} does not exist (setup makes only the last \
                  directory of {}: make those above it first, root's); nothing was changed",
-                way.verb,
-                show_path(dir),
-                show_path(&here),
-                way.what
-            ),
-        ),
+            way.verb,
+            show_path(dir),
+            show_path(&here),
+            way.what
+        )),
         Stop::Refused(e) => e,
     })
 }
@@ -134,10 +129,9 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
     } else {
         std::env::current_dir()
             .map_err(|e| {
-                Stop::Refused(coded(
-                    ExitCode::IoError,
-                    format!("cannot find the working directory: {e}"),
-                ))
+                Stop::Refused(crate::error::unsafe_file(format!(
+                    "cannot find the working directory: {e}"
+                )))
             })?
             .join(dir)
     };
@@ -145,24 +139,21 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
     let name = match parts.pop_back() {
         Some(Component::Normal(name)) => name.to_owned(),
         _ => {
-            return Err(Stop::Refused(coded(
-                ExitCode::Usage,
-                format!(
-                    "cannot {} {}: name the directory by its last component (not /, . or ..)",
-                    way.verb,
-                    show_path(dir)
-                ),
-            )));
+            return Err(Stop::Refused(crate::error::usage(format!(
+                "cannot {} {}: name the directory by its last component (not /, . or ..)",
+                way.verb,
+                show_path(dir)
+            ))));
         }
     };
     if let Some(parent) = plain_way(&parts, &name, way) {
         return Ok(parent);
     }
     let root = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
-        Stop::Refused(coded(
-            ExitCode::IoError,
-            format!("cannot open /: {}", crate::proc::os_text(&e)),
-        ))
+        Stop::Refused(crate::error::unsafe_file(format!(
+            "cannot open /: {}",
+            crate::proc::os_text(&e)
+        )))
     })?;
     let mut real = PathBuf::from("/");
     check_dir(&root, &real, dir, way)?;
@@ -367,23 +358,20 @@ fn fault(st: &libc::stat, way: Way<'_>) -> Option<String> {
 /// The one-line refusal (exit 74), naming the real path of the component
 /// at fault and the directory it is on the way to.
 fn refusal(dir: &Path, real: &Path, why: String, way: Way<'_>) -> anyhow::Error {
-    coded(
-        ExitCode::IoError,
-        format!(
-            "refusing to {} {}: {} is on the way, and {why}; every directory above {} \
+    crate::error::unsafe_file(format!(
+        "refusing to {} {}: {} is on the way, and {why}; every directory above {} \
              must be {} and writable only by {} (or sticky, like /tmp); nothing was changed",
-            way.verb,
-            show_path(dir),
-            show_path(real),
-            way.what,
-            way.owners(),
-            if way.also.is_some() {
-                "its owner"
-            } else {
-                "root"
-            }
-        ),
-    )
+        way.verb,
+        show_path(dir),
+        show_path(real),
+        way.what,
+        way.owners(),
+        if way.also.is_some() {
+            "its owner"
+        } else {
+            "root"
+        }
+    ))
 }
 
 pub(crate) fn user(uid: u32) -> String {

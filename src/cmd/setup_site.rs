@@ -12,7 +12,6 @@ use nix::fcntl::OFlag;
 use super::setup::{Plan, Report, TRIES, c_string, unlink};
 use super::setup_path::{self, Parent};
 use crate::cli::SetupArgs;
-use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::text::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
@@ -106,10 +105,10 @@ fn write_site_file(dir: &ScratchDir, name: &str, text: &str) -> Result<()> {
         }
         return placed.with_context(|| format!("writing {}", show_path(&path)));
     }
-    Err(coded(
-        ExitCode::IoError,
-        format!("cannot make a temporary file in {}", show_path(dir.path())),
-    ))
+    Err(crate::error::unsafe_file(format!(
+        "cannot make a temporary file in {}",
+        show_path(dir.path())
+    )))
 }
 
 /// The usage directory `--usage-dir` names, if it does (`none`, or `off`:
@@ -150,14 +149,11 @@ fn recordable(path: &Path) -> Result<()> {
     if path.to_str().is_some_and(site::recordable) {
         return Ok(());
     }
-    Err(coded(
-        ExitCode::Usage,
-        format!(
-            "the usage directory {} is not UTF-8 or holds a control or format character \
+    Err(crate::error::usage(format!(
+        "the usage directory {} is not UTF-8 or holds a control or format character \
              (shown as ?), which its record cannot hold; name a directory without one",
-            show_path(path)
-        ),
-    ))
+        show_path(path)
+    )))
 }
 
 /// The same set-up as a systemd-tmpfiles(5) snippet, to make it again at
@@ -170,8 +166,7 @@ pub(super) fn tmpfiles(
     usage: &UsageDir,
 ) -> Result<String> {
     let Some(dir_text) = dir.to_str().filter(|d| d.starts_with('/')) else {
-        return Err(coded(
-            ExitCode::Usage,
+        return Err(crate::error::usage(
             "--print-tmpfiles needs an absolute UTF-8 --dir",
         ));
     };
@@ -179,14 +174,11 @@ pub(super) fn tmpfiles(
     // control or format character is refused: none belongs in a path an
     // administrator installs at boot). Spaces are quoted below.
     if dir_text.chars().any(crate::text::is_unsafe_char) {
-        return Err(coded(
-            ExitCode::Usage,
-            format!(
-                "--print-tmpfiles: --dir {} holds a control or format character (shown as ?), \
+        return Err(crate::error::usage(format!(
+            "--print-tmpfiles: --dir {} holds a control or format character (shown as ?), \
                  which would break the snippet's lines; name a directory without one",
-                show_path(dir)
-            ),
-        ));
+            show_path(dir)
+        )));
     }
     let quote = |path: &str| {
         let escaped = path.replace('%', "%%");

@@ -24,7 +24,8 @@ use etcd_client::Client;
 use tokio::sync::{OnceCell, watch};
 
 use super::Config;
-use crate::exit::{ExitCode, exit_code_of};
+use super::is;
+use crate::error::EtcdKind;
 
 /// How long one request may take, over every endpoint tried, before devlock
 /// treats etcd as unreachable (at start, and for status).
@@ -203,8 +204,8 @@ impl Cluster {
                         .no_answer(self.url(endpoint), doing, attempt_for),
                 };
                 // A refusal is the cluster's answer, not one member's trouble.
-                if exit_code_of(&err) == ExitCode::EtcdDenied
-                    || exit_code_of(&err) == ExitCode::Usage
+                if is(&err, EtcdKind::Denied)
+                    || matches!(crate::error::root(&err), Some(crate::Error::Usage(_)))
                 {
                     return Err(err);
                 }
@@ -242,7 +243,7 @@ const ELECTION_PAUSE: Duration = Duration::from_millis(100);
 /// then an answer from etcd itself ("no leader"), then the rest (refused,
 /// no answer).
 fn telling(err: &anyhow::Error) -> u8 {
-    if exit_code_of(err) == ExitCode::EtcdTls {
+    if is(err, EtcdKind::Tls) {
         2
     } else if format!("{err:#}").contains("etcdserver:") {
         1

@@ -123,7 +123,7 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::exit::{ExitCode, coded};
+use crate::error::EtcdKind;
 use crate::messages::etcd as messages;
 use crate::resource::Resource;
 pub(crate) use cluster::Cluster;
@@ -180,10 +180,9 @@ impl Config {
         prefix: &str,
     ) -> Result<Config> {
         if prefix.len() > MAX_PREFIX || prefix.contains('\0') {
-            return Err(coded(
-                ExitCode::Usage,
-                format!("--etcd-prefix must be at most {MAX_PREFIX} bytes, without NUL"),
-            ));
+            return Err(crate::error::usage(format!(
+                "--etcd-prefix must be at most {MAX_PREFIX} bytes, without NUL"
+            )));
         }
         let _ = PREFIX.set(prefix.to_owned());
         let endpoints: Vec<String> = endpoints
@@ -193,20 +192,20 @@ impl Config {
             .map(|e| check_url(e, tls.any()))
             .collect::<Result<_>>()?;
         let Some(first) = endpoints.first() else {
-            return Err(coded(ExitCode::Usage, "--etcd needs at least one URL"));
+            return Err(crate::error::usage("--etcd needs at least one URL"));
         };
         let https = first.starts_with("https://");
         if endpoints.iter().any(|e| e.starts_with("https://") != https) {
-            return Err(coded(ExitCode::Usage, messages::mixed_schemes()));
+            return Err(crate::error::usage(messages::mixed_schemes()));
         }
         if tls.any() && !https {
-            return Err(coded(ExitCode::Usage, messages::tls_needs_https(first)));
+            return Err(crate::error::usage(messages::tls_needs_https(first)));
         }
         let user = match user {
             None => None,
             Some(text) => {
                 let (name, password) = split_user(text)
-                    .ok_or_else(|| coded(ExitCode::Usage, "--etcd-user must be NAME:PASSWORD"))?;
+                    .ok_or_else(|| crate::error::usage("--etcd-user must be NAME:PASSWORD"))?;
                 Some((name.to_owned(), password.to_owned()))
             }
         };
@@ -290,8 +289,8 @@ impl Config {
                         },
                         |(name, _)| format!("user {name}"),
                     );
-                    coded(
-                        ExitCode::EtcdDenied,
+                    crate::error::etcd(
+                        crate::error::EtcdKind::Denied,
                         format!("etcd at {at} refused {who} while {doing}: {message}"),
                     )
                 } else {
@@ -305,15 +304,15 @@ impl Config {
                         ),
                         _ => format!("etcd at {at} failed while {doing}: {cause}"),
                     };
-                    coded(ExitCode::EtcdUnreachable, text)
+                    crate::error::etcd(crate::error::EtcdKind::Unreachable, text)
                 }
             }
-            E::InvalidUri(e) => coded(ExitCode::Usage, format!("bad etcd URL {at}: {e}")),
+            E::InvalidUri(e) => crate::error::usage(format!("bad etcd URL {at}: {e}")),
             _ if innermost(&err).contains("no native certs found") => {
-                coded(ExitCode::EtcdTls, messages::no_system_roots())
+                crate::error::etcd(crate::error::EtcdKind::Tls, messages::no_system_roots())
             }
-            _ => coded(
-                ExitCode::EtcdUnreachable,
+            _ => crate::error::etcd(
+                crate::error::EtcdKind::Unreachable,
                 format!(
                     "cannot reach etcd at {at} while {doing}: {}",
                     innermost(&err)
@@ -334,7 +333,7 @@ impl Config {
         let closed = abrupt_end(&err);
         let said = self.failure(at, doing, err);
         if closed
-            && crate::exit::exit_code_of(&said) == ExitCode::EtcdUnreachable
+            && is(&said, EtcdKind::Unreachable)
             && let Some(why) = probe::why_closed(at, self.tls.as_ref()).await
         {
             return why;
@@ -344,8 +343,8 @@ impl Config {
 
     /// The error for a request that got no answer in time.
     pub(crate) fn no_answer(&self, at: &str, doing: &str, waited: Duration) -> anyhow::Error {
-        coded(
-            ExitCode::EtcdUnreachable,
+        crate::error::etcd(
+            crate::error::EtcdKind::Unreachable,
             format!(
                 "etcd at {at} did not answer within {} while {doing}",
                 crate::text::human_duration(waited)
@@ -415,10 +414,9 @@ fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
 
 fn check_url(url: &str, tls: bool) -> Result<String> {
     let bad = |why: &str| {
-        coded(
-            ExitCode::Usage,
-            format!("bad etcd URL {url:?}: {why} (expected http://HOST:PORT or https://HOST:PORT)"),
-        )
+        crate::error::usage(format!(
+            "bad etcd URL {url:?}: {why} (expected http://HOST:PORT or https://HOST:PORT)"
+        ))
     };
     let (scheme, rest) = match url.split_once("://") {
         Some(("http", rest)) => ("http", rest),
@@ -689,6 +687,12 @@ pub(crate) fn holders(line: &[Place]) -> Vec<&Place> {
         .collect()
 }
 
+/// Whether an error is etcd's failure of `kind` (some are worth another
+/// endpoint or another try, some are the cluster's answer).
+pub(crate) fn is(err: &anyhow::Error, kind: EtcdKind) -> bool {
+    matches!(crate::error::root(err), Some(crate::Error::Etcd { kind: k, .. }) if *k == kind)
+}
+
 /// Blocks SIGPIPE in this thread and the threads it starts: a peer that
 /// closes a socket under a write must give EPIPE, not kill devlock (which
 /// has no std runtime to ignore it). Blocked, not ignored, so the command
@@ -809,9 +813,12 @@ mod tests {
             ..TlsFiles::default()
         };
         let err = Config::new(&urls(&["http://a:1"]), None, &ca, default).unwrap_err();
-        assert_eq!(crate::exit::exit_code_of(&err), ExitCode::Usage);
+        assert!(matches!(
+            crate::error::root(&err),
+            Some(crate::Error::Usage(_))
+        ));
         let err = Config::new(&urls(&["https://a:1"]), None, &ca, default).unwrap_err();
-        assert_eq!(crate::exit::exit_code_of(&err), ExitCode::EtcdTls);
+        assert!(is(&err, EtcdKind::Tls));
         assert!(format!("{err:#}").contains("/nonexistent"), "{err:#}");
     }
 

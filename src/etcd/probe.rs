@@ -17,7 +17,6 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::tls::{self, Tls};
-use crate::exit::{ExitCode, coded};
 use crate::messages::etcd as messages;
 
 /// The whole probe's time, connect and handshake and the wait for a word.
@@ -82,7 +81,7 @@ async fn wants_tls(url: &str, host: &str, tcp: TcpStream) -> Option<anyhow::Erro
     let _ = connector.connect(name, tcp).await;
     seen.0
         .load(Ordering::SeqCst)
-        .then(|| coded(ExitCode::EtcdTls, messages::wants_tls(url)))
+        .then(|| crate::error::etcd(crate::error::EtcdKind::Tls, messages::wants_tls(url)))
 }
 
 /// Notes that the server sent a certificate, and refuses it: the probe

@@ -13,7 +13,7 @@ use super::Config;
 use super::keeper::GUARD;
 use super::session::{Acquired, Got, Session, Settings, Wanted};
 use crate::cli::RunArgs;
-use crate::exit::{ExitCode, coded};
+use crate::exit::ExitCode;
 use crate::plan::Plan;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -53,7 +53,6 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
         timeout: args.timeout,
         quiet: args.quiet,
         report_every: args.report_every,
-        conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
         step: step.clone(),
         command: args.command_line(),
     };
@@ -76,8 +75,8 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
     }
     if session.lease_lost() {
         let why = session.release().unwrap_or_default();
-        return Err(coded(
-            ExitCode::EtcdUnreachable,
+        return Err(crate::error::etcd(
+            crate::error::EtcdKind::Unreachable,
             format!("{why}; the command was not started"),
         ));
     }
@@ -133,13 +132,10 @@ fn wanted(plan: &Plan) -> Result<Wanted> {
             .into_iter()
             .find(|g| plan.resources.contains(g))
         {
-            return Err(coded(
-                ExitCode::Usage,
-                format!(
-                    "--any with --etcd cannot take {group} and {candidate} as candidates: \
+            return Err(crate::error::usage(format!(
+                "--any with --etcd cannot take {group} and {candidate} as candidates: \
                      {candidate} holds {group} shared; name candidates of one level"
-                ),
-            ));
+            )));
         }
     }
     let mut groups: Vec<Request> = Vec::new();
@@ -257,20 +253,17 @@ fn give_back(config: Config, lease: i64) {
 
 /// The watcher could not be started: nobody would keep the lease.
 fn cannot_watch(err: std::io::Error) -> anyhow::Error {
-    coded(
-        ExitCode::GeneralError,
-        format!(
-            "cannot start the watcher that keeps the etcd lease ({}); the command was not started",
-            crate::proc::os_text(&err)
-        ),
-    )
+    crate::error::other(format!(
+        "cannot start the watcher that keeps the etcd lease ({}); the command was not started",
+        crate::proc::os_text(&err)
+    ))
 }
 
 /// The TTL and kill grace, checked so SIGKILL lands at least [`GUARD`] before
 /// the lease could expire, with at least one renewal period before SIGTERM,
 /// and for a cluster (several endpoints) an [`ELECTION`] more.
 fn check_margins(args: &RunArgs, endpoints: usize) -> Result<(Duration, Duration)> {
-    let usage = |m: String| Err(coded(ExitCode::Usage, m));
+    let usage = |m: String| Err(crate::error::usage(m));
     if args.require_idle {
         return usage(crate::messages::etcd::require_idle_refused());
     }

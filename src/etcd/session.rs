@@ -11,11 +11,12 @@ use anyhow::Result;
 use etcd_client::{EventType, PutOptions, WatchOptions};
 use tokio::sync::mpsc;
 
+use super::is;
 use super::keeper::{self, LeaseState, boot_now};
 use super::{
     Cluster, Config, Entry, Place, blockers, holders, join_lines, key_of, line_of, lines_of,
 };
-use crate::exit::{ExitCode, coded, exit_code_of};
+use crate::error::EtcdKind;
 use crate::flock::record::{Record, now_ms};
 use crate::proc;
 use crate::request::Request;
@@ -41,7 +42,6 @@ pub(super) struct Settings {
     pub timeout: Option<Duration>,
     pub quiet: bool,
     pub report_every: Duration,
-    pub conflict_code: ExitCode,
     pub step: String,
     pub command: Vec<String>,
 }
@@ -368,12 +368,12 @@ async fn run_session(
     };
     let outcome = tokio::select! {
         result = waiting => result,
-        sig = stop => Err(coded(
-            ExitCode::Signal(sig.signo),
+        sig = stop => Err(crate::error::signal(
+            sig.signo,
             format!("stopped by signal {} while waiting; left the line", sig.signo),
         )),
-        why = state.wait_lost() => Err(coded(
-            ExitCode::EtcdUnreachable,
+        why = state.wait_lost() => Err(crate::error::etcd(
+            crate::error::EtcdKind::Unreachable,
             format!("{why}; left the line, nothing ran"),
         )),
     };
@@ -461,14 +461,11 @@ async fn inherited(
             continue;
         }
         if request.exclusive && !entry.exclusive {
-            return Err(coded(
-                ExitCode::Busy,
-                format!(
-                    "{} is held only shared by a devlock this command runs under (pid {}); an exclusive take would wait for itself",
-                    request.name.as_str(),
-                    entry.pid
-                ),
-            ));
+            return Err(crate::error::in_use(format!(
+                "{} is held only shared by a devlock this command runs under (pid {}); an exclusive take would wait for itself",
+                request.name.as_str(),
+                entry.pid
+            )));
         }
         return Ok(Some(entry.fence.unwrap_or(place.create_revision)));
     }
@@ -829,14 +826,16 @@ async fn claim_slot(
             )
         };
         if settings.no_wait {
-            return Err(crate::exit::busy(
-                settings.conflict_code,
+            return Err(crate::error::busy(
+                request.name.as_str(),
+                false,
                 format!("{} is busy: {}", request.name.as_str(), why()),
             ));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(crate::exit::busy(
-                settings.conflict_code,
+            return Err(crate::error::busy(
+                request.name.as_str(),
+                true,
                 format!(
                     "gave up on {} after {}: {}",
                     request.name.as_str(),
@@ -937,8 +936,9 @@ async fn wait_turn(
     let mut grace: Option<Instant> = None;
     loop {
         let gave_up = |why: String| {
-            crate::exit::busy(
-                settings.conflict_code,
+            crate::error::busy(
+                name,
+                true,
                 format!(
                     "gave up on {name} after {}: {why}",
                     human_duration(started.elapsed())
@@ -988,10 +988,7 @@ async fn wait_turn(
         if settings.no_wait {
             let over = grace.get_or_insert_with(|| Instant::now() + RELEASE_TIMEOUT);
             if !waits.iter().all(Waiting::letting_go) || Instant::now() >= *over {
-                return Err(crate::exit::busy(
-                    settings.conflict_code,
-                    messages::busy(name, &who),
-                ));
+                return Err(crate::error::busy(name, false, messages::busy(name, &who)));
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -1121,7 +1118,7 @@ impl Trouble<'_> {
         deadline: Option<Instant>,
         gave_up: &dyn Fn(String) -> anyhow::Error,
     ) -> Result<()> {
-        if exit_code_of(&err) != ExitCode::EtcdUnreachable {
+        if !is(&err, EtcdKind::Unreachable) {
             return Err(err);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -1152,8 +1149,8 @@ enum Turn {
 }
 
 fn place_gone(name: &str) -> anyhow::Error {
-    coded(
-        ExitCode::EtcdUnreachable,
+    crate::error::etcd(
+        crate::error::EtcdKind::Unreachable,
         format!(
             "our place in line for {name} is gone from etcd (the key or its lease was removed); nothing ran"
         ),

@@ -18,14 +18,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::messages::etcd as messages;
 use anyhow::Result;
 use etcd_client::{Certificate, Identity, TlsOptions};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
-
-use crate::exit::{ExitCode, coded};
-use crate::messages::etcd as messages;
 
 /// The files named on the command line or in the environment.
 #[derive(Debug, Clone, Default)]
@@ -88,7 +86,7 @@ impl Tls {
         let client = match (&files.cert, &files.key) {
             (None, None) => None,
             (Some(_), None) | (None, Some(_)) => {
-                return Err(coded(ExitCode::Usage, messages::cert_and_key_go_together()));
+                return Err(crate::error::usage(messages::cert_and_key_go_together()));
             }
             (Some(cert), Some(key)) => Some(ClientCert::load(cert, key)?),
         };
@@ -237,7 +235,7 @@ impl ClientCert {
 }
 
 fn tls_file_error(message: String) -> anyhow::Error {
-    coded(ExitCode::EtcdTls, message)
+    crate::error::etcd(crate::error::EtcdKind::Tls, message)
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -303,8 +301,8 @@ pub(crate) fn classify(
     use rustls::Error as E;
     let roots = tls.map_or_else(messages::system_roots, Tls::roots);
     let rejected = |reason: String| {
-        coded(
-            ExitCode::EtcdTls,
+        crate::error::etcd(
+            crate::error::EtcdKind::Tls,
             messages::server_cert_rejected(url, &roots, &reason),
         )
     };
@@ -314,11 +312,11 @@ pub(crate) fn classify(
             E::InvalidMessage(_)
             | E::InappropriateMessage { .. }
             | E::InappropriateHandshakeMessage { .. } => {
-                coded(ExitCode::EtcdTls, messages::not_tls(url))
+                crate::error::etcd(crate::error::EtcdKind::Tls, messages::not_tls(url))
             }
             E::AlertReceived(alert) => refused(url, tls, &format!("{alert:?}"))?,
-            other => coded(
-                ExitCode::EtcdTls,
+            other => crate::error::etcd(
+                crate::error::EtcdKind::Tls,
                 messages::tls_failed(url, &other.to_string()),
             ),
         });
@@ -334,7 +332,10 @@ pub(crate) fn classify(
         // tokio-rustls: the server closed the connection mid-handshake, as
         // a plain-http server does on a TLS hello.
         if text == "tls handshake eof" {
-            return Some(coded(ExitCode::EtcdTls, messages::not_tls(url)));
+            return Some(crate::error::etcd(
+                crate::error::EtcdKind::Tls,
+                messages::not_tls(url),
+            ));
         }
         next = match e
             .downcast_ref::<std::io::Error>()
@@ -361,8 +362,8 @@ fn refused(url: &str, tls: Option<&Tls>, alert: &str) -> Option<anyhow::Error> {
         "AccessDenied",
     ];
     if !ABOUT_THE_CLIENT.contains(&alert) {
-        return Some(coded(
-            ExitCode::EtcdTls,
+        return Some(crate::error::etcd(
+            crate::error::EtcdKind::Tls,
             messages::tls_failed(url, &format!("TLS alert {alert}")),
         ));
     }
@@ -370,7 +371,7 @@ fn refused(url: &str, tls: Option<&Tls>, alert: &str) -> Option<anyhow::Error> {
         Some(cert) => messages::client_cert_refused(url, cert, alert),
         None => messages::client_cert_wanted(url),
     };
-    Some(coded(ExitCode::EtcdDenied, message))
+    Some(crate::error::etcd(crate::error::EtcdKind::Denied, message))
 }
 
 /// Why rustls refused the server's certificate, in words.

@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::exit::{ExitCode, coded};
-
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same
 /// path for every user and every TMPDIR, so every job on the machine meets the
 /// same gate.
@@ -79,36 +77,26 @@ impl ScratchDir {
             Err(err) => {
                 return match err.raw_os_error() {
                     Some(libc::ENOENT) => Ok(None),
-                    Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_symlink(path) => Err(coded(
-                        ExitCode::IoError,
-                        format!(
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_symlink(path) => {
+                        Err(crate::error::unsafe_file(format!(
                             "scratch directory {} is a symbolic link; refusing to follow it",
                             crate::text::show_path(path)
-                        ),
-                    )),
-                    Some(libc::ENOTDIR) => Err(coded(
-                        ExitCode::IoError,
-                        format!(
-                            "scratch directory {} is not a directory",
-                            crate::text::show_path(path)
-                        ),
-                    )),
-                    Some(libc::EACCES) => Err(coded(
-                        ExitCode::IoError,
-                        format!(
-                            "cannot open scratch directory {}: Permission denied (it is kept for \
+                        )))
+                    }
+                    Some(libc::ENOTDIR) => Err(crate::error::unsafe_file(format!(
+                        "scratch directory {} is not a directory",
+                        crate::text::show_path(path)
+                    ))),
+                    Some(libc::EACCES) => Err(crate::error::unsafe_file(format!(
+                        "cannot open scratch directory {}: Permission denied (it is kept for \
                          a group this user is not in, or for its owner)",
-                            crate::text::show_path(path)
-                        ),
-                    )),
-                    _ => Err(coded(
-                        ExitCode::IoError,
-                        format!(
-                            "cannot open scratch directory {}: {}",
-                            crate::text::show_path(path),
-                            crate::proc::os_text(&err)
-                        ),
-                    )),
+                        crate::text::show_path(path)
+                    ))),
+                    _ => Err(crate::error::unsafe_file(format!(
+                        "cannot open scratch directory {}: {}",
+                        crate::text::show_path(path),
+                        crate::proc::os_text(&err)
+                    ))),
                 };
             }
         };
@@ -218,14 +206,11 @@ impl ScratchDir {
             0x00C3_6400 => "Ceph",
             _ => return self.refuse_unlockable(kind),
         };
-        Err(coded(
-            ExitCode::IoError,
-            format!(
-                "scratch directory {} is on {name}, where flock(2) is emulated or unreliable; \
+        Err(crate::error::unsafe_file(format!(
+            "scratch directory {} is on {name}, where flock(2) is emulated or unreliable; \
                  use a local directory (--dir or DEVLOCK_DIR)",
-                crate::text::show_path(&self.path)
-            ),
-        ))
+            crate::text::show_path(&self.path)
+        )))
     }
 
     /// A filesystem devlock does not know is asked whether flock(2) excludes
@@ -237,15 +222,12 @@ impl ScratchDir {
             // Cannot tell (no O_TMPFILE there, a directory this user cannot
             // write): the lock files' own opens will say what fails.
             Err(_) | Ok(true) => Ok(()),
-            Ok(false) => Err(coded(
-                ExitCode::IoError,
-                format!(
-                    "scratch directory {} is on a filesystem (type {kind:#x}) where flock(2) does not \
+            Ok(false) => Err(crate::error::unsafe_file(format!(
+                "scratch directory {} is on a filesystem (type {kind:#x}) where flock(2) does not \
                      exclude: two exclusive locks on one file both succeeded; use a local directory \
                      (--dir or DEVLOCK_DIR), bind-mounted from the host into containers",
-                    crate::text::show_path(&self.path)
-                ),
-            )),
+                crate::text::show_path(&self.path)
+            ))),
         }
     }
 
@@ -374,14 +356,11 @@ fn create(path: &Path) -> Result<bool> {
     match made {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(coded(
-            ExitCode::IoError,
-            format!(
-                "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
-                crate::text::show_path(path),
-                crate::proc::os_text(&e)
-            ),
-        )),
+        Err(e) => Err(crate::error::unsafe_file(format!(
+            "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
+            crate::text::show_path(path),
+            crate::proc::os_text(&e)
+        ))),
     }
 }
 
@@ -391,10 +370,10 @@ fn is_symlink(path: &Path) -> bool {
 
 pub(crate) fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        coded(
-            ExitCode::Usage,
-            format!("path {} contains a NUL byte", crate::text::show_path(path)),
-        )
+        crate::error::usage(format!(
+            "path {} contains a NUL byte",
+            crate::text::show_path(path)
+        ))
     })
 }
 

@@ -7,12 +7,10 @@ use std::os::fd::OwnedFd;
 use nix::fcntl::OFlag;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-
-use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::proc::locks::FileId;
 use crate::sys::fs::{Flock, flock};
+use anyhow::{Context, Result};
 
 /// Mode every lock file gets, whatever the creator's umask: any user who can
 /// reach the directory must be able to open it and join the gate.
@@ -508,14 +506,11 @@ fn check_plain_file(mode: u32, path: &std::path::Path) -> Result<()> {
 /// The one-line error (exit 74) for a file of the wrong type at one of
 /// devlock's paths.
 pub(crate) fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
-    coded(
-        ExitCode::IoError,
-        format!(
-            "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
-            crate::text::show_path(path),
-            kind_of(mode)
-        ),
-    )
+    crate::error::unsafe_file(format!(
+        "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
+        crate::text::show_path(path),
+        kind_of(mode)
+    ))
 }
 
 fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
@@ -543,7 +538,7 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
             crate::proc::os_text(&err)
         ),
     };
-    coded(ExitCode::IoError, message)
+    crate::error::unsafe_file(message)
 }
 
 /// An error opening one of devlock's files (queue, registration) for

@@ -11,13 +11,11 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
-
-use crate::exit::{ExitCode, coded};
 use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::resource::Resource;
 use crate::text::sanitize;
+use anyhow::Result;
 
 /// The GPUs the caller lets the job use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,37 +84,28 @@ impl Visible {
             let index = match entry {
                 Entry::Index(index) => *index,
                 Entry::Mig(mig) => {
-                    return Err(coded(
-                        ExitCode::Usage,
-                        format!(
-                            "{}, a MIG device, which devlock cannot map to a GPU index; \
+                    return Err(crate::error::usage(format!(
+                        "{}, a MIG device, which devlock cannot map to a GPU index; \
                              give the GPUs' indices or GPU-UUIDs instead",
-                            named(&sanitize(mig))
-                        ),
-                    ));
+                        named(&sanitize(mig))
+                    )));
                 }
                 Entry::Uuid(uuid) => {
                     let devices = match report {
                         DeviceReport::Devices(devices) => devices,
                         DeviceReport::NoInfo => {
-                            return Err(coded(
-                                ExitCode::NotIdle,
-                                format!(
-                                    "{}, and without nvidia-smi devlock cannot tell which \
+                            return Err(crate::error::device(format!(
+                                "{}, and without nvidia-smi devlock cannot tell which \
                                      GPU that is (set DEVLOCK_NVIDIA_SMI, or give indices)",
-                                    named(&sanitize(uuid))
-                                ),
-                            ));
+                                named(&sanitize(uuid))
+                            )));
                         }
                         DeviceReport::Unknown { reason } => {
-                            return Err(coded(
-                                ExitCode::NotIdle,
-                                format!(
-                                    "{}, and nvidia-smi could not say which GPU that is: {}",
-                                    named(&sanitize(uuid)),
-                                    sanitize(reason)
-                                ),
-                            ));
+                            return Err(crate::error::device(format!(
+                                "{}, and nvidia-smi could not say which GPU that is: {}",
+                                named(&sanitize(uuid)),
+                                sanitize(reason)
+                            )));
                         }
                     };
                     let lower = uuid.to_ascii_lowercase();
@@ -128,22 +117,16 @@ impl Visible {
                     match matching[..] {
                         [index] => index,
                         [] => {
-                            return Err(coded(
-                                ExitCode::Usage,
-                                format!(
-                                    "{}, which nvidia-smi does not list",
-                                    named(&sanitize(uuid))
-                                ),
-                            ));
+                            return Err(crate::error::usage(format!(
+                                "{}, which nvidia-smi does not list",
+                                named(&sanitize(uuid))
+                            )));
                         }
                         _ => {
-                            return Err(coded(
-                                ExitCode::Usage,
-                                format!(
-                                    "{}, which is the start of several GPUs' UUIDs",
-                                    named(&sanitize(uuid))
-                                ),
-                            ));
+                            return Err(crate::error::usage(format!(
+                                "{}, which is the start of several GPUs' UUIDs",
+                                named(&sanitize(uuid))
+                            )));
                         }
                     }
                 }
@@ -191,15 +174,12 @@ impl Visible {
         let Some(outside) = resources.iter().find(|r| !self.allows(r)) else {
             return Ok(());
         };
-        Err(coded(
-            ExitCode::Usage,
-            format!(
-                "{outside} is outside {}; ask for {} or change {}",
-                self.describe(),
-                self.inside_names(),
-                variable()
-            ),
-        ))
+        Err(crate::error::usage(format!(
+            "{outside} is outside {}; ask for {} or change {}",
+            self.describe(),
+            self.inside_names(),
+            variable()
+        )))
     }
 
     /// The `--any` candidates inside the set (other resources are kept);
@@ -238,14 +218,11 @@ impl Visible {
                 self.describe()
             )
         };
-        Err(coded(
-            ExitCode::Usage,
-            format!(
-                "--any: {what}; ask for {} or change {}",
-                self.inside_names(),
-                variable()
-            ),
-        ))
+        Err(crate::error::usage(format!(
+            "--any: {what}; ask for {} or change {}",
+            self.inside_names(),
+            variable()
+        )))
     }
 
     fn inside_names(&self) -> String {
@@ -324,29 +301,23 @@ pub(crate) fn check_mig(resources: &[Resource], any: bool, count: usize) -> Resu
     }
     if any {
         if count > 1 {
-            return Err(coded(
-                ExitCode::Usage,
-                format!(
-                    "--any --count {count} would give one command {count} MIG instances, and CUDA uses \
+            return Err(crate::error::usage(format!(
+                "--any --count {count} would give one command {count} MIG instances, and CUDA uses \
                      only one MIG instance per process; take one per command (for example one devlock per worker)"
-                ),
-            ));
+            )));
         }
         return Ok(());
     }
     let pairs: Vec<(&str, &str)> = instances.iter().map(|r| (r.as_str(), "")).collect();
     if let Err(why) = crate::gpu::mig::visible_devices(&pairs) {
-        return Err(coded(ExitCode::Usage, why));
+        return Err(crate::error::usage(why));
     }
     if let Some(gpu) = resources.iter().find(|r| r.gpu_index().is_some()) {
-        return Err(coded(
-            ExitCode::Usage,
-            format!(
-                "{} is a MIG instance, and CUDA_VISIBLE_DEVICES cannot give one command a MIG \
+        return Err(crate::error::usage(format!(
+            "{} is a MIG instance, and CUDA_VISIBLE_DEVICES cannot give one command a MIG \
                  instance and {gpu} beside it; take them in separate commands",
-                instances[0]
-            ),
-        ));
+            instances[0]
+        )));
     }
     Ok(())
 }
@@ -358,10 +329,9 @@ pub(crate) fn mig_env(
     report: &DeviceReport,
 ) -> Result<Vec<(&'static str, String)>> {
     let cannot = |why: String| {
-        coded(
-            ExitCode::NotIdle,
-            format!("cannot tell CUDA which MIG instance {instance} is: {why}"),
-        )
+        crate::error::device(format!(
+            "cannot tell CUDA which MIG instance {instance} is: {why}"
+        ))
     };
     let devices = match report {
         DeviceReport::Devices(devices) => devices,
@@ -387,7 +357,7 @@ pub(crate) fn mig_env(
             )
         })?;
     let list = crate::gpu::mig::visible_devices(&[(instance.as_str(), &uuid)])
-        .map_err(|why| coded(ExitCode::Usage, why))?;
+        .map_err(crate::error::usage)?;
     Ok(vec![("CUDA_VISIBLE_DEVICES", list)])
 }
 

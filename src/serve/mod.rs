@@ -32,12 +32,8 @@ use snapshot::Snapshots;
 
 /// Listens on `--listen` and answers until the process is stopped.
 pub(crate) fn run(args: &ServeArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
-    let listener = TcpListener::bind(args.listen).map_err(|err| {
-        crate::exit::coded(
-            ExitCode::GeneralError,
-            words::cannot_listen(args.listen, &err),
-        )
-    })?;
+    let listener = TcpListener::bind(args.listen)
+        .map_err(|err| crate::error::other(words::cannot_listen(args.listen, &err)))?;
     let address = listener.local_addr()?;
     let host = nix::unistd::gethostname()
         .ok()
@@ -50,10 +46,7 @@ pub(crate) fn run(args: &ServeArgs, dir: &Path, probe_timeout: Duration) -> Resu
         listener,
         Arc::new(move |request: &Request| answer(&snapshots, &host, request)),
     );
-    Err(crate::exit::coded(
-        ExitCode::GeneralError,
-        words::stopped(&failed),
-    ))
+    Err(crate::error::other(words::stopped(&failed)))
 }
 
 /// The answer to one request.

@@ -113,8 +113,7 @@ pub(crate) fn within_site(
     }
     let site = site_default(dir);
     match (asked, site) {
-        (Some(asked), Some(site)) if asked > site => Err(crate::exit::coded(
-            crate::exit::ExitCode::Usage,
+        (Some(asked), Some(site)) if asked > site => Err(crate::error::usage(
             crate::messages::idle_over_site(asked, site, &dir.path().join(SITE_FILE)),
         )),
         (Some(asked), _) => Ok(Some(asked)),
@@ -201,8 +200,7 @@ pub(crate) fn say_busy(dur: Duration) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let Some(path) = std::env::var_os(BUSY_ENV) else {
-        return Err(crate::exit::coded(
-            crate::exit::ExitCode::Usage,
+        return Err(crate::error::usage(
             "devlock busy: not inside a devlock hold ($DEVLOCK_BUSY_FILE is not set)",
         ));
     };
@@ -223,10 +221,9 @@ pub(crate) fn say_busy(dur: Duration) -> anyhow::Result<()> {
         .metadata()
         .with_context(|| format!("devlock busy: {shown}"))?;
     if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(crate::exit::coded(
-            crate::exit::ExitCode::IoError,
-            format!("devlock busy: {shown} is not a file of this user's: refusing it"),
-        ));
+        return Err(crate::error::unsafe_file(format!(
+            "devlock busy: {shown} is not a file of this user's: refusing it"
+        )));
     }
     file.set_modified(SystemTime::now() + dur)
         .with_context(|| format!("devlock busy: setting the time of {shown}"))?;

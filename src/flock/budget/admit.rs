@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use super::{Ask, REPROBE_EVERY};
-use crate::exit::{ExitCode, coded};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Entry, Held, Taken, blocking, register, watch};
 use crate::flock::file::open_read_only;
@@ -118,8 +117,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
     }
     let resource = &request.name;
     if !entry.ticket.has_anyone_ahead()? {
-        let seen = look(ctx.dir, resource, entry.lock.id(), ask)
-            .map_err(|why| coded(ExitCode::NotIdle, why))?;
+        let seen = look(ctx.dir, resource, entry.lock.id(), ask).map_err(crate::error::device)?;
         if seen.room.admits(ask.mem_mib, ask.headroom_mib) {
             if entry.lock.try_lock_at_path(ctx.dir, false)? {
                 return Ok(Taken::Held(admit(ctx, entry, ask)?));
