@@ -9,16 +9,6 @@ use crate::status::model::{Effect, Holder, HolderSource, ResourceView, WaiterSou
 use crate::text::{sanitize, short_duration};
 use std::time::Duration;
 
-/// What lines call a request: its resource, or for a group taken shared on
-/// a member's behalf, the member and its group (what the user asked for,
-/// and what stands in the way).
-pub(crate) fn label_of(request: &Request) -> String {
-    match &request.via {
-        Some(member) => format!("{member} (its group {})", request.name),
-        None => request.name.to_string(),
-    }
-}
-
 /// `gpu:0 is busy: held by train (pid 4242, alice) for 5m03s`, naming
 /// whoever is in the way in `view`: the holders, and those already in line
 /// (who would go first), such as a request for the whole group queued
@@ -62,39 +52,9 @@ pub(crate) fn all_busy(names: &[String], each: &[(String, ResourceView)]) -> Str
     format!("all of {} are busy: {}", names.join(", "), why.join("; "))
 }
 
-/// A job that holds a lock only shared, asked for it exclusively.
-pub(crate) fn held_only_shared(resource: &crate::resource::Resource, pid: u32) -> anyhow::Error {
-    crate::error::in_use(format!(
-        "{resource} is held only shared by the job this runs in (pid {pid}); taking it \
-             exclusively inside that job would wait for itself"
-    ))
-}
-
-/// A take inside an enclosing hold of this process (the library's nesting)
-/// that holds a lock only shared, asked for it exclusively.
-pub(crate) fn held_only_shared_here(resource: &crate::resource::Resource) -> anyhow::Error {
-    crate::error::in_use(format!(
-        "{resource} is held only shared by an enclosing hold of this process; taking it \
-             exclusively inside that hold would wait for itself"
-    ))
-}
-
 /// The library's take of nothing.
 pub(crate) fn no_resource() -> anyhow::Error {
     crate::error::usage("missing RESOURCE: name at least one resource to lock")
-}
-
-/// `gpu is in use with --slots 2, but this asks for it as a plain lock; ...`
-pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
-    let how = |n: u64| match n {
-        0 => "as a plain lock".to_owned(),
-        n => format!("with --slots {n}"),
-    };
-    crate::error::usage(format!(
-        "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
-        how(theirs),
-        how(ours)
-    ))
 }
 
 /// `devlock: timed out after 10m waiting for gpu: held by ...` (with the

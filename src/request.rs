@@ -19,6 +19,18 @@ pub(crate) struct Request {
     pub(crate) for_group: bool,
 }
 
+impl Request {
+    /// What lines call a request: its resource, or for a group taken
+    /// shared on a member's behalf, the member and its group (what the user
+    /// asked for, and what stands in the way). A name, not a sentence.
+    pub(crate) fn label(&self) -> String {
+        match &self.via {
+            Some(member) => format!("{member} (its group {})", self.name),
+            None => self.name.to_string(),
+        }
+    }
+}
+
 /// The locks `resources` stand for, in the one global order (sorted names):
 /// each resource, and for a member `G:M` its group `G` shared on its behalf.
 /// The etcd backend takes the same list.

@@ -103,7 +103,7 @@ impl Takes {
     /// What the waiting lines call the whole take, before any wait names a part.
     pub(crate) fn label(&self) -> String {
         match self.fixed.last() {
-            Some(last) => crate::messages::label_of(last),
+            Some(last) => last.label(),
             None => {
                 let names: Vec<&str> = self.candidates.iter().map(|r| r.name.as_str()).collect();
                 format!("any of {}", names.join(" "))
@@ -229,7 +229,7 @@ fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
     match inside.iter().find(|h| h.resource == request.name.as_str()) {
         None => Ok(false),
         Some(h) if h.exclusive || !wants_exclusive => Ok(true),
-        Some(_) => Err(crate::messages::held_only_shared_here(&request.name)),
+        Some(_) => Err(crate::flock::nesting::held_only_shared_here(&request.name)),
     }
 }
 

@@ -698,7 +698,7 @@ impl Taking<'_> {
                 .map(Place::slots)
                 .find(|&theirs| theirs != ours)
             {
-                return Err(crate::messages::slots_mismatch(
+                return Err(crate::flock::queue::slots_mismatch(
                     wait.request.name.as_str(),
                     theirs,
                     ours,

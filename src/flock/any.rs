@@ -10,7 +10,7 @@ use crate::flock::file::LockFile;
 use crate::flock::nesting::inside_holder;
 use crate::flock::queue::Blocked;
 use crate::flock::race::first_of;
-use crate::flock::wait::{Busy, Wait};
+use crate::flock::wait::{Busy, Wait, Watch};
 use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -137,43 +137,10 @@ impl Unit {
 
 /// The first unit that is or becomes complete: its index and its locks.
 fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Resource, Taken)>)> {
-    // A candidate whose line a stranger's lock (or whose file a lease)
-    // keeps shut is passed over while another can be joined: one stranger
-    // cannot shut `--any`. Where every line is shut, the first is named
-    // (busy, exit 75).
-    let mut joined = Vec::new();
-    let mut joined_units: Vec<&Vec<Request>> = Vec::new();
-    let mut first_shut = None;
-    for requests in units {
-        let unit = match Unit::join(ctx, requests) {
-            Ok(Ok(unit)) => unit,
-            Ok(Err(blocked)) => {
-                first_shut.get_or_insert_with(|| blocked.into_busy());
-                continue;
-            }
-            Err(e) if e.is::<Leased>() => {
-                let leased = e.downcast::<Leased>().expect("checked");
-                let member = requests.last().expect("a member").name.to_string();
-                first_shut.get_or_insert_with(|| leased.into_busy(&member));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if unit.complete() {
-            let index = units
-                .iter()
-                .position(|u| std::ptr::eq(u, requests))
-                .expect("one of the units");
-            return Ok((index, unit.into_taken(ctx)));
-        }
-        joined.push(unit);
-        joined_units.push(requests);
-    }
-    if joined.is_empty()
-        && let Some(shut) = first_shut
-    {
-        return Err(shut);
-    }
+    let (joined, joined_units) = match join_units(ctx, units)? {
+        Joining::Complete(index, unit) => return Ok((index, unit.into_taken(ctx))),
+        Joining::Joined(joined, joined_units) => (joined, joined_units),
+    };
     let index_of = |i: usize| {
         units
             .iter()
@@ -196,28 +163,7 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Reso
         .map(|u| u.last().expect("a member").name.to_string())
         .collect();
     if ctx.no_wait {
-        // Each candidate's lock and what stands in its way, out of line
-        // first so that we are not among those ahead.
-        let locks: Vec<(String, Resource, LockFile)> = joined
-            .iter()
-            .zip(units)
-            .filter_map(|(unit, requests)| {
-                let entry = unit.waiting.as_ref()?;
-                let member = requests.last().expect("a member");
-                let label = if entry.request.name == member.name {
-                    member.name.to_string()
-                } else {
-                    format!("{} (its group {})", member.name, entry.request.name)
-                };
-                Some((
-                    label,
-                    entry.request.name.clone(),
-                    entry.lock.try_clone().ok()?,
-                ))
-            })
-            .collect();
-        drop(joined);
-        return Err(anyhow::Error::new(Busy::Any { names, each: locks }));
+        return Err(all_busy(joined, units, names));
     }
     let registrations = joined
         .iter()
@@ -226,28 +172,13 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Reso
             Some(register(ctx, &entry.request, entry.ticket.number))
         })
         .collect();
-    let label = format!("any of {}", names.join(" "));
-    let shows = ctx.shows();
-    let watches = if shows {
-        joined
-            .iter()
-            .zip(units)
-            .filter_map(|(unit, requests)| {
-                let entry = unit.waiting.as_ref()?;
-                let mut watch = watch(ctx.dir, &entry.request, entry)?;
-                let member = &requests.last().expect("a member").name;
-                if *member != entry.request.name {
-                    watch.label = format!("{member} (its group {})", entry.request.name);
-                }
-                Some(watch)
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     let wait = Wait {
-        label,
-        watches,
+        label: format!("any of {}", names.join(" ")),
+        watches: if ctx.shows() {
+            watches(ctx, &joined, units)
+        } else {
+            Vec::new()
+        },
         registrations,
         lazy: false,
     };
@@ -256,4 +187,92 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Reso
             .ok_or_else(|| anyhow::anyhow!("interrupted"))
     })?;
     Ok((index_of(index), unit.into_taken(ctx)))
+}
+
+/// What joining every candidate's line came to: one taken at once (its
+/// index), or those in line with the requests each stands for.
+enum Joining<'a> {
+    Complete(usize, Unit),
+    Joined(Vec<Unit>, Vec<&'a Vec<Request>>),
+}
+
+/// Joins each candidate's line, stopping at the first taken at once.
+fn join_units<'a>(ctx: &Context, units: &'a [Vec<Request>]) -> Result<Joining<'a>> {
+    // A candidate whose line a stranger's lock (or whose file a lease)
+    // keeps shut is passed over while another can be joined: one stranger
+    // cannot shut `--any`. Where every line is shut, the first is named
+    // (busy, exit 75).
+    let mut joined = Vec::new();
+    let mut joined_units: Vec<&Vec<Request>> = Vec::new();
+    let mut first_shut = None;
+    for (index, requests) in units.iter().enumerate() {
+        let unit = match Unit::join(ctx, requests) {
+            Ok(Ok(unit)) => unit,
+            Ok(Err(blocked)) => {
+                first_shut.get_or_insert_with(|| blocked.into_busy());
+                continue;
+            }
+            Err(e) if e.is::<Leased>() => {
+                let leased = e.downcast::<Leased>().expect("checked");
+                let member = requests.last().expect("a member").name.to_string();
+                first_shut.get_or_insert_with(|| leased.into_busy(&member));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if unit.complete() {
+            return Ok(Joining::Complete(index, unit));
+        }
+        joined.push(unit);
+        joined_units.push(requests);
+    }
+    if joined.is_empty()
+        && let Some(shut) = first_shut
+    {
+        return Err(shut);
+    }
+    Ok(Joining::Joined(joined, joined_units))
+}
+
+/// `-n`: each candidate's lock and what stands in its way, out of line
+/// first so that we are not among those ahead.
+fn all_busy(joined: Vec<Unit>, units: &[Vec<Request>], names: Vec<String>) -> anyhow::Error {
+    let locks: Vec<(String, Resource, LockFile)> = joined
+        .iter()
+        .zip(units)
+        .filter_map(|(unit, requests)| {
+            let entry = unit.waiting.as_ref()?;
+            let member = requests.last().expect("a member");
+            let label = if entry.request.name == member.name {
+                member.name.to_string()
+            } else {
+                format!("{} (its group {})", member.name, entry.request.name)
+            };
+            Some((
+                label,
+                entry.request.name.clone(),
+                entry.lock.try_clone().ok()?,
+            ))
+        })
+        .collect();
+    drop(joined);
+    anyhow::Error::new(Busy::Any { names, each: locks })
+}
+
+/// What the waiting display watches: each candidate in line, under the
+/// member's name.
+fn watches(ctx: &Context, joined: &[Unit], units: &[Vec<Request>]) -> Vec<Watch> {
+    joined
+        .iter()
+        .zip(units)
+        .filter_map(|(unit, requests)| {
+            let entry = unit.waiting.as_ref()?;
+            let mut watch = watch(ctx.dir, &entry.request, entry)?;
+            let member = &requests.last().expect("a member").name;
+            if *member != entry.request.name {
+                watch.label = format!("{member} (its group {})", entry.request.name);
+            }
+            Some(watch)
+        })
+        .collect()
 }

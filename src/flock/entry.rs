@@ -14,7 +14,6 @@ use crate::flock::registration::{Kind, Registration};
 use crate::flock::slots::{self, Slot};
 use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
-use crate::messages::label_of;
 use crate::proc::locks::LockTable;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -478,7 +477,7 @@ pub(crate) fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Optio
         lock: entry.lock.try_clone().ok()?,
         ticket: Some(entry.ticket.number),
         agreement: Some(request.slots),
-        label: label_of(request),
+        label: request.label(),
         room: None,
     })
 }

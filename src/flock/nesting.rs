@@ -17,8 +17,28 @@ pub(crate) fn inside_holder(lock: &LockFile, request: &Request) -> Result<bool> 
     match inherited(lock, request.exclusive) {
         Inherited::Yes => Ok(true),
         Inherited::No => Ok(false),
-        Inherited::OnlyShared(pid) => Err(crate::messages::held_only_shared(&request.name, pid)),
+        Inherited::OnlyShared(pid) => Err(held_only_shared(&request.name, pid)),
     }
+}
+
+// Typed refusals (exit 75 even with -q: no wait ends them); the words
+// are the error's line.
+
+/// A job that holds a lock only shared, asked for it exclusively.
+fn held_only_shared(resource: &crate::resource::Resource, pid: u32) -> anyhow::Error {
+    crate::error::in_use(format!(
+        "{resource} is held only shared by the job this runs in (pid {pid}); taking it \
+             exclusively inside that job would wait for itself"
+    ))
+}
+
+/// A take inside an enclosing hold of this process (the library's nesting)
+/// that holds a lock only shared, asked for it exclusively.
+pub(crate) fn held_only_shared_here(resource: &crate::resource::Resource) -> anyhow::Error {
+    crate::error::in_use(format!(
+        "{resource} is held only shared by an enclosing hold of this process; taking it \
+             exclusively inside that hold would wait for itself"
+    ))
 }
 
 /// Whether the work we run inside already holds a lock.

@@ -30,6 +30,10 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
 use crate::proc::locks::{FileId, LockTable, RangeLock};
 
+mod blocked;
+pub(crate) use blocked::Blocked;
+use blocked::blocked;
+
 /// Where the agreement bytes start: `AGREE_BASE + N` for `--slots N`.
 const AGREE_BASE: i64 = 4096;
 /// One past the last agreement byte (`--slots` is a u16).
@@ -101,7 +105,7 @@ impl Ticket {
         }
         match other_agreement(&file, Some(slots)) {
             Some(theirs) if agreement_is_devlocks(id, theirs, devlock_of) => {
-                return Err(mismatch(resource, theirs, slots));
+                return Err(slots_mismatch(resource, theirs, slots));
             }
             Some(theirs) => {
                 // Ours goes before waiting: two requests each waiting for
@@ -113,7 +117,7 @@ impl Ticket {
             // Nobody else agrees with us either, yet a devlock holds the
             // lock without the line: a plain holder.
             None if slots > 0 && !shares_agreement(&file, agree_at) && plain_holder() => {
-                return Err(mismatch(resource, 0, slots));
+                return Err(slots_mismatch(resource, 0, slots));
             }
             None => {}
         }
@@ -331,8 +335,17 @@ fn anyone_ahead(file: &File, number: u64) -> io::Result<bool> {
     )
 }
 
-fn mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
-    crate::messages::slots_mismatch(resource, theirs, ours)
+/// `gpu is in use with --slots 2, but this asks for it as a plain lock; ...`
+pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::Error {
+    let how = |n: u64| match n {
+        0 => "as a plain lock".to_owned(),
+        n => format!("with --slots {n}"),
+    };
+    crate::error::usage(format!(
+        "{resource} is in use {}, but this asks for it {}; everyone must use a resource the same way",
+        how(theirs),
+        how(ours)
+    ))
 }
 
 /// Whether the read lock on agreement byte `theirs` is a devlock's that
@@ -354,124 +367,6 @@ fn agreement_is_devlocks(queue: FileId, theirs: u64, devlock_of: &dyn Fn(u32) ->
         || vouched(&crate::proc::locks::fd_scan_within(
             std::time::Duration::ZERO,
         ))
-}
-
-/// A lock devlock did not take (or cannot vouch for) that keeps a request
-/// out of the line: it stands for the resource being in use, as a holder
-/// does. The request reports it as busy (`-n`) or waits until it is gone
-/// ([`Blocked::still_there`]) and joins again.
-#[derive(Debug)]
-pub(crate) struct Blocked {
-    file: File,
-    start: i64,
-    len: i64,
-    /// The resource whose line it shuts.
-    resource: String,
-    /// The lock's owner, where the kernel names one.
-    pid: Option<u32>,
-    /// `r is busy: ...`, naming the lock and its owner.
-    message: String,
-    /// The part after `is busy: `, for a waiting line.
-    pub words: String,
-}
-
-impl std::fmt::Display for Blocked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Blocked {}
-
-impl Blocked {
-    /// Whether a lock is still where this one was (one query).
-    pub(crate) fn still_there(&self) -> bool {
-        !matches!(get_lock(&self.file, self.start, self.len), Ok(None))
-    }
-
-    /// The error a request that may not wait ends with: the same typed
-    /// busy as a holder's (`-q`, `--conflict-exit-code`, `devlock.Busy`).
-    pub(crate) fn into_busy(self) -> anyhow::Error {
-        crate::error::Busy::stranger(&self.resource, self.pid, self.message)
-    }
-}
-
-/// The error for a line that a lock devlock did not take makes unusable
-/// for now, naming the lock and, as far as this user can see, its owner.
-fn blocked(
-    resource: &str,
-    path: &std::path::Path,
-    id: FileId,
-    file: File,
-    at: i64,
-    len: i64,
-    err: Option<io::Error>,
-) -> anyhow::Error {
-    let lock = get_lock(&file, at, 1).ok().flatten();
-    let pid = lock.filter(|l| l.l_pid > 0).map(|l| l.l_pid as u32);
-    let what = match lock {
-        Some(l) => {
-            let range = RangeLock {
-                file: id,
-                pid: (l.l_pid > 0).then_some(l.l_pid as u32),
-                ofd: l.l_pid <= 0,
-                exclusive: l.l_type == libc::F_WRLCK as libc::c_short,
-                blocked: false,
-                start: l.l_start as u64,
-                end: (l.l_len > 0).then(|| (l.l_start + l.l_len - 1) as u64),
-            };
-            let single = range.end == Some(range.start);
-            let agreement = match range.start.checked_sub(AGREE_BASE as u64) {
-                Some(0) if single => ", the agreement of a plain lock".to_owned(),
-                Some(n) if single && n < 1 << 16 => format!(", the agreement of --slots {n}"),
-                _ => String::new(),
-            };
-            format!(
-                "a lock that is not devlock's on bytes {} of {}{agreement} ({})",
-                range.range_text(),
-                path.display(),
-                owner_words(&range)
-            )
-        }
-        None => match err {
-            Some(e) => format!("{}: {}", path.display(), crate::proc::os_text(&e)),
-            None => format!("locks on {}", path.display()),
-        },
-    };
-    let words = format!("its line is blocked by {what}");
-    anyhow::Error::new(Blocked {
-        file,
-        start: at,
-        len,
-        resource: resource.to_owned(),
-        pid,
-        message: format!("{resource} is busy: {words}"),
-        words,
-    })
-}
-
-/// `pid 4242, alice`, or why it cannot be said.
-pub(crate) fn owner_words(lock: &RangeLock) -> String {
-    let owners: Vec<u32> = match lock.pid {
-        Some(pid) => vec![pid],
-        None => crate::proc::locks::range_lock_owners(lock.file)
-            .into_iter()
-            .filter(|(_, l)| l.start == lock.start && l.end == lock.end)
-            .map(|(pid, _)| pid)
-            .collect(),
-    };
-    if owners.is_empty() {
-        return format!("held by {}", crate::proc::locks::unseen_owner());
-    }
-    owners
-        .iter()
-        .map(|&pid| {
-            let user = crate::proc::process::uid_of(pid)
-                .map_or("user unknown".to_owned(), crate::proc::process::user_name);
-            format!("pid {pid}, {}", crate::text::sanitize(&user))
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// Whether nobody is in line for `lock_name` and nobody uses it as a
@@ -518,14 +413,14 @@ pub(crate) fn agreement_error(
     resource: &str,
 ) -> Result<anyhow::Error> {
     let Some(file) = open_queue(dir, lock_name)? else {
-        return Ok(mismatch(resource, n, ours));
+        return Ok(slots_mismatch(resource, n, ours));
     };
     let id = crate::proc::locks::FileId::from_metadata(
         std::os::unix::fs::MetadataExt::dev(&file.metadata()?),
         std::os::unix::fs::MetadataExt::ino(&file.metadata()?),
     );
     if agreement_is_devlocks(id, n, devlock_of) {
-        return Ok(mismatch(resource, n, ours));
+        return Ok(slots_mismatch(resource, n, ours));
     }
     let path = dir.path().join(queue_name(lock_name));
     let at = AGREE_BASE + n.min(u64::from(u16::MAX)) as i64;
@@ -642,168 +537,4 @@ fn set_lock(file: &File, kind: libc::c_int, start: i64, len: i64, wait: bool) ->
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::FileExt;
-
-    fn dir() -> (tempfile::TempDir, ScratchDir) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = ScratchDir::open_or_create(&tmp.path().join("d")).unwrap();
-        (tmp, dir)
-    }
-
-    fn take(dir: &ScratchDir, slots: u64) -> Result<Ticket> {
-        Ticket::take(dir, "r.lock", slots, &|| false, &|_| true, "r")
-    }
-
-    /// Another open file description on the queue, as a stranger has.
-    fn stranger(dir: &ScratchDir) -> File {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.path().join(".r.queue"))
-            .unwrap()
-    }
-
-    #[test]
-    fn tickets_are_served_in_order_and_the_dead_do_not_block() {
-        let (_tmp, dir) = dir();
-        let first = take(&dir, 0).unwrap();
-        let second = take(&dir, 0).unwrap();
-        let third = take(&dir, 0).unwrap();
-        assert_eq!((first.number, second.number, third.number), (1, 2, 3));
-        assert!(!first.has_anyone_ahead().unwrap());
-        assert!(second.has_anyone_ahead().unwrap());
-        drop(second); // a waiter that died in line
-        assert!(third.has_anyone_ahead().unwrap(), "first still holds");
-        drop(first);
-        assert!(!third.has_anyone_ahead().unwrap());
-        third.wait_turn(&|| true).unwrap();
-        let fourth = take(&dir, 0).unwrap();
-        assert_eq!(fourth.number, 4, "one past the highest held");
-        drop((third, fourth));
-        assert_eq!(take(&dir, 0).unwrap().number, 1, "an empty line restarts");
-    }
-
-    #[test]
-    fn an_emptied_line_is_seen_as_empty_again() {
-        let (_tmp, dir) = dir();
-        assert!(line_is_empty(&dir, "r.lock").unwrap());
-        let first = take(&dir, 0).unwrap();
-        assert!(!line_is_empty(&dir, "r.lock").unwrap());
-        drop(first);
-        assert!(
-            line_is_empty(&dir, "r.lock").unwrap(),
-            "the fast path works again"
-        );
-    }
-
-    #[test]
-    fn counts_who_is_ahead() {
-        let (_tmp, dir) = dir();
-        let tickets: Vec<Ticket> = (0..5).map(|_| take(&dir, 0).unwrap()).collect();
-        assert_eq!(count_ahead(&dir, "r.lock", 5).unwrap(), 4);
-        let mut tickets = tickets;
-        tickets.remove(1);
-        tickets.remove(2);
-        assert_eq!(count_ahead(&dir, "r.lock", 5).unwrap(), 2);
-        assert_eq!(count_ahead(&dir, "r.lock", 1).unwrap(), 0);
-    }
-
-    #[test]
-    fn stepping_aside_lets_the_next_through() {
-        let (_tmp, dir) = dir();
-        let reader = take(&dir, 0).unwrap();
-        let next = take(&dir, 0).unwrap();
-        assert!(next.has_anyone_ahead().unwrap());
-        reader.step_aside().unwrap();
-        assert!(!next.has_anyone_ahead().unwrap());
-    }
-
-    #[test]
-    fn everyone_in_line_must_agree_on_the_slot_count() {
-        let (_tmp, dir) = dir();
-        let a = take(&dir, 2).unwrap();
-        assert_eq!(a.agreed_slots, 2);
-        // The lock held by those in the agreement is no plain holder.
-        let b = Ticket::take(&dir, "r.lock", 2, &|| true, &|_| true, "r").unwrap();
-        a.step_aside().unwrap();
-        let err = take(&dir, 3).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("in use with --slots 2"),
-            "{err:#}"
-        );
-        assert_eq!(agreement(&dir, "r.lock").unwrap(), Agreement::Slots(2));
-        let plain = take(&dir, 0).unwrap_err();
-        assert!(
-            format!("{plain:#}").contains("with --slots 2, but this asks for it as a plain lock")
-        );
-        drop((a, b));
-        assert_eq!(agreement(&dir, "r.lock").unwrap(), Agreement::None);
-        assert_eq!(
-            take(&dir, 3).unwrap().agreed_slots,
-            3,
-            "free to choose again"
-        );
-        let held_plainly = Ticket::take(&dir, "r.lock", 2, &|| true, &|_| true, "r").unwrap_err();
-        assert!(format!("{held_plainly:#}").contains("in use as a plain lock"));
-    }
-
-    #[test]
-    fn whatever_is_written_into_the_file_changes_nothing() {
-        let (_tmp, dir) = dir();
-        drop(take(&dir, 0).unwrap());
-        let junk = stranger(&dir);
-        // The old format's last ticket at its maximum, and garbage after it.
-        junk.write_all_at(&(i64::MAX as u64).to_le_bytes(), 0)
-            .unwrap();
-        junk.write_all_at(&[0xff; 64], 8).unwrap();
-        assert_eq!(take(&dir, 0).unwrap().number, 1);
-        assert!(line_is_empty(&dir, "r.lock").unwrap());
-    }
-
-    #[test]
-    fn a_strangers_locks_are_stepped_over_or_named() {
-        let (_tmp, dir) = dir();
-        drop(take(&dir, 0).unwrap());
-        let other = stranger(&dir);
-        // Over the first tickets: the next request goes behind it.
-        set_lock(&other, libc::F_WRLCK, SLOT_BASE + 1, 10, false).unwrap();
-        let t = take(&dir, 0).unwrap();
-        assert_eq!(t.number, 11);
-        assert!(t.has_anyone_ahead().unwrap(), "the stranger is ahead");
-        drop(t);
-        // To the end of the file: no place in line can be had.
-        set_lock(&other, libc::F_WRLCK, SLOT_BASE + 5, 0, false).unwrap();
-        let err = format!("{:#}", take(&dir, 0).unwrap_err());
-        assert!(
-            err.contains(
-                "its line is blocked by a lock that is not devlock's on bytes 1048577-EOF"
-            ),
-            "{err}"
-        );
-        // Over the whole agreement range, a wide write lock.
-        let (_tmp2, dir2) = self::dir();
-        drop(take(&dir2, 0).unwrap());
-        let other2 = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir2.path().join(".r.queue"))
-            .unwrap();
-        set_lock(&other2, libc::F_WRLCK, 0, SLOT_BASE, false).unwrap();
-        let err = format!("{:#}", take(&dir2, 2).unwrap_err());
-        assert!(
-            err.contains("blocked by a lock that is not devlock's"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn many_tickets_are_found_in_few_queries() {
-        let (_tmp, dir) = dir();
-        drop(take(&dir, 0).unwrap());
-        let other = stranger(&dir);
-        set_lock(&other, libc::F_WRLCK, SLOT_BASE + 1_000_000, 1, false).unwrap();
-        assert_eq!(take(&dir, 0).unwrap().number, 1_000_001);
-    }
-}
+mod tests;

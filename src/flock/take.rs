@@ -11,7 +11,6 @@ use crate::flock::file::{Leased, LockFile};
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
 use crate::flock::wait::{Busy, Wait};
-use crate::messages::label_of;
 use crate::request::Request;
 
 /// What the uncontended take came to.
@@ -57,7 +56,7 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
         )));
         let watches = stranger_watch(ctx, request, room).into_iter().collect();
         let wait = Wait {
-            label: label_of(request),
+            label: request.label(),
             watches,
             registrations: Vec::new(),
             lazy: false,
@@ -91,7 +90,7 @@ fn stranger_watch(
         lock,
         ticket: None,
         agreement: None,
-        label: label_of(request),
+        label: request.label(),
         room: Some(room),
     })
 }
@@ -148,7 +147,7 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
     // Named by its registration from its first instant (and by the kernel:
     // its place in line, and once at the front its flock(2) wait).
     let registration = register(ctx, request, entry.ticket.number);
-    let label = label_of(request);
+    let label = request.label();
     let shows = ctx.shows();
     let watches = shows
         .then(|| watch(ctx.dir, request, &entry))
@@ -203,7 +202,7 @@ pub(crate) fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> 
                     lock: lock.try_clone().ok()?,
                     ticket: None,
                     agreement: None,
-                    label: label_of(request),
+                    label: request.label(),
                     room: Some(room),
                 })
             })
@@ -211,7 +210,7 @@ pub(crate) fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> 
             .into_iter()
             .collect();
         let wait = Wait {
-            label: label_of(request),
+            label: request.label(),
             watches,
             registrations: Vec::new(),
             lazy: false,

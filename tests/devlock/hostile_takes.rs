@@ -280,7 +280,10 @@ pub(crate) fn a_lease_is_the_same_busy_as_a_holder() {
     let busy = err.busy().unwrap_or_else(|| panic!("not a Busy: {err:?}"));
     assert_eq!(busy.resource, "l");
     assert_eq!(busy.holder.as_ref().and_then(|h| h.pid), Some(pid));
-    assert!(err.is_busy(), "a busy outcome: --conflict-exit-code renumbers it");
+    assert!(
+        err.is_busy(),
+        "a busy outcome: --conflict-exit-code renumbers it"
+    );
     std::fs::write(&release_lease, "").unwrap();
     assert!(wait_child(&mut leased.0).success());
 }

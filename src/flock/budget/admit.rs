@@ -155,7 +155,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
         .into_iter()
         .collect();
     let wait = Wait {
-        label: crate::messages::label_of(request),
+        label: request.label(),
         watches,
         registrations: vec![registration],
         // Not lazy: the wait for room is no lock call an alarm could interrupt.
@@ -324,109 +324,13 @@ pub(crate) fn take_any(
         entries.push(entry);
     }
     let rooms: Vec<Arc<Mutex<String>>> = candidates.iter().map(|_| Arc::default()).collect();
-    // One look at every front: the first that fits, if any.
-    let first_fit = |entries: &mut Vec<Entry>, stop: Option<&Stop>| -> Result<Option<usize>> {
-        let mut asleep_on = Vec::new();
-        for (i, (entry, (request, ask))) in entries.iter_mut().zip(candidates).enumerate() {
-            if entry.ticket.has_anyone_ahead()? {
-                set(&rooms[i], String::new());
-                continue;
-            }
-            match look(ctx.dir, &request.name, entry.lock.id(), ask) {
-                Ok(seen) if seen.room.admits(ask.mem_mib, ask.headroom_mib) => {
-                    if entry.lock.try_lock_at_path(ctx.dir, false)? {
-                        return Ok(Some(i));
-                    }
-                    set(&rooms[i], format!("{}: held whole", request.name));
-                }
-                Ok(seen) => {
-                    set(&rooms[i], figures(&request.name, &seen.room, ask));
-                    asleep_on.extend(seen.holders);
-                }
-                Err(why) => set(&rooms[i], format!("{}: {why}", request.name)),
-            }
-        }
-        let Some(stop) = stop else {
-            return Ok(None);
-        };
-        let behind: Vec<&crate::flock::queue::Ticket> = entries
-            .iter()
-            .filter(|e| e.ticket.has_anyone_ahead().unwrap_or(false))
-            .map(|e| &e.ticket)
-            .collect();
-        sleep_for_change(ctx.dir, &asleep_on, &behind, REPROBE_EVERY, stop)
-            .context("waiting for room on any of the candidates")?;
-        Ok(None)
-    };
-    let mut entries = entries;
-    let chosen = match first_fit(&mut entries, None)? {
-        Some(i) => Some(i),
-        None if ctx.no_wait => {
-            let each: Vec<String> = rooms
-                .iter()
-                .zip(candidates)
-                .map(|(room, (request, _))| {
-                    let text = room.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    if text.is_empty() {
-                        format!("{}: others ahead in line", request.name)
-                    } else {
-                        text
-                    }
-                })
-                .collect();
-            drop(entries);
-            return Err(anyhow::Error::new(Busy::NoRoom {
-                figures: each.join("; "),
-                lock: None,
-                names: candidates.iter().map(|(r, _)| r.name.to_string()).collect(),
-            }));
-        }
-        None => None,
-    };
-    let (index, mut entries) = match chosen {
+    let (index, mut entries) = match first_fit(ctx, &mut entries, candidates, &rooms, None)? {
         Some(i) => (i, entries),
-        None => {
-            let registrations = entries
-                .iter()
-                .zip(candidates)
-                .map(|(e, (_, ask))| register_asking(ctx, &e.request, e.ticket.number, ask.mem_mib))
-                .collect();
-            let shows = ctx.shows();
-            let watches = if shows {
-                entries
-                    .iter()
-                    .zip(&rooms)
-                    .filter_map(|(e, room)| {
-                        let mut w = watch(ctx.dir, &e.request, e)?;
-                        w.room = Some(room.clone());
-                        Some(w)
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let names: Vec<String> = candidates.iter().map(|(r, _)| r.name.to_string()).collect();
-            let label = format!("any of {}", names.join(" "));
-            let wait = Wait {
-                label,
-                watches,
-                registrations,
-                lazy: false,
-            };
-            let (index, entries) = blocking(ctx, wait, |stop| {
-                loop {
-                    if let Some(i) = first_fit(&mut entries, Some(stop))? {
-                        break Ok((i, entries));
-                    }
-                    if !stop.keep_waiting() {
-                        break Err(anyhow::Error::from(std::io::Error::from(
-                            std::io::ErrorKind::Interrupted,
-                        )));
-                    }
-                }
-            })?;
-            (index, entries)
+        None if ctx.no_wait => {
+            drop(entries);
+            return Err(no_room_on_any(&rooms, candidates));
         }
+        None => wait_for_fit(ctx, entries, candidates, &rooms)?,
     };
     ctx.observer.took()?;
     let entry = entries.swap_remove(index);
@@ -435,4 +339,114 @@ pub(crate) fn take_any(
     let name = entry.request.name.clone();
     taken.push((name, Taken::Held(admit(ctx, entry, &candidates[index].1)?)));
     Ok(taken)
+}
+
+/// One look at every front: the first that fits, if any; with `stop`,
+/// sleeps until something changes when none does. What stands in each
+/// candidate's way goes to its `rooms` line.
+fn first_fit(
+    ctx: &Context,
+    entries: &mut [Entry],
+    candidates: &[(Request, Ask)],
+    rooms: &[Arc<Mutex<String>>],
+    stop: Option<&Stop>,
+) -> Result<Option<usize>> {
+    let mut asleep_on = Vec::new();
+    for (i, (entry, (request, ask))) in entries.iter_mut().zip(candidates).enumerate() {
+        if entry.ticket.has_anyone_ahead()? {
+            set(&rooms[i], String::new());
+            continue;
+        }
+        match look(ctx.dir, &request.name, entry.lock.id(), ask) {
+            Ok(seen) if seen.room.admits(ask.mem_mib, ask.headroom_mib) => {
+                if entry.lock.try_lock_at_path(ctx.dir, false)? {
+                    return Ok(Some(i));
+                }
+                set(&rooms[i], format!("{}: held whole", request.name));
+            }
+            Ok(seen) => {
+                set(&rooms[i], figures(&request.name, &seen.room, ask));
+                asleep_on.extend(seen.holders);
+            }
+            Err(why) => set(&rooms[i], format!("{}: {why}", request.name)),
+        }
+    }
+    let Some(stop) = stop else {
+        return Ok(None);
+    };
+    let behind: Vec<&crate::flock::queue::Ticket> = entries
+        .iter()
+        .filter(|e| e.ticket.has_anyone_ahead().unwrap_or(false))
+        .map(|e| &e.ticket)
+        .collect();
+    sleep_for_change(ctx.dir, &asleep_on, &behind, REPROBE_EVERY, stop)
+        .context("waiting for room on any of the candidates")?;
+    Ok(None)
+}
+
+/// `-n`: no candidate has room, each with what stands in its way.
+fn no_room_on_any(rooms: &[Arc<Mutex<String>>], candidates: &[(Request, Ask)]) -> anyhow::Error {
+    let each: Vec<String> = rooms
+        .iter()
+        .zip(candidates)
+        .map(|(room, (request, _))| {
+            let text = room.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if text.is_empty() {
+                format!("{}: others ahead in line", request.name)
+            } else {
+                text
+            }
+        })
+        .collect();
+    anyhow::Error::new(Busy::NoRoom {
+        figures: each.join("; "),
+        lock: None,
+        names: candidates.iter().map(|(r, _)| r.name.to_string()).collect(),
+    })
+}
+
+/// Waits in every candidate's line, shown, until one fits.
+fn wait_for_fit(
+    ctx: &Context,
+    mut entries: Vec<Entry>,
+    candidates: &[(Request, Ask)],
+    rooms: &[Arc<Mutex<String>>],
+) -> Result<(usize, Vec<Entry>)> {
+    let registrations = entries
+        .iter()
+        .zip(candidates)
+        .map(|(e, (_, ask))| register_asking(ctx, &e.request, e.ticket.number, ask.mem_mib))
+        .collect();
+    let watches = if ctx.shows() {
+        entries
+            .iter()
+            .zip(rooms)
+            .filter_map(|(e, room)| {
+                let mut w = watch(ctx.dir, &e.request, e)?;
+                w.room = Some(room.clone());
+                Some(w)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let names: Vec<String> = candidates.iter().map(|(r, _)| r.name.to_string()).collect();
+    let wait = Wait {
+        label: format!("any of {}", names.join(" ")),
+        watches,
+        registrations,
+        lazy: false,
+    };
+    blocking(ctx, wait, |stop| {
+        loop {
+            if let Some(i) = first_fit(ctx, &mut entries, candidates, rooms, Some(stop))? {
+                break Ok((i, entries));
+            }
+            if !stop.keep_waiting() {
+                break Err(anyhow::Error::from(std::io::Error::from(
+                    std::io::ErrorKind::Interrupted,
+                )));
+            }
+        }
+    })
 }
