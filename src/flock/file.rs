@@ -369,17 +369,13 @@ impl Leased {
                 let table = crate::proc::locks::LockTable::read().ok()?;
                 Some(table.leases(id).iter().find(|l| !l.blocked)?.pid)
             });
-        let owner = pid.map_or_else(
-            || crate::proc::locks::unseen_owner().to_owned(),
-            |pid| {
-                crate::messages::who(
-                    Some(pid),
-                    crate::proc::process::uid_of(pid)
-                        .map(crate::proc::process::user_name)
-                        .as_deref(),
-                )
-            },
-        );
+        // `pid 77, bob` as the queue's stranger's lock names its owner.
+        let user = pid.and_then(crate::proc::process::uid_of);
+        let owner = match (pid, user.map(crate::proc::process::user_name)) {
+            (Some(pid), Some(user)) => format!("pid {pid}, {}", crate::text::sanitize(&user)),
+            (Some(pid), None) => format!("pid {pid}"),
+            (None, _) => crate::proc::locks::unseen_owner().to_owned(),
+        };
         Leased {
             name: name.to_owned(),
             words: format!(
