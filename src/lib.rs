@@ -44,7 +44,8 @@
 //! alone. [`status_document`] is `devlock status --json`. Every call
 //! returns the typed [`Error`]: `Busy` and `Timeout` (a [`Busy`] worded as
 //! `devlock -n` and `-w` word it, with the holder), `Usage`, `Unsafe`,
-//! `DeviceUnknown`, `NotSupported` and `Other`, each with the command
+//! `DeviceUnknown`, `NotSupported`, `InUse` and `Other` (and the command
+//! line's `Etcd`, `Command`, `Signal`, `Denied`), each with the command
 //! line's line and `exit_code()`.
 
 #![warn(missing_docs)]
