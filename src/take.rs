@@ -1,16 +1,13 @@
 //! One take for both front ends: a [`Plan`]'s locks in the one global order
 //! (a member `G:M` with its group `G` shared), `--any`'s picks and `--mem`
-//! budgets, taken by the flock backend with the caller's observer; and a
-//! busy lock worded once, from the typed busy the backend returns, in the
-//! command line's words.
+//! budgets, taken by the flock backend with the caller's observer; a busy
+//! lock is worded once (`messages::worded`), from the typed busy the
+//! backend returns.
 
 use anyhow::Result;
 
-use crate::error::{Busy, Holder};
-use crate::flock::dir::ScratchDir;
+use crate::error::Holder;
 use crate::flock::entry::{Context, Taken};
-use crate::flock::file::Leased;
-use crate::flock::wait::Busy as BusyLock;
 use crate::plan::{Budget, Plan, Seen};
 use crate::request::Request;
 use crate::resource::Resource;
@@ -115,14 +112,14 @@ impl Takes {
     /// admission), then `--any`'s picks; `seen` is the probe's first answer
     /// for a budget's first look. With `label`, each lock is labelled with
     /// this process's record as soon as it is held. A lock that is busy for
-    /// a take that may not wait is a [`Busy`] in the command line's words.
+    /// a take that may not wait is a [`Busy`](crate::Busy) in the command line's words.
     pub(crate) fn take(
         &self,
         ctx: &Context,
         seen: Option<Seen>,
         label: bool,
     ) -> Result<Vec<(Resource, Taken)>> {
-        let worded = |e| worded(ctx.dir, e);
+        let worded = |e| crate::messages::worded(ctx.dir, e, None);
         let labelled = |took: &Taken| {
             if let (true, Taken::Held(held)) = (label, took) {
                 held.label(&ctx.record());
@@ -204,7 +201,7 @@ fn take_members(
             for_group: true,
         };
         let took = crate::flock::take::take(ctx, &request)
-            .map_err(|e| worded_as(ctx.dir, e, Some(group)))?;
+            .map_err(|e| crate::messages::worded(ctx.dir, e, Some(group)))?;
         ctx.observer.took()?;
         labelled(&took);
         taken.push((member, took));
@@ -233,78 +230,7 @@ fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
     }
 }
 
-/// A busy lock from the backend, in the command line's words, naming the
-/// first holder in the way; anything else as it is.
-fn worded(dir: &ScratchDir, err: anyhow::Error) -> anyhow::Error {
-    worded_as(dir, err, None)
-}
-
-/// [`worded`], for a member taken on behalf of `group`, in its words.
-fn worded_as(dir: &ScratchDir, err: anyhow::Error, group: Option<&Resource>) -> anyhow::Error {
-    // A lease met where no wait for it is made (an `--any` candidate's or
-    // a slot's file): busy, as everywhere else.
-    let err = match err.downcast::<Leased>() {
-        Ok(leased) => {
-            let resource = crate::flock::trust::resource_of(&leased.name)
-                .map_or_else(|| leased.name.clone(), |r| r.to_string());
-            return leased.into_busy(&resource);
-        }
-        Err(err) => err,
-    };
-    let busy = match err.downcast::<BusyLock>() {
-        Ok(busy) => busy,
-        Err(err) => return err,
-    };
-    let first = |view: &status::ResourceView| view.holders.first().map(holder_of);
-    let (resource, holder, message) = match busy {
-        BusyLock::Lock {
-            request,
-            lock,
-            budget,
-        } => {
-            let view = status::describe(&lock, dir, &request.name);
-            let starter = view.holders.iter().find(|h| h.starting == Some(true));
-            let message = match (starter, group) {
-                (Some(starter), _) if budget => {
-                    crate::messages::budget_starting(&request.name, starter)
-                }
-                (_, Some(group)) => crate::messages::busy_through_member(group, &request, &view),
-                _ => crate::messages::busy(&request, &view),
-            };
-            (request.name.to_string(), first(&view), message)
-        }
-        BusyLock::Any { names, each } => {
-            let each: Vec<(String, status::ResourceView)> = each
-                .into_iter()
-                .map(|(label, resource, lock)| (label, status::describe(&lock, dir, &resource)))
-                .collect();
-            let message = crate::messages::all_busy(&names, &each);
-            (names.join(" "), None, message)
-        }
-        BusyLock::NoRoom {
-            figures,
-            lock,
-            names,
-        } => {
-            let message = crate::messages::no_room(&figures);
-            match lock {
-                Some((request, lock)) => {
-                    let view = status::describe(&lock, dir, &request.name);
-                    (request.name.to_string(), first(&view), message)
-                }
-                None => (names.join(" "), None, message),
-            }
-        }
-    };
-    anyhow::Error::new(Busy {
-        resource,
-        holder,
-        timed_out: false,
-        message,
-    })
-}
-
-/// Who holds a lock, as a [`Busy`] names them.
+/// Who holds a lock, as a [`Busy`](crate::Busy) names them.
 pub(crate) fn holder_of(h: &status::Holder) -> Holder {
     Holder {
         step: h.step.clone(),

@@ -1,8 +1,14 @@
 //! Who is in the way of a lock, in words: holders and waiters, the busy,
 //! timeout, got and budget lines, from the status model's views.
 
+use crate::error::Busy;
+use crate::flock::dir::ScratchDir;
+use crate::flock::file::Leased;
+use crate::flock::wait::Busy as BusyLock;
 use crate::request::Request;
+use crate::resource::Resource;
 use crate::status::model::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
+use crate::take::holder_of;
 use crate::text::{sanitize, short_duration};
 use std::time::Duration;
 
@@ -383,4 +389,76 @@ pub(crate) fn budget_starting(resource: &crate::resource::Resource, starter: &Ho
          stops growing (at most its --settle)",
         holder_label(starter)
     )
+}
+
+/// A busy lock from the backend (its typed busy: who is in the way, as
+/// data) as the library's [`Busy`], in the command line's words, naming the
+/// first holder in the way (for a member taken on behalf of `group`, in its
+/// words); anything else as it is.
+pub(crate) fn worded(
+    dir: &ScratchDir,
+    err: anyhow::Error,
+    group: Option<&Resource>,
+) -> anyhow::Error {
+    // A lease met where no wait for it is made (an `--any` candidate's or
+    // a slot's file): busy, as everywhere else.
+    let err = match err.downcast::<Leased>() {
+        Ok(leased) => {
+            let resource = crate::flock::trust::resource_of(&leased.name)
+                .map_or_else(|| leased.name.clone(), |r| r.to_string());
+            return leased.into_busy(&resource);
+        }
+        Err(err) => err,
+    };
+    let in_the_way = match err.downcast::<BusyLock>() {
+        Ok(busy) => busy,
+        Err(err) => return err,
+    };
+    let first = |view: &ResourceView| view.holders.first().map(holder_of);
+    let (resource, holder, message) = match in_the_way {
+        BusyLock::Lock {
+            request,
+            lock,
+            budget,
+        } => {
+            let view = crate::status::model::describe(&lock, dir, &request.name);
+            let starter = view.holders.iter().find(|h| h.starting == Some(true));
+            let message = match (starter, group) {
+                (Some(starter), _) if budget => budget_starting(&request.name, starter),
+                (_, Some(group)) => busy_through_member(group, &request, &view),
+                _ => busy(&request, &view),
+            };
+            (request.name.to_string(), first(&view), message)
+        }
+        BusyLock::Any { names, each } => {
+            let each: Vec<(String, ResourceView)> = each
+                .into_iter()
+                .map(|(label, resource, lock)| {
+                    (label, crate::status::model::describe(&lock, dir, &resource))
+                })
+                .collect();
+            let message = all_busy(&names, &each);
+            (names.join(" "), None, message)
+        }
+        BusyLock::NoRoom {
+            figures,
+            lock,
+            names,
+        } => {
+            let message = no_room(&figures);
+            match lock {
+                Some((request, lock)) => {
+                    let view = crate::status::model::describe(&lock, dir, &request.name);
+                    (request.name.to_string(), first(&view), message)
+                }
+                None => (names.join(" "), None, message),
+            }
+        }
+    };
+    anyhow::Error::new(Busy {
+        resource,
+        holder,
+        timed_out: false,
+        message,
+    })
 }
