@@ -70,6 +70,7 @@ mod sys;
 mod take;
 mod text;
 mod tty;
+mod units;
 mod usage;
 mod wait_display;
 mod watcher;

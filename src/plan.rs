@@ -370,8 +370,8 @@ fn check_budget(shape: &Shape) -> Result<Option<Budget>> {
         mem_mib: mem,
         headroom_mib: shape
             .headroom
-            .unwrap_or(crate::cli::DEFAULT_MEM_HEADROOM_MIB),
-        settle: shape.settle.unwrap_or(crate::cli::DEFAULT_SETTLE),
+            .unwrap_or(crate::units::DEFAULT_MEM_HEADROOM_MIB),
+        settle: shape.settle.unwrap_or(crate::units::DEFAULT_SETTLE),
         strict: shape.strict,
         totals: Vec::new(),
         seen: None,
@@ -381,7 +381,7 @@ fn check_budget(shape: &Shape) -> Result<Option<Budget>> {
 /// A size as the command line reads `--mem` and `--mem-headroom` (`20GiB`,
 /// `512MiB`, `1.5G`, a bare number of MiB), failing in its words.
 fn size(flag: &str, text: &str) -> Result<u64> {
-    crate::cli::parse_mib(text).map_err(|why| {
+    crate::units::parse_mib(text).map_err(|why| {
         coded(
             ExitCode::Usage,
             format!("invalid value '{text}' for '{flag} <SIZE>': {why}"),

@@ -73,6 +73,6 @@ impl From<String> for Spec {
 /// binding does with a string it is given. A text that is none is a usage
 /// error in the library's words.
 pub fn duration_of(name: &str, text: &str) -> crate::Result<std::time::Duration> {
-    crate::cli::parse_duration(text)
+    crate::units::parse_duration(text)
         .map_err(|_| crate::Error::Usage(crate::messages::library_duration(name, text)))
 }
