@@ -16,6 +16,7 @@ mod usage;
 
 pub use help::REPORT_ABOUT;
 use help::{ABOUT, EXAMPLES, LONG_ABOUT, SERVE_ABOUT};
+pub(crate) use run::RunPlan;
 pub use run::{RunArgs, SUBCOMMANDS, refuse_subcommand_names};
 pub use usage::usage_line;
 // Moved to the core's units; kept here for the callers that name them so.

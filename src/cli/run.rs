@@ -1,11 +1,15 @@
 //! The run's flags (`devlock [OPTIONS] RESOURCE... -- COMMAND...`) and the
-//! rules of their command line.
+//! rules of their command line, read once into the [`RunPlan`] a run acts on.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
+
+use crate::api::Wait;
+use crate::plan::{Asks, Front, Plan};
+use crate::resource::Resource;
 
 use crate::units::{
     DEFAULT_IDLE_THRESHOLD_MIB, DEFAULT_MEM_HEADROOM_MIB, DEFAULT_SETTLE, parse_duration, parse_mib,
@@ -186,14 +190,6 @@ impl RunArgs {
         self.idle_threshold.unwrap_or(DEFAULT_IDLE_THRESHOLD_MIB)
     }
 
-    /// The command line as text, for labels.
-    pub fn command_line(&self) -> Vec<String> {
-        self.command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect()
-    }
-
     /// `--step`, or the command's basename.
     pub fn step_name(&self) -> String {
         self.step.clone().unwrap_or_else(|| {
@@ -205,4 +201,147 @@ impl RunArgs {
                 .into_owned()
         })
     }
+}
+
+/// Everything a run needs, read once from its flags ([`RunPlan::from_args`],
+/// for the fast parser's command line as for clap's): nothing below the
+/// front end reads a flag again.
+#[derive(Debug)]
+pub(crate) struct RunPlan {
+    /// The locks to take and how (the core's plan).
+    pub(crate) locks: Plan,
+    /// Not empty.
+    pub(crate) command: Vec<OsString>,
+    /// `--step`, or the command's basename.
+    pub(crate) step: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) wait: Wait,
+    pub(crate) quiet: bool,
+    pub(crate) report_every: Duration,
+    /// `--conflict-exit-code` (1-255).
+    pub(crate) conflict_exit_code: u8,
+    /// `--idle-timeout` as given (the site's default is applied where the
+    /// directory is open).
+    pub(crate) idle_timeout: Option<Duration>,
+    /// `--new`: names the directory does not declare are taken.
+    pub(crate) new_names: bool,
+    /// Not `--no-setup-warning`.
+    pub(crate) setup_warning: bool,
+    /// `--ttl`, `--kill-after` (etcd's alone: refused at parse without it).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // read by etcd's run alone
+    pub(crate) lease: Lease,
+}
+
+/// An etcd lease's flags, as given (etcd applies its defaults).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Lease {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) kill_after: Option<Duration>,
+}
+
+impl RunPlan {
+    /// The run's plan: every rule of the command line's flags, in its
+    /// words, before anything is looked at or taken. `etcd`: whether the
+    /// locks live in etcd (the lease's flags are refused otherwise).
+    pub(crate) fn from_args(
+        args: &RunArgs,
+        dir: &Path,
+        probe_timeout: Duration,
+        etcd: bool,
+    ) -> anyhow::Result<RunPlan> {
+        if args.resources.is_empty() {
+            return usage("missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...");
+        }
+        if args.command.is_empty() {
+            return usage(
+                "missing `-- COMMAND`: put the command after `--`, as in `devlock gpu -- python train.py`",
+            );
+        }
+        let resources = Resource::parse_all(&args.resources)?;
+        refuse_subcommand_names(&resources)?;
+        if args.no_wait && args.timeout.is_some() {
+            return usage(
+                "--no-wait and --timeout contradict each other: -n fails at once, -w DURATION \
+                 waits up to DURATION; give one of them",
+            );
+        }
+        if args.idle_threshold.is_some() && !args.require_idle {
+            return usage(
+                "--idle-threshold needs --require-idle: it is the memory --require-idle lets a \
+                 process outside the gate hold",
+            );
+        }
+        if args.conflict_exit_code == 0 {
+            return usage(
+                "--conflict-exit-code 0 would report a busy lock as success; give 1-255 \
+                 (75 by default)",
+            );
+        }
+        if args.report_every < Duration::from_millis(10) {
+            return usage("--report-every must be at least 10ms");
+        }
+        let asks = Asks {
+            resources,
+            shared: args.shared,
+            slots: args.slots,
+            any: args.any,
+            count: args.count,
+            mem: args.mem,
+            headroom: args.mem_headroom,
+            settle: args.settle,
+            strict: args.mem_strict,
+            idle_threshold: args.require_idle.then(|| args.idle_threshold()),
+        };
+        let locks = Plan::new(asks, Front::Command, probe_timeout)?;
+        let lease = Lease {
+            ttl: args.ttl,
+            kill_after: args.kill_after,
+        };
+        if !etcd && (lease.ttl.is_some() || lease.kill_after.is_some()) {
+            return usage("--ttl and --kill-after apply only with --etcd");
+        }
+        Ok(RunPlan {
+            locks,
+            command: args.command.clone(),
+            step: args.step_name(),
+            dir: dir.to_owned(),
+            wait: match (args.no_wait, args.timeout) {
+                (true, _) => Wait::NoWait,
+                (false, Some(timeout)) => Wait::Timeout(timeout),
+                (false, None) => Wait::Block,
+            },
+            quiet: args.quiet,
+            report_every: args.report_every,
+            conflict_exit_code: args.conflict_exit_code,
+            idle_timeout: args.idle_timeout,
+            new_names: args.new,
+            setup_warning: !args.no_setup_warning,
+            lease,
+        })
+    }
+
+    /// `-n`.
+    pub(crate) fn no_wait(&self) -> bool {
+        self.wait == Wait::NoWait
+    }
+
+    /// `-w`'s time.
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        match self.wait {
+            Wait::Timeout(timeout) => Some(timeout),
+            Wait::Block | Wait::NoWait => None,
+        }
+    }
+
+    /// The exit code of a lock found busy (`-n`, `-w`).
+    pub(crate) fn conflict_code(&self) -> crate::exit::ExitCode {
+        crate::exit::ExitCode::Command(i32::from(self.conflict_exit_code))
+    }
+}
+
+fn usage<T>(message: &str) -> anyhow::Result<T> {
+    Err(crate::exit::coded(
+        crate::exit::ExitCode::Usage,
+        message.to_owned(),
+    ))
 }
