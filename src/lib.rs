@@ -79,6 +79,7 @@ mod watcher;
 pub mod cli;
 #[doc(hidden)]
 pub mod exit;
+mod report;
 mod resource;
 #[doc(hidden)]
 pub mod testing;
