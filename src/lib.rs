@@ -57,6 +57,7 @@ mod etcd;
 mod flock;
 mod gpu;
 mod interrupt;
+mod job_env;
 mod known;
 mod messages;
 mod names;

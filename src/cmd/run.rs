@@ -16,6 +16,7 @@ use crate::flock::trust::Notes;
 use crate::gpu::device::DeviceReport;
 use crate::gpu::gate as devices;
 use crate::interrupt::{self, Stop};
+use crate::job_env::JobEnv;
 use crate::plan::Plan;
 use crate::proc::locks::LockTable;
 use crate::resource::Resource;
@@ -401,9 +402,9 @@ fn require_idle(
     Ok(())
 }
 
-/// What the command learns about its locks: the resources it got (the
-/// members an `--any` chose, not the groups taken on their behalf), the
-/// matching CUDA devices, and its semaphore slot.
+/// What the command learns about its locks ([`JobEnv`]): the resources it
+/// got (the members an `--any` chose, not the groups taken on their
+/// behalf), the matching GPU devices, and its semaphore slot.
 fn child_env(
     taken: &[(Resource, Taken)],
     dir: &Path,
@@ -421,17 +422,13 @@ fn child_env(
         }
         got.push(resource);
     }
-    let names: Vec<&str> = got.iter().map(|r| r.as_str()).collect();
-    // Absolute, so that a nested devlock that changed directory meets the
-    // same gate, and byte for byte as given (not every path is UTF-8).
-    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
-    let mut env = supervise::Env::new();
-    env.push(("DEVLOCK_RESOURCES".into(), names.join(" ").into()));
-    env.push(("DEVLOCK_DIR".into(), dir.into_os_string()));
-    env.push(("DEVLOCK_STEP".into(), step.into()));
-    if let Some(slot) = slot {
-        env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
-    }
-    supervise::push_gpu_env(&mut env, got.iter().copied(), probe_timeout)?;
-    Ok(env)
+    let job = JobEnv {
+        resources: got,
+        step,
+        dir: Some(dir),
+        slot,
+        fences: None,
+        lock_key: None,
+    };
+    job.vars(probe_timeout)
 }

@@ -14,6 +14,7 @@ use super::keeper::GUARD;
 use super::session::{Acquired, Got, Session, Settings, Wanted};
 use crate::cli::RunPlan;
 use crate::exit::{ExitCode, coded};
+use crate::job_env::JobEnv;
 use crate::plan::Plan;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -183,31 +184,21 @@ fn wanted(plan: &Plan) -> Result<Wanted> {
 /// slot, and the device variables for the GPUs among them, as this
 /// machine's driver numbers them (a MIG instance's UUID from its NVML).
 fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<supervise::Env> {
-    let names: Vec<&str> = got.resources.iter().map(Resource::as_str).collect();
-    let mut env: supervise::Env = vec![
-        ("DEVLOCK_RESOURCES".into(), names.join(" ").into()),
-        ("DEVLOCK_STEP".into(), step.into()),
-        (
-            "DEVLOCK_FENCE".into(),
-            fences(&got.resources, &got.fences).into(),
-        ),
-    ];
-    if let Some(slot) = got.slot {
-        env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
-    }
-    // What `etcdctl lock` tells its command, for the first resource, so
-    // scripts written for it run unchanged (a nested take passes its
-    // enclosing one's on).
-    if let Some(key) = &got.lock_key {
+    // A nested take passes its enclosing one's key on.
+    let lock_key = got.lock_key.as_ref().map(|key| {
         let first = got.resources.first();
         let fence = got.fences.iter().find(|(name, _)| Some(name) == first);
-        env.push(("ETCD_LOCK_KEY".into(), key.into()));
-        if let Some((_, fence)) = fence {
-            env.push(("ETCD_LOCK_REV".into(), fence.to_string().into()));
-        }
-    }
-    supervise::push_gpu_env(&mut env, &got.resources, probe_timeout)?;
-    Ok(env)
+        (key.clone(), fence.map(|(_, fence)| *fence))
+    });
+    let job = JobEnv {
+        resources: got.resources.iter().collect(),
+        step,
+        dir: None,
+        slot: got.slot,
+        fences: Some(fences(&got.resources, &got.fences)),
+        lock_key,
+    };
+    job.vars(probe_timeout)
 }
 
 /// `DEVLOCK_FENCE`: each resource's fencing token, in the order of
