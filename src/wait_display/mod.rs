@@ -193,11 +193,14 @@ fn wait_for<T>(
     ))
 }
 
+/// What a wait's helper shows, and the registrations it keeps until it ends.
+type Parts = (Shown, Vec<Option<Registration>>);
+
 /// What starts the helper thread of a wait (once: it takes what it shows).
 fn starter(
     state: Arc<AtomicU8>,
     plan: WaitPlan,
-    parts: Arc<Mutex<Option<(Shown, Vec<Option<Registration>>)>>>,
+    parts: Arc<Mutex<Option<Parts>>>,
     helper: Arc<Mutex<Option<Helper>>>,
     got: Arc<GotLine>,
     started: Instant,
