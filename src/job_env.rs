@@ -65,3 +65,67 @@ impl JobEnv<'_> {
         Ok(env)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(job: &JobEnv) -> Vec<(String, String)> {
+        job.vars(Duration::ZERO)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k.into_string().unwrap(), v.into_string().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn lock_files_name_the_directory_absolute_and_the_slot() {
+        let r = Resource::parse("r".as_ref()).unwrap();
+        let job = JobEnv {
+            resources: vec![&r],
+            step: "train",
+            dir: Some(Path::new("locks")),
+            slot: Some(2),
+            fences: None,
+            lock_key: None,
+        };
+        let here = std::env::current_dir().unwrap().join("locks");
+        assert_eq!(
+            vars(&job),
+            [
+                ("DEVLOCK_RESOURCES", "r"),
+                ("DEVLOCK_DIR", here.to_str().unwrap()),
+                ("DEVLOCK_STEP", "train"),
+                ("DEVLOCK_SLOT", "2"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+
+    #[test]
+    fn etcd_names_its_fences_and_the_first_lock_as_etcdctl_does() {
+        let (a, b) = (
+            Resource::parse("a".as_ref()).unwrap(),
+            Resource::parse("b".as_ref()).unwrap(),
+        );
+        let job = JobEnv {
+            resources: vec![&a, &b],
+            step: "s",
+            dir: None,
+            slot: None,
+            fences: Some("7 9".into()),
+            lock_key: Some(("/devlock/a/1".into(), Some(7))),
+        };
+        assert_eq!(
+            vars(&job),
+            [
+                ("DEVLOCK_RESOURCES", "a b"),
+                ("DEVLOCK_STEP", "s"),
+                ("DEVLOCK_FENCE", "7 9"),
+                ("ETCD_LOCK_KEY", "/devlock/a/1"),
+                ("ETCD_LOCK_REV", "7"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+}
