@@ -58,6 +58,7 @@ mod etcd;
 mod flock;
 mod gpu;
 mod interrupt;
+mod job_env;
 mod known;
 mod messages;
 mod names;
@@ -71,6 +72,7 @@ mod sys;
 mod take;
 mod text;
 mod tty;
+mod units;
 mod usage;
 mod wait_display;
 mod watcher;
@@ -79,6 +81,7 @@ mod watcher;
 pub mod cli;
 #[doc(hidden)]
 pub mod exit;
+mod report;
 mod resource;
 #[doc(hidden)]
 pub mod testing;

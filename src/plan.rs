@@ -1,18 +1,17 @@
-//! What a take asks for, checked once: the [`Plan`], built from the command
-//! line's flags ([`Plan::from_args`]) or the library's [`crate::Spec`]
-//! ([`Plan::from_spec`]), and then looked at against this machine
+//! What a take asks for, checked once: the [`Plan`], built from what a front
+//! end asks ([`Plan::new`]: the command line's, or the library's [`Spec`]
+//! through [`Plan::from_spec`]), and then looked at against this machine
 //! ([`Plan::look`]: the caller's `CUDA_VISIBLE_DEVICES`, MIG, each budget's
-//! device). Every usage rule lives here, in the command line's words; both
-//! front ends and both backends act on the plan they get.
+//! device). The rules both front ends share live here, in the command line's
+//! words (those of the command line alone are `cli::run`'s); both front ends
+//! and both backends act on the plan they get.
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-
-use crate::cli::RunArgs;
 use crate::gpu::device::DeviceReport;
 use crate::gpu::memory;
 use crate::resource::Resource;
+use anyhow::Result;
 
 /// Which front end a plan is for: the few rules that differ say so here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +56,91 @@ pub(crate) struct Budget {
     pub(crate) seen: Option<Seen>,
 }
 
+/// What to take: the command line's `RESOURCE...` with `--shared`,
+/// `--slots N`, `--any`/`--count K` and `--mem`, by the same rules (a
+/// member `G:M` also takes its group `G` shared).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// The resources, as the user wrote them (checked as the command line
+    /// checks them).
+    pub resources: Vec<String>,
+    /// `--shared`.
+    pub shared: bool,
+    /// `--slots N`.
+    pub slots: Option<u16>,
+    /// `--any`.
+    pub any: bool,
+    /// `--count K` (with `any`).
+    pub count: u8,
+    /// `--mem` (the memory budget on `gpu:N`), as the command line's text
+    /// (`20GiB`, `512MiB`, a bare number of MiB).
+    pub mem: Option<String>,
+    /// `--mem-headroom`, as the command line's text.
+    pub mem_headroom: Option<String>,
+    /// `--settle`.
+    pub settle: Option<Duration>,
+    /// `--mem-strict`: once over budget for `settle`, the hold's
+    /// [`crate::BudgetEvent::Stop`] tells the caller to stop its work.
+    pub mem_strict: bool,
+    /// `--idle-timeout`: once the hold's GPUs computed nothing for this
+    /// long, its [`crate::IdleEvent::Idle`] warns, and after a grace (this
+    /// again, at most 10 minutes) its [`crate::IdleEvent::Stop`] tells the
+    /// caller to stop its work.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Spec {
+    /// An exclusive take of every resource named.
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(resources: I) -> Spec {
+        Spec {
+            resources: resources.into_iter().map(Into::into).collect(),
+            shared: false,
+            slots: None,
+            any: false,
+            count: 1,
+            mem: None,
+            mem_headroom: None,
+            settle: None,
+            mem_strict: false,
+            idle_timeout: None,
+        }
+    }
+}
+
+/// An exclusive take of one resource, as `devlock NAME --` takes it.
+impl From<&str> for Spec {
+    fn from(resource: &str) -> Spec {
+        Spec::new([resource])
+    }
+}
+
+/// An exclusive take of one resource, as `devlock NAME --` takes it.
+impl From<String> for Spec {
+    fn from(resource: String) -> Spec {
+        Spec::new([resource])
+    }
+}
+
+/// What a front end asks for, read from its own input (flags or a
+/// [`Spec`]), before the rules both share are applied ([`Plan::new`]).
+pub(crate) struct Asks {
+    /// As given: [`Plan::new`] sorts them and drops repeats.
+    pub(crate) resources: Vec<Resource>,
+    pub(crate) shared: bool,
+    pub(crate) slots: Option<u16>,
+    pub(crate) any: bool,
+    /// `--count K`, `None` when not given (1).
+    pub(crate) count: Option<u8>,
+    /// `--mem`, MiB.
+    pub(crate) mem: Option<u64>,
+    /// `--mem-headroom`, MiB.
+    pub(crate) headroom: Option<u64>,
+    pub(crate) settle: Option<Duration>,
+    pub(crate) strict: bool,
+    /// `--require-idle`'s threshold, MiB.
+    pub(crate) idle_threshold: Option<u64>,
+}
+
 /// A probe's answer and when it came.
 pub(crate) type Seen = (Instant, DeviceReport);
 
@@ -70,56 +154,37 @@ fn usage<T>(message: &str) -> Result<T> {
 }
 
 impl Plan {
-    /// The command line's plan: every rule of its flags, in its words,
-    /// before anything is looked at or taken.
-    pub(crate) fn from_args(args: &RunArgs, probe_timeout: Duration) -> Result<Plan> {
-        if args.resources.is_empty() {
-            return usage("missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...");
-        }
-        if args.command.is_empty() {
-            return usage(
-                "missing `-- COMMAND`: put the command after `--`, as in `devlock gpu -- python train.py`",
-            );
-        }
-        let mut resources = Resource::parse_all(&args.resources)?;
-        crate::cli::refuse_subcommand_names(&resources)?;
+    /// The plan of what a front end asks for, by the rules both front ends
+    /// share (count, slots, budget sizes), in the command line's words.
+    pub(crate) fn new(asks: Asks, front: Front, probe_timeout: Duration) -> Result<Plan> {
+        let Asks {
+            mut resources,
+            shared,
+            slots,
+            any,
+            count,
+            mem,
+            headroom,
+            settle,
+            strict,
+            idle_threshold,
+        } = asks;
         resources.sort();
         resources.dedup();
-        if args.no_wait && args.timeout.is_some() {
-            return usage(
-                "--no-wait and --timeout contradict each other: -n fails at once, -w DURATION \
-                 waits up to DURATION; give one of them",
-            );
-        }
-        check_count(args.count(), args.count.is_some(), args.any, &resources)?;
-        if args.idle_threshold.is_some() && !args.require_idle {
-            return usage(
-                "--idle-threshold needs --require-idle: it is the memory --require-idle lets a \
-                 process outside the gate hold",
-            );
-        }
-        if args.conflict_exit_code == 0 {
-            return usage(
-                "--conflict-exit-code 0 would report a busy lock as success; give 1-255 \
-                 (75 by default)",
-            );
-        }
-        if args.report_every < Duration::from_millis(10) {
-            return usage("--report-every must be at least 10ms");
-        }
-        check_slots(args.slots, args.any, args.shared, &resources)?;
+        check_count(count.unwrap_or(1), count.is_some(), any, &resources)?;
+        check_slots(slots, any, shared, &resources)?;
         let budget = check_budget(&Shape {
-            mem: args.mem,
-            headroom: args.mem_headroom,
-            settle: args.settle,
-            strict: args.mem_strict,
-            shared: args.shared,
-            slots: args.slots.is_some(),
-            any: args.any,
-            count: args.count(),
+            mem,
+            headroom,
+            settle,
+            strict,
+            shared,
+            slots: slots.is_some(),
+            any,
+            count: count.unwrap_or(1),
             resources: &resources,
         })?;
-        if args.require_idle
+        if idle_threshold.is_some()
             && !resources
                 .iter()
                 .any(|r| crate::gpu::gate::gpu_indices(r, &[]).is_some())
@@ -127,71 +192,48 @@ impl Plan {
             return usage("--require-idle needs a GPU resource (gpu or gpu:N) to check");
         }
         Ok(Plan {
-            front: Front::Command,
+            front,
             resources,
-            shared: args.shared,
-            slots: args.slots,
-            any: args.any,
-            count: args.count(),
+            shared,
+            slots,
+            any,
+            count: count.unwrap_or(1),
             budget,
-            idle_threshold: args.require_idle.then(|| args.idle_threshold()),
+            idle_threshold,
             probe_timeout,
         })
     }
 
-    /// The flock backend's part of the command line's rules: the lease's
-    /// flags belong to etcd.
-    pub(crate) fn refuse_lease_flags(args: &RunArgs) -> Result<()> {
-        if args.ttl.is_some() || args.kill_after.is_some() {
-            return usage("--ttl and --kill-after apply only with --etcd");
-        }
-        Ok(())
-    }
-
     /// The library's plan of `spec`, by the command line's rules and in its
     /// words (the sizes read as `--mem` reads them).
-    pub(crate) fn from_spec(spec: &crate::api::Spec) -> Result<Plan> {
+    pub(crate) fn from_spec(spec: &Spec) -> Result<Plan> {
         Plan::from_spec_in_cli_words(spec).map_err(crate::messages::in_library_words)
     }
 
-    fn from_spec_in_cli_words(spec: &crate::api::Spec) -> Result<Plan> {
+    fn from_spec_in_cli_words(spec: &Spec) -> Result<Plan> {
         if spec.resources.is_empty() {
             return Err(crate::messages::no_resource());
         }
         let names: Vec<std::ffi::OsString> = spec.resources.iter().map(Into::into).collect();
-        let mut resources = Resource::parse_all(&names)?;
-        resources.sort();
-        resources.dedup();
-        check_count(spec.count, spec.count != 1, spec.any, &resources)?;
-        check_slots(spec.slots, spec.any, spec.shared, &resources)?;
         let mem = spec.mem.as_deref().map(|t| size("--mem", t)).transpose()?;
         let headroom = spec
             .mem_headroom
             .as_deref()
             .map(|t| size("--mem-headroom", t))
             .transpose()?;
-        let budget = check_budget(&Shape {
+        let asks = Asks {
+            resources: Resource::parse_all(&names)?,
+            shared: spec.shared,
+            slots: spec.slots,
+            any: spec.any,
+            count: (spec.count != 1).then_some(spec.count),
             mem,
             headroom,
             settle: spec.settle,
             strict: spec.mem_strict,
-            shared: spec.shared,
-            slots: spec.slots.is_some(),
-            any: spec.any,
-            count: spec.count,
-            resources: &resources,
-        })?;
-        Ok(Plan {
-            front: Front::Library,
-            resources,
-            shared: spec.shared,
-            slots: spec.slots,
-            any: spec.any,
-            count: spec.count,
-            budget,
             idle_threshold: None,
-            probe_timeout: LIBRARY_PROBE_TIMEOUT,
-        })
+        };
+        Plan::new(asks, Front::Library, LIBRARY_PROBE_TIMEOUT)
     }
 
     /// The plan against this machine: the caller's `CUDA_VISIBLE_DEVICES`
@@ -369,8 +411,8 @@ fn check_budget(shape: &Shape) -> Result<Option<Budget>> {
         mem_mib: mem,
         headroom_mib: shape
             .headroom
-            .unwrap_or(crate::cli::DEFAULT_MEM_HEADROOM_MIB),
-        settle: shape.settle.unwrap_or(crate::cli::DEFAULT_SETTLE),
+            .unwrap_or(crate::units::DEFAULT_MEM_HEADROOM_MIB),
+        settle: shape.settle.unwrap_or(crate::units::DEFAULT_SETTLE),
         strict: shape.strict,
         totals: Vec::new(),
         seen: None,
@@ -380,7 +422,7 @@ fn check_budget(shape: &Shape) -> Result<Option<Budget>> {
 /// A size as the command line reads `--mem` and `--mem-headroom` (`20GiB`,
 /// `512MiB`, `1.5G`, a bare number of MiB), failing in its words.
 fn size(flag: &str, text: &str) -> Result<u64> {
-    crate::cli::parse_mib(text).map_err(|why| {
+    crate::units::parse_mib(text).map_err(|why| {
         crate::error::usage(format!("invalid value '{text}' for '{flag} <SIZE>': {why}"))
     })
 }

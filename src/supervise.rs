@@ -40,23 +40,6 @@ pub(crate) fn block_handled_signals() {
     signal::block(&SigSet::of(&all));
 }
 
-/// The device variables for the GPUs among `got`, added to `env`: a MIG
-/// instance is named to CUDA by its UUID, which only the probe knows.
-pub(crate) fn push_gpu_env<'a>(
-    env: &mut Env,
-    got: impl IntoIterator<Item = &'a crate::resource::Resource> + Clone,
-    probe_timeout: Duration,
-) -> Result<()> {
-    let gpu_env = match got.clone().into_iter().find(|r| r.mig_parent().is_some()) {
-        Some(instance) => {
-            crate::gpu::cuda::mig_env(instance, &crate::gpu::source::probe(probe_timeout).report)?
-        }
-        None => crate::gpu::cuda::child_env(got),
-    };
-    env.extend(gpu_env.into_iter().map(|(k, v)| (k.into(), v.into())));
-    Ok(())
-}
-
 /// Puts right what devlock may inherit from a careless parent: an ignored
 /// SIGCHLD (the children it waits for, a GPU tool and the watcher's first
 /// fork, would be reaped behind its back, and the command would inherit

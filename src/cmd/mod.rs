@@ -31,7 +31,12 @@ pub(crate) fn dispatch(cli: Cli) -> Result<ExitCode> {
         Some(Command::Forget(args)) => forget::run(&args, &cli.dir),
         Some(Command::Report(args)) => report::run(&args, &cli.dir),
         Some(Command::Busy(args)) => report::busy(&args),
-        None => run::run(&cli.run, &cli.dir, cli.probe_timeout),
+        None => run::run(crate::cli::RunPlan::from_args(
+            &cli.run,
+            &cli.dir,
+            cli.probe_timeout,
+            false,
+        )?),
     }
 }
 
@@ -56,8 +61,8 @@ fn etcd(cli: Cli) -> Result<ExitCode> {
             "devlock forget removes lock files in the scratch directory; it has nothing to do with --etcd",
         )),
         None => {
-            let mut plan = crate::plan::Plan::from_args(&cli.run, cli.probe_timeout)?;
-            crate::etcd::run::run(&mut plan, &cli.run, config)
+            let plan = crate::cli::RunPlan::from_args(&cli.run, &cli.dir, cli.probe_timeout, true)?;
+            crate::etcd::run::run(plan, config)
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `devlock report`: the usage records summed ([`crate::usage::report`]),
+//! `devlock report`: the usage records summed ([`crate::report`]),
 //! and `devlock busy`.
 
 use std::time::SystemTime;
@@ -7,7 +7,8 @@ use anyhow::Result;
 
 use crate::cli::{BusyArgs, ReportArgs};
 use crate::exit::ExitCode;
-use crate::usage::{self, ms_of, read, report};
+use crate::report;
+use crate::usage::{self, ms_of, read};
 
 pub(crate) fn run(args: &ReportArgs, lock_dir: &std::path::Path) -> Result<ExitCode> {
     let now = SystemTime::now();

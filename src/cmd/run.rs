@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::cli::RunArgs;
+use crate::cli::RunPlan;
 use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Held, Taken};
@@ -16,6 +16,7 @@ use crate::flock::trust::Notes;
 use crate::gpu::device::DeviceReport;
 use crate::gpu::gate as devices;
 use crate::interrupt::{self, Stop};
+use crate::job_env::JobEnv;
 use crate::plan::Plan;
 use crate::proc::locks::LockTable;
 use crate::resource::Resource;
@@ -23,56 +24,115 @@ use crate::supervise;
 use crate::take::Takes;
 use crate::wait_display::{WaitDisplay, WaitPlan};
 
-pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> Result<ExitCode> {
+/// Takes every lock of `plan` and becomes its command. (`plan` by value:
+/// [`Plan::look`] refines its locks in place.)
+pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
     let began = Instant::now();
-    let mut plan = Plan::from_args(args, probe_timeout)?;
-    Plan::refuse_lease_flags(args)?;
     // A typo must not wait its turn first.
-    let found = supervise::check_command(&args.command[0])?;
-    plan.look()?;
-    let resources = plan.resources.clone();
-    // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
-    let mut seen = plan.budget.as_ref().and_then(|b| b.seen.clone());
-    let step = args.step_name();
+    let found = supervise::check_command(&plan.command[0])?;
+    plan.locks.look()?;
+    let plan = plan;
     supervise::sane_start();
     supervise::block_handled_signals();
     interrupt::hold_job_stops();
-    let mut dir = ScratchDir::open_or_create(dir_path)?;
-    crate::known::check(&dir, &resources, args.new, args.quiet)?;
-    let notes = Notes::new(&mut dir, &resources).without_setup_warning(args.no_setup_warning);
+    let mut dir = ScratchDir::open_or_create(&plan.dir)?;
+    let resources = &plan.locks.resources;
+    crate::known::check(&dir, resources, plan.new_names, plan.quiet)?;
+    let notes = Notes::new(&mut dir, resources).without_setup_warning(!plan.setup_warning);
     let dir = dir;
-    let idle_timeout = crate::usage::idle::within_site(args.idle_timeout, &dir, &resources)?;
+    let idle_timeout = crate::usage::idle::within_site(plan.idle_timeout, &dir, resources)?;
+    let taken = take_all(&plan, &dir, &notes)?;
+    let mut env = child_env(&taken, &plan.dir, &plan.step, plan.locks.probe_timeout)?;
+    let budget_of = budget_held(&taken, &plan.locks);
+    if let Some((_, mem, total)) = &budget_of {
+        env.extend(budget_env(*mem, *total));
+    }
+    let held: Vec<Held> = taken
+        .into_iter()
+        .filter_map(|(_, took)| match took {
+            Taken::Held(held) => Some(held),
+            Taken::Inherited(_) => None,
+        })
+        .collect();
+    if held.is_empty() {
+        notes.flush(plan.quiet);
+        interrupt::release_job_stops();
+        return Ok(supervise::pass_through(&plan.command, &env));
+    }
+    let job = Job {
+        plan: &plan,
+        dir: &dir,
+        notes: &notes,
+        held: &held,
+        waited: began.elapsed(),
+        idle_timeout,
+        budget_of,
+    };
+    start_watched(job, &mut env);
+    notes.flush(plan.quiet);
+    // The place in line goes as the command starts (the next in line then
+    // waits in the kernel for the lock itself), but for a budget's, which
+    // its watcher gives up once the job settled; the queue file stays open
+    // in the command, after the lock's, for the agreement on the slot count.
+    for lock in held.iter().filter(|h| !h.is_budget()) {
+        lock.step_aside();
+    }
+    // A job stop held back since the last look (or while a warning was said) is the job's: it stops
+    // here, holding, and goes on to the exec once continued.
+    let held_stop = interrupt::take_job_stop();
+    interrupt::release_job_stops();
+    if let Some(sig) = held_stop {
+        interrupt::stop_as(sig);
+    }
+    let fds: Vec<_> = held.iter().flat_map(Held::inheritable_fds).collect();
+    let after: Vec<_> = held.iter().filter_map(Held::line_fd).collect();
+    Ok(supervise::exec(
+        &plan.command,
+        Some(&found),
+        &fds,
+        &after,
+        &env,
+    ))
+}
+
+/// Waits for and takes every lock of `plan`, showing the wait, and returns
+/// them once nothing can stop the command from starting. A job stop
+/// (Ctrl-Z) before the command starts gives up every place and lock taken
+/// so far, stops, and once continued starts again at the back.
+fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Resource, Taken)>> {
+    let locks = &plan.locks;
+    let resources = &locks.resources;
+    // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
+    let mut seen = locks.budget.as_ref().and_then(|b| b.seen.clone());
     let wait_plan = WaitPlan {
-        deadline: args.timeout.and_then(|t| Instant::now().checked_add(t)),
-        timeout: args.timeout,
-        quiet: args.quiet,
+        deadline: plan.timeout().and_then(|t| Instant::now().checked_add(t)),
+        timeout: plan.timeout(),
+        quiet: plan.quiet,
         on_terminal: std::io::stderr().is_terminal(),
-        report_every: args.report_every,
-        conflict_code: ExitCode::Command(i32::from(args.conflict_exit_code)),
-        step: step.clone(),
+        report_every: plan.report_every,
+        conflict_code: plan.conflict_code(),
+        step: plan.step.clone(),
         made: dir.made().clone(),
     };
-    // A job stop (Ctrl-Z) before the command starts gives up every place and
-    // lock taken so far, stops, and once continued starts again at the back.
     let (taken, display) = loop {
-        let display = WaitDisplay::new(&wait_plan, &notes);
+        let display = WaitDisplay::new(&wait_plan, notes);
         let context = Context {
-            dir: &dir,
-            step: step.clone(),
-            no_wait: args.no_wait,
+            dir,
+            step: plan.step.clone(),
+            no_wait: plan.no_wait(),
             stop: Stop::default(),
             observer: &display,
         };
         // With --any --require-idle, the idle candidates as of this attempt
         // (one that rejoins the line later looks again).
-        let candidates = match plan.idle_threshold {
-            Some(threshold) if plan.any => {
-                idle_candidates(dir_path, resources.clone(), &plan, threshold)
+        let candidates = match locks.idle_threshold {
+            Some(threshold) if locks.any => {
+                idle_candidates(&plan.dir, resources.clone(), locks, threshold)
             }
             _ => Ok(resources.clone()),
         };
         let attempt = candidates
-            .and_then(|candidates| Takes::new(&plan, &candidates, &[]))
+            .and_then(|candidates| Takes::new(locks, &candidates, &[]))
             .and_then(|takes| takes.take(&context, seen.take(), false))
             .and_then(|taken| {
                 // On a terminal the waiting line must be gone before anything
@@ -83,8 +143,8 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
                 {
                     return Err(supervise::stopped_before_start(sig));
                 }
-                if let Some(threshold) = plan.idle_threshold {
-                    require_idle(&taken, threshold, probe_timeout)?;
+                if let Some(threshold) = locks.idle_threshold {
+                    require_idle(&taken, threshold, locks.probe_timeout)?;
                 }
                 Ok(taken)
             });
@@ -108,9 +168,9 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
                 None => return Err(e),
             },
         };
-        notes.flush(args.quiet);
+        notes.flush(plan.quiet);
         interrupt::stop_as(sig);
-        crate::wait_display::say_back_in_line(&wait_plan, &names_of(&resources));
+        crate::wait_display::say_back_in_line(&wait_plan, &names_of(resources));
     };
     if let Some(sig) = supervise::pending_stop() {
         return Err(supervise::stopped_before_start(sig));
@@ -121,30 +181,41 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
     if let Some(sig) = display.settle() {
         return Err(supervise::stopped_before_start(sig));
     }
-    drop(display);
-    let mut env = child_env(&taken, dir_path, &step, probe_timeout)?;
-    let budget_of = budget_held(&taken, &plan);
-    if let Some((_, mem, total)) = &budget_of {
-        env.extend(budget_env(*mem, *total));
-    }
-    let held: Vec<Held> = taken
-        .into_iter()
-        .filter_map(|(_, took)| match took {
-            Taken::Held(held) => Some(held),
-            Taken::Inherited(_) => None,
-        })
-        .collect();
-    if held.is_empty() {
-        notes.flush(args.quiet);
-        interrupt::release_job_stops();
-        return Ok(supervise::pass_through(&args.command, &env));
-    }
+    Ok(taken)
+}
+
+/// A job about to start holding its locks: what its usage record, its
+/// watcher and its notes are made from.
+struct Job<'a> {
+    plan: &'a RunPlan,
+    dir: &'a ScratchDir,
+    notes: &'a Notes,
+    held: &'a [Held],
+    waited: Duration,
+    /// `--idle-timeout`, or the site's.
+    idle_timeout: Option<Duration>,
+    /// The budget held: its resource, MiB, and the device's total.
+    budget_of: Option<(Resource, u64, u64)>,
+}
+
+/// Labels the held locks, starts the job's usage record and, where the job
+/// needs one, its watcher; adds `DEVLOCK_BUSY_FILE` to `env`.
+fn start_watched(job: Job, env: &mut supervise::Env) {
+    let Job {
+        plan,
+        dir,
+        notes,
+        held,
+        waited,
+        idle_timeout,
+        budget_of,
+    } = job;
+    let (step, probe_timeout) = (&plan.step, plan.locks.probe_timeout);
     // The label names this process, which the command becomes: its pid and
     // start time are the command's (execve keeps both).
-    let record = Record::for_this_process(&step);
-    let waited = began.elapsed();
+    let record = Record::for_this_process(step);
     let hold = crate::usage::track::Hold {
-        resources: resources_of(&held),
+        resources: resources_of(held),
         step: step.clone(),
         pid: record.pid,
         pid_start: record.pid_start,
@@ -153,19 +224,23 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         waited,
         mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
         idle_timeout,
-        usage_dir: crate::usage::dir_for(Some(&dir)),
+        usage_dir: crate::usage::dir_for(Some(dir)),
         from: "cli",
         roots: vec![record.pid],
         probe_timeout,
-        quiet: args.quiet,
+        quiet: plan.quiet,
     };
-    for lock in &held {
+    for lock in held {
         notes.line(lock.label(&record));
     }
     let watch = crate::watcher::Duties {
         usage: crate::usage::track::needs_watch(&hold),
         budget: budget_of.map(|(resource, mem, _)| {
-            let b = plan.budget.as_ref().expect("a budget held was planned");
+            let b = plan
+                .locks
+                .budget
+                .as_ref()
+                .expect("a budget held was planned");
             (
                 b.ask(&resource, probe_timeout, None),
                 resource,
@@ -195,7 +270,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         crate::usage::track::start_line(&hold);
     }
     if watch.any()
-        && let Err(e) = crate::watcher::start(watch, &hold, &dir, &held, &record, args.quiet)
+        && let Err(e) = crate::watcher::start(watch, &hold, dir, held, &record, plan.quiet)
     {
         eprintln!(
             "devlock: warning: no watcher for this job ({}): it runs without its usage \
@@ -203,30 +278,6 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
             crate::proc::os_text(&e)
         );
     }
-    notes.flush(args.quiet);
-    // The place in line goes as the command starts (the next in line then
-    // waits in the kernel for the lock itself), but for a budget's, which
-    // its watcher gives up once the job settled; the queue file stays open
-    // in the command, after the lock's, for the agreement on the slot count.
-    for lock in held.iter().filter(|h| !h.is_budget()) {
-        lock.step_aside();
-    }
-    // A job stop held back since the last look (or while a warning was said) is the job's: it stops
-    // here, holding, and goes on to the exec once continued.
-    let held_stop = interrupt::take_job_stop();
-    interrupt::release_job_stops();
-    if let Some(sig) = held_stop {
-        interrupt::stop_as(sig);
-    }
-    let fds: Vec<_> = held.iter().flat_map(Held::inheritable_fds).collect();
-    let after: Vec<_> = held.iter().filter_map(Held::line_fd).collect();
-    Ok(supervise::exec(
-        &args.command,
-        Some(&found),
-        &fds,
-        &after,
-        &env,
-    ))
 }
 
 /// The budget a run holds, if any: its resource, budget and the device's
@@ -348,9 +399,9 @@ fn require_idle(
     Ok(())
 }
 
-/// What the command learns about its locks: the resources it got (the
-/// members an `--any` chose, not the groups taken on their behalf), the
-/// matching CUDA devices, and its semaphore slot.
+/// What the command learns about its locks ([`JobEnv`]): the resources it
+/// got (the members an `--any` chose, not the groups taken on their
+/// behalf), the matching GPU devices, and its semaphore slot.
 fn child_env(
     taken: &[(Resource, Taken)],
     dir: &Path,
@@ -368,17 +419,13 @@ fn child_env(
         }
         got.push(resource);
     }
-    let names: Vec<&str> = got.iter().map(|r| r.as_str()).collect();
-    // Absolute, so that a nested devlock that changed directory meets the
-    // same gate, and byte for byte as given (not every path is UTF-8).
-    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
-    let mut env = supervise::Env::new();
-    env.push(("DEVLOCK_RESOURCES".into(), names.join(" ").into()));
-    env.push(("DEVLOCK_DIR".into(), dir.into_os_string()));
-    env.push(("DEVLOCK_STEP".into(), step.into()));
-    if let Some(slot) = slot {
-        env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
-    }
-    supervise::push_gpu_env(&mut env, got.iter().copied(), probe_timeout)?;
-    Ok(env)
+    let job = JobEnv {
+        resources: got,
+        step,
+        dir: Some(dir),
+        slot,
+        fences: None,
+        lock_key: None,
+    };
+    job.vars(probe_timeout)
 }

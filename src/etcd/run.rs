@@ -12,8 +12,9 @@ use anyhow::Result;
 use super::Config;
 use super::keeper::GUARD;
 use super::session::{Acquired, Got, Session, Settings, Wanted};
-use crate::cli::RunArgs;
+use crate::cli::RunPlan;
 use crate::exit::ExitCode;
+use crate::job_env::JobEnv;
 use crate::plan::Plan;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -31,17 +32,16 @@ const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(2);
 /// unnoticed, and the vote.
 const ELECTION: Duration = Duration::from_secs(2);
 
-/// Runs `args`'s command under the locks of `plan` (built from `args`):
-/// waits for them with the session on a thread, hands the lease over to a
-/// watcher, and becomes the command.
-pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<ExitCode> {
-    let (ttl, kill_after) = check_margins(args, config.endpoints.len())?;
-    let found = supervise::check_command(&args.command[0])?;
+/// Runs `plan`'s command under its locks: waits for them with the session
+/// on a thread, hands the lease over to a watcher, and becomes the command.
+pub(crate) fn run(mut plan: RunPlan, config: Config) -> Result<ExitCode> {
+    let (ttl, kill_after) = check_margins(&plan, config.endpoints.len())?;
+    let found = supervise::check_command(&plan.command[0])?;
     // This machine's part, as with lock files: the caller's
     // CUDA_VISIBLE_DEVICES (--any skips candidates outside it), one MIG
     // instance per command.
-    plan.look()?;
-    let step = args.step_name();
+    plan.locks.look()?;
+    let step = plan.step.clone();
     supervise::sane_start();
     supervise::block_handled_signals();
     super::block_sigpipe();
@@ -49,16 +49,20 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
         config,
         ttl,
         kill_after,
-        no_wait: args.no_wait,
-        timeout: args.timeout,
-        quiet: args.quiet,
-        report_every: args.report_every,
+        no_wait: plan.no_wait(),
+        timeout: plan.timeout(),
+        quiet: plan.quiet,
+        report_every: plan.report_every,
         step: step.clone(),
-        command: args.command_line(),
+        command: plan
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
     };
-    let mut session = Session::start(settings, wanted(plan)?)?;
+    let mut session = Session::start(settings, wanted(&plan.locks)?)?;
     let (acquired, stopped) = session.wait_for_locks()?;
-    let env = match child_env(acquired.got(), &step, plan.probe_timeout) {
+    let env = match child_env(acquired.got(), &step, plan.locks.probe_timeout) {
         Ok(env) => env,
         Err(e) => {
             session.release();
@@ -67,7 +71,7 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
     };
     if let Acquired::AllInherited(_) = acquired {
         session.finish();
-        return Ok(supervise::pass_through(&args.command, &env));
+        return Ok(supervise::pass_through(&plan.command, &env));
     }
     if let Some(sig) = stopped.or_else(supervise::pending_stop) {
         session.release();
@@ -105,7 +109,7 @@ pub(crate) fn run(plan: &mut Plan, args: &RunArgs, config: Config) -> Result<Exi
         return Err(cannot_watch(e));
     }
     Ok(supervise::exec(
-        &args.command,
+        &plan.command,
         Some(&found),
         &[commands_end.as_fd()],
         &[],
@@ -176,31 +180,21 @@ fn wanted(plan: &Plan) -> Result<Wanted> {
 /// slot, and the device variables for the GPUs among them, as this
 /// machine's driver numbers them (a MIG instance's UUID from its NVML).
 fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<supervise::Env> {
-    let names: Vec<&str> = got.resources.iter().map(Resource::as_str).collect();
-    let mut env: supervise::Env = vec![
-        ("DEVLOCK_RESOURCES".into(), names.join(" ").into()),
-        ("DEVLOCK_STEP".into(), step.into()),
-        (
-            "DEVLOCK_FENCE".into(),
-            fences(&got.resources, &got.fences).into(),
-        ),
-    ];
-    if let Some(slot) = got.slot {
-        env.push(("DEVLOCK_SLOT".into(), slot.to_string().into()));
-    }
-    // What `etcdctl lock` tells its command, for the first resource, so
-    // scripts written for it run unchanged (a nested take passes its
-    // enclosing one's on).
-    if let Some(key) = &got.lock_key {
+    // A nested take passes its enclosing one's key on.
+    let lock_key = got.lock_key.as_ref().map(|key| {
         let first = got.resources.first();
         let fence = got.fences.iter().find(|(name, _)| Some(name) == first);
-        env.push(("ETCD_LOCK_KEY".into(), key.into()));
-        if let Some((_, fence)) = fence {
-            env.push(("ETCD_LOCK_REV".into(), fence.to_string().into()));
-        }
-    }
-    supervise::push_gpu_env(&mut env, &got.resources, probe_timeout)?;
-    Ok(env)
+        (key.clone(), fence.map(|(_, fence)| *fence))
+    });
+    let job = JobEnv {
+        resources: got.resources.iter().collect(),
+        step,
+        dir: None,
+        slot: got.slot,
+        fences: Some(fences(&got.resources, &got.fences)),
+        lock_key,
+    };
+    job.vars(probe_timeout)
 }
 
 /// `DEVLOCK_FENCE`: each resource's fencing token, in the order of
@@ -262,16 +256,16 @@ fn cannot_watch(err: std::io::Error) -> anyhow::Error {
 /// The TTL and kill grace, checked so SIGKILL lands at least [`GUARD`] before
 /// the lease could expire, with at least one renewal period before SIGTERM,
 /// and for a cluster (several endpoints) an [`ELECTION`] more.
-fn check_margins(args: &RunArgs, endpoints: usize) -> Result<(Duration, Duration)> {
+fn check_margins(plan: &RunPlan, endpoints: usize) -> Result<(Duration, Duration)> {
     let usage = |m: String| Err(crate::error::usage(m));
-    if args.require_idle {
+    if plan.locks.idle_threshold.is_some() {
         return usage(crate::messages::etcd::require_idle_refused());
     }
-    if args.mem.is_some() {
+    if plan.locks.budget.is_some() {
         return usage(crate::messages::etcd::mem_refused());
     }
-    let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
-    let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
+    let ttl = plan.lease.ttl.unwrap_or(DEFAULT_TTL);
+    let kill_after = plan.lease.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
     if ttl < MIN_TTL || ttl > MAX_TTL {
         return usage(format!(
             "--ttl must be between {}s and {}s",
@@ -315,11 +309,12 @@ mod tests {
     fn margins_with(endpoints: usize, extra: &[&str]) -> Result<(Duration, Duration)> {
         let mut argv = vec!["devlock"];
         argv.extend(extra);
-        argv.extend(["r", "--", "true"]);
-        check_margins(
-            &crate::cli::Cli::try_parse_from(argv).unwrap().run,
-            endpoints,
-        )
+        // gpu:0, for --mem and --require-idle to pass the command line's
+        // rules and meet etcd's.
+        argv.extend(["gpu:0", "--", "true"]);
+        let args = crate::cli::Cli::try_parse_from(argv).unwrap().run;
+        let plan = RunPlan::from_args(&args, "/nonexistent".as_ref(), Duration::ZERO, true)?;
+        check_margins(&plan, endpoints)
     }
 
     #[test]
@@ -328,7 +323,7 @@ mod tests {
         assert!(margins(&["--ttl", "3s", "--kill-after", "500ms"]).is_ok());
         assert!(margins(&["--ttl", "3s", "--kill-after", "2s"]).is_err());
         assert!(margins(&["--ttl", "1s", "--kill-after", "0s"]).is_err());
-        assert!(margins(&["--any", "r2"]).is_ok());
+        assert!(margins(&["--any", "gpu:1"]).is_ok());
         assert!(margins(&["--slots", "2"]).is_ok());
         assert!(margins(&["--require-idle"]).is_err());
         let err = margins(&["--mem", "1GiB"]).unwrap_err();

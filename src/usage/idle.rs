@@ -132,7 +132,7 @@ pub(crate) fn parse_site(bytes: &[u8]) -> Option<Duration> {
         return None;
     }
     let text = std::str::from_utf8(bytes).ok()?;
-    crate::cli::parse_duration(text.trim())
+    crate::units::parse_duration(text.trim())
         .ok()
         .filter(|d| !d.is_zero())
 }

@@ -15,7 +15,7 @@ pub(crate) mod history;
 pub(crate) mod idle;
 pub(crate) mod line;
 pub(crate) mod read;
-pub(crate) mod report;
+pub(crate) use crate::report; // moved to the front end (src/report)
 pub(crate) mod sample;
 pub(crate) mod site;
 pub(crate) mod track;

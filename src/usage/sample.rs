@@ -29,7 +29,7 @@ pub(crate) const DEFAULT_PERIOD: Duration = Duration::from_secs(5);
 pub(crate) fn period(idle_timeout: Option<Duration>) -> Duration {
     let base = std::env::var("DEVLOCK_SAMPLE_EVERY")
         .ok()
-        .and_then(|v| crate::cli::parse_duration(&v).ok())
+        .and_then(|v| crate::units::parse_duration(&v).ok())
         .filter(|d| !d.is_zero())
         .unwrap_or(DEFAULT_PERIOD);
     match idle_timeout {

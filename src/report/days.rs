@@ -127,8 +127,8 @@ impl Days {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::report::tests::job;
-    use crate::usage::report::{By, rows};
+    use crate::report::tests::job;
+    use crate::report::{By, rows};
     use proptest::prelude::*;
 
     /// 2026-12-01T00:00:00Z.

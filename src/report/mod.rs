@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::read::{Ending, Job};
+use crate::usage::read::{Ending, Job};
 
 pub(crate) use crate::cli::ReportBy as By;
 
@@ -158,8 +158,8 @@ fn add_share(row: &mut Row, job: &Job, lo: u64, hi: u64, started_here: bool, sha
             row.peak_mib = Some(row.peak_mib.unwrap_or(0).max(peak));
         }
         match job.how {
-            Some(super::How::Idle) => row.stopped_idle += 1,
-            Some(super::How::OverBudget) => row.stopped_over_budget += 1,
+            Some(crate::usage::How::Idle) => row.stopped_idle += 1,
+            Some(crate::usage::How::OverBudget) => row.stopped_over_budget += 1,
             _ => {}
         }
         match job.ending {
@@ -438,7 +438,7 @@ pub(crate) fn job_json(job: &Job) -> JobJson<'_> {
             Ending::Running => "running",
             Ending::ObservedLater => "observed-later",
         },
-        how: job.how.map(super::How::label),
+        how: job.how.map(crate::usage::How::label),
         code: job.code,
         signal: job.signal,
         waited_s: job.start.waited_ms as f64 / 1000.0,

@@ -1,0 +1,511 @@
+//! A contended wait: the main thread sleeps in flock(2) while a helper thread
+//! shows the wait, enforces the timeout and answers signals.
+//!
+//! What it shows depends on where stderr goes. On a terminal whose line is
+//! devlock's (its process group is the foreground group, and holds nothing
+//! else, so no other devlock of the same job draws there), one line redrawn
+//! in place, fitted to the terminal's width (asked again on every redraw
+//! and on SIGWINCH) and cleared before the command starts. On a terminal
+//! that is not devlock's to draw on (a background job, `make -j`), one line
+//! when the wait starts and one when it ends. Elsewhere (a log), a line when
+//! the wait starts, every `--report-every`, and when it ends. Every line
+//! that stays names the waiter's own step.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::exit::ExitCode;
+use crate::flock::registration::Registration;
+use crate::flock::trust::Notes;
+use crate::flock::wait::{Observer, Wait, Watch};
+use crate::interrupt::Stop;
+use crate::supervise::{self, Received};
+use crate::sys::signal::Thread;
+use crate::text::{fit, sanitize};
+use crate::tty;
+
+mod board;
+mod helper;
+
+pub(crate) use board::Board;
+use board::Shown;
+use helper::helper_thread;
+
+const WAITING: u8 = 0;
+const ACQUIRED: u8 = 1;
+const GAVE_UP: u8 = 2;
+/// The wait ended without the locks (a job stop, an error): the helper
+/// clears its display and ends.
+const LEFT: u8 = 3;
+
+/// How long a wait lasts before it is shown: a shorter one (the usual
+/// hand-off under contention, a few milliseconds) costs nothing beyond the
+/// kernel's sleep, and prints nothing. A deadline that comes first shows
+/// the wait at the deadline, just before the timeout says so.
+pub(crate) const SHOW_AFTER: Duration = Duration::from_millis(200);
+
+/// Width assumed for a terminal that does not say.
+const DEFAULT_COLUMNS: usize = 80;
+
+/// How to wait and what to show meanwhile.
+#[derive(Debug, Clone)]
+pub(crate) struct WaitPlan {
+    pub deadline: Option<Instant>,
+    pub timeout: Option<Duration>,
+    pub quiet: bool,
+    /// Whether stderr is a terminal (where the line may be devlock's).
+    pub on_terminal: bool,
+    pub report_every: Duration,
+    pub conflict_code: ExitCode,
+    /// The waiter's own step, which every line that stays names.
+    pub step: String,
+    /// What the run registered in the scratch directory, removed before a
+    /// timeout or a signal ends the run from the display's thread.
+    pub made: crate::flock::made::Made,
+}
+
+/// How a wait is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Display {
+    /// Redrawn in place on a terminal line that is devlock's.
+    Live,
+    /// On a terminal shared with others: a line at the start and the end.
+    Static,
+    /// Not a terminal: a line at the start, every interval, and the end.
+    Log,
+}
+
+impl Display {
+    /// Asked only once a wait begins: an uncontended take never pays for
+    /// the look at the process group.
+    fn for_plan(plan: &WaitPlan) -> Display {
+        if !plan.on_terminal {
+            Display::Log
+        } else if tty::in_foreground() && tty::alone_in_group() {
+            Display::Live
+        } else {
+            Display::Static
+        }
+    }
+}
+
+/// After a job stop (Ctrl-Z) gave up the line and the job was continued:
+/// `devlock: continued; back in line for gpu:0, at the end`, by the rules
+/// of the waiting lines (nothing with `-q`; fitted to a terminal; naming the
+/// waiter's step where the line stays, on a shared terminal or in a log).
+pub(crate) fn say_back_in_line(plan: &WaitPlan, resources: &str) {
+    if plan.quiet {
+        return;
+    }
+    let display = Display::for_plan(plan);
+    let step = (display != Display::Live).then(|| format!(" ({})", sanitize(&plan.step)));
+    let resources = format!(" for {resources}");
+    let parts = [
+        ("devlock: continued; back in line", false),
+        (resources.as_str(), true),
+        (", at the end", true),
+        (step.as_deref().unwrap_or_default(), false),
+    ];
+    let line = match display {
+        Display::Log => parts.iter().map(|(p, _)| *p).collect(),
+        Display::Live | Display::Static => {
+            let width = tty::columns().unwrap_or(DEFAULT_COLUMNS).saturating_sub(1);
+            fit(&parts, width.max(1))
+        }
+    };
+    say(&format!("{line}\n"));
+}
+
+/// Runs `block` (which sleeps in the kernel until the locks are ours) on
+/// this thread while a helper thread shows the wait, enforces the deadline
+/// and watches for stopping signals. A timeout or a stopping signal while
+/// waiting ends the process from the helper thread: nothing has started yet,
+/// so nothing is left running, and the kernel drops every lock and place in
+/// line. Settle the returned [`Waited`] to learn of a stopping signal that
+/// arrived at the very moment the locks were taken.
+fn wait_for<T>(
+    label: String,
+    watches: Vec<Watch>,
+    registrations: Vec<Option<Registration>>,
+    plan: &WaitPlan,
+    lazy: Option<&Stop>,
+    block: impl FnOnce() -> Result<T>,
+) -> Result<(T, Waited)> {
+    let state = Arc::new(AtomicU8::new(WAITING));
+    let got = Arc::new(GotLine::default());
+    let started = Instant::now();
+    // What the helper takes once it starts; the display is asked for then
+    // too (on a terminal that costs a look at the process group).
+    let parts = Arc::new(Mutex::new(Some((Shown { label, watches }, registrations))));
+    let helper: Arc<Mutex<Option<Helper>>> = Arc::default();
+    let start = starter(
+        state.clone(),
+        plan.clone(),
+        parts.clone(),
+        helper.clone(),
+        got.clone(),
+        started,
+    );
+    // A wait that ends before it is worth showing never starts the helper:
+    // an alarm interrupts the lock call when it is due, and the waiting
+    // thread starts it then. Stopping signals meanwhile stay pending for the
+    // helper (or, once the locks are taken, for the check before the start).
+    let alarm = match lazy {
+        Some(stop) => {
+            let due = plan
+                .deadline
+                .map_or(started + SHOW_AFTER, |d| d.min(started + SHOW_AFTER));
+            on_time(due, stop, start).map(|alarm| (alarm, stop))
+        }
+        None => {
+            start();
+            None
+        }
+    };
+    let held = {
+        // Job stops reach this thread only (the helper keeps them held), and
+        // interrupt its lock call.
+        let _stops = crate::interrupt::CatchJobStops::new();
+        block()
+    };
+    if let Some((alarm, stop)) = alarm {
+        alarm.disarm();
+        stop.on_interrupt(None);
+    }
+    let helper = helper.lock().ok().and_then(|mut h| h.take());
+    let Some(helper) = helper else {
+        // Never shown: the registrations go now.
+        drop(parts);
+        return Ok((held?, Waited::default()));
+    };
+    let held = end_wait(held, &state, helper.handle)?;
+    Ok((
+        held.0,
+        Waited {
+            helper: Some(held.1),
+            on_terminal: helper.on_terminal,
+            got: Some(got),
+        },
+    ))
+}
+
+/// What a wait's helper shows, and the registrations it keeps until it ends.
+type Parts = (Shown, Vec<Option<Registration>>);
+
+/// What starts the helper thread of a wait (once: it takes what it shows).
+fn starter(
+    state: Arc<AtomicU8>,
+    plan: WaitPlan,
+    parts: Arc<Mutex<Option<Parts>>>,
+    helper: Arc<Mutex<Option<Helper>>>,
+    got: Arc<GotLine>,
+    started: Instant,
+) -> impl FnOnce() {
+    move || {
+        let Some((shown, registrations)) = parts.lock().ok().and_then(|mut p| p.take()) else {
+            return;
+        };
+        let display = Display::for_plan(&plan);
+        // On a terminal (live or shared) the last line, "got ..." or
+        // the cleared live line, comes before the command's own output;
+        // in a log the command may start first (hand-off latency).
+        let on_terminal = display != Display::Log && !plan.quiet;
+        let (state, plan) = (state.clone(), plan.clone());
+        crate::sys::process::one_heap();
+        let spawned = std::thread::Builder::new()
+            .name("devlock-wait".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                helper_thread(shown, registrations, state, started, plan, display, &got)
+            });
+        if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
+            *slot = Some(Helper {
+                handle,
+                on_terminal,
+            });
+        }
+    }
+}
+
+/// Ends a shown wait as the lock call `held` ended: an error first stops
+/// the helper (which takes its display and the registrations with it);
+/// locks taken are the helper's to hear of. Never returns if the helper
+/// gave up first (it is ending the process).
+fn end_wait<T>(
+    held: Result<T>,
+    state: &AtomicU8,
+    handle: std::thread::JoinHandle<Option<Received>>,
+) -> Result<(T, std::thread::JoinHandle<Option<Received>>)> {
+    let held = match held {
+        Ok(held) => held,
+        Err(e) => {
+            if state
+                .compare_exchange(WAITING, LEFT, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // The helper gave up first and is ending the process.
+                loop {
+                    std::thread::park();
+                }
+            }
+            // The helper then sees LEFT and ends, taking its display and
+            // the registrations with it.
+            Thread::of(&handle).signal(supervise::wake_signal());
+            let _ = handle.join();
+            return Err(e);
+        }
+    };
+    if state
+        .compare_exchange(WAITING, ACQUIRED, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        // The helper gave up first and is ending the process; it must not
+        // look as if the command ran.
+        loop {
+            std::thread::park();
+        }
+    }
+    // The helper has the wake signal blocked (every thread has), so this
+    // only ends its sigtimedwait.
+    Thread::of(&handle).signal(supervise::wake_signal());
+    Ok((held, handle))
+}
+
+/// The last line of a wait that is over (`got gpu:0 after 4s (train)`):
+/// said only as the command is about to start, by whichever comes second,
+/// the helper with its line or the run's go-ahead; never for a run that a
+/// signal (a Ctrl-C under make -j) stops before its command starts.
+#[derive(Debug, Default)]
+pub(crate) struct GotLine(Mutex<Got>);
+
+#[derive(Debug, Default)]
+enum Got {
+    #[default]
+    Waiting,
+    Line(String),
+    Go,
+    Said,
+}
+
+impl GotLine {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Got> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The helper's line: said now if the command is starting, else kept.
+    fn offer(&self, line: String) {
+        let mut got = self.lock();
+        match *got {
+            Got::Go => {
+                say(&line);
+                *got = Got::Said;
+            }
+            Got::Waiting => *got = Got::Line(line),
+            Got::Line(_) | Got::Said => {}
+        }
+    }
+
+    /// The command is about to start: the line, if the helper has it.
+    fn go(&self) {
+        let mut got = self.lock();
+        match std::mem::replace(&mut *got, Got::Said) {
+            Got::Line(line) => say(&line),
+            Got::Waiting => *got = Got::Go,
+            Got::Go | Got::Said => {}
+        }
+    }
+}
+
+/// The command line's observer of its takes: each wait shown by
+/// [`wait_for`] by the rules of `plan`, the trust warnings said before a
+/// long wait, and the waits that are over kept until they are settled.
+#[derive(Debug)]
+pub(crate) struct WaitDisplay<'a> {
+    plan: &'a WaitPlan,
+    notes: &'a Notes,
+    /// The last wait, until its take is done.
+    current: Mutex<Option<Waited>>,
+    pending: Mutex<Pending>,
+}
+
+impl<'a> WaitDisplay<'a> {
+    pub(crate) fn new(plan: &'a WaitPlan, notes: &'a Notes) -> WaitDisplay<'a> {
+        WaitDisplay {
+            plan,
+            notes,
+            current: Mutex::default(),
+            pending: Mutex::default(),
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the last wait's display must be cleared before the command starts.
+    pub(crate) fn must_settle_before_spawn(&self) -> bool {
+        self.pending().must_settle_before_spawn()
+    }
+
+    /// Settles every wait; a stopping signal that arrived as the locks were
+    /// taken, for the command to hear.
+    pub(crate) fn settle(&self) -> Option<Received> {
+        self.pending().settle()
+    }
+
+    /// The command is about to start: each wait's `got` line is said (now,
+    /// or by its helper as it finishes).
+    pub(crate) fn command_starts(&self) {
+        let pending = self.pending();
+        for got in pending.got.iter().chain(pending.last.got.as_ref()) {
+            got.go();
+        }
+    }
+}
+
+impl Observer for WaitDisplay<'_> {
+    fn shows(&self) -> bool {
+        !self.plan.quiet
+    }
+
+    fn wait(&self, wait: Wait, stop: &Stop, block: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        // What another user could break is said before a long wait, not
+        // only once the wait is over.
+        self.notes.flush(self.plan.quiet);
+        // Waited for on this thread, in lock calls a signal interrupts: the
+        // display may start late.
+        let lazy = wait.lazy.then_some(stop);
+        let ((), waited) = wait_for(
+            wait.label,
+            wait.watches,
+            wait.registrations,
+            self.plan,
+            lazy,
+            block,
+        )?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(waited);
+        Ok(())
+    }
+
+    fn took(&self) -> Result<()> {
+        let waited = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default();
+        self.pending().add(waited)
+    }
+}
+
+/// Waits that are over, and what their helpers caught as they ended.
+#[derive(Debug, Default)]
+struct Pending {
+    last: Waited,
+    /// The last lines of the waits settled so far.
+    got: Vec<Arc<GotLine>>,
+}
+
+impl Pending {
+    /// Notes a finished wait; the one before it is settled now (its display
+    /// must be gone before the next wait shows its own).
+    /// A stopping signal caught then ends the run: nothing has started.
+    fn add(&mut self, waited: Waited) -> Result<()> {
+        let before = std::mem::replace(&mut self.last, waited);
+        let (signal, got) = before.settle();
+        self.got.extend(got);
+        match signal {
+            Some(sig) => Err(supervise::stopped_before_start(sig)),
+            None => Ok(()),
+        }
+    }
+
+    fn must_settle_before_spawn(&self) -> bool {
+        self.last.must_settle_before_spawn()
+    }
+
+    fn settle(&mut self) -> Option<Received> {
+        let (signal, got) = std::mem::take(&mut self.last).settle();
+        self.got.extend(got);
+        signal
+    }
+}
+
+/// Runs `job` once on the waiting thread, when its lock call is interrupted
+/// at or after `due`; at once when no alarm can be set. The alarm repeats
+/// every 20 ms after `due` (its first signal may land just before the
+/// thread enters its lock call) and stops once `job` has run: a long wait
+/// sleeps undisturbed (it was woken 50 times a second until it ended).
+fn on_time(
+    due: Instant,
+    stop: &Stop,
+    job: impl FnOnce() + Send + 'static,
+) -> Option<Arc<crate::interrupt::Alarm>> {
+    let Some(alarm) = crate::interrupt::Alarm::at(due, Duration::from_millis(20)) else {
+        job();
+        return None;
+    };
+    let alarm = Arc::new(alarm);
+    let mut job = Some(job);
+    let done = alarm.clone();
+    stop.on_interrupt(Some(Box::new(move || {
+        if Instant::now() >= due
+            && let Some(job) = job.take()
+        {
+            job();
+            done.disarm();
+        }
+    })));
+    Some(alarm)
+}
+
+/// The helper thread, once started.
+struct Helper {
+    handle: std::thread::JoinHandle<Option<Received>>,
+    on_terminal: bool,
+}
+
+/// A wait that is over but whose helper thread may still be finishing.
+#[derive(Debug, Default)]
+pub(crate) struct Waited {
+    helper: Option<std::thread::JoinHandle<Option<Received>>>,
+    on_terminal: bool,
+    got: Option<Arc<GotLine>>,
+}
+
+impl Waited {
+    /// Whether the helper still has to finish its lines on a terminal
+    /// (clear the live line, or say "got"), which must happen before the
+    /// command writes to it.
+    pub(crate) fn must_settle_before_spawn(&self) -> bool {
+        self.helper.is_some() && self.on_terminal
+    }
+
+    /// Joins the helper; returns a stopping signal it caught at the moment
+    /// the locks were taken, for the command to hear, and the wait's last
+    /// line, for when the command starts.
+    pub(crate) fn settle(self) -> (Option<Received>, Option<Arc<GotLine>>) {
+        (self.helper.and_then(|h| h.join().unwrap_or(None)), self.got)
+    }
+}
+
+fn say(text: &str) {
+    let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
+fn give_up(state: &AtomicU8) -> bool {
+    state
+        .compare_exchange(WAITING, GAVE_UP, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+}
+
+/// Clears the live line if it is on the screen.
+fn clear(drawn: &mut bool) {
+    if std::mem::take(drawn) {
+        say("\r\x1b[K");
+    }
+}
