@@ -71,6 +71,7 @@ mod take;
 mod text;
 mod tty;
 mod usage;
+mod view;
 mod wait_display;
 mod watcher;
 
