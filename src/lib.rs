@@ -64,6 +64,7 @@ mod plan;
 mod proc;
 mod request;
 mod serve;
+mod show;
 mod status;
 mod supervise;
 mod sys;

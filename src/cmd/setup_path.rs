@@ -23,8 +23,8 @@ use anyhow::Result;
 use nix::fcntl::{AtFlags, OFlag};
 
 use crate::exit::{ExitCode, coded};
-use crate::flock::file::kind_of;
-use crate::text::show_path;
+use crate::show::kind_of;
+use crate::show::show_path;
 
 /// As many symbolic links as the kernel follows in one path (`MAXSYMLINKS`).
 const MAX_LINKS: usize = 40;
@@ -387,12 +387,12 @@ fn refusal(dir: &Path, real: &Path, why: String, way: Way<'_>) -> anyhow::Error 
 }
 
 pub(crate) fn user(uid: u32) -> String {
-    crate::text::sanitize(&crate::proc::process::user_name(uid))
+    crate::show::sanitize(&crate::proc::process::user_name(uid))
 }
 
 fn group(gid: u32) -> String {
     match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
-        Ok(Some(g)) => crate::text::sanitize(&g.name),
+        Ok(Some(g)) => crate::show::sanitize(&g.name),
         _ => gid.to_string(),
     }
 }

@@ -442,7 +442,7 @@ pub(super) fn foreign_lock(
         Effect::None
     };
     ForeignLock {
-        path: crate::text::show_path(path),
+        path: crate::show::show_path(path),
         range: lock.range_text(),
         exclusive: lock.exclusive,
         pid,

@@ -33,7 +33,7 @@ pub(crate) fn gather(
     probe_timeout: Option<Duration>,
 ) -> Result<StatusReport> {
     let mut report = StatusReport {
-        dir: crate::text::show_path(dir_path),
+        dir: crate::show::show_path(dir_path),
         trust: Trust::default(),
         resources: Vec::new(),
         device_info: None,
@@ -92,7 +92,7 @@ pub(crate) fn gather(
             let registered = all_waiters.remove(resource).unwrap_or_default();
             let mut view = view_of(&dir, resource, &table, registered, now);
             if !names.contains(&resource.file_name()) {
-                view.unknown_name = Some(never_used(&crate::text::show_path(dir.path())));
+                view.unknown_name = Some(never_used(&crate::show::show_path(dir.path())));
             }
             view.trust = trust::of_resource(&dir, &names, resource, dir_managed);
             label_from_members(&dir, resource, &table, &mut view, now);
@@ -364,7 +364,7 @@ pub(super) fn queue_id(dir: &ScratchDir, lock_name: &str) -> Option<FileId> {
 /// Why status flags a name nothing has used: `never used in DIR (no lock
 /// file)`.
 pub(super) fn never_used(dir: &str) -> String {
-    format!("never used in {}: no lock file", crate::text::sanitize(dir))
+    format!("never used in {}: no lock file", crate::show::sanitize(dir))
 }
 
 /// Why status flags `gpu:N` the driver does not list: `the driver lists

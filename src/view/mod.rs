@@ -31,7 +31,7 @@ use crate::gpu::gate as devices;
 use crate::proc;
 use crate::proc::locks::{FileId, LockTable, RangeLock};
 use crate::resource::Resource;
-use crate::text::clean;
+use crate::show::clean;
 
 /// A lock's state, as status says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

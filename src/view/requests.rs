@@ -1,7 +1,7 @@
 //! Requests that wait on several locks at once (`--any`), for the status
 //! table: each is one row naming its locks, not a row in every line.
 
-use crate::text::sanitize;
+use crate::show::sanitize;
 use crate::view::{StatusReport, WaiterSource, WaiterView};
 
 /// One request that waits on several locks at once (`--any`): one row for
