@@ -74,6 +74,7 @@ mod tty;
 mod usage;
 mod view;
 mod wait_display;
+mod walk;
 mod watcher;
 
 #[doc(hidden)]

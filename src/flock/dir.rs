@@ -342,8 +342,8 @@ pub(crate) fn flock_excludes(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Resul
 /// root makes, writes or removes a file; `None` when a directory on the way
 /// is missing. Anything else refuses with exit 74, naming the real path at
 /// fault and its owner.
-fn root_way(path: &Path) -> Result<Option<crate::cmd::setup_path::Parent>> {
-    use crate::cmd::setup_path::{Stop, Way, walk};
+fn root_way(path: &Path) -> Result<Option<crate::walk::Parent>> {
+    use crate::walk::{Stop, Way, walk};
     let way = Way {
         verb: "use",
         ..Way::SETUP
