@@ -108,7 +108,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
                 None => return Err(e),
             },
         };
-        notes.flush(args.quiet);
+        crate::status::notes::say_notes(&notes, args.quiet);
         interrupt::stop_as(sig);
         crate::wait_display::say_back_in_line(&wait_plan, &names_of(&resources));
     };
@@ -135,7 +135,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
         })
         .collect();
     if held.is_empty() {
-        notes.flush(args.quiet);
+        crate::status::notes::say_notes(&notes, args.quiet);
         interrupt::release_job_stops();
         return Ok(supervise::pass_through(&args.command, &env));
     }
@@ -203,7 +203,7 @@ pub(crate) fn run(args: &RunArgs, dir_path: &Path, probe_timeout: Duration) -> R
             crate::proc::os_text(&e)
         );
     }
-    notes.flush(args.quiet);
+    crate::status::notes::say_notes(&notes, args.quiet);
     // The place in line goes as the command starts (the next in line then
     // waits in the kernel for the lock itself), but for a budget's, which
     // its watcher gives up once the job settled; the queue file stays open

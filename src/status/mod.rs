@@ -1,6 +1,7 @@
 //! Who holds each lock and who waits: the model ([`model`], from the kernel
 //! first and the records as labels) apart from its renderings ([`table`]).
 
+pub(crate) mod notes;
 pub(crate) mod print;
 pub(crate) mod table;
 
