@@ -456,6 +456,53 @@ pub(crate) fn fix_command<'a>(
 mod tests {
     use super::*;
 
+    /// The notes come out as data, each line once, the setup warning once
+    /// per run, and nothing twice.
+    #[test]
+    fn notes_are_drained_as_data_and_said_once() {
+        let dir = PathBuf::from("/srv/locks");
+        let notes = Notes(Mutex::new(Found {
+            dir: Some(dir.clone()),
+            run_resources: vec!["gpu:0".to_owned()],
+            ..Found::default()
+        }));
+        let issue = |path: &str, owner: Option<&str>| Issue {
+            path: path.to_owned(),
+            owner: owner.map(str::to_owned),
+            reason: "may rename it".to_owned(),
+        };
+        notes.found().issues = vec![
+            issue("/srv/locks/gpu:0.lock", Some("alice")),
+            issue("/srv/locks", None),
+            issue("/srv/locks/gpu.lock", Some("alice")),
+        ];
+        notes.line(Some("held without a record".to_owned()));
+        notes.line(Some("held without a record".to_owned()));
+        notes.line(None);
+        assert_eq!(
+            notes.drain(),
+            vec![
+                Note::NotSetUp {
+                    named: dir.clone(),
+                    owners: vec!["alice".to_owned(), "anyone".to_owned()],
+                    above: false,
+                    fixes: vec![
+                        "sudo devlock setup --dir /srv/locks gpu:0".to_owned(),
+                        "sudo devlock setup --dir /srv/locks --gpus".to_owned(),
+                    ],
+                },
+                Note::Line("held without a record".to_owned()),
+            ]
+        );
+        assert!(notes.drain().is_empty());
+        assert!(notes.renamable(), "the issues still count after the drain");
+        notes.found().issues = vec![issue("/srv", Some("bob"))];
+        assert!(
+            notes.drain().is_empty(),
+            "the setup warning is said once a run"
+        );
+    }
+
     #[test]
     fn files_of_a_resource_are_recognised() {
         let r = |s: &str| resource_of(s).map(|r| r.to_string());
