@@ -30,7 +30,11 @@ pub(super) fn process_of(raw: &ProcessInfo) -> Process {
     }
 }
 
-pub(super) fn processes_of(library: &Library, device: Handle, what: &str) -> Result<Vec<Process>, Unknown> {
+pub(super) fn processes_of(
+    library: &Library,
+    device: Handle,
+    what: &str,
+) -> Result<Vec<Process>, Unknown> {
     let call = library
         .processes_call()
         .unwrap_or("nvmlDeviceGetComputeRunningProcesses_v3");
