@@ -66,6 +66,7 @@ mod plan;
 mod proc;
 mod request;
 mod serve;
+mod show;
 mod status;
 mod supervise;
 mod sys;
@@ -74,7 +75,9 @@ mod text;
 mod tty;
 mod units;
 mod usage;
+mod view;
 mod wait_display;
+mod walk;
 mod watcher;
 
 #[doc(hidden)]

@@ -55,7 +55,7 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
         })
         .collect();
     if held.is_empty() {
-        notes.flush(plan.quiet);
+        crate::status::notes::say_notes(&notes, plan.quiet);
         interrupt::release_job_stops();
         return Ok(supervise::pass_through(&plan.command, &env));
     }
@@ -69,7 +69,7 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
         budget_of,
     };
     start_watched(job, &mut env);
-    notes.flush(plan.quiet);
+    crate::status::notes::say_notes(&notes, plan.quiet);
     // The place in line goes as the command starts (the next in line then
     // waits in the kernel for the lock itself), but for a budget's, which
     // its watcher gives up once the job settled; the queue file stays open
@@ -168,7 +168,7 @@ fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Reso
                 None => return Err(e),
             },
         };
-        notes.flush(plan.quiet);
+        crate::status::notes::say_notes(notes, plan.quiet);
         interrupt::stop_as(sig);
         crate::wait_display::say_back_in_line(&wait_plan, &names_of(resources));
     };

@@ -274,26 +274,7 @@ impl ScratchDir {
     }
 }
 
-/// Filesystems whose flock(2) is the kernel's own, where the probe of
-/// [`flock_excludes`] is not needed: ext2/3/4, XFS, Btrfs, tmpfs, ramfs,
-/// overlayfs (a container's root), ZFS, F2FS, bcachefs.
-const LOCAL_FILESYSTEMS: [u64; 9] = [
-    0xEF53,
-    0x5846_5342,
-    0x9123_683E,
-    0x0102_1994,
-    0x8584_58F6,
-    0x794C_7630,
-    0x2FC1_2FC1,
-    0xF2F5_2010,
-    0xCA45_1A4E,
-];
-
-/// Whether `fd` is on a filesystem whose flock(2) is the kernel's own (where
-/// flock and POSIX locks never meet: see [`LOCAL_FILESYSTEMS`]).
-pub(crate) fn is_local(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    crate::sys::fs::filesystem_type(fd).is_ok_and(|t| LOCAL_FILESYSTEMS.contains(&t))
-}
+use crate::sys::fs::LOCAL_FILESYSTEMS;
 
 /// Whether an exclusive flock(2) on one open of a file keeps a second open
 /// of it out, tried on a file of no name in `dir` (O_TMPFILE: nothing is
@@ -324,8 +305,8 @@ pub(crate) fn flock_excludes(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Resul
 /// root makes, writes or removes a file; `None` when a directory on the way
 /// is missing. Anything else refuses with exit 74, naming the real path at
 /// fault and its owner.
-fn root_way(path: &Path) -> Result<Option<crate::cmd::setup_path::Parent>> {
-    use crate::cmd::setup_path::{Stop, Way, walk};
+fn root_way(path: &Path) -> Result<Option<crate::walk::Parent>> {
+    use crate::walk::{Stop, Way, walk};
     let way = Way {
         verb: "use",
         ..Way::SETUP

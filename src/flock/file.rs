@@ -478,19 +478,7 @@ pub(crate) fn open_checked(
     Ok((file, meta))
 }
 
-/// What a file of mode `mode` is, in words.
-pub(crate) fn kind_of(mode: u32) -> &'static str {
-    match mode & libc::S_IFMT {
-        libc::S_IFREG => "regular file",
-        libc::S_IFDIR => "directory",
-        libc::S_IFLNK => "symbolic link",
-        libc::S_IFIFO => "FIFO",
-        libc::S_IFSOCK => "socket",
-        libc::S_IFCHR => "character device",
-        libc::S_IFBLK => "block device",
-        _ => "file of unknown type",
-    }
-}
+pub(crate) use crate::show::kind_of;
 
 fn check_plain_file(mode: u32, path: &std::path::Path) -> Result<()> {
     if mode & libc::S_IFMT == libc::S_IFREG {

@@ -263,56 +263,7 @@ pub(crate) fn live_waiters(
             }
             continue;
         }
-        let Ok((file, meta)) = open_checked(dir, name) else {
-            continue;
-        };
-        if meta.nlink() != 1 {
-            // Never made by devlock (a registration is never linked):
-            // perhaps a lock file linked here, which must not be touched.
-            continue;
-        }
-        let id = FileId::from_metadata(meta.dev(), meta.ino());
-        let holders: Vec<u32> = table.holders(id).map(|l| l.pid).collect();
-        if holders.is_empty() {
-            sweep_dead(dir, name, &file);
-            continue;
-        }
-        let Some(record) = record::read_from(&file).valid() else {
-            continue;
-        };
-        let own = record.pid == named_pid && holders.contains(&record.pid);
-        // The kernel's table names the pid that took the flock, which may
-        // have gone to another process since (its start time can be the
-        // same, in the same clock tick): believed only where its descriptors
-        // or its tag show that very process holding this file now.
-        let alive_in_kernel = own
-            && record.names(record.pid)
-            && crate::proc::locks::holds_now(table, record.pid, id) == Some(true);
-        // After kill -9, a shared holder's command keeps its registration
-        // locked: believed when the command is the recorded child, which the
-        // kernel shows holding this very file.
-        let inherited = own
-            && !alive_in_kernel
-            && record
-                .child
-                .is_some_and(|c| record.names_child(c) && table.holds_flock(c, id) == Some(true));
-        // A lost lock's registration is made by the hold's watcher (the
-        // command, chain-loaded, makes none): believed while the watcher the
-        // record names by pid and start time holds it, beside a command that
-        // is alive.
-        let watched = kind == Kind::Lost
-            && record.watcher == Some(named_pid)
-            && holders.contains(&named_pid)
-            && !record.watcher_gone()
-            && record.names(record.pid);
-        if alive_in_kernel || inherited || watched || (own && kind == Kind::Hold) {
-            waiters.push(Waiter {
-                resource,
-                kind,
-                record,
-                believed: alive_in_kernel || inherited || watched,
-            });
-        }
+        waiters.extend(someone_elses(dir, table, name, resource, kind, named_pid));
     }
     waiters.sort_by_key(|w| {
         (
@@ -322,6 +273,65 @@ pub(crate) fn live_waiters(
         )
     });
     waiters
+}
+
+/// Another process's registration `name` (for `named_pid`), as
+/// [`live_waiters`] shows it: none when it is no live registration (a dead
+/// one's is swept), or not believed and no shared hold's label.
+fn someone_elses(
+    dir: &ScratchDir,
+    table: &LockTable,
+    name: &str,
+    resource: Resource,
+    kind: Kind,
+    named_pid: u32,
+) -> Option<Waiter> {
+    let Ok((file, meta)) = open_checked(dir, name) else {
+        return None;
+    };
+    if meta.nlink() != 1 {
+        // Never made by devlock (a registration is never linked):
+        // perhaps a lock file linked here, which must not be touched.
+        return None;
+    }
+    let id = FileId::from_metadata(meta.dev(), meta.ino());
+    let holders: Vec<u32> = table.holders(id).map(|l| l.pid).collect();
+    if holders.is_empty() {
+        sweep_dead(dir, name, &file);
+        return None;
+    }
+    let record = record::read_from(&file).valid()?;
+    let own = record.pid == named_pid && holders.contains(&record.pid);
+    // The kernel's table names the pid that took the flock, which may
+    // have gone to another process since (its start time can be the
+    // same, in the same clock tick): believed only where its descriptors
+    // or its tag show that very process holding this file now.
+    let alive_in_kernel = own
+        && record.names(record.pid)
+        && crate::proc::locks::holds_now(table, record.pid, id) == Some(true);
+    // After kill -9, a shared holder's command keeps its registration
+    // locked: believed when the command is the recorded child, which the
+    // kernel shows holding this very file.
+    let inherited = own
+        && !alive_in_kernel
+        && record
+            .child
+            .is_some_and(|c| record.names_child(c) && table.holds_flock(c, id) == Some(true));
+    // A lost lock's registration is made by the hold's watcher (the
+    // command, chain-loaded, makes none): believed while the watcher the
+    // record names by pid and start time holds it, beside a command that
+    // is alive.
+    let watched = kind == Kind::Lost
+        && record.watcher == Some(named_pid)
+        && holders.contains(&named_pid)
+        && !record.watcher_gone()
+        && record.names(record.pid);
+    (alive_in_kernel || inherited || watched || (own && kind == Kind::Hold)).then_some(Waiter {
+        resource,
+        kind,
+        record,
+        believed: alive_in_kernel || inherited || watched,
+    })
 }
 
 /// The record in our own registration `name`, read through a descriptor

@@ -269,7 +269,7 @@ pub(crate) const NO_SETUP_WARNING_ENV: &str = "DEVLOCK_NO_SETUP_WARNING";
 /// What one run met that another user could break, for its one warning
 /// line: owned by the run (the command line; the library stays silent),
 /// fed by its scratch directory's opens ([`ScratchDir::log_opens`]) and by
-/// what its takes return, said by [`Notes::flush`].
+/// what its takes return, handed to the front end by [`Notes::drain`].
 #[derive(Debug)]
 pub(crate) struct Notes(Mutex<Found>);
 
@@ -342,9 +342,10 @@ impl Notes {
         found.any_issue || !found.issues.is_empty()
     }
 
-    /// Prints what was noted since the last flush, unless `quiet`: the trust
-    /// issues as one line with the fix, then any other warning.
-    pub(crate) fn flush(&self, quiet: bool) {
+    /// What was noted since the last drain, for the front end to say: the
+    /// trust issues as one note with the fix (once per run, unless
+    /// silenced), then every other warning line.
+    pub(crate) fn drain(&self) -> Vec<Note> {
         let mut found = self.found();
         found.take_opens();
         let issues = std::mem::take(&mut found.issues);
@@ -354,23 +355,20 @@ impl Notes {
         if resources.is_empty() {
             resources = found.run_resources.clone();
         }
-        if quiet {
-            return;
-        }
-        let mut out = String::new();
+        let mut notes = Vec::new();
         if !issues.is_empty() && !found.said {
             found.said = true;
             // setup makes the directory and its files root's, but refuses
             // a way to it through what another user owns or may write.
             let dir = found.dir.clone().unwrap_or_default();
             let above = issues.iter().any(|i| !Path::new(&i.path).starts_with(&dir));
-            let mut owners: Vec<&str> = Vec::new();
+            let mut owners: Vec<String> = Vec::new();
             for owner in issues
                 .iter()
                 .map(|i| i.owner.as_deref().unwrap_or("anyone"))
             {
-                if !owners.contains(&owner) {
-                    owners.push(owner);
+                if !owners.iter().any(|o| o == owner) {
+                    owners.push(owner.to_owned());
                 }
             }
             let mut fixes = vec![fix_command(
@@ -387,18 +385,33 @@ impl Notes {
                 .iter()
                 .rfind(|i| !Path::new(&i.path).starts_with(&dir))
                 .map_or(dir.clone(), |i| PathBuf::from(&i.path));
-            out.push_str(&crate::messages::setup_warning(
-                &named, &owners, above, &fixes,
-            ));
+            notes.push(Note::NotSetUp {
+                named,
+                owners,
+                above,
+                fixes,
+            });
         }
-        for line in lines {
-            out.push_str(&format!("devlock: warning: {line}\n"));
-        }
-        if !out.is_empty() {
-            use std::io::Write;
-            let _ = std::io::stderr().write_all(out.as_bytes());
-        }
+        notes.extend(lines.into_iter().map(Note::Line));
+        notes
     }
+}
+
+/// One thing a run noted that its user should hear (see [`Notes::drain`]);
+/// the front end words it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Note {
+    /// The lock directory, or a directory on the way to it (`above`), is
+    /// not set up: `named` is the one to name, `owners` those who could
+    /// let a second holder in, `fixes` the setup commands, best first.
+    NotSetUp {
+        named: PathBuf,
+        owners: Vec<String>,
+        above: bool,
+        fixes: Vec<String>,
+    },
+    /// Another one-line warning (a file held without a record, say).
+    Line(String),
 }
 
 impl Found {
@@ -442,6 +455,53 @@ pub(crate) fn fix_command<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The notes come out as data, each line once, the setup warning once
+    /// per run, and nothing twice.
+    #[test]
+    fn notes_are_drained_as_data_and_said_once() {
+        let dir = PathBuf::from("/srv/locks");
+        let notes = Notes(Mutex::new(Found {
+            dir: Some(dir.clone()),
+            run_resources: vec!["gpu:0".to_owned()],
+            ..Found::default()
+        }));
+        let issue = |path: &str, owner: Option<&str>| Issue {
+            path: path.to_owned(),
+            owner: owner.map(str::to_owned),
+            reason: "may rename it".to_owned(),
+        };
+        notes.found().issues = vec![
+            issue("/srv/locks/gpu:0.lock", Some("alice")),
+            issue("/srv/locks", None),
+            issue("/srv/locks/gpu.lock", Some("alice")),
+        ];
+        notes.line(Some("held without a record".to_owned()));
+        notes.line(Some("held without a record".to_owned()));
+        notes.line(None);
+        assert_eq!(
+            notes.drain(),
+            vec![
+                Note::NotSetUp {
+                    named: dir.clone(),
+                    owners: vec!["alice".to_owned(), "anyone".to_owned()],
+                    above: false,
+                    fixes: vec![
+                        "sudo devlock setup --dir /srv/locks gpu:0".to_owned(),
+                        "sudo devlock setup --dir /srv/locks --gpus".to_owned(),
+                    ],
+                },
+                Note::Line("held without a record".to_owned()),
+            ]
+        );
+        assert!(notes.drain().is_empty());
+        assert!(notes.renamable(), "the issues still count after the drain");
+        notes.found().issues = vec![issue("/srv", Some("bob"))];
+        assert!(
+            notes.drain().is_empty(),
+            "the setup warning is said once a run"
+        );
+    }
 
     #[test]
     fn files_of_a_resource_are_recognised() {

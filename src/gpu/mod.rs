@@ -10,7 +10,8 @@ pub(crate) mod cuda;
 pub(crate) mod device;
 pub(crate) mod gate;
 pub(crate) mod memory;
-pub(crate) mod mig;
+// The MIG name grammar is the resource's (see `crate::resource::mig`).
+pub(crate) use crate::resource::mig;
 pub(crate) mod nvidia_smi;
 pub(crate) mod nvml;
 pub(crate) mod source;

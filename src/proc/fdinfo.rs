@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::locks::{Entry, FileId, KernelLock, RangeLock, parse_entry};
+use super::lock_entry::{Entry, FileId, KernelLock, RangeLock, parse_entry};
 use super::read_small;
 
 /// What one process's descriptors hold, each lock once however many of its

@@ -5,6 +5,7 @@
 
 pub(crate) mod container;
 pub(crate) mod fdinfo;
+pub(crate) mod lock_entry;
 pub(crate) mod locks;
 pub(crate) mod process;
 

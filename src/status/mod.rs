@@ -1,7 +1,11 @@
 //! Who holds each lock and who waits: the model ([`model`], from the kernel
 //! first and the records as labels) apart from its renderings ([`table`]).
 
-pub(crate) mod model;
+pub(crate) mod notes;
 pub(crate) mod print;
-pub(crate) mod requests;
 pub(crate) mod table;
+
+// The model moved to the core's `view`; the old paths stay for the front
+// ends until the crate split rewrites them.
+pub(crate) use crate::view as model;
+pub(crate) use crate::view::requests;

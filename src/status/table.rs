@@ -6,9 +6,13 @@ use std::time::Duration;
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
 use crate::status::model::{
-    Effect, HolderSource, OutsideUse, ResourceView, State, StatusReport, WaiterSource, WaiterView,
+    Effect, Holder, HolderSource, OutsideUse, ResourceView, State, StatusReport, WaiterSource,
+    WaiterView,
 };
 use crate::text::{sanitize, short_duration};
+
+mod devices;
+use devices::*;
 
 /// How a table is drawn: in colour or not, and fitted to a terminal's
 /// width (the longest column shortened, cells cut with `…`, free text
@@ -48,39 +52,29 @@ pub(crate) fn table(report: &StatusReport, render: Render) -> String {
 }
 
 fn locks_table(report: &StatusReport, render: Render) -> String {
-    let with_devices = report
-        .resources
-        .iter()
-        .any(|r| r.holders.iter().any(|h| !h.devices.is_empty()));
-    let with_budgets = report.resources.iter().any(|r| {
-        r.holders.iter().any(|h| h.mem_mib.is_some())
-            || r.waiters.iter().any(|w| w.mem_mib.is_some())
-    });
+    let columns = Columns {
+        devices: report
+            .resources
+            .iter()
+            .any(|r| r.holders.iter().any(|h| !h.devices.is_empty())),
+        budgets: report.resources.iter().any(|r| {
+            r.holders.iter().any(|h| h.mem_mib.is_some())
+                || r.waiters.iter().any(|w| w.mem_mib.is_some())
+        }),
+    };
     let mut header = vec!["RESOURCE", "STATE", "STEP", "PID", "USER", "FOR"];
-    if with_budgets {
+    if columns.budgets {
         header.push("BUDGET");
     }
-    if with_devices {
+    if columns.devices {
         header.push("ON GPU");
     }
     let mut rows: Vec<Row> = vec![Row::Cells(header.iter().map(|h| h.to_string()).collect())];
     // The GPU's own figures, on lines of their own after the lock rows.
     let mut figures: Vec<Row> = Vec::new();
     let requests = crate::status::requests::waits_on_several(report);
-    // Unused: free as far as status can tell, and nothing in its way. A
-    // lock in an unknown state, or one that another user's lock or a
-    // renamed file concerns, is never counted away.
-    let unused = |res: &&ResourceView| {
-        res.state == State::Free
-            && res.holders.is_empty()
-            && res.waiters.is_empty()
-            && res.conflicts.is_empty()
-            && res.foreign_locks.iter().all(|l| l.effect == Effect::None)
-            && res.unknown_name.is_none()
-            && res.in_use_outside.is_empty()
-    };
     let hidden = if report.hide_idle {
-        report.resources.iter().filter(unused).count()
+        report.resources.iter().filter(|r| unused(r)).count()
     } else {
         0
     };
@@ -89,158 +83,31 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         .iter()
         .filter(|res| !(report.hide_idle && unused(res)))
     {
-        let mut state = match res.state {
-            // Nobody holds the lock, but its device is not free.
-            State::Free if !res.in_use_outside.is_empty() => "in use".to_owned(),
-            State::Free => "free".to_owned(),
-            State::Held => "held".to_owned(),
-            State::Shared => format!("shared by {}", res.holders.len()),
-            State::Unknown => "unknown".to_owned(),
-        };
-        if let Some(slots) = res.slots {
-            state.push_str(&format!(" ({slots} slots)"));
-        }
-        if res.holders.is_empty()
-            && let Some(why) = &res.unknown_name
-        {
-            state = "unknown name".to_owned();
-            rows.push(Row::Cells(vec![
-                res.name.clone(),
-                state.clone(),
-                format!("({why})"),
-            ]));
-        } else if res.holders.is_empty() {
-            let note = match (&res.stale_record, res.record) {
-                _ if !res.in_use_outside.is_empty() => {
-                    format!("({})", outside_words(&res.in_use_outside))
-                }
-                (Some(s), _) => format!("(stale record: {} pid {})", sanitize(&s.step), s.pid),
-                (None, Some(r)) => format!("({r} record)"),
-                _ => String::new(),
-            };
-            rows.push(Row::Cells(vec![res.name.clone(), state.clone(), note]));
-        }
+        let state = state_cell(res);
+        empty_row(res, &state, &mut rows);
         for (i, h) in res.holders.iter().enumerate() {
-            let name = h.name.as_deref().map_or(String::new(), sanitize);
-            let mut step = match (&h.step, h.source) {
-                (Some(step), HolderSource::Inherited) => format!("{} (inherited)", sanitize(step)),
-                (Some(step), _) => sanitize(step),
-                (None, HolderSource::NoRecord) => format!("({name}, no record)"),
-                (None, HolderSource::Inherited) => format!("({name}, inherited)"),
-                // Why is in --json's note, and devlock-status(1).
-                (None, _) => "(owner hidden from you)".to_owned(),
-            };
-            if let Some(via) = &h.via {
-                step.push_str(&format!(" (via {})", sanitize(via)));
-            }
-            if let Some(slot) = h.slot {
-                step.push_str(&format!(" (slot {slot})"));
-            }
-            // The process the kernel names (the devlock): its command and
-            // whatever else holds the lock are in --json's pids.
-            let pid = h.pids.first().map_or("?".to_owned(), u32::to_string);
-            if h.stopped {
-                step.push_str(" (stopped)");
-            }
-            if h.watch_gone {
-                step.push_str(" (watch gone)");
-            }
-            if let Some(idle) = h
-                .idle_for_ms
-                .filter(|_| h.kept_for_ms.is_none() && h.via.is_none())
-            {
-                let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
-                step.push_str(&format!(" (idle {idle})"));
-            }
-            if let Some(kept) = crate::messages::kept_phrase(h) {
-                step.push_str(&format!(" (kept: {kept})"));
-            }
-            if let Some(container) = &h.container {
-                step.push_str(&format!(" (in {})", sanitize(container)));
-            }
-            let first = i == 0;
-            let mut row = vec![
-                if first {
-                    res.name.clone()
-                } else {
-                    String::new()
-                },
-                if first { state.clone() } else { String::new() },
-                step,
-                pid,
-                h.user.as_deref().map_or("?".to_owned(), sanitize),
-                duration_cell(h.held_for_ms),
-            ];
-            if with_budgets {
-                row.push(h.mem_mib.map_or(String::new(), |mem| budget_cell(h, mem)));
-            }
-            if with_devices {
-                row.push(
-                    h.devices
-                        .iter()
-                        .map(|d| {
-                            format!(
-                                "{}: {}, {}",
-                                d.index,
-                                d.used_mib.map_or("?".to_owned(), format_mib),
-                                d.utilization_pct
-                                    .map_or("?%".to_owned(), |u| format!("{u}%"))
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                );
-            }
-            rows.push(Row::Cells(row));
+            rows.push(Row::Cells(holder_cells(res, h, i == 0, &state, columns)));
         }
-        if let Some(m) = &res.memory
-            && res.holders.iter().any(|h| h.mem_mib.is_some())
-        {
-            use crate::gpu::memory::size;
-            figures.push(Row::Line(format!(
-                "{} memory: {} of {} budgeted, {} used by them, {} outside the gate, {} room",
-                res.name,
-                size(m.budgets_mib),
-                size(m.total_mib),
-                size(m.used_inside_mib),
-                size(m.used_outside_mib),
-                size(m.room_mib)
-            )));
-        }
+        figures.extend(memory_line(res));
         for w in res
             .waiters
             .iter()
             .filter(|w| !requests.iter().any(|r| r.is(w)))
         {
-            let stopped = if w.stopped { " (stopped)" } else { "" };
-            let step = match (w.step.as_deref(), w.source) {
-                (Some(step), _) => sanitize(step),
-                (None, WaiterSource::Unregistered) => {
-                    "(a place in line, no registration)".to_owned()
-                }
-                (None, _) => "(no record)".to_owned(),
-            };
-            let state = format!("waits #{}{stopped}", w.position);
-            rows.push(Row::Cells(waiter_cells(
-                w,
-                String::new(),
-                state,
-                step,
-                with_budgets,
-            )));
+            rows.push(Row::Cells(line_cells(w, columns)));
         }
     }
     for request in &requests {
         let w = request.waiter;
         let state = format!("waits (any){}", if w.stopped { " (stopped)" } else { "" });
         let step = w.step.as_deref().map_or("?".to_owned(), sanitize);
-        let cells = waiter_cells(w, request.resources.clone(), state, step, with_budgets);
+        let cells = waiter_cells(w, request.resources.clone(), state, step, columns.budgets);
         rows.push(Row::Cells(cells));
     }
     rows.extend(figures);
     let mut out = if rows.len() > 1 {
         // STEP, PID and ON GPU give way first.
-        let last = 5 + usize::from(with_budgets) + usize::from(with_devices);
+        let last = 5 + usize::from(columns.budgets) + usize::from(columns.devices);
         align(&rows, render, &[2, 3, last], paint_lock_cell)
     } else {
         String::new()
@@ -259,6 +126,190 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
         ));
     }
     out
+}
+
+/// The optional columns of the locks table.
+#[derive(Debug, Clone, Copy)]
+struct Columns {
+    /// ON GPU: some holder's processes use a GPU.
+    devices: bool,
+    /// BUDGET: some holder or waiter asked for `--mem`.
+    budgets: bool,
+}
+
+/// Unused: free as far as status can tell, and nothing in its way. A
+/// lock in an unknown state, or one that another user's lock or a
+/// renamed file concerns, is never counted away.
+fn unused(res: &ResourceView) -> bool {
+    res.state == State::Free
+        && res.holders.is_empty()
+        && res.waiters.is_empty()
+        && res.conflicts.is_empty()
+        && res.foreign_locks.iter().all(|l| l.effect == Effect::None)
+        && res.unknown_name.is_none()
+        && res.in_use_outside.is_empty()
+}
+
+/// A lock's STATE cell: `free`, `held`, `shared by 2 (4 slots)`.
+fn state_cell(res: &ResourceView) -> String {
+    let mut state = match res.state {
+        // Nobody holds the lock, but its device is not free.
+        State::Free if !res.in_use_outside.is_empty() => "in use".to_owned(),
+        State::Free => "free".to_owned(),
+        State::Held => "held".to_owned(),
+        State::Shared => format!("shared by {}", res.holders.len()),
+        State::Unknown => "unknown".to_owned(),
+    };
+    if let Some(slots) = res.slots {
+        state.push_str(&format!(" ({slots} slots)"));
+    }
+    state
+}
+
+/// The one row of a lock nobody holds: why its name is unknown, or what
+/// else is said of it (used outside the gate, a stale record).
+fn empty_row(res: &ResourceView, state: &str, rows: &mut Vec<Row>) {
+    if res.holders.is_empty()
+        && let Some(why) = &res.unknown_name
+    {
+        rows.push(Row::Cells(vec![
+            res.name.clone(),
+            "unknown name".to_owned(),
+            format!("({why})"),
+        ]));
+    } else if res.holders.is_empty() {
+        let note = match (&res.stale_record, res.record) {
+            _ if !res.in_use_outside.is_empty() => {
+                format!("({})", outside_words(&res.in_use_outside))
+            }
+            (Some(s), _) => format!("(stale record: {} pid {})", sanitize(&s.step), s.pid),
+            (None, Some(r)) => format!("({r} record)"),
+            _ => String::new(),
+        };
+        rows.push(Row::Cells(vec![res.name.clone(), state.to_owned(), note]));
+    }
+}
+
+/// A holder's STEP cell: its step, or why it has none, and what else is
+/// known of it in parentheses.
+fn holder_step(h: &Holder) -> String {
+    let name = h.name.as_deref().map_or(String::new(), sanitize);
+    let mut step = match (&h.step, h.source) {
+        (Some(step), HolderSource::Inherited) => format!("{} (inherited)", sanitize(step)),
+        (Some(step), _) => sanitize(step),
+        (None, HolderSource::NoRecord) => format!("({name}, no record)"),
+        (None, HolderSource::Inherited) => format!("({name}, inherited)"),
+        // Why is in --json's note, and devlock-status(1).
+        (None, _) => "(owner hidden from you)".to_owned(),
+    };
+    if let Some(via) = &h.via {
+        step.push_str(&format!(" (via {})", sanitize(via)));
+    }
+    if let Some(slot) = h.slot {
+        step.push_str(&format!(" (slot {slot})"));
+    }
+    if h.stopped {
+        step.push_str(" (stopped)");
+    }
+    if h.watch_gone {
+        step.push_str(" (watch gone)");
+    }
+    if let Some(idle) = h
+        .idle_for_ms
+        .filter(|_| h.kept_for_ms.is_none() && h.via.is_none())
+    {
+        let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
+        step.push_str(&format!(" (idle {idle})"));
+    }
+    if let Some(kept) = crate::messages::kept_phrase(h) {
+        step.push_str(&format!(" (kept: {kept})"));
+    }
+    if let Some(container) = &h.container {
+        step.push_str(&format!(" (in {})", sanitize(container)));
+    }
+    step
+}
+
+/// A holder's row: the lock's name and state on its first.
+fn holder_cells(
+    res: &ResourceView,
+    h: &Holder,
+    first: bool,
+    state: &str,
+    columns: Columns,
+) -> Vec<String> {
+    let step = holder_step(h);
+    // The process the kernel names (the devlock): its command and
+    // whatever else holds the lock are in --json's pids.
+    let pid = h.pids.first().map_or("?".to_owned(), u32::to_string);
+    let mut row = vec![
+        if first {
+            res.name.clone()
+        } else {
+            String::new()
+        },
+        if first {
+            state.to_owned()
+        } else {
+            String::new()
+        },
+        step,
+        pid,
+        h.user.as_deref().map_or("?".to_owned(), sanitize),
+        duration_cell(h.held_for_ms),
+    ];
+    if columns.budgets {
+        row.push(h.mem_mib.map_or(String::new(), |mem| budget_cell(h, mem)));
+    }
+    if columns.devices {
+        row.push(
+            h.devices
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{}: {}, {}",
+                        d.index,
+                        d.used_mib.map_or("?".to_owned(), format_mib),
+                        d.utilization_pct
+                            .map_or("?%".to_owned(), |u| format!("{u}%"))
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+    }
+    row
+}
+
+/// The memory figures of a lock held with budgets, as a line of its own.
+fn memory_line(res: &ResourceView) -> Option<Row> {
+    if let Some(m) = &res.memory
+        && res.holders.iter().any(|h| h.mem_mib.is_some())
+    {
+        use crate::gpu::memory::size;
+        return Some(Row::Line(format!(
+            "{} memory: {} of {} budgeted, {} used by them, {} outside the gate, {} room",
+            res.name,
+            size(m.budgets_mib),
+            size(m.total_mib),
+            size(m.used_inside_mib),
+            size(m.used_outside_mib),
+            size(m.room_mib)
+        )));
+    }
+    None
+}
+
+/// A waiter's row in a lock's line.
+fn line_cells(w: &WaiterView, columns: Columns) -> Vec<String> {
+    let stopped = if w.stopped { " (stopped)" } else { "" };
+    let step = match (w.step.as_deref(), w.source) {
+        (Some(step), _) => sanitize(step),
+        (None, WaiterSource::Unregistered) => "(a place in line, no registration)".to_owned(),
+        (None, _) => "(no record)".to_owned(),
+    };
+    let state = format!("waits #{}{stopped}", w.position);
+    waiter_cells(w, String::new(), state, step, columns.budgets)
 }
 
 /// `20 GiB, starting`, `20 GiB, over budget: 27 GiB of 20 GiB`
@@ -287,7 +338,7 @@ fn waiter_cells(
     row
 }
 
-pub(crate) fn budget_cell(h: &crate::status::model::Holder, mem: u64) -> String {
+pub(crate) fn budget_cell(h: &Holder, mem: u64) -> String {
     use crate::gpu::memory::size;
     let mut words = vec![size(mem)];
     if h.starting == Some(true) {
@@ -363,183 +414,6 @@ pub(crate) fn warnings(report: &StatusReport) -> String {
         }
     }
     out
-}
-
-fn devices_table(devices: &[Device], render: Render) -> String {
-    let header = [
-        "GPU", "NAME", "MEMORY", "UTIL", "PID", "PROCESS", "USER", "USED", "GATE",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
-    let mut warnings = String::new();
-    for d in devices {
-        // In MIG mode the GPU's own list is every instance's processes;
-        // each is shown once, under its instance.
-        let in_instances = |pid: u32| {
-            d.mig_instances
-                .iter()
-                .any(|i| i.processes.iter().any(|p| p.pid == pid))
-        };
-        let own: Vec<&DeviceProcess> = d
-            .processes
-            .iter()
-            .filter(|p| !in_instances(p.pid))
-            .collect();
-        let row = vec![
-            d.index.to_string(),
-            sanitize(&d.name),
-            memory(d.memory_used_mib, d.memory_total_mib),
-            d.utilization_pct
-                .map_or("?".to_owned(), |u| format!("{u}%")),
-        ];
-        let place = format!("GPU {}", d.index);
-        process_rows(
-            &mut rows,
-            &mut warnings,
-            row,
-            &own,
-            &d.processes_unknown,
-            &place,
-        );
-        if let Some(why) = &d.mig_unknown {
-            warnings.push_str(&format!(
-                "warning: GPU {} is in MIG mode and its instances are unknown: {}\n",
-                d.index,
-                sanitize(why)
-            ));
-        }
-        for i in &d.mig_instances {
-            let name = i.name.clone().unwrap_or_else(|| {
-                format!(
-                    "gpu:{}:?:gi{}.ci{}",
-                    d.index, i.gpu_instance_id, i.compute_instance_id
-                )
-            });
-            let row = vec![
-                name.clone(),
-                format!(
-                    "MIG {}",
-                    i.profile.as_deref().map_or("?".to_owned(), sanitize)
-                ),
-                memory(i.memory_used_mib, i.memory_total_mib),
-                "-".to_owned(),
-            ];
-            let refs: Vec<&DeviceProcess> = i.processes.iter().collect();
-            process_rows(
-                &mut rows,
-                &mut warnings,
-                row,
-                &refs,
-                &i.processes_unknown,
-                &name,
-            );
-        }
-    }
-    let rows: Vec<Row> = rows.into_iter().map(Row::Cells).collect();
-    // NAME and PROCESS give way first.
-    format!(
-        "\n{}{warnings}",
-        align(&rows, render, &[1, 5], paint_device_cell)
-    )
-}
-
-fn memory(used: Option<u64>, total: Option<u64>) -> String {
-    format!(
-        "{} / {}",
-        used.map_or("?".to_owned(), format_mib),
-        total.map_or("?".to_owned(), format_mib)
-    )
-}
-
-/// `outside devlock: pid 4242 python3, bob, 11.7 GiB`, or for several
-/// processes their count and memory (the GPUs table lists each).
-fn outside_words(uses: &[OutsideUse]) -> String {
-    let used = |u: &OutsideUse| u.used_mib.map_or("? MiB".to_owned(), format_mib);
-    match uses {
-        [one] => format!(
-            "outside devlock: {}{}, {}, {}",
-            if one.pid == 0 {
-                String::new()
-            } else {
-                format!("pid {} ", one.pid)
-            },
-            sanitize(&one.name),
-            one.user
-                .as_deref()
-                .map_or("user unknown".to_owned(), sanitize),
-            used(one)
-        ),
-        many => {
-            let known: u64 = many.iter().filter_map(|u| u.used_mib).sum();
-            let unknown = if many.iter().any(|u| u.used_mib.is_none()) {
-                " and more"
-            } else {
-                ""
-            };
-            format!(
-                "outside devlock: {} processes, {}{unknown}",
-                many.len(),
-                format_mib(known)
-            )
-        }
-    }
-}
-
-/// A device's row and one more per process; a warning for each process
-/// outside the gate, and for a list that is unknown.
-fn process_rows(
-    rows: &mut Vec<Vec<String>>,
-    warnings: &mut String,
-    mut row: Vec<String>,
-    processes: &[&DeviceProcess],
-    unknown: &Option<String>,
-    place: &str,
-) {
-    if let Some(why) = unknown {
-        row.push("?".to_owned());
-        rows.push(row);
-        warnings.push_str(&format!(
-            "warning: the processes on {place} are unknown: {}\n",
-            sanitize(why)
-        ));
-        return;
-    }
-    if processes.is_empty() {
-        row.push("-".to_owned());
-        rows.push(row);
-        return;
-    }
-    let width = row.len();
-    for (i, p) in processes.iter().enumerate() {
-        if i > 0 {
-            row = vec![String::new(); width];
-        }
-        let used = p.used_mib.map_or("?".to_owned(), format_mib);
-        let user = p.user().map_or("?".to_owned(), sanitize);
-        let pid = if p.pid == 0 {
-            "?".to_owned()
-        } else {
-            p.pid.to_string()
-        };
-        let name = match &p.container {
-            Some(container) => format!("{} (in {})", sanitize(&p.name), sanitize(container)),
-            None => sanitize(&p.name),
-        };
-        row.extend([
-            pid.clone(),
-            name,
-            user.clone(),
-            used.clone(),
-            p.gate()
-                .map_or_else(|| "NOT GATED".to_owned(), str::to_owned),
-        ]);
-        rows.push(row.clone());
-        if !p.gated() {
-            warnings.push_str(&format!(
-                "warning: pid {pid} ({}, {user}) uses {used} on {place} without holding its lock\n",
-                sanitize(&p.name),
-            ));
-        }
-    }
 }
 
 /// Pads every column to its widest cell; the last column is not padded.

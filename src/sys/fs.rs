@@ -134,6 +134,27 @@ pub(crate) fn filesystem_type(fd: impl AsFd) -> io::Result<u64> {
     Ok(nix::sys::statfs::fstatfs(fd)?.filesystem_type().0 as u64)
 }
 
+/// Filesystems whose flock(2) is the kernel's own, where the probe of
+/// `flock/dir.rs`'s `flock_excludes` is not needed: ext2/3/4, XFS, Btrfs, tmpfs, ramfs,
+/// overlayfs (a container's root), ZFS, F2FS, bcachefs.
+pub(crate) const LOCAL_FILESYSTEMS: [u64; 9] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58F6,
+    0x794C_7630,
+    0x2FC1_2FC1,
+    0xF2F5_2010,
+    0xCA45_1A4E,
+];
+
+/// Whether `fd` is on a filesystem whose flock(2) is the kernel's own (where
+/// flock and POSIX locks never meet: see [`LOCAL_FILESYSTEMS`]).
+pub(crate) fn is_local(fd: BorrowedFd<'_>) -> bool {
+    filesystem_type(fd).is_ok_and(|t| LOCAL_FILESYSTEMS.contains(&t))
+}
+
 /// Removes the extended attribute `name` if it is there; whether it was.
 pub(crate) fn remove_xattr(fd: impl AsFd, name: &CStr) -> bool {
     let fd = fd.as_fd().as_raw_fd();

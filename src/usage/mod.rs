@@ -311,7 +311,7 @@ pub(crate) enum Unusable {
 /// another user's link ([`walk`](crate::cmd::setup_path::walk)); made
 /// sticky and world-writable when missing and `create`.
 pub(crate) fn open_dir(dir: &Path, create: bool) -> Result<(OwnedFd, libc::stat), Unusable> {
-    use crate::cmd::setup_path::{Stop, Way, walk};
+    use crate::walk::{Stop, Way, walk};
     let uid = crate::sys::process::effective_uid();
     let way = Way {
         verb: "use",
@@ -362,7 +362,7 @@ pub(crate) fn distrust(dir: &Path, st: &libc::stat) -> Option<String> {
     if st.st_uid != 0 && st.st_uid != crate::sys::process::effective_uid() {
         return Some(format!(
             "{shown} is owned by {}, who can remove or replace any record in it",
-            crate::cmd::setup_path::user(st.st_uid)
+            crate::walk::user(st.st_uid)
         ));
     }
     (st.st_mode & 0o022 != 0 && st.st_mode & libc::S_ISVTX == 0).then(|| {

@@ -375,7 +375,7 @@ impl Observer for WaitDisplay<'_> {
     fn wait(&self, wait: Wait, stop: &Stop, block: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         // What another user could break is said before a long wait, not
         // only once the wait is over.
-        self.notes.flush(self.plan.quiet);
+        crate::status::notes::say_notes(self.notes, self.plan.quiet);
         // Waited for on this thread, in lock calls a signal interrupts: the
         // display may start late.
         let lazy = wait.lazy.then_some(stop);

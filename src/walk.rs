@@ -19,10 +19,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::flock::file::kind_of;
-use crate::text::show_path;
+use crate::show::kind_of;
+use crate::show::show_path;
 use anyhow::Result;
 use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::FileStat;
 
 /// As many symbolic links as the kernel follows in one path (`MAXSYMLINKS`).
 const MAX_LINKS: usize = 40;
@@ -124,28 +125,8 @@ pub(crate) fn reach_by(dir: &Path, way: Way<'_>) -> Result<Parent> {
 /// without the sticky bit, a component that is not a directory; a missing
 /// one stops it as [`Stop::Missing`] unless `way.make_missing`.
 pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
-    let absolute = if dir.is_absolute() {
-        dir.to_owned()
-    } else {
-        std::env::current_dir()
-            .map_err(|e| {
-                Stop::Refused(crate::error::unsafe_file(format!(
-                    "cannot find the working directory: {e}"
-                )))
-            })?
-            .join(dir)
-    };
-    let mut parts: VecDeque<Component<'_>> = absolute.components().collect();
-    let name = match parts.pop_back() {
-        Some(Component::Normal(name)) => name.to_owned(),
-        _ => {
-            return Err(Stop::Refused(crate::error::usage(format!(
-                "cannot {} {}: name the directory by its last component (not /, . or ..)",
-                way.verb,
-                show_path(dir)
-            ))));
-        }
-    };
+    let absolute = absolute_of(dir)?;
+    let (parts, name) = split_last(&absolute, dir, way)?;
     if let Some(parent) = plain_way(&parts, &name, way) {
         return Ok(parent);
     }
@@ -155,13 +136,9 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
             crate::proc::os_text(&e)
         )))
     })?;
-    let mut real = PathBuf::from("/");
+    let real = PathBuf::from("/");
     check_dir(&root, &real, dir, way)?;
-    let mut cur = root;
-    let mut links = 0;
-    // The directory this walk has just made, to be given its mode.
-    let mut made: Option<OsString> = None;
-    let mut todo: VecDeque<OsString> = parts
+    let todo: VecDeque<OsString> = parts
         .into_iter()
         .filter_map(|c| match c {
             Component::Normal(n) => Some(n.to_owned()),
@@ -169,78 +146,97 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
             Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
         })
         .collect();
-    while let Some(part) = todo.pop_front() {
-        let here = real.join(&part);
+    let mut walking = Walking {
+        dir,
+        way,
+        cur: root,
+        real,
+        links: 0,
+        made: None,
+        todo,
+    };
+    while let Some(part) = walking.todo.pop_front() {
+        walking.step(part)?;
+    }
+    Ok(Parent {
+        fd: walking.cur,
+        real: walking.real,
+        name,
+    })
+}
+
+/// `dir` made absolute against the working directory.
+fn absolute_of(dir: &Path) -> Result<PathBuf, Stop> {
+    if dir.is_absolute() {
+        return Ok(dir.to_owned());
+    }
+    Ok(std::env::current_dir()
+        .map_err(|e| {
+            Stop::Refused(crate::error::unsafe_file(format!(
+                "cannot find the working directory: {e}"
+            )))
+        })?
+        .join(dir))
+}
+
+/// The components of `absolute` above its last, and the last, which must
+/// be a name (`dir` as given, for the refusal).
+fn split_last<'p>(
+    absolute: &'p Path,
+    dir: &Path,
+    way: Way<'_>,
+) -> Result<(VecDeque<Component<'p>>, OsString), Stop> {
+    let mut parts: VecDeque<Component<'p>> = absolute.components().collect();
+    match parts.pop_back() {
+        Some(Component::Normal(name)) => Ok((parts, name.to_owned())),
+        _ => Err(Stop::Refused(crate::error::usage(format!(
+            "cannot {} {}: name the directory by its last component (not /, . or ..)",
+            way.verb,
+            show_path(dir)
+        )))),
+    }
+}
+
+/// A walk one component at a time, under way: the directory it is in
+/// (open, checked) and what is left to walk.
+struct Walking<'a, 'w> {
+    /// The directory asked for, as given (for refusals).
+    dir: &'a Path,
+    way: Way<'w>,
+    cur: OwnedFd,
+    /// `cur`'s real path.
+    real: PathBuf,
+    /// The symbolic links followed so far.
+    links: usize,
+    /// The directory this walk has just made, to be given its mode.
+    made: Option<OsString>,
+    todo: VecDeque<OsString>,
+}
+
+impl Walking<'_, '_> {
+    /// Goes through `part` from `cur`: up, into a directory, or along a
+    /// link (its target's components put first in what is left).
+    fn step(&mut self, part: OsString) -> Result<(), Stop> {
+        let (dir, way) = (self.dir, self.way);
+        let here = self.real.join(&part);
         let refuse = |why: String| Stop::Refused(refusal(dir, &here, why, way));
         if part == ".." {
-            cur = open_dir(cur.as_fd(), &part).map_err(|e| {
+            self.cur = open_dir(self.cur.as_fd(), &part).map_err(|e| {
                 refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
             })?;
-            real.pop();
-            check_dir(&cur, &real, dir, way)?;
-            continue;
+            self.real.pop();
+            return check_dir(&self.cur, &self.real, dir, way);
         }
-        let st = match nix::sys::stat::fstatat(&cur, part.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-        {
-            Ok(st) => st,
-            Err(nix::errno::Errno::ENOENT) if way.make_missing => {
-                match nix::sys::stat::mkdirat(
-                    &cur,
-                    part.as_os_str(),
-                    nix::sys::stat::Mode::from_bits_truncate(0o755),
-                ) {
-                    // Made, or made by someone else meanwhile: looked at
-                    // again either way.
-                    Ok(()) => {
-                        made = Some(part.clone());
-                        todo.push_front(part);
-                        continue;
-                    }
-                    Err(nix::errno::Errno::EEXIST) => {
-                        todo.push_front(part);
-                        continue;
-                    }
-                    Err(e) => return Err(refuse(format!("it cannot be made: {}", e.desc()))),
-                }
-            }
-            Err(nix::errno::Errno::ENOENT) => return Err(Stop::Missing(here)),
-            Err(e) => return Err(refuse(format!("it cannot be examined: {}", e.desc()))),
+        let Some(st) = self.look(&part, &here)? else {
+            return Ok(());
         };
         match st.st_mode & libc::S_IFMT {
-            libc::S_IFLNK => {
-                let target = nix::fcntl::readlinkat(&cur, part.as_os_str())
-                    .map_err(|e| refuse(format!("its link cannot be read: {}", e.desc())))?;
-                if !way.trusts(st.st_uid) {
-                    return Err(refuse(format!(
-                        "it is a symbolic link (to {}) owned by {}, who can point it anywhere",
-                        show_path(Path::new(&target)),
-                        user(st.st_uid)
-                    )));
-                }
-                links += 1;
-                if links > MAX_LINKS {
-                    return Err(refuse("too many levels of symbolic links".to_owned()));
-                }
-                let target = PathBuf::from(target);
-                if target.is_absolute() {
-                    cur = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
-                        refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
-                    })?;
-                    real = PathBuf::from("/");
-                }
-                for c in target.components().rev() {
-                    match c {
-                        Component::Normal(n) => todo.push_front(n.to_owned()),
-                        Component::ParentDir => todo.push_front(OsString::from("..")),
-                        _ => {}
-                    }
-                }
-            }
+            libc::S_IFLNK => self.follow_link(&part, &st, &refuse),
             libc::S_IFDIR => {
-                let fd = open_dir(cur.as_fd(), &part).map_err(|e| {
+                let fd = open_dir(self.cur.as_fd(), &part).map_err(|e| {
                     refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
                 })?;
-                if made.take().is_some_and(|m| m == part) {
+                if self.made.take().is_some_and(|m| m == part) {
                     // 0755 whatever the umask, through the descriptor.
                     crate::sys::fs::fchmod(&fd, 0o755).map_err(|e| {
                         refuse(format!(
@@ -249,23 +245,88 @@ pub(crate) fn walk(dir: &Path, way: Way<'_>) -> Result<Parent, Stop> {
                         ))
                     })?;
                 }
-                real = here.clone();
-                check_dir(&fd, &real, dir, way)?;
-                cur = fd;
+                self.real = here.clone();
+                check_dir(&fd, &self.real, dir, way)?;
+                self.cur = fd;
+                Ok(())
             }
-            other => {
-                return Err(refuse(format!(
-                    "it is a {}, not a directory",
-                    kind_of(other)
-                )));
-            }
+            other => Err(refuse(format!(
+                "it is a {}, not a directory",
+                kind_of(other)
+            ))),
         }
     }
-    Ok(Parent {
-        fd: cur,
-        real,
-        name,
-    })
+
+    /// `part`'s status, not following a link; `None` when it was missing
+    /// and `way.make_missing` made it (or someone else did meanwhile): it
+    /// is put back to be looked at again.
+    fn look(&mut self, part: &OsStr, here: &Path) -> Result<Option<FileStat>, Stop> {
+        let refuse = |why: String| Stop::Refused(refusal(self.dir, here, why, self.way));
+        match nix::sys::stat::fstatat(&self.cur, part, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(nix::errno::Errno::ENOENT) if self.way.make_missing => {
+                match nix::sys::stat::mkdirat(
+                    &self.cur,
+                    part,
+                    nix::sys::stat::Mode::from_bits_truncate(0o755),
+                ) {
+                    // Made, or made by someone else meanwhile: looked at
+                    // again either way.
+                    Ok(()) => {
+                        self.made = Some(part.to_owned());
+                        self.todo.push_front(part.to_owned());
+                        Ok(None)
+                    }
+                    Err(nix::errno::Errno::EEXIST) => {
+                        self.todo.push_front(part.to_owned());
+                        Ok(None)
+                    }
+                    Err(e) => Err(refuse(format!("it cannot be made: {}", e.desc()))),
+                }
+            }
+            Err(nix::errno::Errno::ENOENT) => Err(Stop::Missing(here.to_owned())),
+            Err(e) => Err(refuse(format!("it cannot be examined: {}", e.desc()))),
+        }
+    }
+
+    /// Follows the link `part` (status `st`) if `way` trusts its owner:
+    /// its target's components go first in what is left, from `/` for an
+    /// absolute one.
+    fn follow_link(
+        &mut self,
+        part: &OsStr,
+        st: &FileStat,
+        refuse: &dyn Fn(String) -> Stop,
+    ) -> Result<(), Stop> {
+        let target = nix::fcntl::readlinkat(&self.cur, part)
+            .map_err(|e| refuse(format!("its link cannot be read: {}", e.desc())))?;
+        if !self.way.trusts(st.st_uid) {
+            return Err(refuse(format!(
+                "it is a symbolic link (to {}) owned by {}, who can point it anywhere",
+                show_path(Path::new(&target)),
+                user(st.st_uid)
+            )));
+        }
+        self.links += 1;
+        if self.links > MAX_LINKS {
+            return Err(refuse("too many levels of symbolic links".to_owned()));
+        }
+        let target = PathBuf::from(target);
+        if target.is_absolute() {
+            self.cur = open_dir(nix::fcntl::AT_FDCWD, OsStr::new("/")).map_err(|e| {
+                refuse(format!("it cannot be opened: {}", crate::proc::os_text(&e)))
+            })?;
+            self.real = PathBuf::from("/");
+        }
+        for c in target.components().rev() {
+            match c {
+                Component::Normal(n) => self.todo.push_front(n.to_owned()),
+                Component::ParentDir => self.todo.push_front(OsString::from("..")),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The way to the directory above `name` when it is plain: `parts` (from
@@ -375,12 +436,12 @@ fn refusal(dir: &Path, real: &Path, why: String, way: Way<'_>) -> anyhow::Error 
 }
 
 pub(crate) fn user(uid: u32) -> String {
-    crate::text::sanitize(&crate::proc::process::user_name(uid))
+    crate::show::sanitize(&crate::proc::process::user_name(uid))
 }
 
 fn group(gid: u32) -> String {
     match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
-        Ok(Some(g)) => crate::text::sanitize(&g.name),
+        Ok(Some(g)) => crate::show::sanitize(&g.name),
         _ => gid.to_string(),
     }
 }

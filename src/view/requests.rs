@@ -1,8 +1,8 @@
 //! Requests that wait on several locks at once (`--any`), for the status
 //! table: each is one row naming its locks, not a row in every line.
 
-use crate::status::model::{StatusReport, WaiterSource, WaiterView};
-use crate::text::sanitize;
+use crate::show::sanitize;
+use crate::view::{StatusReport, WaiterSource, WaiterView};
 
 /// One request that waits on several locks at once (`--any`): one row for
 /// all of them, after the locks' own rows, in place of a row under each.

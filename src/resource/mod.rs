@@ -1,5 +1,7 @@
 //! Resource names: what may be locked, and the file each name maps to.
 
+pub(crate) mod mig;
+
 use std::ffi::OsStr;
 use std::fmt;
 
@@ -41,7 +43,7 @@ impl Resource {
         {
             // gpu:N:... is a MIG instance of GPU N, with one name each.
             if index.contains(':') {
-                crate::gpu::mig::parse(text)
+                mig::parse(text)
                     .map_err(|rule| format!("invalid resource name \"{shown}\": {rule}"))?;
             } else {
                 check_gpu_index(index)
@@ -91,7 +93,7 @@ impl Resource {
     /// The GPU `gpu:N` of a MIG instance `gpu:N:PROFILE:giG.ciC`
     /// (see the naming in devlock(1)); `None` for anything else.
     pub(crate) fn mig_parent(&self) -> Option<Resource> {
-        let parsed = crate::gpu::mig::parse(&self.0).ok()??;
+        let parsed = mig::parse(&self.0).ok()??;
         Some(Resource(format!("gpu:{}", parsed.gpu)))
     }
 
