@@ -56,6 +56,7 @@ mod error;
 mod etcd;
 mod flock;
 mod gpu;
+mod hold_event;
 mod interrupt;
 mod known;
 mod messages;

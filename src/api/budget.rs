@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use crate::flock::budget::watch::{Action, Monitor, Watch};
+use crate::flock::budget::watch::{Monitor, Watch};
 use crate::flock::entry::Held;
 use crate::flock::record::Record;
+use crate::hold_event::HoldEvent;
 use crate::plan;
 use crate::resource::Resource;
 use crate::sys::signal::{self, SigSet};
@@ -100,7 +101,6 @@ impl Budget {
                     let monitor = Monitor::start(&ask, vec![std::process::id()], settle);
                     let watch = Watch {
                         strict,
-                        told: Some(Vec::new()),
                         ..Watch::new(monitor, watched, step_name, ask.mem_mib, settle)
                     };
                     watch_loop(watch, &held, &outbox, &record, &kept, &quit_rx);
@@ -220,29 +220,24 @@ fn watch_loop(
                 _ => return,
             }
         }
-        let actions = watch.check();
-        let mut stop = false;
-        for action in &actions {
+        for event in watch.check() {
             let guard = held.lock().unwrap_or_else(|e| e.into_inner());
             let Some(hold) = guard.as_ref() else { return };
-            match action {
-                Action::StepAside => hold.step_aside(),
-                Action::Relabel(over) => {
+            match &event {
+                HoldEvent::StepAside => hold.step_aside(),
+                HoldEvent::OverMark(over) => {
                     let mut record = record.clone();
                     record.over_mib = *over;
                     let _ = hold.label(&record);
                 }
-                Action::Stop => stop = true,
+                _ => {}
             }
-        }
-        let told = watch.told.as_mut().map(std::mem::take).unwrap_or_default();
-        for text in told {
-            let line = text.trim_end_matches('\n');
-            let line = line.strip_prefix("devlock: ").unwrap_or(line).to_owned();
-            let event = if stop && line.starts_with("--mem-strict") {
-                BudgetEvent::Stop(line)
-            } else {
-                BudgetEvent::OverBudget(line)
+            drop(guard);
+            let said = crate::watcher::words::plain(&event);
+            let event = match (event.is_stop(), said) {
+                (_, None) => continue,
+                (true, Some(line)) => BudgetEvent::Stop(line),
+                (false, Some(line)) => BudgetEvent::OverBudget(line),
             };
             super::outbox::deliver(outbox, event);
         }

@@ -6,10 +6,10 @@
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use crate::hold_event::HoldEvent;
 use crate::resource::Resource;
 use crate::sys::signal::{self, SigSet};
 use crate::usage::How;
-use crate::usage::idle::Act;
 use crate::usage::track::{Hold, Tracker};
 
 /// What the idle policy of a hold (`idle_timeout`) says, for the caller to
@@ -69,7 +69,8 @@ impl Usage {
     /// the thread that samples, writes progress lines and keeps the policy.
     pub(crate) fn start(resources: Vec<Resource>, step: &str, ask: Ask) -> Usage {
         let record = crate::flock::record::Record::for_this_process(step);
-        let tracker = Tracker::start(&Hold {
+        // Quiet: a record that cannot be kept is not the caller's to hear.
+        let (tracker, _no_record) = Tracker::start(&Hold {
             resources,
             step: step.to_owned(),
             pid: record.pid,
@@ -178,20 +179,24 @@ impl Drop for Usage {
 
 fn tick_loop(tracker: &Mutex<Option<Tracker>>, outbox: &Mutex<Outbox>, quit: &mpsc::Receiver<()>) {
     loop {
-        let (acts, kept) = {
+        let (events, kept) = {
             let mut guard = tracker.lock().unwrap_or_else(|e| e.into_inner());
             let Some(t) = guard.as_mut() else { return };
-            (t.tick().acts, t.kept_since_ms.is_some())
+            (t.tick(), t.kept_since_ms.is_some())
         };
-        for act in acts {
-            let event = match act {
-                Act::Warn(text) => IdleEvent::Idle(plain(&text)),
-                Act::Stop(text) if kept => {
+        for event in events {
+            let Some(line) = crate::watcher::words::plain(&event) else {
+                continue;
+            };
+            let event = match event {
+                HoldEvent::IdleStop { .. } if kept => {
                     // No work to stop: the keeper lets the hold go.
-                    outbox.lock().unwrap_or_else(|e| e.into_inner()).stopped = Some(plain(&text));
+                    outbox.lock().unwrap_or_else(|e| e.into_inner()).stopped = Some(line);
                     continue;
                 }
-                Act::Stop(text) => IdleEvent::Stop(plain(&text)),
+                HoldEvent::IdleStop { .. } => IdleEvent::Stop(line),
+                HoldEvent::Idle { .. } => IdleEvent::Idle(line),
+                _ => continue,
             };
             super::outbox::deliver(outbox, event);
         }
@@ -200,10 +205,4 @@ fn tick_loop(tracker: &Mutex<Option<Tracker>>, outbox: &Mutex<Outbox>, quit: &mp
             _ => return,
         }
     }
-}
-
-/// The line without its `devlock: ` and newline.
-fn plain(text: &str) -> String {
-    let line = text.trim_end_matches('\n');
-    line.strip_prefix("devlock: ").unwrap_or(line).to_owned()
 }
