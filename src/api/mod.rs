@@ -4,7 +4,7 @@
 mod budget;
 mod hold;
 mod keep;
-mod lock;
+mod options;
 mod outbox;
 mod spec;
 mod take;
@@ -17,7 +17,7 @@ pub use crate::take::HeldLock;
 pub use budget::{BudgetEvent, BudgetSink};
 pub use hold::Hold;
 pub use keep::Kept;
-pub use lock::{Lock, Options, Wait};
+pub use options::{Options, Wait};
 pub use spec::{Spec, duration_of};
 pub use take::Acquiring;
 pub use usage::{IdleEvent, IdleSink};

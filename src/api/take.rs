@@ -60,9 +60,23 @@ impl Acquiring {
     /// joins the line on a thread of its own. Locks in `inside` (held by
     /// enclosing holds of this process) pass through.
     ///
-    /// The waiting thread blocks every signal but the one that interrupts
-    /// its lock calls (`SIGRTMIN+1`, see [`crate::Lock::acquire`]), so the
-    /// caller's threads hear the signals (Ctrl-C) and decide.
+    /// The plan is the command line's (a member `G:M` takes its group `G`
+    /// shared; a GPU outside the caller's `CUDA_VISIBLE_DEVICES` is a usage
+    /// error), and so are the files, line, records, usage record and typed
+    /// [`crate::Error`]. A lock held through a descriptor inherited from a
+    /// `devlock` parent passes through. To wait on the calling thread, as a
+    /// Rust program's `devlock NAME --` does, [`Acquiring::hold`].
+    ///
+    /// # Signals
+    ///
+    /// The first wait installs a handler for `SIGRTMIN+1` that does
+    /// nothing, without `SA_RESTART`, for the life of the process: the
+    /// waiting thread blocks every other signal (so the caller's threads
+    /// hear the signals, Ctrl-C, and decide), and a timeout (or a cancel)
+    /// sends it that signal to interrupt its lock call (the way util-linux
+    /// flock's `-w` uses SIGALRM, but aimed at one thread). A program that
+    /// uses `SIGRTMIN+1` itself should not wait here. No other signal is
+    /// touched.
     pub fn start(spec: &Spec, options: &Options, inside: &[HeldLock]) -> Result<Acquiring> {
         Acquiring::begin(spec, options, inside).map_err(Error::from)
     }
@@ -200,6 +214,30 @@ impl Acquiring {
     /// a [`Busy`] with `timed_out`, worded as the command line's `-w`.
     pub fn wait(&mut self, limit: Duration) -> Option<Result<Hold>> {
         self.wait_inner(limit).map(|o| o.map_err(Error::from))
+    }
+
+    /// Waits for the outcome on the calling thread, as long as the take's
+    /// [`Wait`] allows (a timeout ends the wait itself): the hold, kept
+    /// until it is dropped.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let options = devlock::Options { dir: dir.path().into(), ..Default::default() };
+    /// let hold = devlock::Acquiring::start(&"gpu".into(), &options, &[])?.hold()?;
+    /// // ... use the GPU; every other devlock of "gpu" in this directory waits ...
+    /// let busy = std::process::Command::new("flock")
+    ///     .args(["-n", &dir.path().join("gpu.lock").to_string_lossy(), "true"])
+    ///     .status()?;
+    /// assert!(!busy.success());
+    /// drop(hold);
+    /// # Ok::<(), anyhow::Error>(())
+    /// ```
+    pub fn hold(mut self) -> Result<Hold> {
+        loop {
+            if let Some(outcome) = self.wait(Duration::MAX) {
+                return outcome;
+            }
+        }
     }
 
     fn wait_inner(&mut self, limit: Duration) -> Option<anyhow::Result<Hold>> {
@@ -651,6 +689,50 @@ mod tests {
         }
         // Returns only once every racing thread is out (Stop::stop waits).
         waiting.cancel();
+    }
+
+    fn hold_of(spec: impl Into<Spec>, dir: &Path, wait: Wait) -> Result<Hold> {
+        Acquiring::start(&spec.into(), &options(dir, wait), &[])?.hold()
+    }
+
+    /// Issue #32.8: a member is taken with its group, by the plan the
+    /// command line and Python use, never as a bare lock of its own.
+    #[test]
+    fn a_member_is_taken_with_its_group_as_the_command_line_takes_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let group = hold_of("gpu", tmp.path(), Wait::Block).unwrap();
+        let err = hold_of("gpu:0", tmp.path(), Wait::NoWait).unwrap_err();
+        let busy = err.busy().expect("busy, as devlock -n gpu:0 is");
+        assert_eq!(busy.resource, "gpu", "{busy:?}");
+        assert_eq!(err.exit_code(), 75);
+        drop(group);
+        let member = hold_of("gpu:1", tmp.path(), Wait::NoWait).unwrap();
+        assert_eq!(member.cuda_visible_devices().as_deref(), Some("1"));
+        assert!(member.locks().contains(&HeldLock {
+            resource: "gpu".into(),
+            exclusive: false
+        }));
+        // The group's exclusive take waits for the member's shared hold.
+        let err = hold_of("gpu", tmp.path(), Wait::Timeout(Duration::from_millis(20))).unwrap_err();
+        assert!(err.busy().is_some_and(|b| b.timed_out), "{err}");
+    }
+
+    #[test]
+    fn a_spec_takes_slots_and_a_usage_error_is_the_command_lines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut spec = Spec::new(["pool"]);
+        spec.slots = Some(2);
+        let a = hold_of(spec.clone(), tmp.path(), Wait::NoWait).unwrap();
+        let b = hold_of(spec.clone(), tmp.path(), Wait::NoWait).unwrap();
+        assert_ne!(a.slot(), b.slot());
+        assert!(
+            hold_of(spec, tmp.path(), Wait::NoWait)
+                .unwrap_err()
+                .busy()
+                .is_some()
+        );
+        let err = hold_of("gpu:01", tmp.path(), Wait::NoWait).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
     }
 
     #[test]
