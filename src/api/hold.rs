@@ -1,7 +1,7 @@
 //! What a library take holds ([`Hold`]): its locks and budget, which
 //! process took it, what a child must inherit to run inside it, and how it
 //! lets go (in a forked child, only of the child's copies; past its block
-//! while the device is busy, see [`crate::api::keep`]).
+//! while the device is busy, see [`Hold::release_when_device_free`]).
 
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -11,6 +11,15 @@ use crate::flock::nesting::{self, Inherited};
 use crate::flock::record::Record;
 use crate::resource::Resource;
 use crate::take::{HeldLock, Takes};
+
+/// What this process's tree still uses on one of the hold's GPUs (the one
+/// where it uses the most).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StillUsed {
+    pub gpu: u32,
+    /// MiB; `None` when the driver lists the process without a figure.
+    pub mib: Option<u64>,
+}
 
 /// What a hold took, and which process took it.
 #[derive(Debug)]
@@ -99,7 +108,7 @@ impl Hold {
     /// Labels every lock it holds as kept past its block's end (since
     /// `ended_ms`, still using what `used` says; it counts as idle since
     /// then), or with `None` as held again.
-    pub(crate) fn mark_kept(&self, kept: Option<(u64, crate::api::keep::StillUsed)>) {
+    pub(crate) fn mark_kept(&self, kept: Option<(u64, StillUsed)>) {
         let mut record = self.record.clone();
         if let Some((ended_ms, used)) = kept {
             record.kept_ms = Some(ended_ms);
