@@ -58,7 +58,7 @@ mod error;
 mod etcd;
 mod flock;
 mod gpu;
-mod hold_event;
+mod hold_watch;
 mod interrupt;
 mod known;
 mod messages;

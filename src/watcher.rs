@@ -30,7 +30,7 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::entry::Held;
 use crate::flock::record::Record;
 use crate::flock::registration::{Kind, Registration};
-use crate::hold_event::HoldEvent;
+use crate::hold_watch::{HoldEvent, HoldWatch};
 use crate::resource::Resource;
 use crate::sys::process::{Forked, PidFd};
 use crate::usage::track::{Hold, Tracker};
@@ -189,13 +189,13 @@ fn watch(
     quiet: bool,
     command: &PidFd,
 ) {
-    let mut usage = duties.usage.then(|| {
+    let usage = duties.usage.then(|| {
         let (tracker, no_record) = Tracker::start(hold);
         say(no_record.as_slice(), quiet);
         tracker
     });
     let label = std::cell::RefCell::new(record.clone());
-    let mut budget_watch = duties
+    let budget = duties
         .budget
         .as_ref()
         .map(|(ask, resource, mem, strict, settle)| {
@@ -205,6 +205,7 @@ fn watch(
                 ..Watch::new(monitor, resource.clone(), hold.step.clone(), *mem, *settle)
             }
         });
+    let mut hold_watch = HoldWatch { usage, budget };
     let mut paths = duties.paths.then(|| PathWatch {
         dir,
         held,
@@ -223,7 +224,7 @@ fn watch(
             // A stopped job allocates nothing and computes nothing: a
             // starting budget lets the next one in, and no policy counts
             // the pause against it.
-            if let Some(budget) = budget_watch.as_mut()
+            if let Some(budget) = hold_watch.budget.as_mut()
                 && !budget.stepped_aside
             {
                 budget.stepped_aside = true;
@@ -234,19 +235,16 @@ fn watch(
         if let Some(paths) = paths.as_mut() {
             paths.check();
         }
-        let mut events = usage.as_mut().map(Tracker::tick).unwrap_or_default();
-        if let Some(budget) = budget_watch.as_mut() {
-            events.extend(budget.check());
-        }
+        let events = hold_watch.tick(false);
         say(&events, quiet);
-        if act(&events, budget_watch.as_ref(), held, &label) {
+        if act(&events, hold_watch.budget.as_ref(), held, &label) {
             stop_job(command, hold.pid);
         }
     }
     drop(paths);
-    let over_budget = budget_watch.as_ref().is_some_and(|b| b.stopped);
-    drop(budget_watch);
-    if let Some(usage) = usage {
+    let over_budget = hold_watch.budget.as_ref().is_some_and(|b| b.stopped);
+    drop(hold_watch.budget.take());
+    if let Some(usage) = hold_watch.usage.take() {
         let (how, code, signal) = how_it_ended(command, hold, over_budget);
         usage.finish(how, code, signal);
     }

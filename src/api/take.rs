@@ -88,7 +88,7 @@ impl Acquiring {
         let takes = Takes::new(&plan, &plan.resources, inside)?;
         let dir = ScratchDir::open_or_create(&options.dir)?;
         let label = takes.label();
-        let usage = crate::api::usage::Ask {
+        let usage = crate::api::watch::Ask {
             started,
             idle_timeout: crate::usage::idle::within_site(
                 spec.idle_timeout,

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::hold_event::HoldEvent;
+use crate::hold_watch::HoldEvent;
 
 /// The longest grace between the warning and the stop.
 pub(crate) const MAX_GRACE: Duration = Duration::from_secs(600);

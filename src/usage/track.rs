@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::idle::{BusyFile, Policy};
 use super::sample::{Job, Now, Sampler};
 use super::{How, Log, Measured, PROGRESS_EVERY, Start, VERSION, job_id};
-use crate::hold_event::HoldEvent;
+use crate::hold_watch::HoldEvent;
 use crate::resource::Resource;
 
 /// The start line alone, said where it cannot be written (the front end's).

@@ -1,11 +1,35 @@
-//! What a hold's watch found, as data (no words): its budget's watch
-//! ([`crate::flock::budget::watch`]) and its usage ([`crate::usage::track`])
-//! return these once a tick; the front ends act on them and word them (the
-//! command line's watcher on stderr, the library to its caller).
+//! The tick of a hold's watch, and what it finds as data (no words): once
+//! a second, its usage ([`crate::usage::track`]: record, sampler, idle
+//! policy) and its budget's watch ([`crate::flock::budget::watch`]) return
+//! [`HoldEvent`]s; the front ends act on them and word them (the command
+//! line's watcher process on stderr, the library's one watch thread to its
+//! caller).
 
 use std::time::Duration;
 
+use crate::flock::budget::watch::Watch as BudgetWatch;
 use crate::resource::Resource;
+use crate::usage::track::Tracker;
+
+/// What watches a hold while it lasts: its usage and its budget's watch.
+#[derive(Debug, Default)]
+pub(crate) struct HoldWatch {
+    pub usage: Option<Tracker>,
+    pub budget: Option<BudgetWatch>,
+}
+
+impl HoldWatch {
+    /// Once a second: what the usage and the budget's watch found (the
+    /// budget's watch rests while `budget_rests`: a library hold kept past
+    /// its block has no work left to measure).
+    pub(crate) fn tick(&mut self, budget_rests: bool) -> Vec<HoldEvent> {
+        let mut events = self.usage.as_mut().map(Tracker::tick).unwrap_or_default();
+        if !budget_rests && let Some(budget) = self.budget.as_mut() {
+            events.extend(budget.check());
+        }
+        events
+    }
+}
 
 /// One thing a hold's watch found to do or to say.
 #[derive(Debug, Clone, PartialEq, Eq)]
