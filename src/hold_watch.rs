@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::flock::budget::watch::Watch as BudgetWatch;
+use crate::flock::budget::watch::BudgetWatch;
 use crate::resource::Resource;
 use crate::usage::track::Tracker;
 

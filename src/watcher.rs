@@ -25,7 +25,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use crate::flock::budget::Ask;
-use crate::flock::budget::watch::{Monitor, Watch};
+use crate::flock::budget::watch::{BudgetWatch, Monitor};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::Held;
 use crate::flock::record::Record;
@@ -33,7 +33,7 @@ use crate::flock::registration::{Kind, Registration};
 use crate::hold_watch::{HoldEvent, HoldWatch};
 use crate::resource::Resource;
 use crate::sys::process::{Forked, PidFd};
-use crate::usage::track::{Hold, Tracker};
+use crate::usage::track::{HoldFacts, Tracker};
 
 /// What a hold needs done while its command runs.
 pub(crate) struct Duties {
@@ -55,7 +55,7 @@ impl Duties {
 
 /// The start line alone, for a hold nothing watches; said on stderr
 /// (unless `-q`) when it cannot be written.
-pub(crate) fn start_line(hold: &Hold) {
+pub(crate) fn start_line(hold: &HoldFacts) {
     if let Some(event) = crate::usage::track::start_record(hold) {
         say(&[event], hold.quiet);
     }
@@ -78,7 +78,7 @@ fn say(events: &[HoldEvent], quiet: bool) {
 /// is to label the held locks with its pid (status then knows a watch runs).
 pub(crate) fn start(
     duties: Duties,
-    hold: &Hold,
+    hold: &HoldFacts,
     dir: &ScratchDir,
     held: &[Held],
     record: &Record,
@@ -182,7 +182,7 @@ fn close_lock_fds_but(kept: &[i32]) {
 /// end line.
 fn watch(
     duties: &Duties,
-    hold: &Hold,
+    hold: &HoldFacts,
     dir: &ScratchDir,
     held: &[Held],
     record: Record,
@@ -200,9 +200,9 @@ fn watch(
         .as_ref()
         .map(|(ask, resource, mem, strict, settle)| {
             let monitor = Monitor::start(ask, vec![hold.pid], *settle);
-            Watch {
+            BudgetWatch {
                 strict: *strict,
-                ..Watch::new(monitor, resource.clone(), hold.step.clone(), *mem, *settle)
+                ..BudgetWatch::new(monitor, resource.clone(), hold.step.clone(), *mem, *settle)
             }
         });
     let mut hold_watch = HoldWatch { usage, budget };
@@ -257,7 +257,7 @@ fn watch(
 /// else an exit whose status only its parent knew.
 fn how_it_ended(
     command: &PidFd,
-    hold: &Hold,
+    hold: &HoldFacts,
     over_budget: bool,
 ) -> (crate::usage::How, Option<i32>, Option<i32>) {
     use crate::usage::How;
@@ -303,7 +303,7 @@ fn stop_job(command: &PidFd, pid: u32) {
 /// be stopped (`--mem-strict`, the idle policy).
 fn act(
     events: &[HoldEvent],
-    budget: Option<&Watch>,
+    budget: Option<&BudgetWatch>,
     held: &[Held],
     label: &std::cell::RefCell<Record>,
 ) -> bool {

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
-use crate::flock::budget::watch::{Monitor, Watch as BudgetWatch};
+use crate::flock::budget::watch::{BudgetWatch, Monitor};
 use crate::flock::entry::Held;
 use crate::flock::record::Record;
 use crate::hold_watch::{HoldEvent, HoldWatch};
@@ -16,7 +16,7 @@ use crate::plan;
 use crate::resource::Resource;
 use crate::sys::signal::{self, SigSet};
 use crate::usage::How;
-use crate::usage::track::{Hold as UsageHold, Tracker};
+use crate::usage::track::{HoldFacts, Tracker};
 
 /// How often the watch ticks (the command line's watcher ticks once a
 /// second too).
@@ -185,7 +185,7 @@ impl Watching {
     ) -> Watching {
         let record = Record::for_this_process(step);
         // Quiet: a record that cannot be kept is not the caller's to hear.
-        let (tracker, _no_record) = Tracker::start(&UsageHold {
+        let (tracker, _no_record) = Tracker::start(&HoldFacts {
             resources,
             step: step.to_owned(),
             pid: record.pid,

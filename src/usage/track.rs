@@ -14,9 +14,12 @@ use crate::resource::Resource;
 /// The start line alone, said where it cannot be written (the front end's).
 pub(crate) use crate::watcher::start_line;
 
-/// What a hold is, for its usage.
+/// The old name of [`HoldFacts`], for callers not yet renamed.
+pub(crate) use HoldFacts as Hold;
+
+/// What a hold is, for its usage (the facts its record is written from).
 #[derive(Debug, Clone)]
-pub(crate) struct Hold {
+pub(crate) struct HoldFacts {
     pub resources: Vec<Resource>,
     pub step: String,
     /// The holder (devlock, or the library's process) and its start time.
@@ -55,7 +58,7 @@ pub(crate) struct Tracker {
 /// runs: only to sample GPUs (for its record or its idle policy). Without
 /// one, the start line is all that is written ([`start_line`]) and readers
 /// observe the end later, from the kernel (the holder is gone).
-pub(crate) fn needs_watch(hold: &Hold) -> bool {
+pub(crate) fn needs_watch(hold: &HoldFacts) -> bool {
     let job = Job {
         resources: hold.resources.clone(),
         roots: Vec::new(),
@@ -68,13 +71,13 @@ pub(crate) fn needs_watch(hold: &Hold) -> bool {
 
 /// The start line alone, for a hold nothing watches: what to say when it
 /// cannot be written.
-pub(crate) fn start_record(hold: &Hold) -> Option<HoldEvent> {
+pub(crate) fn start_record(hold: &HoldFacts) -> Option<HoldEvent> {
     Log::start(&start_of(hold), hold.usage_dir.as_deref())
         .err()
         .map(|why| HoldEvent::NoRecord { why })
 }
 
-fn start_of(hold: &Hold) -> Start {
+fn start_of(hold: &HoldFacts) -> Start {
     let mut gpus: Vec<u32> = hold
         .resources
         .iter()
@@ -104,7 +107,7 @@ fn start_of(hold: &Hold) -> Start {
 impl Tracker {
     /// Writes the start line and starts the sampler (for GPU resources);
     /// with what to say when the start line cannot be written.
-    pub(crate) fn start(hold: &Hold) -> (Tracker, Option<HoldEvent>) {
+    pub(crate) fn start(hold: &HoldFacts) -> (Tracker, Option<HoldEvent>) {
         let names: Vec<String> = hold.resources.iter().map(|r| r.to_string()).collect();
         let start = start_of(hold);
         let (log, no_record) = match Log::start(&start, hold.usage_dir.as_deref()) {

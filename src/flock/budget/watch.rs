@@ -1,6 +1,6 @@
 //! The watch of a budget's job while it runs: a thread samples what the
 //! job's process tree uses on its device ([`Monitor`]), and once a tick the
-//! [`Watch`] decides: step aside once the job settled, mark it over budget
+//! [`BudgetWatch`] decides: step aside once the job settled, mark it over budget
 //! (and tell the front end to say so), and with `--mem-strict` stop it. It
 //! returns [`HoldEvent`]s: the words are the front end's.
 
@@ -110,7 +110,7 @@ fn sample(m: &Measures, ask: &Ask, roots: &[u32], settle: Duration) {
 /// by more than a tenth is reported once, marked in its registration, and
 /// with `--mem-strict` stopped once it has stayed over for `--settle`.
 #[derive(Debug)]
-pub(crate) struct Watch {
+pub(crate) struct BudgetWatch {
     pub monitor: Monitor,
     pub resource: Resource,
     pub step: String,
@@ -124,7 +124,7 @@ pub(crate) struct Watch {
     pub stopped: bool,
 }
 
-impl Watch {
+impl BudgetWatch {
     /// The watch of a hold whose command just started: not strict, nothing
     /// reported or stepped aside yet (callers set the rest with struct
     /// update syntax).
@@ -134,8 +134,8 @@ impl Watch {
         step: String,
         mem_mib: u64,
         settle: Duration,
-    ) -> Watch {
-        Watch {
+    ) -> BudgetWatch {
+        BudgetWatch {
             monitor,
             resource,
             step,
@@ -206,13 +206,13 @@ impl Watch {
 mod tests {
     use super::*;
 
-    fn watch(strict: bool, settle: Duration) -> Watch {
+    fn watch(strict: bool, settle: Duration) -> BudgetWatch {
         let monitor = Monitor {
             measures: Arc::new(Measures::default()),
         };
-        Watch {
+        BudgetWatch {
             strict,
-            ..Watch::new(
+            ..BudgetWatch::new(
                 monitor,
                 "gpu:0".parse().unwrap(),
                 "job".into(),
@@ -222,7 +222,7 @@ mod tests {
         }
     }
 
-    fn measure(w: &Watch, used: u64, settled: bool) {
+    fn measure(w: &BudgetWatch, used: u64, settled: bool) {
         let m = &w.monitor.measures;
         m.used_mib.store(used, Ordering::Release);
         m.sampled.store(true, Ordering::Release);
