@@ -236,8 +236,10 @@ fn watch(
             paths.check();
         }
         let events = hold_watch.tick(false);
+        // Marked first: status says what the line says by the time it is read.
+        let stop = act(&events, hold_watch.budget.as_ref(), held, &label);
         say(&events, quiet);
-        if act(&events, hold_watch.budget.as_ref(), held, &label) {
+        if stop {
             stop_job(command, hold.pid);
         }
     }

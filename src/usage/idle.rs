@@ -106,7 +106,7 @@ pub(crate) fn within_site(
     dir: &crate::flock::dir::ScratchDir,
     resources: &[crate::resource::Resource],
 ) -> anyhow::Result<Option<Duration>> {
-    if asked.is_none() && !super::sample::any_gpus(resources) {
+    if asked.is_none() && !super::any_gpus(resources) {
         return Ok(None);
     }
     let site = site_default(dir);

@@ -205,6 +205,15 @@ pub(crate) struct Start {
     pub from: String,
 }
 
+/// Whether any of `resources` maps to GPUs (what a hold's usage samples and
+/// its idle policy acts on).
+pub(crate) fn any_gpus(resources: &[crate::resource::Resource]) -> bool {
+    resources.iter().any(|r| {
+        crate::gpu::gate::gpu_indices(r, &[]).is_some_and(|ix| !ix.is_empty())
+            || r.as_str() == "gpu"
+    })
+}
+
 /// Milliseconds since the epoch.
 pub(crate) fn now_ms() -> u64 {
     ms_of(SystemTime::now())
