@@ -27,14 +27,14 @@
 //! # }
 //! ```
 //!
-//! [`Acquiring::start`] takes a resource's name or a [`Spec`] with the
-//! locks enclosing holds of this process keep (they pass through), and
-//! [`Acquiring::hold`] waits for it on the calling thread, returning the
-//! [`Hold`]: the same plan as `devlock NAME --`
-//! (a member `gpu:0` takes its group `gpu` shared, `--slots`, `--any`,
-//! `--mem`; a GPU outside the caller's `CUDA_VISIBLE_DEVICES` is a usage
-//! error), the same files, line, records and typed errors. A [`Spec`]
-//! carries `--shared`, `--slots`, `--any`/`--count` (groups included) and
+//! [`Acquiring::start`] takes a [`Spec`] (a resource's name converts into
+//! one) with the locks enclosing holds of this process keep (they pass
+//! through), and [`Acquiring::hold`] waits for it on the calling thread,
+//! returning the [`Hold`]: the same plan as `devlock NAME --` (a member
+//! `gpu:0` takes its group `gpu` shared, `--slots`, `--any`, `--mem`; a GPU
+//! outside the caller's `CUDA_VISIBLE_DEVICES` is a usage error), the same
+//! files, line, records and typed errors. A [`Spec`] carries `--shared`,
+//! `--slots`, `--any`/`--count` (groups included) and
 //! `--mem` with `mem_headroom`, `settle` and `mem_strict`: a budget's hold
 //! keeps a watch thread for its life ([`Hold::on_budget_event`] hears over
 //! budget and, with `mem_strict`, when to stop the work, which the caller
