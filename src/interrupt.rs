@@ -159,7 +159,7 @@ pub(crate) fn release_job_stops() {
 
 /// The signal that interrupts a lock call: a real-time one, so it cannot be
 /// confused with the signals people send to jobs. The library installs a
-/// handler for it that does nothing (see [`crate::Lock::acquire`]).
+/// handler for it that does nothing (see [`crate::Acquiring::start`]).
 pub(crate) fn interrupt_signal() -> libc::c_int {
     libc::SIGRTMIN() + 1
 }

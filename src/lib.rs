@@ -5,11 +5,11 @@
 //! too: the command line's options as a [`Spec`] planned by its rules
 //! (groups, members, slots, budgets, the caller's `CUDA_VISIBLE_DEVICES`),
 //! a wait that another thread watches, shows and stops, and a [`Busy`] that
-//! names the holder. [`Lock::acquire`] is that take waited for on the
+//! names the holder. [`Acquiring::hold`] is that take waited for on the
 //! calling thread: a Rust program's `devlock NAME --`.
 //!
-//! The library's API is [`Lock`], [`Acquiring`] and [`Hold`] with their
-//! options, the typed [`Error`], [`Resource`] and [`status_document`].
+//! The library's API is [`Acquiring`] and [`Hold`] with their options, the
+//! typed [`Error`], [`Resource`] and [`status_document`].
 //! `cli`, `exit` and `run` are public for the binary (and the bindings'
 //! exit codes), `testing` for the integration tests: none of them is part
 //! of the library's API (they are hidden from its documentation and may
@@ -21,18 +21,20 @@
 //!     wait: devlock::Wait::Timeout(std::time::Duration::from_secs(600)),
 //!     ..Default::default()
 //! };
-//! let _gpu = devlock::Lock::acquire("gpu:0", &options)?; // gpu shared, gpu:0; released when dropped
+//! // gpu shared, gpu:0; released when dropped
+//! let _gpu = devlock::Acquiring::start(&"gpu:0".into(), &options, &[])?.hold()?;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! [`Lock::acquire`] takes a resource's name or a [`Spec`], and is
-//! `Acquiring::start(&spec, &options, &inside)` waited for on the calling
-//! thread, returning the same [`Hold`]: the same plan as `devlock NAME --`
-//! (a member `gpu:0` takes its group `gpu` shared, `--slots`, `--any`,
-//! `--mem`; a GPU outside the caller's `CUDA_VISIBLE_DEVICES` is a usage
-//! error), the same files, line, records and typed errors. A [`Spec`]
-//! carries `--shared`, `--slots`, `--any`/`--count` (groups included) and
+//! [`Acquiring::start`] takes a [`Spec`] (a resource's name converts into
+//! one) with the locks enclosing holds of this process keep (they pass
+//! through), and [`Acquiring::hold`] waits for it on the calling thread,
+//! returning the [`Hold`]: the same plan as `devlock NAME --` (a member
+//! `gpu:0` takes its group `gpu` shared, `--slots`, `--any`, `--mem`; a GPU
+//! outside the caller's `CUDA_VISIBLE_DEVICES` is a usage error), the same
+//! files, line, records and typed errors. A [`Spec`] carries `--shared`,
+//! `--slots`, `--any`/`--count` (groups included) and
 //! `--mem` with `mem_headroom`, `settle` and `mem_strict`: a budget's hold
 //! keeps a watch thread for its life ([`Hold::on_budget_event`] hears over
 //! budget and, with `mem_strict`, when to stop the work, which the caller
@@ -57,6 +59,7 @@ mod error;
 mod etcd;
 mod flock;
 mod gpu;
+mod hold_watch;
 mod interrupt;
 mod job_env;
 mod known;
@@ -90,8 +93,8 @@ mod resource;
 pub mod testing;
 
 pub use api::{
-    Acquiring, BudgetEvent, BudgetSink, HeldLock, Hold, IdleEvent, IdleSink, Kept, Lock, Options,
-    Spec, Wait, duration_of, status_document,
+    Acquiring, BudgetEvent, BudgetSink, HeldLock, Hold, IdleEvent, IdleSink, Kept, Options, Spec,
+    Wait, duration_of, status_document,
 };
 pub use error::{Busy, CommandKind, Error, EtcdKind, Holder, Result};
 pub use resource::Resource;

@@ -19,18 +19,21 @@
 //!
 //! [`fork_detached`]: crate::sys::process::fork_detached
 
+pub(crate) mod words;
+
 use std::io;
 use std::time::{Duration, Instant};
 
 use crate::flock::budget::Ask;
-use crate::flock::budget::watch::{Action, Monitor, Watch};
+use crate::flock::budget::watch::{BudgetWatch, Monitor};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::Held;
 use crate::flock::record::Record;
 use crate::flock::registration::{Kind, Registration};
+use crate::hold_watch::{HoldEvent, HoldWatch};
 use crate::resource::Resource;
 use crate::sys::process::{Forked, PidFd};
-use crate::usage::track::{Hold, Tracker};
+use crate::usage::track::{HoldFacts, Tracker};
 
 /// What a hold needs done while its command runs.
 pub(crate) struct Duties {
@@ -50,12 +53,32 @@ impl Duties {
     }
 }
 
+/// The start line alone, for a hold nothing watches; said on stderr
+/// (unless `-q`) when it cannot be written.
+pub(crate) fn start_line(hold: &HoldFacts) {
+    if let Some(event) = crate::usage::track::start_record(hold) {
+        say(&[event], hold.quiet);
+    }
+}
+
+/// Says what `events` have to say beside the command: a stop always (even
+/// with `-q`: the job is stopped), anything else unless `quiet`.
+fn say(events: &[HoldEvent], quiet: bool) {
+    for event in events {
+        if let Some(text) = words::line(event)
+            && (event.is_stop() || !quiet)
+        {
+            crate::tty::say_while_command_runs(&text);
+        }
+    }
+}
+
 /// Starts the watcher of this process, which is about to become its
 /// command; in the watcher itself, never returns. The watcher's first act
 /// is to label the held locks with its pid (status then knows a watch runs).
 pub(crate) fn start(
     duties: Duties,
-    hold: &Hold,
+    hold: &HoldFacts,
     dir: &ScratchDir,
     held: &[Held],
     record: &Record,
@@ -159,26 +182,30 @@ fn close_lock_fds_but(kept: &[i32]) {
 /// end line.
 fn watch(
     duties: &Duties,
-    hold: &Hold,
+    hold: &HoldFacts,
     dir: &ScratchDir,
     held: &[Held],
     record: Record,
     quiet: bool,
     command: &PidFd,
 ) {
-    let mut usage = duties.usage.then(|| Tracker::start(hold));
+    let usage = duties.usage.then(|| {
+        let (tracker, no_record) = Tracker::start(hold);
+        say(no_record.as_slice(), quiet);
+        tracker
+    });
     let label = std::cell::RefCell::new(record.clone());
-    let mut budget_watch = duties
+    let budget = duties
         .budget
         .as_ref()
         .map(|(ask, resource, mem, strict, settle)| {
             let monitor = Monitor::start(ask, vec![hold.pid], *settle);
-            Watch {
+            BudgetWatch {
                 strict: *strict,
-                quiet,
-                ..Watch::new(monitor, resource.clone(), hold.step.clone(), *mem, *settle)
+                ..BudgetWatch::new(monitor, resource.clone(), hold.step.clone(), *mem, *settle)
             }
         });
+    let mut hold_watch = HoldWatch { usage, budget };
     let mut paths = duties.paths.then(|| PathWatch {
         dir,
         held,
@@ -197,33 +224,29 @@ fn watch(
             // A stopped job allocates nothing and computes nothing: a
             // starting budget lets the next one in, and no policy counts
             // the pause against it.
-            if let Some(budget) = budget_watch.as_mut()
+            if let Some(budget) = hold_watch.budget.as_mut()
                 && !budget.stepped_aside
             {
                 budget.stepped_aside = true;
-                act_on_budget(budget, vec![Action::StepAside], held, &label);
+                act(&[HoldEvent::StepAside], Some(budget), held, &label);
             }
             continue;
         }
         if let Some(paths) = paths.as_mut() {
             paths.check();
         }
-        if let Some(usage) = usage.as_mut()
-            && act_on_usage(usage.tick(), held, &label, quiet)
-        {
+        let events = hold_watch.tick(false);
+        // Marked first: status says what the line says by the time it is read.
+        let stop = act(&events, hold_watch.budget.as_ref(), held, &label);
+        say(&events, quiet);
+        if stop {
             stop_job(command, hold.pid);
-        }
-        if let Some(budget) = budget_watch.as_mut() {
-            let actions = budget.check();
-            if act_on_budget(budget, actions, held, &label) {
-                stop_job(command, hold.pid);
-            }
         }
     }
     drop(paths);
-    let over_budget = budget_watch.as_ref().is_some_and(|b| b.stopped);
-    drop(budget_watch);
-    if let Some(usage) = usage {
+    let over_budget = hold_watch.budget.as_ref().is_some_and(|b| b.stopped);
+    drop(hold_watch.budget.take());
+    if let Some(usage) = hold_watch.usage.take() {
         let (how, code, signal) = how_it_ended(command, hold, over_budget);
         usage.finish(how, code, signal);
     }
@@ -236,7 +259,7 @@ fn watch(
 /// else an exit whose status only its parent knew.
 fn how_it_ended(
     command: &PidFd,
-    hold: &Hold,
+    hold: &HoldFacts,
     over_budget: bool,
 ) -> (crate::usage::How, Option<i32>, Option<i32>) {
     use crate::usage::How;
@@ -276,61 +299,43 @@ fn stop_job(command: &PidFd, pid: u32) {
     }
 }
 
-/// Does what the budget's watch says: step aside once the job started,
-/// mark it over budget (or back under) in its registration. Whether it is
-/// to be stopped (`--mem-strict`).
-fn act_on_budget(
-    budget: &Watch,
-    actions: Vec<Action>,
+/// Does what the watch's events say to the held locks: the budget's steps
+/// aside once its job started and is marked over budget (or back under),
+/// and every held lock is marked idle (or no longer). Whether the job is to
+/// be stopped (`--mem-strict`, the idle policy).
+fn act(
+    events: &[HoldEvent],
+    budget: Option<&BudgetWatch>,
     held: &[Held],
     label: &std::cell::RefCell<Record>,
 ) -> bool {
-    let Some(hold) = held
-        .iter()
-        .find(|h| h.request.name == budget.resource && h.request.via.is_none())
-    else {
-        return false;
-    };
+    let budget_hold = budget.and_then(|b| {
+        held.iter()
+            .find(|h| h.request.name == b.resource && h.request.via.is_none())
+    });
     let mut stop = false;
-    for action in actions {
-        match action {
-            Action::StepAside => hold.step_aside(),
-            Action::Relabel(over) => {
+    for event in events {
+        match event {
+            HoldEvent::StepAside => {
+                if let Some(hold) = budget_hold {
+                    hold.step_aside();
+                }
+            }
+            HoldEvent::OverMark(over) => {
+                if let Some(hold) = budget_hold {
+                    let mut record = label.borrow_mut();
+                    record.over_mib = *over;
+                    let _ = hold.label(&record);
+                }
+            }
+            HoldEvent::IdleMark(idle) => {
                 let mut record = label.borrow_mut();
-                record.over_mib = over;
-                let _ = hold.label(&record);
+                record.idle_since_ms = *idle;
+                for hold in held {
+                    let _ = hold.label(&record);
+                }
             }
-            Action::Stop => stop = true,
-        }
-    }
-    stop
-}
-
-/// Does what the usage tracker's tick says: the idle label on every held
-/// lock, the idle warning. Whether the job is to be stopped (idle).
-fn act_on_usage(
-    tick: crate::usage::track::Tick,
-    held: &[Held],
-    label: &std::cell::RefCell<Record>,
-    quiet: bool,
-) -> bool {
-    use crate::usage::idle::Act;
-    if let Some(idle) = tick.relabel {
-        let mut record = label.borrow_mut();
-        record.idle_since_ms = idle;
-        for hold in held {
-            let _ = hold.label(&record);
-        }
-    }
-    let mut stop = false;
-    for act in tick.acts {
-        match act {
-            Act::Warn(text) if !quiet => crate::tty::say_while_command_runs(&text),
-            Act::Warn(_) => {}
-            Act::Stop(text) => {
-                crate::tty::say_while_command_runs(&text);
-                stop = true;
-            }
+            _ => stop |= event.is_stop(),
         }
     }
     stop

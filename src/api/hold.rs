@@ -1,16 +1,25 @@
 //! What a library take holds ([`Hold`]): its locks and budget, which
 //! process took it, what a child must inherit to run inside it, and how it
 //! lets go (in a forked child, only of the child's copies; past its block
-//! while the device is busy, see [`crate::api::keep`]).
+//! while the device is busy, see [`Hold::release_when_device_free`]).
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use crate::api::budget::{Budget, BudgetSink};
+use crate::api::watch::{Ask, BudgetHeld, BudgetSink, IdleSink, Watching};
 use crate::flock::entry::Taken;
 use crate::flock::nesting::{self, Inherited};
 use crate::flock::record::Record;
 use crate::resource::Resource;
 use crate::take::{HeldLock, Takes};
+
+/// What this process's tree still uses on one of the hold's GPUs (the one
+/// where it uses the most).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StillUsed {
+    pub gpu: u32,
+    /// MiB; `None` when the driver lists the process without a figure.
+    pub mib: Option<u64>,
+}
 
 /// What a hold took, and which process took it.
 #[derive(Debug)]
@@ -20,12 +29,13 @@ pub struct Hold {
     members: Vec<Resource>,
     /// Locks an enclosing hold of this process keeps, passed through.
     passed: Vec<HeldLock>,
-    /// A memory budget held (`mem`), watched while held; let go after
+    /// A memory budget held (`mem`): its hold is the watch's, let go after
     /// `taken` (the group first, as the command line lets go).
-    budget: Option<Budget>,
-    /// Its usage record and idle policy (none when everything passed
-    /// through: the enclosing hold's record counts it).
-    usage: Option<crate::api::usage::Usage>,
+    budget: Option<BudgetHeld>,
+    /// Its watch: usage record, idle policy and the budget's watch (none
+    /// when everything passed through: the enclosing hold's record counts
+    /// it).
+    watch: Option<Watching>,
     pid: u32,
     /// Its label, as the take wrote it: what a relabel starts from.
     record: Record,
@@ -38,7 +48,7 @@ impl Hold {
         mut taken: Vec<(Resource, Taken)>,
         takes: &Takes,
         step: &str,
-        usage: crate::api::usage::Ask,
+        usage: Ask,
     ) -> Hold {
         let mut members = takes.members.clone();
         if takes.count > 0 {
@@ -53,29 +63,34 @@ impl Hold {
         }
         members.sort();
         members.dedup();
-        let budget = takes.budget.as_ref().and_then(|b| {
+        let budget = takes.budget.as_ref().and_then(|planned| {
             let at = taken.iter().position(|(r, t)| {
                 r.gpu_index().is_some() && matches!(t, Taken::Held(h) if h.request.via.is_none())
             })?;
             let Taken::Held(held) = taken.remove(at).1 else {
                 unreachable!("matched above")
             };
-            Some(Budget::start(held, b, takes.probe_timeout, step))
+            Some((held, planned))
+        });
+        let budget_held = budget.as_ref().map(|(held, planned)| BudgetHeld {
+            resource: held.request.name.clone(),
+            mem_mib: planned.mem_mib,
+            total_mib: planned.total(&held.request.name),
         });
         let own = budget.is_some() || taken.iter().any(|(_, t)| matches!(t, Taken::Held(_)));
-        let usage = own.then(|| {
-            let ask = crate::api::usage::Ask {
-                mem_mib: budget.as_ref().map(|b| b.mem_mib),
+        let watch = own.then(|| {
+            let ask = Ask {
+                mem_mib: budget_held.as_ref().map(|b| b.mem_mib),
                 ..usage
             };
-            crate::api::usage::Usage::start(members.clone(), step, ask)
+            Watching::start(members.clone(), step, ask, budget)
         });
         Hold {
             taken,
             members,
             passed: takes.passed.clone(),
-            budget,
-            usage,
+            budget: budget_held,
+            watch,
             pid: std::process::id(),
             record: Record::for_this_process(step),
             probe_timeout: takes.probe_timeout,
@@ -99,7 +114,7 @@ impl Hold {
     /// Labels every lock it holds as kept past its block's end (since
     /// `ended_ms`, still using what `used` says; it counts as idle since
     /// then), or with `None` as held again.
-    pub(crate) fn mark_kept(&self, kept: Option<(u64, crate::api::keep::StillUsed)>) {
+    pub(crate) fn mark_kept(&self, kept: Option<(u64, StillUsed)>) {
         let mut record = self.record.clone();
         if let Some((ended_ms, used)) = kept {
             record.kept_ms = Some(ended_ms);
@@ -112,28 +127,23 @@ impl Hold {
                 let _ = held.label(&record);
             }
         }
-        if let Some(b) = &self.budget {
-            b.set_kept(kept.is_some());
-            b.with(|held| held.label(&record));
-        }
-        if let Some(u) = &self.usage {
-            u.kept_since(kept.map(|(ended_ms, _)| ended_ms));
+        if let Some(w) = &self.watch {
+            w.set_kept(kept.map(|(ended_ms, _)| ended_ms));
+            w.with_budget(|held| held.label(&record));
         }
     }
 
     /// Where the idle policy (`idle_timeout`) says what it has to say, on
     /// the usage thread; what it said before this call is passed on at once.
-    pub fn on_idle_event(&self, sink: crate::api::usage::IdleSink) {
-        if let Some(u) = &self.usage {
-            u.on_event(sink);
+    pub fn on_idle_event(&self, sink: IdleSink) {
+        if let Some(w) = &self.watch {
+            w.on_idle_event(sink);
         }
     }
 
     /// With `idle_timeout`: the line that said stop, once the policy said it.
     pub fn stopped_idle(&self) -> Option<String> {
-        self.usage
-            .as_ref()
-            .and_then(crate::api::usage::Usage::stopped)
+        self.watch.as_ref().and_then(Watching::stopped_idle)
     }
 
     /// The memory budget this hold keeps (`mem`), MiB; `None` without one
@@ -147,21 +157,24 @@ impl Hold {
     /// (the budget's share of the device) unless the process has it set
     /// already. Empty without a budget.
     pub fn budget_env(&self) -> Vec<(String, String)> {
-        self.budget.as_ref().map(Budget::env).unwrap_or_default()
+        self.budget
+            .as_ref()
+            .map(BudgetHeld::env)
+            .unwrap_or_default()
     }
 
     /// Where the budget's watch says what it has to say (over budget; with
     /// `mem_strict`, stop), on the watch's thread; what it said before this
     /// call is passed on at once. Nothing without a budget.
     pub fn on_budget_event(&self, sink: BudgetSink) {
-        if let Some(b) = &self.budget {
-            b.on_event(sink);
+        if let Some(w) = self.watch.as_ref().filter(|_| self.budget.is_some()) {
+            w.on_budget_event(sink);
         }
     }
 
     /// With `mem_strict`: the line that said stop, once the watch said it.
     pub fn stopped_over_budget(&self) -> Option<String> {
-        self.budget.as_ref().and_then(Budget::stopped)
+        self.watch.as_ref().and_then(Watching::stopped_over_budget)
     }
 
     /// The resources this hold is for: what was asked for, or an `--any`'s picks.
@@ -206,9 +219,9 @@ impl Hold {
                 Taken::Inherited(lock) => fds.extend(nesting::inherited_fds(lock)),
             }
         }
-        if let Some(b) = &self.budget {
+        if let Some(w) = &self.watch {
             fds.extend(
-                b.with(|held| {
+                w.with_budget(|held| {
                     held.inheritable_fds()
                         .iter()
                         .map(AsRawFd::as_raw_fd)
@@ -256,10 +269,16 @@ impl Hold {
     /// descriptor is open here, on the same file, with the lock granted (a
     /// forked child that closed its descriptors does not).
     pub fn holds_here(&self) -> bool {
-        let budget_here = self.budget.as_ref().is_none_or(|b| {
-            b.with(|held| nesting::fd_holds(held.lock().file().as_raw_fd(), held.lock()))
-                .unwrap_or(false)
-        });
+        let budget_here = self.budget.is_none()
+            || self
+                .watch
+                .as_ref()
+                .and_then(|w| {
+                    w.with_budget(|held| {
+                        nesting::fd_holds(held.lock().file().as_raw_fd(), held.lock())
+                    })
+                })
+                .unwrap_or(false);
         budget_here
             && self.taken.iter().all(|(_, taken)| match taken {
                 Taken::Held(held) => nesting::fd_holds(held.lock().file().as_raw_fd(), held.lock()),
@@ -280,21 +299,15 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if std::process::id() == self.pid {
-            // The watch stops first; the holds' own Drop lets go, in the
-            // command line's order (the group, then the budget's device).
-            let budget = self.budget.take();
+            // The holds' own Drop lets go, in the command line's order (the
+            // group, then the budget's device, which the watch lets go once
+            // it stopped), then the end line, off the hand-off's path.
             drop(std::mem::take(&mut self.taken));
-            if let Some(mut budget) = budget {
-                budget.release();
-            }
-            // The end line once the locks are let go, off the hand-off's path.
-            drop(self.usage.take());
+            drop(self.watch.take());
             return;
         }
-        drop(self.usage.take());
-        if let Some(budget) = self.budget.as_mut() {
-            budget.close_copy();
-        }
+        // A forked child: the watch closes its copy of the budget's hold.
+        drop(self.watch.take());
         for (_, taken) in self.taken.drain(..) {
             match taken {
                 Taken::Held(held) => held.close_copy(),

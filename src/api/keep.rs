@@ -8,7 +8,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::api::hold::Hold;
+use crate::api::hold::{Hold, StillUsed};
 use crate::gpu::device::DeviceReport;
 use crate::gpu::gate::gpu_indices;
 use crate::resource::Resource;
@@ -22,15 +22,6 @@ const LAST_LOOK: Duration = Duration::from_secs(2);
 /// A slow source (a cold `nvidia-smi`) is asked at most once per this many
 /// times what one query costs: under 5 % of a core, whatever the source.
 const COST_FACTOR: u32 = 20;
-
-/// What this process's tree still uses on one of the hold's GPUs (the one
-/// where it uses the most).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StillUsed {
-    pub gpu: u32,
-    /// MiB; `None` when the driver lists the process without a figure.
-    pub mib: Option<u64>,
-}
 
 /// A hold kept past its block's end, held by a keeper thread until the
 /// driver no longer lists this process on its GPUs. Dropping the handle

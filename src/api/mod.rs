@@ -1,26 +1,23 @@
 //! The library façade: what a Rust program (and the bindings built on it)
 //! takes, over the same files, line and rules as the command line.
 
-mod budget;
 mod hold;
 mod keep;
-mod lock;
-mod outbox;
+mod options;
 mod spec;
 mod take;
-mod usage;
+mod watch;
 
 use std::path::Path;
 use std::time::Duration;
 
 pub use crate::take::HeldLock;
-pub use budget::{BudgetEvent, BudgetSink};
 pub use hold::Hold;
 pub use keep::Kept;
-pub use lock::{Lock, Options, Wait};
+pub use options::{Options, Wait};
 pub use spec::{Spec, duration_of};
 pub use take::Acquiring;
-pub use usage::{IdleEvent, IdleSink};
+pub use watch::{BudgetEvent, BudgetSink, IdleEvent, IdleSink};
 
 use crate::error::{Error, Result};
 use crate::resource::Resource;

@@ -60,9 +60,23 @@ impl Acquiring {
     /// joins the line on a thread of its own. Locks in `inside` (held by
     /// enclosing holds of this process) pass through.
     ///
-    /// The waiting thread blocks every signal but the one that interrupts
-    /// its lock calls (`SIGRTMIN+1`, see [`crate::Lock::acquire`]), so the
-    /// caller's threads hear the signals (Ctrl-C) and decide.
+    /// The plan is the command line's (a member `G:M` takes its group `G`
+    /// shared; a GPU outside the caller's `CUDA_VISIBLE_DEVICES` is a usage
+    /// error), and so are the files, line, records, usage record and typed
+    /// [`crate::Error`]. A lock held through a descriptor inherited from a
+    /// `devlock` parent passes through. To wait on the calling thread, as a
+    /// Rust program's `devlock NAME --` does, [`Acquiring::hold`].
+    ///
+    /// # Signals
+    ///
+    /// The first wait installs a handler for `SIGRTMIN+1` that does
+    /// nothing, without `SA_RESTART`, for the life of the process: the
+    /// waiting thread blocks every other signal (so the caller's threads
+    /// hear the signals, Ctrl-C, and decide), and a timeout (or a cancel)
+    /// sends it that signal to interrupt its lock call (the way util-linux
+    /// flock's `-w` uses SIGALRM, but aimed at one thread). A program that
+    /// uses `SIGRTMIN+1` itself should not wait here. No other signal is
+    /// touched.
     pub fn start(spec: &Spec, options: &Options, inside: &[HeldLock]) -> Result<Acquiring> {
         Acquiring::begin(spec, options, inside).map_err(Error::from)
     }
@@ -74,7 +88,7 @@ impl Acquiring {
         let takes = Takes::new(&plan, &plan.resources, inside)?;
         let dir = ScratchDir::open_or_create(&options.dir)?;
         let label = takes.label();
-        let usage = crate::api::usage::Ask {
+        let usage = crate::api::watch::Ask {
             started,
             idle_timeout: crate::usage::idle::within_site(
                 spec.idle_timeout,
@@ -200,6 +214,30 @@ impl Acquiring {
     /// a [`Busy`] with `timed_out`, worded as the command line's `-w`.
     pub fn wait(&mut self, limit: Duration) -> Option<Result<Hold>> {
         self.wait_inner(limit).map(|o| o.map_err(Error::from))
+    }
+
+    /// Waits for the outcome on the calling thread, as long as the take's
+    /// [`Wait`] allows (a timeout ends the wait itself): the hold, kept
+    /// until it is dropped.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let options = devlock::Options { dir: dir.path().into(), ..Default::default() };
+    /// let hold = devlock::Acquiring::start(&"gpu".into(), &options, &[])?.hold()?;
+    /// // ... use the GPU; every other devlock of "gpu" in this directory waits ...
+    /// let busy = std::process::Command::new("flock")
+    ///     .args(["-n", &dir.path().join("gpu.lock").to_string_lossy(), "true"])
+    ///     .status()?;
+    /// assert!(!busy.success());
+    /// drop(hold);
+    /// # Ok::<(), anyhow::Error>(())
+    /// ```
+    pub fn hold(mut self) -> Result<Hold> {
+        loop {
+            if let Some(outcome) = self.wait(Duration::MAX) {
+                return outcome;
+            }
+        }
     }
 
     fn wait_inner(&mut self, limit: Duration) -> Option<anyhow::Result<Hold>> {
@@ -391,275 +429,4 @@ fn without_prefix(line: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::status_document;
-    use std::path::Path;
-
-    /// The budget `spec` plans, with no time to ask the device.
-    fn budget_plan(spec: &Spec) -> Result<Option<crate::plan::Budget>> {
-        let plan = || -> anyhow::Result<_> {
-            let mut plan = Plan::from_spec(spec)?;
-            plan.probe_timeout = Duration::ZERO;
-            plan.look()?;
-            Ok(plan.budget)
-        };
-        plan().map_err(Error::from)
-    }
-
-    fn options(dir: &Path, wait: Wait) -> Options {
-        Options {
-            dir: dir.into(),
-            wait,
-            step: "unit".into(),
-        }
-    }
-
-    fn take_now(dir: &Path, spec: &Spec, inside: &[HeldLock]) -> Result<Hold> {
-        let mut acquiring = Acquiring::start(spec, &options(dir, Wait::NoWait), inside)?;
-        acquiring.wait(Duration::ZERO).expect("done at once")
-    }
-
-    #[test]
-    fn a_member_takes_its_group_shared_and_sets_cuda() {
-        let tmp = tempfile::tempdir().unwrap();
-        // A directory made for locks (sticky): the records are in the lock files.
-        std::fs::set_permissions(
-            tmp.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-        )
-        .unwrap();
-        let hold = take_now(tmp.path(), &Spec::new(["gpu:1", "gpu:0"]), &[]).unwrap();
-        assert_eq!(hold.resources(), ["gpu:0", "gpu:1"]);
-        assert_eq!(hold.cuda_visible_devices().as_deref(), Some("0,1"));
-        assert!(hold.locks().contains(&HeldLock {
-            resource: "gpu".into(),
-            exclusive: false
-        }));
-        assert!(hold.holds_here() && !hold.is_nested());
-        assert_eq!(
-            hold.fds().len(),
-            4,
-            "the group's lock and label, and both members' locks"
-        );
-    }
-
-    #[test]
-    fn an_enclosing_hold_passes_through_and_busy_names_the_holder_as_dash_n() {
-        let tmp = tempfile::tempdir().unwrap();
-        let outer = take_now(tmp.path(), &Spec::new(["gpu"]), &[]).unwrap();
-        let inner = take_now(tmp.path(), &Spec::new(["gpu:3"]), &outer.locks()).unwrap();
-        assert!(inner.is_nested());
-        assert_eq!(inner.cuda_visible_devices().as_deref(), Some("3"));
-        let err = take_now(tmp.path(), &Spec::new(["gpu"]), &[]).unwrap_err();
-        let busy = err.busy().expect("a Busy");
-        assert_eq!(busy.resource, "gpu");
-        let holder = busy.holder.as_ref().expect("a holder");
-        assert_eq!(holder.step.as_deref(), Some("unit"));
-        assert_eq!(holder.pid, Some(std::process::id()));
-        assert!(
-            busy.message.starts_with("gpu is busy: held by unit (pid "),
-            "{}",
-            busy.message
-        );
-        assert_eq!(err.exit_code(), 75);
-    }
-
-    #[test]
-    fn exclusive_inside_a_shared_hold_is_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut spec = Spec::new(["r"]);
-        spec.shared = true;
-        let outer = take_now(tmp.path(), &spec, &[]).unwrap();
-        let err = take_now(tmp.path(), &Spec::new(["r"]), &outer.locks()).unwrap_err();
-        assert!(err.to_string().contains("would wait for itself"), "{err}");
-    }
-
-    #[test]
-    fn usage_errors_are_the_command_lines() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut spec = Spec::new(["a", "b"]);
-        spec.slots = Some(2);
-        let err = take_now(tmp.path(), &spec, &[]).unwrap_err();
-        assert_eq!(err.exit_code(), 2);
-        let err = take_now(tmp.path(), &Spec::new(["-x"]), &[]).unwrap_err();
-        assert!(err.to_string().contains("must not start with"), "{err}");
-    }
-
-    fn mem_spec(resources: &[&str], mem: Option<&str>) -> Spec {
-        let mut spec = Spec::new(resources.iter().copied());
-        spec.mem = mem.map(Into::into);
-        spec
-    }
-
-    /// Every budget usage error is found before the device is asked (no
-    /// probe runs: these need no GPU, fake or real), in the command line's
-    /// words, exit 2.
-    #[test]
-    fn a_budget_is_planned_by_the_command_lines_rules_before_any_probe() {
-        let cases: Vec<(Spec, &str)> = vec![
-            (mem_spec(&["gpu:0"], Some("0")), "mem must be more than 0"),
-            (
-                mem_spec(&["gpu:0"], Some("20XB")),
-                "invalid value '20XB' for mem=: unknown size unit",
-            ),
-            (
-                mem_spec(&["gpu"], Some("20GiB")),
-                "mem budgets one GPU's memory: give gpu:N, not gpu",
-            ),
-            (
-                mem_spec(&["gpu:0", "gpu:1"], Some("1GiB")),
-                "mem takes one gpu:N, or several candidates with any=True",
-            ),
-            (
-                Spec {
-                    shared: true,
-                    ..mem_spec(&["gpu:0"], Some("1GiB"))
-                },
-                "mem cannot be combined with shared=True or slots=",
-            ),
-            (
-                Spec {
-                    any: true,
-                    count: 2,
-                    ..mem_spec(&["gpu:0", "gpu:1"], Some("1GiB"))
-                },
-                "count must be 1",
-            ),
-            (
-                Spec {
-                    settle: Some(Duration::from_secs(1)),
-                    ..mem_spec(&["gpu:0"], None)
-                },
-                "mem_headroom=, settle= and mem_strict=True need mem=",
-            ),
-            (
-                Spec {
-                    mem_headroom: Some("1".into()),
-                    ..mem_spec(&["gpu:0"], Some("1GiB"))
-                },
-                "",
-            ),
-        ];
-        for (spec, words) in cases {
-            let planned = budget_plan(&spec);
-            if words.is_empty() {
-                // Well formed: the probe is asked (given no time, it cannot
-                // answer: the device's memory is unknown, exit 69).
-                let err = planned.expect_err("no time to probe");
-                assert_eq!(err.exit_code(), 69, "{err:#}");
-                continue;
-            }
-            let err = planned.expect_err(words);
-            assert_eq!(err.exit_code(), 2, "{err:#}");
-            assert!(err.to_string().contains(words), "{err:#} lacks {words}");
-        }
-        // No budget asked: none planned, and nothing probed.
-        let plain = mem_spec(&["gpu:0"], None);
-        assert!(budget_plan(&plain).unwrap().is_none());
-    }
-
-    #[test]
-    fn a_wait_is_shown_cancelled_and_timed_out_in_the_command_lines_words() {
-        let tmp = tempfile::tempdir().unwrap();
-        let _outer = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap();
-        let mut waiting =
-            Acquiring::start(&Spec::new(["r"]), &options(tmp.path(), Wait::Block), &[]).unwrap();
-        assert!(waiting.is_waiting());
-        let line = loop {
-            assert!(waiting.wait(Duration::from_millis(10)).is_none());
-            let line = waiting.waiting_line(None);
-            if !line.is_empty() {
-                break line;
-            }
-        };
-        // How long it says depends on how soon the waiting thread showed
-        // its wait (seconds on a loaded machine); what the line is does not.
-        let waited = line
-            .strip_prefix("devlock: r · waiting ")
-            .and_then(|rest| rest.split_once(" for unit (pid "))
-            .map(|(waited, _)| waited);
-        assert!(
-            waited.is_some_and(|w| w.ends_with('s') && w.starts_with(|c: char| c.is_ascii_digit())),
-            "{line}"
-        );
-        assert!(line.ends_with("· 1st in line (unit)"), "{line}");
-        waiting.cancel();
-        let mut timing = Acquiring::start(
-            &Spec::new(["r"]),
-            &options(tmp.path(), Wait::Timeout(Duration::from_millis(50))),
-            &[],
-        )
-        .unwrap();
-        let err = loop {
-            if let Some(outcome) = timing.wait(Duration::from_millis(10)) {
-                break outcome.unwrap_err();
-            }
-        };
-        let busy = err.busy().expect("a Busy");
-        assert!(busy.timed_out);
-        assert!(
-            busy.message
-                .starts_with("timed out after 50ms waiting for r: held by unit"),
-            "{}",
-            busy.message
-        );
-    }
-
-    #[test]
-    fn a_timeout_that_runs_out_before_the_wait_shows_names_the_holder() {
-        let tmp = tempfile::tempdir().unwrap();
-        let _outer = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap();
-        // Out of time at once: the waiting thread has (almost always) not
-        // shown its wait yet, as a short timeout on a loaded machine.
-        let mut timing = Acquiring::start(
-            &Spec::new(["r"]),
-            &options(tmp.path(), Wait::Timeout(Duration::ZERO)),
-            &[],
-        )
-        .unwrap();
-        let err = timing
-            .wait(Duration::ZERO)
-            .expect("out of time")
-            .unwrap_err();
-        let busy = err.busy().expect("a Busy");
-        assert!(busy.timed_out);
-        assert_eq!(busy.resource, "r");
-        assert_eq!(
-            busy.holder.as_ref().and_then(|h| h.step.as_deref()),
-            Some("unit")
-        );
-        assert!(
-            busy.message
-                .starts_with("timed out after 0s waiting for r: held by unit (pid "),
-            "{}",
-            busy.message
-        );
-    }
-
-    #[test]
-    fn a_cancel_leaves_a_slots_wait_at_the_front_of_the_line_at_once() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut spec = Spec::new(["pool"]);
-        spec.slots = Some(2);
-        let _a = take_now(tmp.path(), &spec, &[]).unwrap();
-        let _b = take_now(tmp.path(), &spec, &[]).unwrap();
-        let mut waiting = Acquiring::start(&spec, &options(tmp.path(), Wait::Block), &[]).unwrap();
-        // At the front of the line, racing for a slot: the board says so.
-        while waiting.waiting_line(None).is_empty() {
-            assert!(waiting.wait(Duration::from_millis(5)).is_none());
-        }
-        // Returns only once every racing thread is out (Stop::stop waits).
-        waiting.cancel();
-    }
-
-    #[test]
-    fn status_is_the_command_lines_document() {
-        let tmp = tempfile::tempdir().unwrap();
-        let _hold = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap();
-        let doc: serde_json::Value =
-            serde_json::from_str(&status_document(tmp.path(), &[], None).unwrap()).unwrap();
-        assert_eq!(doc["resources"][0]["name"], "r");
-        assert_eq!(doc["resources"][0]["holders"][0]["step"], "unit");
-    }
-}
+mod tests;

@@ -11,6 +11,8 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
+use crate::hold_watch::HoldEvent;
+
 /// The longest grace between the warning and the stop.
 pub(crate) const MAX_GRACE: Duration = Duration::from_secs(600);
 
@@ -24,15 +26,6 @@ pub(crate) const SITE_FILE: &str = ".idle-timeout";
 /// The grace after the warning for `timeout`.
 pub(crate) fn grace(timeout: Duration) -> Duration {
     timeout.min(MAX_GRACE)
-}
-
-/// What the policy says to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Act {
-    /// Say this (a whole line).
-    Warn(String),
-    /// Stop the job; this line says why.
-    Stop(String),
 }
 
 /// The policy's state for one hold.
@@ -56,8 +49,13 @@ impl Policy {
         }
     }
 
-    /// Looks at `idle_since` as of `now`.
-    pub(crate) fn check(&mut self, idle_since: Option<SystemTime>, now: SystemTime) -> Vec<Act> {
+    /// Looks at `idle_since` as of `now`: [`HoldEvent::Idle`] once the
+    /// timeout passed, [`HoldEvent::IdleStop`] once the grace did too.
+    pub(crate) fn check(
+        &mut self,
+        idle_since: Option<SystemTime>,
+        now: SystemTime,
+    ) -> Vec<HoldEvent> {
         let Some(since) = idle_since else {
             self.warned_for = None;
             return Vec::new();
@@ -69,20 +67,20 @@ impl Policy {
         let mut acts = Vec::new();
         if idle >= self.timeout && self.warned_for != Some(since) {
             self.warned_for = Some(since);
-            acts.push(Act::Warn(crate::messages::idle_warning(
-                &self.names,
-                &self.step,
-                idle,
-                grace(self.timeout),
-            )));
+            acts.push(HoldEvent::Idle {
+                names: self.names.clone(),
+                step: self.step.clone(),
+                idle_for: idle,
+                grace: grace(self.timeout),
+            });
         }
         if idle >= self.timeout + grace(self.timeout) && self.warned_for == Some(since) {
             self.stopped = true;
-            acts.push(Act::Stop(crate::messages::idle_stop(
-                &self.names,
-                &self.step,
-                idle,
-            )));
+            acts.push(HoldEvent::IdleStop {
+                names: self.names.clone(),
+                step: self.step.clone(),
+                idle_for: idle,
+            });
         }
         acts
     }
@@ -108,7 +106,7 @@ pub(crate) fn within_site(
     dir: &crate::flock::dir::ScratchDir,
     resources: &[crate::resource::Resource],
 ) -> anyhow::Result<Option<Duration>> {
-    if asked.is_none() && !super::sample::any_gpus(resources) {
+    if asked.is_none() && !super::any_gpus(resources) {
         return Ok(None);
     }
     let site = site_default(dir);
@@ -241,18 +239,26 @@ mod tests {
         let at = |s| t0 + Duration::from_secs(s);
         assert!(p.check(Some(t0), at(59)).is_empty());
         let acts = p.check(Some(t0), at(60));
-        assert!(matches!(acts.as_slice(), [Act::Warn(_)]), "{acts:?}");
+        assert_eq!(
+            acts,
+            [HoldEvent::Idle {
+                names: "gpu:0".into(),
+                step: "s".into(),
+                idle_for: Duration::from_secs(60),
+                grace: Duration::from_secs(60)
+            }]
+        );
         assert!(p.check(Some(t0), at(100)).is_empty(), "warned once");
         // Busy again, then idle anew: the count starts over.
         assert!(p.check(None, at(110)).is_empty());
         assert!(p.check(Some(at(110)), at(150)).is_empty());
         assert!(matches!(
             p.check(Some(at(110)), at(170)).as_slice(),
-            [Act::Warn(_)]
+            [HoldEvent::Idle { .. }]
         ));
         assert!(matches!(
             p.check(Some(at(110)), at(230)).as_slice(),
-            [Act::Stop(_)]
+            [HoldEvent::IdleStop { idle_for, .. }] if *idle_for == Duration::from_secs(120)
         ));
         assert!(p.check(Some(at(110)), at(300)).is_empty(), "stopped once");
     }

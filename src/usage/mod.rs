@@ -205,6 +205,15 @@ pub(crate) struct Start {
     pub from: String,
 }
 
+/// Whether any of `resources` maps to GPUs (what a hold's usage samples and
+/// its idle policy acts on).
+pub(crate) fn any_gpus(resources: &[crate::resource::Resource]) -> bool {
+    resources.iter().any(|r| {
+        crate::gpu::gate::gpu_indices(r, &[]).is_some_and(|ix| !ix.is_empty())
+            || r.as_str() == "gpu"
+    })
+}
+
 /// Milliseconds since the epoch.
 pub(crate) fn now_ms() -> u64 {
     ms_of(SystemTime::now())
@@ -226,27 +235,16 @@ pub(crate) struct Log {
 
 impl Log {
     /// Opens (or makes) this user's file in the usage directory `dir` and
-    /// writes `start`; `None`, with a note on stderr unless `quiet`, when
-    /// records cannot be kept (the hold goes on), or are kept nowhere.
-    pub(crate) fn start(start: &Start, dir: Option<&Path>, quiet: bool) -> Option<Log> {
-        match open_own(dir?) {
-            Ok(file) => {
-                let log = Log {
-                    file,
-                    job: start.job.clone(),
-                };
-                log.write(&Line::Start(start.clone()));
-                Some(log)
-            }
-            Err(why) => {
-                if !quiet {
-                    crate::tty::say_while_command_runs(&format!(
-                        "devlock: note: no usage record for this job: {why}\n"
-                    ));
-                }
-                None
-            }
-        }
+    /// writes `start`; `Ok(None)` when records are kept nowhere, `Err` with
+    /// why when they cannot be kept (the hold goes on; the front end says so).
+    pub(crate) fn start(start: &Start, dir: Option<&Path>) -> Result<Option<Log>, String> {
+        let Some(dir) = dir else { return Ok(None) };
+        let log = Log {
+            file: open_own(dir)?,
+            job: start.job.clone(),
+        };
+        log.write(&Line::Start(start.clone()));
+        Ok(Some(log))
     }
 
     pub(crate) fn progress(&self, measured: Measured) {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::gpu::device::DeviceReport;
 use crate::gpu::gate::gpu_indices;
 use crate::resource::Resource;
-use crate::usage::Measured;
+use crate::usage::{Measured, any_gpus};
 
 /// How often the holder samples, unless `DEVLOCK_SAMPLE_EVERY` says: low
 /// enough to cost nothing measurable, often enough for an idle timeout in
@@ -78,14 +78,6 @@ impl Job {
     pub(crate) fn has_gpus(&self) -> bool {
         any_gpus(&self.resources)
     }
-}
-
-/// Whether any of `resources` maps to GPUs (what a hold's usage samples and
-/// its idle policy acts on).
-pub(crate) fn any_gpus(resources: &[Resource]) -> bool {
-    resources
-        .iter()
-        .any(|r| gpu_indices(r, &[]).is_some_and(|ix| !ix.is_empty()) || r.as_str() == "gpu")
 }
 
 impl Sampler {

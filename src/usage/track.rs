@@ -5,14 +5,21 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use super::idle::{Act, BusyFile, Policy};
+use super::idle::{BusyFile, Policy};
 use super::sample::{Job, Now, Sampler};
 use super::{How, Log, Measured, PROGRESS_EVERY, Start, VERSION, job_id};
+use crate::hold_watch::HoldEvent;
 use crate::resource::Resource;
 
-/// What a hold is, for its usage.
+/// The start line alone, said where it cannot be written (the front end's).
+pub(crate) use crate::watcher::start_line;
+
+/// The old name of [`HoldFacts`], for callers not yet renamed.
+pub(crate) use HoldFacts as Hold;
+
+/// What a hold is, for its usage (the facts its record is written from).
 #[derive(Debug, Clone)]
-pub(crate) struct Hold {
+pub(crate) struct HoldFacts {
     pub resources: Vec<Resource>,
     pub step: String,
     /// The holder (devlock, or the library's process) and its start time.
@@ -33,15 +40,6 @@ pub(crate) struct Hold {
     pub quiet: bool,
 }
 
-/// What a tick found to do.
-#[derive(Debug, Default)]
-pub(crate) struct Tick {
-    /// The holder's label should now say idle since this (`Some(None)`:
-    /// no longer idle).
-    pub relabel: Option<Option<u64>>,
-    pub acts: Vec<Act>,
-}
-
 /// The usage of one hold while it runs.
 #[derive(Debug)]
 pub(crate) struct Tracker {
@@ -60,7 +58,7 @@ pub(crate) struct Tracker {
 /// runs: only to sample GPUs (for its record or its idle policy). Without
 /// one, the start line is all that is written ([`start_line`]) and readers
 /// observe the end later, from the kernel (the holder is gone).
-pub(crate) fn needs_watch(hold: &Hold) -> bool {
+pub(crate) fn needs_watch(hold: &HoldFacts) -> bool {
     let job = Job {
         resources: hold.resources.clone(),
         roots: Vec::new(),
@@ -71,12 +69,15 @@ pub(crate) fn needs_watch(hold: &Hold) -> bool {
     job.has_gpus() && (hold.usage_dir.is_some() || hold.idle_timeout.is_some())
 }
 
-/// The start line alone, for a hold nothing watches.
-pub(crate) fn start_line(hold: &Hold) {
-    Log::start(&start_of(hold), hold.usage_dir.as_deref(), hold.quiet);
+/// The start line alone, for a hold nothing watches: what to say when it
+/// cannot be written.
+pub(crate) fn start_record(hold: &HoldFacts) -> Option<HoldEvent> {
+    Log::start(&start_of(hold), hold.usage_dir.as_deref())
+        .err()
+        .map(|why| HoldEvent::NoRecord { why })
 }
 
-fn start_of(hold: &Hold) -> Start {
+fn start_of(hold: &HoldFacts) -> Start {
     let mut gpus: Vec<u32> = hold
         .resources
         .iter()
@@ -104,11 +105,15 @@ fn start_of(hold: &Hold) -> Start {
 }
 
 impl Tracker {
-    /// Writes the start line and starts the sampler (for GPU resources).
-    pub(crate) fn start(hold: &Hold) -> Tracker {
+    /// Writes the start line and starts the sampler (for GPU resources);
+    /// with what to say when the start line cannot be written.
+    pub(crate) fn start(hold: &HoldFacts) -> (Tracker, Option<HoldEvent>) {
         let names: Vec<String> = hold.resources.iter().map(|r| r.to_string()).collect();
         let start = start_of(hold);
-        let log = Log::start(&start, hold.usage_dir.as_deref(), hold.quiet);
+        let (log, no_record) = match Log::start(&start, hold.usage_dir.as_deref()) {
+            Ok(log) => (log, None),
+            Err(why) => (None, Some(HoldEvent::NoRecord { why })),
+        };
         let busy = Some(BusyFile::for_holder(hold.pid, hold.pid_start));
         let job = Job {
             resources: hold.resources.clone(),
@@ -122,7 +127,7 @@ impl Tracker {
             .idle_timeout
             .filter(|_| sampler.is_some())
             .map(|t| Policy::new(t, names.join(" "), hold.step.clone()));
-        Tracker {
+        let tracker = Tracker {
             log,
             sampler,
             policy,
@@ -131,24 +136,26 @@ impl Tracker {
             labelled: None,
             stopped_idle: false,
             kept_since_ms: None,
-        }
+        };
+        (tracker, no_record)
     }
 
     fn now(&self) -> Now {
         self.sampler.as_ref().map(Sampler::now).unwrap_or_default()
     }
 
-    /// Once a second: a progress line when due, the idle label and policy.
-    pub(crate) fn tick(&mut self) -> Tick {
-        let mut tick = Tick::default();
+    /// Once a second: a progress line when due, the idle mark
+    /// ([`HoldEvent::IdleMark`]) and what the idle policy says.
+    pub(crate) fn tick(&mut self) -> Vec<HoldEvent> {
+        let mut events = Vec::new();
         let Some(sampler) = &self.sampler else {
             self.progress_if_due(Measured::default);
-            return tick;
+            return events;
         };
         let now = sampler.now();
         self.progress_if_due(|| now.measured.clone());
         if !now.answered {
-            return tick;
+            return events;
         }
         let mut idle_since = now.idle_since;
         if let Some(kept) = self.kept_since_ms {
@@ -159,15 +166,16 @@ impl Tracker {
         let idle_ms = idle_since.map(super::ms_of);
         if idle_ms != self.labelled {
             self.labelled = idle_ms;
-            tick.relabel = Some(idle_ms);
+            events.push(HoldEvent::IdleMark(idle_ms));
         }
         if let Some(policy) = self.policy.as_mut() {
-            tick.acts = policy.check(idle_since, SystemTime::now());
-            if tick.acts.iter().any(|a| matches!(a, Act::Stop(_))) {
+            let said = policy.check(idle_since, SystemTime::now());
+            if said.iter().any(HoldEvent::is_stop) {
                 self.stopped_idle = true;
             }
+            events.extend(said);
         }
-        tick
+        events
     }
 
     fn progress_if_due(&mut self, measured: impl FnOnce() -> Measured) {

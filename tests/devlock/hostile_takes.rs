@@ -157,7 +157,9 @@ pub(crate) fn the_librarys_member_take_meets_the_group_the_command_line_holds() 
     let mut group = hold_until_released(&s, &["--step", "train", "rack"], "g");
     let cli = s.run(&["-n", "rack:0", "--", "true"]);
     assert_eq!(cli.status.code(), Some(75), "{}", stderr(&cli));
-    let err = devlock::Lock::acquire("rack:0", &now).expect_err("the group is held");
+    let err = devlock::Acquiring::start(&"rack:0".into(), &now, &[])
+        .and_then(devlock::Acquiring::hold)
+        .expect_err("the group is held");
     let busy = err.busy().expect("a Busy, as devlock -n says");
     assert_eq!(busy.resource, "rack", "{busy:?}");
     assert_eq!(
@@ -172,7 +174,9 @@ pub(crate) fn the_librarys_member_take_meets_the_group_the_command_line_holds() 
     release(&s, "g");
     assert!(wait_child(&mut group).success());
     // The library's member holds its group shared, as the command line's.
-    let member = devlock::Lock::acquire("rack:0", &now).unwrap();
+    let member = devlock::Acquiring::start(&"rack:0".into(), &now, &[])
+        .and_then(devlock::Acquiring::hold)
+        .unwrap();
     let whole = s.run(&["-n", "rack", "--", "true"]);
     assert_eq!(whole.status.code(), Some(75), "{}", stderr(&whole));
     assert!(one_line(&whole).contains("lib (pid "), "{}", stderr(&whole));
@@ -184,7 +188,9 @@ pub(crate) fn the_librarys_member_take_meets_the_group_the_command_line_holds() 
     // And --slots, by the same plan.
     let mut spec = devlock::Spec::new(["pool"]);
     spec.slots = Some(1);
-    let slot = devlock::Lock::acquire(spec, &now).unwrap();
+    let slot = devlock::Acquiring::start(&spec, &now, &[])
+        .and_then(devlock::Acquiring::hold)
+        .unwrap();
     assert_eq!(slot.slot(), Some(1));
     let other = s.run(&["-n", "--slots", "1", "pool", "--", "true"]);
     assert_eq!(other.status.code(), Some(75), "{}", stderr(&other));
@@ -276,7 +282,9 @@ pub(crate) fn a_lease_is_the_same_busy_as_a_holder() {
         wait: devlock::Wait::NoWait,
         step: "lib".into(),
     };
-    let err = devlock::Lock::acquire("l", &now).expect_err("leased");
+    let err = devlock::Acquiring::start(&"l".into(), &now, &[])
+        .and_then(devlock::Acquiring::hold)
+        .expect_err("leased");
     let busy = err.busy().unwrap_or_else(|| panic!("not a Busy: {err:?}"));
     assert_eq!(busy.resource, "l");
     assert_eq!(busy.holder.as_ref().and_then(|h| h.pid), Some(pid));

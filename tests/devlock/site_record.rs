@@ -416,6 +416,8 @@ pub(crate) fn library_hold(dir: PathBuf) {
         wait: devlock::Wait::NoWait,
         step: "library-hold".into(),
     };
-    let held = devlock::Lock::acquire("r", &options).unwrap();
+    let held = devlock::Acquiring::start(&"r".into(), &options, &[])
+        .and_then(devlock::Acquiring::hold)
+        .unwrap();
     drop(held);
 }

@@ -837,12 +837,14 @@ fn start_party(party: Party, s: &Scratch, procs: &Procs, log: &Path) -> (Waiting
             let log = log.to_owned();
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
-                let got = devlock::Lock::acquire("r", &options).map(|guard| {
-                    append(&log, "enter A");
-                    std::thread::sleep(Duration::from_millis(section_ms));
-                    append(&log, "leave A");
-                    drop(guard);
-                });
+                let got = devlock::Acquiring::start(&"r".into(), &options, &[])
+                    .and_then(devlock::Acquiring::hold)
+                    .map(|guard| {
+                        append(&log, "enter A");
+                        std::thread::sleep(Duration::from_millis(section_ms));
+                        append(&log, "leave A");
+                        drop(guard);
+                    });
                 let _ = tx.send(got.map_err(|e| format!("{e:#}")));
             });
             (Waiting::Thread(rx), std::process::id())
@@ -862,7 +864,7 @@ fn finish(waiting: Waiting, procs: &Procs, what: &str, err: &Path) {
         }
         Waiting::Thread(rx) => match rx.recv_timeout(HANG) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => panic!("{what}: Lock::acquire failed: {e}"),
+            Ok(Err(e)) => panic!("{what}: Acquiring::hold failed: {e}"),
             Err(e) => panic!("{what}: library waiter hung: {e}"),
         },
     }

@@ -1,7 +1,8 @@
 //! The watch of a budget's job while it runs: a thread samples what the
 //! job's process tree uses on its device ([`Monitor`]), and once a tick the
-//! [`Watch`] decides: step aside once the job settled, say (and mark) it
-//! over budget, and with `--mem-strict` stop it.
+//! [`BudgetWatch`] decides: step aside once the job settled, mark it over budget
+//! (and tell the front end to say so), and with `--mem-strict` stop it. It
+//! returns [`HoldEvent`]s: the words are the front end's.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::{Ask, SAMPLE_HELD, SAMPLE_STARTING, settle_delta};
 use crate::gpu::memory;
+use crate::hold_watch::HoldEvent;
 use crate::resource::Resource;
 
 /// What the monitor thread measured.
@@ -103,71 +105,48 @@ fn sample(m: &Measures, ask: &Ask, roots: &[u32], settle: Duration) {
     }
 }
 
-/// The supervisor's part, once a second while the job runs: the starting
-/// job steps aside once settled (or at `--settle`), and a job over its
-/// budget by more than a tenth is said once, marked in its registration,
-/// and with `--mem-strict` stopped once it has stayed over for `--settle`.
+/// The watch's part, once a second while the job runs: the starting job
+/// steps aside once settled (or at `--settle`), and a job over its budget
+/// by more than a tenth is reported once, marked in its registration, and
+/// with `--mem-strict` stopped once it has stayed over for `--settle`.
 #[derive(Debug)]
-pub(crate) struct Watch {
+pub(crate) struct BudgetWatch {
     pub monitor: Monitor,
     pub resource: Resource,
     pub step: String,
     pub mem_mib: u64,
     pub settle: Duration,
     pub strict: bool,
-    pub quiet: bool,
     pub started: Instant,
     pub stepped_aside: bool,
     pub warned: bool,
     pub over_since: Option<Instant>,
     pub stopped: bool,
-    /// Where what the watch says goes: `None`, on stderr beside the
-    /// command (the command line); else kept here for the caller to pass
-    /// on (the library, whose caller says it its own way).
-    pub told: Option<Vec<String>>,
 }
 
-/// What the tick should do to the hold.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Action {
-    StepAside,
-    /// Relabel with this over-budget figure (`None`: back under).
-    Relabel(Option<u64>),
-    Stop,
-}
-
-impl Watch {
-    /// The watch of a hold whose command just started: not strict, saying
-    /// on stderr, nothing said or stepped aside yet (callers set the rest
-    /// with struct update syntax).
+impl BudgetWatch {
+    /// The watch of a hold whose command just started: not strict, nothing
+    /// reported or stepped aside yet (callers set the rest with struct
+    /// update syntax).
     pub(crate) fn new(
         monitor: Monitor,
         resource: Resource,
         step: String,
         mem_mib: u64,
         settle: Duration,
-    ) -> Watch {
-        Watch {
+    ) -> BudgetWatch {
+        BudgetWatch {
             monitor,
             resource,
             step,
             mem_mib,
             settle,
             strict: false,
-            quiet: false,
             started: Instant::now(),
             stepped_aside: false,
             warned: false,
             over_since: None,
             stopped: false,
-            told: None,
-        }
-    }
-
-    fn say(&mut self, text: String) {
-        match self.told.as_mut() {
-            None => crate::tty::say_while_command_runs(&text),
-            Some(told) => told.push(text),
         }
     }
 
@@ -177,51 +156,49 @@ impl Watch {
     }
 
     /// Looks once; returns what to do (at most a few per tick).
-    pub(crate) fn check(&mut self) -> Vec<Action> {
-        let mut actions = Vec::new();
+    pub(crate) fn check(&mut self) -> Vec<HoldEvent> {
+        let mut events = Vec::new();
         if !self.stepped_aside && (self.monitor.settled() || self.started.elapsed() >= self.settle)
         {
             self.stepped_aside = true;
-            actions.push(Action::StepAside);
+            events.push(HoldEvent::StepAside);
         }
         let Some(used) = self.monitor.used_mib() else {
-            return actions;
+            return events;
         };
         match (self.over(used), self.over_since) {
             (true, None) => {
                 self.over_since = Some(Instant::now());
-                if !self.warned && !self.quiet {
-                    self.say(crate::messages::over_budget(
-                        &self.resource,
-                        &self.step,
-                        used,
-                        self.mem_mib,
-                    ));
+                if !self.warned {
+                    events.push(HoldEvent::OverBudget {
+                        resource: self.resource.clone(),
+                        step: self.step.clone(),
+                        used_mib: used,
+                        mem_mib: self.mem_mib,
+                    });
                 }
                 self.warned = true;
-                actions.push(Action::Relabel(Some(used)));
+                events.push(HoldEvent::OverMark(Some(used)));
             }
             (true, Some(since)) => {
                 if self.strict && !self.stopped && since.elapsed() >= self.settle {
                     self.stopped = true;
-                    self.say(format!(
-                        "devlock: --mem-strict: {}: stopping {}: over budget ({} of {}) for {}\n",
-                        self.resource,
-                        crate::text::sanitize(&self.step),
-                        memory::size(used),
-                        memory::size(self.mem_mib),
-                        humantime::format_duration(self.settle)
-                    ));
-                    actions.push(Action::Stop);
+                    events.push(HoldEvent::BudgetStop {
+                        resource: self.resource.clone(),
+                        step: self.step.clone(),
+                        used_mib: used,
+                        mem_mib: self.mem_mib,
+                        settle: self.settle,
+                    });
                 }
             }
             (false, Some(_)) => {
                 self.over_since = None;
-                actions.push(Action::Relabel(None));
+                events.push(HoldEvent::OverMark(None));
             }
             (false, None) => {}
         }
-        actions
+        events
     }
 }
 
@@ -229,14 +206,13 @@ impl Watch {
 mod tests {
     use super::*;
 
-    fn watch(strict: bool, settle: Duration) -> Watch {
+    fn watch(strict: bool, settle: Duration) -> BudgetWatch {
         let monitor = Monitor {
             measures: Arc::new(Measures::default()),
         };
-        Watch {
+        BudgetWatch {
             strict,
-            quiet: true,
-            ..Watch::new(
+            ..BudgetWatch::new(
                 monitor,
                 "gpu:0".parse().unwrap(),
                 "job".into(),
@@ -246,7 +222,7 @@ mod tests {
         }
     }
 
-    fn measure(w: &Watch, used: u64, settled: bool) {
+    fn measure(w: &BudgetWatch, used: u64, settled: bool) {
         let m = &w.monitor.measures;
         m.used_mib.store(used, Ordering::Release);
         m.sampled.store(true, Ordering::Release);
@@ -262,49 +238,62 @@ mod tests {
         measure(&w, 11_001, true);
         assert_eq!(
             w.check(),
-            [Action::StepAside, Action::Relabel(Some(11_001))]
+            [
+                HoldEvent::StepAside,
+                HoldEvent::OverBudget {
+                    resource: "gpu:0".parse().unwrap(),
+                    step: "job".into(),
+                    used_mib: 11_001,
+                    mem_mib: 10_000
+                },
+                HoldEvent::OverMark(Some(11_001))
+            ]
         );
         assert_eq!(w.check(), [], "said once, stepped aside once");
         measure(&w, 9_000, true);
-        assert_eq!(w.check(), [Action::Relabel(None)], "back under");
+        assert_eq!(w.check(), [HoldEvent::OverMark(None)], "back under");
+        measure(&w, 12_000, true);
+        assert_eq!(
+            w.check(),
+            [HoldEvent::OverMark(Some(12_000))],
+            "over again: marked, not said again"
+        );
     }
 
     #[test]
     fn strict_stops_a_job_that_stays_over_for_the_settle_time() {
         let mut w = watch(true, Duration::ZERO);
         measure(&w, 20_000, false);
-        assert_eq!(
-            w.check(),
-            [Action::StepAside, Action::Relabel(Some(20_000))]
+        let first = w.check();
+        assert!(
+            matches!(
+                first.as_slice(),
+                [
+                    HoldEvent::StepAside,
+                    HoldEvent::OverBudget { .. },
+                    HoldEvent::OverMark(Some(20_000))
+                ]
+            ),
+            "{first:?}"
         );
-        assert_eq!(w.check(), [Action::Stop]);
+        let second = w.check();
+        assert!(
+            matches!(
+                second.as_slice(),
+                [HoldEvent::BudgetStop {
+                    used_mib: 20_000,
+                    mem_mib: 10_000,
+                    ..
+                }]
+            ),
+            "{second:?}"
+        );
+        assert!(second[0].is_stop());
         assert_eq!(w.check(), [], "stopped once");
         let mut lenient = watch(false, Duration::ZERO);
         measure(&lenient, 20_000, false);
         lenient.check();
         assert_eq!(lenient.check(), [], "without --mem-strict, only said");
-    }
-
-    #[test]
-    fn for_the_library_what_the_watch_says_is_kept_not_written() {
-        let mut w = watch(true, Duration::ZERO);
-        w.quiet = false;
-        w.told = Some(Vec::new());
-        measure(&w, 20_000, false);
-        w.check();
-        w.check();
-        let told = w.told.take().unwrap();
-        assert_eq!(told.len(), 2, "{told:?}");
-        assert!(
-            told[0].starts_with("devlock: warning: gpu:0: job uses "),
-            "{}",
-            told[0]
-        );
-        assert!(
-            told[1].starts_with("devlock: --mem-strict: gpu:0: stopping job: over budget ("),
-            "{}",
-            told[1]
-        );
     }
 
     #[test]
