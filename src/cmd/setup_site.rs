@@ -12,6 +12,7 @@ use nix::fcntl::OFlag;
 use super::setup::{Plan, Report, TRIES, c_string, unlink};
 use super::setup_path::{self, Parent};
 use crate::cli::SetupArgs;
+use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
 use crate::text::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
@@ -156,9 +157,37 @@ fn recordable(path: &Path) -> Result<()> {
     )))
 }
 
+/// Prints the boot snippet ([`tmpfiles`]) for the set-up `plan` asks for
+/// in `dir`, as it is now and as asked.
+pub(super) fn print_tmpfiles(dir: &Path, mut plan: Plan, args: &SetupArgs) -> Result<ExitCode> {
+    // The boot snippet makes the directory as it is now and as asked:
+    // the resources already declared there (setup merges names too) and
+    // the site's idle policy, so a reboot loses neither.
+    let now = ScratchDir::open(dir).ok().flatten();
+    let declared = now.as_ref().and_then(crate::flock::declared::read);
+    plan.resources.extend(declared.unwrap_or_default());
+    plan.resources.sort();
+    plan.resources.dedup();
+    let idle = args
+        .idle_timeout
+        .or_else(|| now.as_ref().and_then(crate::usage::idle::site_default));
+    // The one recorded before a caller's variable: a user's own (where
+    // their records go) must not move the site's in a snippet they print.
+    let usage = usage_asked(args)
+        .or_else(|| now.as_ref().and_then(|now| site::usage_dir(now.fd())))
+        .or_else(crate::usage::named_by_env)
+        .unwrap_or_else(usage_managed);
+    let usage = match usage {
+        UsageDir::At(path) => UsageDir::At(std::path::absolute(&path)?),
+        nowhere => nowhere,
+    };
+    print!("{}", tmpfiles(dir, &plan, args, idle, &usage)?);
+    Ok(ExitCode::Success)
+}
+
 /// The same set-up as a systemd-tmpfiles(5) snippet, to make it again at
 /// every boot. Paths are quoted where needed and `%` escaped.
-pub(super) fn tmpfiles(
+fn tmpfiles(
     dir: &Path,
     plan: &Plan,
     args: &SetupArgs,
@@ -189,33 +218,11 @@ pub(super) fn tmpfiles(
         }
     };
     let group = plan.group.as_deref().unwrap_or("root");
-    let mut invocation = "devlock setup --print-tmpfiles".to_owned();
-    if dir != Path::new(crate::flock::dir::DEFAULT_DIR) {
-        invocation.push_str(&format!(" --dir {dir_text}"));
-    }
-    if let Some(g) = &plan.group {
-        invocation.push_str(&format!(" --group {g}"));
-    }
-    if let Some(n) = args.slots {
-        invocation.push_str(&format!(" --slots {n}"));
-    }
-    if let Some(t) = idle {
-        invocation.push_str(&format!(
-            " --idle-timeout {}",
-            humantime::format_duration(t)
-        ));
-    }
     if let UsageDir::At(path) = usage {
         recordable(path)?;
     }
     let usage_text = site::usage_text(usage);
-    if usage_text != crate::usage::MANAGED_DIR {
-        invocation.push_str(&format!(" --usage-dir {usage_text}"));
-    }
-    for r in &plan.resources {
-        invocation.push(' ');
-        invocation.push_str(r.as_str());
-    }
+    let invocation = invocation(dir, dir_text, plan, args, idle, &usage_text);
     let mut out = format!(
         "# devlock: a managed lock directory, made again at every boot (/run is a tmpfs).\n\
          # Root owns the directory and the declared resources' files, so no user can rename,\n\
@@ -267,4 +274,39 @@ pub(super) fn tmpfiles(
         usage_text.replace('\\', "\\\\").replace('%', "%%")
     ));
     Ok(out)
+}
+
+/// The command line that prints the same snippet again, for its header.
+fn invocation(
+    dir: &Path,
+    dir_text: &str,
+    plan: &Plan,
+    args: &SetupArgs,
+    idle: Option<Duration>,
+    usage_text: &str,
+) -> String {
+    let mut invocation = "devlock setup --print-tmpfiles".to_owned();
+    if dir != Path::new(crate::flock::dir::DEFAULT_DIR) {
+        invocation.push_str(&format!(" --dir {dir_text}"));
+    }
+    if let Some(g) = &plan.group {
+        invocation.push_str(&format!(" --group {g}"));
+    }
+    if let Some(n) = args.slots {
+        invocation.push_str(&format!(" --slots {n}"));
+    }
+    if let Some(t) = idle {
+        invocation.push_str(&format!(
+            " --idle-timeout {}",
+            humantime::format_duration(t)
+        ));
+    }
+    if usage_text != crate::usage::MANAGED_DIR {
+        invocation.push_str(&format!(" --usage-dir {usage_text}"));
+    }
+    for r in &plan.resources {
+        invocation.push(' ');
+        invocation.push_str(r.as_str());
+    }
+    invocation
 }
