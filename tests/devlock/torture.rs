@@ -476,32 +476,17 @@ fn check_section(run: &SectionRun, log: &SectionLog, rmws: u32, errors: &mut Vec
     }
 }
 
-test!(chaos_never_admits_two_holders, needs: []);
-pub(crate) fn chaos_never_admits_two_holders() {
-    let (jobs, sections, rmws) = if soak() { (24, 150, 3) } else { (12, 20, 3) };
-    let s = Scratch::new();
-    let procs = Procs::default();
-    let _cleanup = Cleanup(procs.clone());
-    let (rng, seed) = Rng::seeded();
-    eprintln!("chaos_never_admits_two_holders: DEVLOCK_TORTURE_SEED={seed}");
-    // The lock file exists before plain flock (which cannot make the
-    // directory) joins.
-    assert!(s.run(&["r", "--", "true"]).status.success());
-    let rig = ChaosRig {
-        dir: s.dir(),
-        lock: s.lock_path("r"),
-        log: s.work("log"),
-        counter: s.work("counter"),
-        work: s.work(""),
-        procs: procs.clone(),
-        rmws,
-        progress: Mutex::new(Instant::now()),
-    };
-    std::fs::write(&rig.counter, "0\n").unwrap();
-    let started = Instant::now();
+/// Runs `jobs` jobs of `sections` sections each on `rig`'s lock, with the
+/// monkey loose among them until they are done: their sections, and what
+/// the monkey managed.
+fn run_chaos(
+    rig: &ChaosRig,
+    jobs: usize,
+    sections: usize,
+    rng: Rng,
+) -> (Vec<SectionRun>, HashMap<Hit, usize>) {
     let done = AtomicBool::new(false);
-    let (runs, hits) = std::thread::scope(|scope| {
-        let rig = &rig;
+    std::thread::scope(|scope| {
         let done = &done;
         let workers: Vec<_> = (0..jobs)
             .map(|j| {
@@ -535,7 +520,86 @@ pub(crate) fn chaos_never_admits_two_holders() {
             std::panic::resume_unwind(e);
         }
         (runs, hits.unwrap())
-    });
+    })
+}
+
+/// Checks the shared counter against the read-modify-writes the sections
+/// logged; returns how many completed.
+fn check_counter(
+    rig: &ChaosRig,
+    logs: &HashMap<String, SectionLog>,
+    killed: &HashSet<String>,
+    errors: &mut Vec<String>,
+) -> u32 {
+    let rmw_total: u32 = logs.values().map(|l| l.rmw).sum();
+    let counter = std::fs::read_to_string(&rig.counter).unwrap();
+    // A section killed between writing the counter and logging it adds one
+    // unlogged increment; no more.
+    let cut_short = logs
+        .iter()
+        .filter(|(id, l)| killed.contains(*id) && l.entered > l.left)
+        .count() as u32;
+    let counted: Option<u32> = counter.trim().parse().ok();
+    if !counted.is_some_and(|c| (rmw_total..=rmw_total + cut_short).contains(&c)) {
+        errors.push(format!(
+            "counter is {counter:?} but {rmw_total} read-modify-writes completed \
+             ({cut_short} sections cut short by a kill)"
+        ));
+    }
+    rmw_total
+}
+
+/// Checks that status shows the lock free and unwaited, and sweeps every
+/// dead waiter's registration; returns how many there were before.
+fn check_swept(s: &Scratch, rig: &ChaosRig, errors: &mut Vec<String>) -> usize {
+    let wait_files = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".wait") || name.ends_with(".hold")
+            })
+            .count()
+    };
+    let leftover_before = wait_files(&rig.dir);
+    let view = s.resource_status("r");
+    if view["state"] != "free" || view["waiters"].as_array().is_none_or(|w| !w.is_empty()) {
+        errors.push(format!("status does not show r free and unwaited: {view}"));
+    }
+    let leftover_after = wait_files(&rig.dir);
+    if leftover_after != 0 {
+        errors.push(format!(
+            "{leftover_after} registration files of dead waiters left after status ran"
+        ));
+    }
+    leftover_before
+}
+
+test!(chaos_never_admits_two_holders, needs: []);
+pub(crate) fn chaos_never_admits_two_holders() {
+    let (jobs, sections, rmws) = if soak() { (24, 150, 3) } else { (12, 20, 3) };
+    let s = Scratch::new();
+    let procs = Procs::default();
+    let _cleanup = Cleanup(procs.clone());
+    let (rng, seed) = Rng::seeded();
+    eprintln!("chaos_never_admits_two_holders: DEVLOCK_TORTURE_SEED={seed}");
+    // The lock file exists before plain flock (which cannot make the
+    // directory) joins.
+    assert!(s.run(&["r", "--", "true"]).status.success());
+    let rig = ChaosRig {
+        dir: s.dir(),
+        lock: s.lock_path("r"),
+        log: s.work("log"),
+        counter: s.work("counter"),
+        work: s.work(""),
+        procs: procs.clone(),
+        rmws,
+        progress: Mutex::new(Instant::now()),
+    };
+    std::fs::write(&rig.counter, "0\n").unwrap();
+    let started = Instant::now();
+    let (runs, hits) = run_chaos(&rig, jobs, sections, rng);
 
     // Commands of SIGKILLed supervisors are ended by their guards; once
     // every job is done, the lock goes free.
@@ -566,47 +630,13 @@ pub(crate) fn chaos_never_admits_two_holders() {
     if runs.len() != expected_runs {
         errors.push(format!("{} of {expected_runs} sections ran", runs.len()));
     }
-    let rmw_total: u32 = logs.values().map(|l| l.rmw).sum();
-    let counter = std::fs::read_to_string(&rig.counter).unwrap();
-    // A section killed between writing the counter and logging it adds one
-    // unlogged increment; no more.
-    let cut_short = logs
-        .iter()
-        .filter(|(id, l)| killed.contains(*id) && l.entered > l.left)
-        .count() as u32;
-    let counted: Option<u32> = counter.trim().parse().ok();
-    if !counted.is_some_and(|c| (rmw_total..=rmw_total + cut_short).contains(&c)) {
-        errors.push(format!(
-            "counter is {counter:?} but {rmw_total} read-modify-writes completed \
-             ({cut_short} sections cut short by a kill)"
-        ));
-    }
+    let rmw_total = check_counter(&rig, &logs, &killed, &mut errors);
     for hit in HITS {
         if hits[&hit] == 0 {
             errors.push(format!("the chaos never managed a {hit:?}"));
         }
     }
-    let wait_files = |dir: &Path| {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.ends_with(".wait") || name.ends_with(".hold")
-            })
-            .count()
-    };
-    let leftover_before = wait_files(&rig.dir);
-    let view = s.resource_status("r");
-    if view["state"] != "free" || view["waiters"].as_array().is_none_or(|w| !w.is_empty()) {
-        errors.push(format!("status does not show r free and unwaited: {view}"));
-    }
-    let leftover_after = wait_files(&rig.dir);
-    if leftover_after != 0 {
-        errors.push(format!(
-            "{leftover_after} registration files of dead waiters left after status ran"
-        ));
-    }
+    let leftover_before = check_swept(&s, &rig, &mut errors);
     let untouched = runs.iter().filter(|r| r.sent.is_empty()).count();
     eprintln!(
         "chaos: {} sections ({untouched} untouched), {rmw_total} read-modify-writes, hits {hits:?}, \
@@ -870,6 +900,90 @@ fn finish(waiting: Waiting, procs: &Procs, what: &str, err: &Path) {
     }
 }
 
+/// Starts the holder H (devlock, or plain flock with `flock_holder`) on the
+/// lock of `r`: it says `ready` once it holds, and holds until `release`.
+fn start_holder(
+    s: &Scratch,
+    procs: &Procs,
+    flock_holder: bool,
+    ready: &Path,
+    release: &Path,
+) -> u32 {
+    let lock = s.lock_path("r");
+    let hold = format!(
+        "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
+        ready.display(),
+        release.display()
+    );
+    let mut holder = if flock_holder {
+        let mut cmd = Command::new("/usr/bin/flock");
+        cmd.arg(&lock);
+        cmd
+    } else {
+        let mut cmd = s.devlock();
+        cmd.args(["-q", "r", "--"]);
+        cmd
+    };
+    holder
+        .args(["sh", "-c", &hold])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(s.work("H.err")).unwrap());
+    procs.start("H", &mut holder)
+}
+
+/// Starts B, a plain flock waiter on the old inode `old` of `lock`, once it
+/// is blocked there.
+fn start_flock_waiter(procs: &Procs, lock: &Path, log: &Path, old: FileKey) -> u32 {
+    let mut cmd = Command::new("/usr/bin/flock");
+    cmd.arg(lock)
+        .arg("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo 'enter B' >> {log}; sleep 0.05; echo 'leave B' >> {log}",
+            log = log.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let pid = procs.start("B", &mut cmd);
+    wait_blocked_on(old, pid, "B");
+    pid
+}
+
+/// Starts C, which makes a new lock file where the old one was deleted: it
+/// logs its section, which ends once `release_c` is there.
+fn start_c(s: &Scratch, procs: &Procs, log: &Path, release_c: &Path) -> u32 {
+    let mut c_cmd = s.devlock();
+    c_cmd
+        .args(["-q", "r", "--", "sh", "-c"])
+        .arg(format!(
+            "echo 'enter C' >> {log}; while [ ! -e {rc} ]; do sleep 0.01; done; \
+             sleep 0.03; echo 'leave C' >> {log}",
+            log = log.display(),
+            rc = release_c.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(s.work("C.err")).unwrap());
+    procs.start("C", &mut c_cmd)
+}
+
+/// A and C each ran once, and never at the same time.
+fn assert_a_and_c_apart(log: &Path, what: &str) {
+    let lines = log_lines(log);
+    let at = |line: &str| {
+        let found: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == line).collect();
+        assert_eq!(found.len(), 1, "{what}: {line:?} once in {lines:?}");
+        found[0]
+    };
+    let (enter_a, leave_a, enter_c, leave_c) =
+        (at("enter A"), at("leave A"), at("enter C"), at("leave C"));
+    assert!(
+        leave_a < enter_c || leave_c < enter_a,
+        "{what}: A and C ran at the same time: {lines:?}"
+    );
+}
+
 fn inode_split_round(round: usize, procs: &Procs) {
     let party = [Party::Cli, Party::CliTimeout, Party::Lib, Party::LibTimeout][round % 4];
     // The holder is plain flock in some rounds: it needs no re-check.
@@ -894,26 +1008,7 @@ fn inode_split_round(round: usize, procs: &Procs) {
     let old = file_key(&lock);
     let log = s.work("log");
     let (ready, release) = (s.work("ready"), s.work("release"));
-    let hold = format!(
-        "echo > {}; while [ ! -e {} ]; do sleep 0.01; done",
-        ready.display(),
-        release.display()
-    );
-    let mut holder = if flock_holder {
-        let mut cmd = Command::new("/usr/bin/flock");
-        cmd.arg(&lock);
-        cmd
-    } else {
-        let mut cmd = s.devlock();
-        cmd.args(["-q", "r", "--"]);
-        cmd
-    };
-    holder
-        .args(["sh", "-c", &hold])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(s.work("H.err")).unwrap());
-    let h = procs.start("H", &mut holder);
+    let h = start_holder(&s, procs, flock_holder, &ready, &release);
     wait_for_file(&ready);
 
     let (a, a_pid) = start_party(party, &s, procs, &log);
@@ -921,21 +1016,7 @@ fn inode_split_round(round: usize, procs: &Procs) {
     wait_until(&format!("{what}: A to wait"), || {
         sleeping_in_lock_call(a_pid)
     });
-    let b = flock_waiter.then(|| {
-        let mut cmd = Command::new("/usr/bin/flock");
-        cmd.arg(&lock)
-            .arg("sh")
-            .arg("-c")
-            .arg(format!(
-                "echo 'enter B' >> {log}; sleep 0.05; echo 'leave B' >> {log}",
-                log = log.display()
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        let pid = procs.start("B", &mut cmd);
-        wait_blocked_on(old, pid, "B");
-        pid
-    });
+    let b = flock_waiter.then(|| start_flock_waiter(procs, &lock, &log, old));
 
     std::fs::remove_file(&lock).unwrap();
     if recreate {
@@ -945,19 +1026,7 @@ fn inode_split_round(round: usize, procs: &Procs) {
     if racy {
         std::fs::write(&release_c, "").unwrap();
     }
-    let mut c_cmd = s.devlock();
-    c_cmd
-        .args(["-q", "r", "--", "sh", "-c"])
-        .arg(format!(
-            "echo 'enter C' >> {log}; while [ ! -e {rc} ]; do sleep 0.01; done; \
-             sleep 0.03; echo 'leave C' >> {log}",
-            log = log.display(),
-            rc = release_c.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(s.work("C.err")).unwrap());
-    let c = procs.start("C", &mut c_cmd);
+    let c = start_c(&s, procs, &log, &release_c);
 
     let entered = |who: &str| log_lines(&log).iter().any(|l| *l == format!("enter {who}"));
     if racy {
@@ -1001,18 +1070,7 @@ fn inode_split_round(round: usize, procs: &Procs) {
         assert!(procs.wait(b).success(), "{what}: B failed");
     }
 
-    let lines = log_lines(&log);
-    let at = |line: &str| {
-        let found: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == line).collect();
-        assert_eq!(found.len(), 1, "{what}: {line:?} once in {lines:?}");
-        found[0]
-    };
-    let (enter_a, leave_a, enter_c, leave_c) =
-        (at("enter A"), at("leave A"), at("enter C"), at("leave C"));
-    assert!(
-        leave_a < enter_c || leave_c < enter_a,
-        "{what}: A and C ran at the same time: {lines:?}"
-    );
+    assert_a_and_c_apart(&log, &what);
     // Polled: while A is the library in this process, a child that another
     // test is spawning shares A's descriptor until it execs.
     wait_until(&format!("{what}: the lock to be free at the end"), || {
@@ -1033,6 +1091,91 @@ pub(crate) fn inode_split_never_admits_two_holders() {
 // 4. Stop signals sent twice to a holding supervisor with three waiters
 //    queued behind it: the command hears each once, cleans up, and only
 //    then does the next waiter start; every waiter runs.
+
+/// Starts three waiters that keep looking at the lock (a status line every
+/// 10ms) while they wait, each once it waits.
+fn start_waiters(s: &Scratch, procs: &Procs, log: &Path, what: &str) -> Vec<u32> {
+    (0..3)
+        .map(|k| {
+            let mut cmd = s.devlock();
+            cmd.args(["--report-every", "10ms", "r", "--", "sh", "-c"])
+                .arg(format!(
+                    "echo 'enter W{k}' >> {log}; sleep 0.02; echo 'leave W{k}' >> {log}",
+                    log = log.display()
+                ))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(File::create(s.work(&format!("W{k}.err"))).unwrap());
+            let pid = procs.start(&format!("W{k}"), &mut cmd);
+            wait_until(&format!("{what}: W{k} to wait"), || {
+                sleeping_in_lock_call(pid)
+            });
+            pid
+        })
+        .collect()
+}
+
+/// The command is devlock's process (chain-loaded): each signal reaches
+/// it once, as sent; nobody forwards or repeats one. Two sent back to
+/// back may merge in the kernel where they are the same signal.
+fn assert_each_signal_heard_once(
+    lines: &[String],
+    first: i32,
+    second: i32,
+    after_handshake: bool,
+    what: &str,
+) {
+    let heard: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("sig "))
+        .collect();
+    if after_handshake {
+        assert_eq!(
+            heard,
+            [signal_name(first), signal_name(second)],
+            "{what}: each heard once, in order: {lines:?}"
+        );
+    } else {
+        let mut sent = vec![signal_name(first), signal_name(second)];
+        sent.dedup();
+        let mut distinct = heard.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        sent.sort_unstable();
+        assert!(
+            heard.len() <= 2 && distinct == sent,
+            "{what}: each signal sent heard, none more often than sent: {lines:?}"
+        );
+    }
+}
+
+/// Every waiter ran once, one at a time, and none before the holder's
+/// cleanup finished.
+fn assert_waiters_ran_in_turn_after_cleanup(lines: &[String], what: &str) {
+    // Missing counts as never: a waiter that started is then too early.
+    let cleaned = lines
+        .iter()
+        .position(|l| l == "cleaned")
+        .unwrap_or(lines.len());
+    let mut open: Option<&str> = None;
+    let mut ran = HashSet::new();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(w) = line.strip_prefix("enter ") {
+            assert!(
+                i > cleaned,
+                "{what}: {w} started before the holder's cleanup finished: {lines:?}"
+            );
+            assert!(open.is_none(), "{what}: waiters overlapped: {lines:?}");
+            assert!(ran.insert(w), "{what}: {w} ran twice: {lines:?}");
+            open = Some(w);
+        } else if let Some(w) = line.strip_prefix("leave ") {
+            assert_eq!(open, Some(w), "{what}: {lines:?}");
+            open = None;
+        }
+    }
+    assert_eq!(ran.len(), 3, "{what}: every waiter ran: {lines:?}");
+    assert!(cleaned < lines.len(), "{what}: no cleanup: {lines:?}");
+}
 
 fn signal_round(round: usize, procs: &Procs) {
     let first = [libc::SIGTERM, libc::SIGINT][round % 2];
@@ -1070,26 +1213,7 @@ fn signal_round(round: usize, procs: &Procs) {
     let h = procs.start("holder", &mut cmd);
     wait_for_file(&ready);
 
-    // Waiters that keep looking at the lock (a status line every 10ms) while
-    // they wait.
-    let waiters: Vec<u32> = (0..3)
-        .map(|k| {
-            let mut cmd = s.devlock();
-            cmd.args(["--report-every", "10ms", "r", "--", "sh", "-c"])
-                .arg(format!(
-                    "echo 'enter W{k}' >> {log}; sleep 0.02; echo 'leave W{k}' >> {log}",
-                    log = log.display()
-                ))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(File::create(s.work(&format!("W{k}.err"))).unwrap());
-            let pid = procs.start(&format!("W{k}"), &mut cmd);
-            wait_until(&format!("{what}: W{k} to wait"), || {
-                sleeping_in_lock_call(pid)
-            });
-            pid
-        })
-        .collect();
+    let waiters = start_waiters(&s, procs, &log, &what);
 
     assert!(procs.signal(h, &[first], false));
     if after_handshake {
@@ -1115,54 +1239,8 @@ fn signal_round(round: usize, procs: &Procs) {
     }
 
     let lines = log_lines(&log);
-    // The command is devlock's process (chain-loaded): each signal reaches
-    // it once, as sent; nobody forwards or repeats one. Two sent back to
-    // back may merge in the kernel where they are the same signal.
-    let heard: Vec<&str> = lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("sig "))
-        .collect();
-    if after_handshake {
-        assert_eq!(
-            heard,
-            [signal_name(first), signal_name(second)],
-            "{what}: each heard once, in order: {lines:?}"
-        );
-    } else {
-        let mut sent = vec![signal_name(first), signal_name(second)];
-        sent.dedup();
-        let mut distinct = heard.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        sent.sort_unstable();
-        assert!(
-            heard.len() <= 2 && distinct == sent,
-            "{what}: each signal sent heard, none more often than sent: {lines:?}"
-        );
-    }
-    // Missing counts as never: a waiter that started is then too early.
-    let cleaned = lines
-        .iter()
-        .position(|l| l == "cleaned")
-        .unwrap_or(lines.len());
-    let mut open: Option<&str> = None;
-    let mut ran = HashSet::new();
-    for (i, line) in lines.iter().enumerate() {
-        if let Some(w) = line.strip_prefix("enter ") {
-            assert!(
-                i > cleaned,
-                "{what}: {w} started before the holder's cleanup finished: {lines:?}"
-            );
-            assert!(open.is_none(), "{what}: waiters overlapped: {lines:?}");
-            assert!(ran.insert(w), "{what}: {w} ran twice: {lines:?}");
-            open = Some(w);
-        } else if let Some(w) = line.strip_prefix("leave ") {
-            assert_eq!(open, Some(w), "{what}: {lines:?}");
-            open = None;
-        }
-    }
-    assert_eq!(ran.len(), 3, "{what}: every waiter ran: {lines:?}");
-    assert!(cleaned < lines.len(), "{what}: no cleanup: {lines:?}");
+    assert_each_signal_heard_once(&lines, first, second, after_handshake, &what);
+    assert_waiters_ran_in_turn_after_cleanup(&lines, &what);
 }
 
 test!(signals_to_supervisors_under_load, needs: []);
