@@ -499,10 +499,9 @@ pub(crate) fn end_line(
     )
 }
 
-test!(report_figures_for_a_scripted_week_match_the_hand_computed_ones, needs: []);
-pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() {
-    let s = Scratch::new();
-    std::fs::create_dir(s.usage_dir()).unwrap();
+/// The scripted week's usage lines (and one that is no usage line): J1 to
+/// J5, J4 outside the week.
+fn scripted_week() -> String {
     let mut text = String::new();
     // J1 Monday 10:00-12:00 on gpu:0: 1 h of 2 computing, 0.5 idle, waited 60 s.
     text += &start_line("j1", "train", &["gpu:0"], &[0], WEEK + 10 * H, 60, None);
@@ -557,27 +556,36 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
     text += &start_line("j4", "train", &["gpu:0"], &[0], WEEK + 8 * D, 0, None);
     text += &end_line("j4", WEEK + 8 * D + H, "exit", 3600, 0, 3600, None);
     text += "not json\n";
-    let uid = nix::unistd::geteuid();
-    std::fs::write(s.usage_dir().join(format!("{uid}.jsonl")), text).unwrap();
-    let report = |args: &[&str]| -> serde_json::Value {
-        let out = s
-            .devlock()
-            .args([
-                "report",
-                "--json",
-                "--since",
-                "2026-11-23",
-                "--until",
-                "2026-11-30",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let close = |v: &serde_json::Value, want: f64| (v.as_f64().unwrap() - want).abs() < 1e-6;
-    let r = report(&[]);
+    text
+}
+
+/// `devlock report --json` over the scripted week, with `args`.
+fn week_report(s: &Scratch, args: &[&str]) -> serde_json::Value {
+    let out = s
+        .devlock()
+        .args([
+            "report",
+            "--json",
+            "--since",
+            "2026-11-23",
+            "--until",
+            "2026-11-30",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Whether a figure is `want`, to a millionth.
+fn close(v: &serde_json::Value, want: f64) -> bool {
+    (v.as_f64().unwrap() - want).abs() < 1e-6
+}
+
+/// The week's totals, and the note on the line it skipped.
+fn assert_week_totals(s: &Scratch, uid: nix::unistd::Uid) {
+    let r = week_report(s, &[]);
     let t = &r["total"];
     assert_eq!(t["jobs"], 4, "{r:#}");
     assert!(close(&t["gpu_hours"], 8.5), "{t:#}");
@@ -599,6 +607,10 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
              (line 11: not a usage line (JSON))"
         )])
     );
+}
+
+/// The week by day, by resource and by step.
+fn assert_week_rows(s: &Scratch) {
     let rows = |r: &serde_json::Value| -> Vec<(String, f64, f64, u64)> {
         r["rows"]
             .as_array()
@@ -616,7 +628,7 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
     };
     let row = |k: &str, g: f64, c: f64, j: u64| (k.to_owned(), g, c, j);
     assert_eq!(
-        rows(&report(&["--by", "day"])),
+        rows(&week_report(s, &["--by", "day"])),
         vec![
             row("2026-11-23", 2.0, 1.0, 1),
             row("2026-11-24", 2.0, 1.0, 1),
@@ -626,18 +638,21 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
         ]
     );
     assert_eq!(
-        rows(&report(&["--by", "resource"])),
+        rows(&week_report(s, &["--by", "resource"])),
         vec![row("gpu:0", 4.0, 2.0, 2), row("gpu:1", 4.5, 1.5, 3)]
     );
     assert_eq!(
-        rows(&report(&["--by", "step"])),
+        rows(&week_report(s, &["--by", "step"])),
         vec![
             row("eval", 4.0, 2.0, 1),
             row("notebook", 1.0, 0.0, 1),
             row("train", 3.5, 1.5, 2)
         ]
     );
-    // A window that cuts J2 at midnight counts its first hour.
+}
+
+/// A window that cuts J2 at midnight counts its first hour.
+fn assert_a_window_cuts_a_job(s: &Scratch) {
     let out = s
         .devlock()
         .args([
@@ -654,7 +669,10 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
     assert!(close(&cut["total"]["gpu_hours"], 2.0), "{cut:#}");
     assert!(close(&cut["total"]["gpu_hours_computing"], 1.0), "{cut:#}");
     assert!(close(&cut["total"]["wait_s"], 300.0), "{cut:#}");
-    // CSV and the table carry the same figures.
+}
+
+/// CSV and the table carry the same figures.
+fn assert_csv_and_table_agree(s: &Scratch, uid: nix::unistd::Uid) {
     let out = s
         .devlock()
         .args([
@@ -700,6 +718,19 @@ pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() 
         "{}",
         stderr(&out)
     );
+}
+
+test!(report_figures_for_a_scripted_week_match_the_hand_computed_ones, needs: []);
+pub(crate) fn report_figures_for_a_scripted_week_match_the_hand_computed_ones() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.usage_dir()).unwrap();
+    let text = scripted_week();
+    let uid = nix::unistd::geteuid();
+    std::fs::write(s.usage_dir().join(format!("{uid}.jsonl")), text).unwrap();
+    assert_week_totals(&s, uid);
+    assert_week_rows(&s);
+    assert_a_window_cuts_a_job(&s);
+    assert_csv_and_table_agree(&s, uid);
 }
 
 test!(the_sites_idle_timeout_stops_a_job_that_sets_none, needs: [Root]);
