@@ -318,6 +318,27 @@ pub(crate) fn doc_screenshot() {
         util: &util,
         jobs: Vec::new(),
     };
+    stage_the_scene(&mut stage);
+    let pids = worker_pids(&s);
+    show_the_workers(&s, &library, &pids);
+    let server = serve_as_the_machine(&s, &library, &pids);
+    let chromium = which("chromium-headless-shell");
+    let png = artefact("serve-doc.png");
+    screenshot(
+        &chromium,
+        &s.work("chromium"),
+        &server.url("/"),
+        &png,
+        (1600, 1640),
+    );
+    std::fs::copy(&png, format!("{REPO}/doc/serve.png")).unwrap();
+    eprintln!("wrote {REPO}/doc/serve.png");
+    drop(server);
+    drop(stage);
+}
+
+/// The scene the picture shows: each user's jobs, lines and strangers.
+fn stage_the_scene(stage: &mut Stage) {
     let gib = |n: u64| format!("{}MiB", n * GIB);
     stage.job(
         "alice",
@@ -408,25 +429,31 @@ pub(crate) fn doc_screenshot() {
     stage.in_line("licence-matlab", 1);
     stage.stranger("mallory", "mallory", "python3");
     stage.stranger("henry", "henry", "jupyter-lab");
-    // The workers' pids, in PROCESSES order ("alice-0" and "alice-1" are
-    // alice's one job on two GPUs: its worker and the shell around it).
+}
+
+/// The workers' pids, in PROCESSES order ("alice-0" and "alice-1" are
+/// alice's one job on two GPUs: its worker and the shell around it).
+fn worker_pids(s: &Scratch) -> Vec<u32> {
     let pid = |tag: &str| pid_in(&s.work(&format!("{tag}.pid")));
     let alice = pid("alice");
-    let pids: Vec<u32> = PROCESSES
+    PROCESSES
         .iter()
         .map(|(_, tag, _, _)| match *tag {
             "alice-0" => alice,
             "alice-1" => parent_of(alice),
             tag => pid(tag),
         })
-        .collect();
+        .collect()
+}
+
+/// From now on the jobs' samplers see their workers: every holder but the
+/// notebook on gpu:5 (which computes nothing) is busy again at its next
+/// sample.
+fn show_the_workers(s: &Scratch, library: &Path, pids: &[u32]) {
     std::fs::write(library.with_file_name("scenario"), scenario(true)).unwrap();
-    // The jobs' samplers see their workers from now on: every holder but
-    // the notebook on gpu:5 (which computes nothing) is busy again at its
-    // next sample.
     let processes: String = PROCESSES
         .iter()
-        .zip(&pids)
+        .zip(pids)
         .map(|((gpu, _, mib, _), pid)| format!("{gpu} {pid} {mib}\n"))
         .collect();
     let listed = s.work("processes.tmp");
@@ -450,7 +477,11 @@ pub(crate) fn doc_screenshot() {
         },
         |idle| idle == &serde_json::json!(["notebook"]),
     );
-    // The server: the users' names and the machine's in namespaces of its own.
+}
+
+/// The server, with the users' names and the machine's in namespaces of its
+/// own.
+fn serve_as_the_machine(s: &Scratch, library: &Path, pids: &[u32]) -> Server {
     let mut passwd = std::fs::read_to_string("/etc/passwd").unwrap();
     for (name, uid) in USERS {
         passwd += &format!("{name}:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin\n");
@@ -472,22 +503,9 @@ pub(crate) fn doc_screenshot() {
         .arg(BIN)
         .env_remove("DEVLOCK_DIR")
         .env_remove("DEVLOCK_USAGE_DIR")
-        .env("DEVLOCK_NVML", &library)
-        .env("FAKE_NVML_PIDS", pid_list(&pids));
-    let server = Server::start(&mut serve, &[]);
-    let chromium = which("chromium-headless-shell");
-    let png = artefact("serve-doc.png");
-    screenshot(
-        &chromium,
-        &s.work("chromium"),
-        &server.url("/"),
-        &png,
-        (1600, 1640),
-    );
-    std::fs::copy(&png, format!("{REPO}/doc/serve.png")).unwrap();
-    eprintln!("wrote {REPO}/doc/serve.png");
-    drop(server);
-    drop(stage);
+        .env("DEVLOCK_NVML", library)
+        .env("FAKE_NVML_PIDS", pid_list(pids));
+    Server::start(&mut serve, &[])
 }
 
 /// A process's parent, from /proc.
