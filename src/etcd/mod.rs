@@ -111,11 +111,15 @@ mod failure;
 mod job;
 mod keeper;
 mod line;
+mod nested;
 mod probe;
 pub(crate) mod run;
 mod session;
+mod slot;
 pub(crate) mod status;
+mod taking;
 mod tls;
+mod turn;
 
 use crate::error::EtcdKind;
 pub(crate) use cluster::Cluster;
