@@ -3,6 +3,8 @@
 
 use anyhow::Result;
 
+use super::session::Got;
+use super::taking::Wanted;
 use super::{Cluster, holders, line_of};
 use crate::proc;
 use crate::request::Request;
@@ -10,7 +12,7 @@ use crate::request::Request;
 /// Whether an ancestor of this process already holds `request` (a nested
 /// devlock), checked against etcd's line and this machine's processes: the
 /// revision of its key if so.
-pub(super) async fn inherited(
+async fn inherited(
     cluster: &Cluster,
     request: &Request,
     ancestors: &[(u32, u64)],
@@ -49,7 +51,7 @@ pub(super) async fn inherited(
 /// a devlock: a devlock set `DEVLOCK_RESOURCES` for its command, or an
 /// ancestor runs a program called devlock, or the kernel will not say what
 /// it runs. Usually there is none, which spares asking etcd.
-pub(super) fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
+fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
     let me = std::process::id();
     let ancestors: Vec<(u32, u64)> = proc::process::ancestors(me)
         .map(|(pid, stat)| (pid, stat.start))
@@ -65,4 +67,44 @@ pub(super) fn possible_devlock_ancestors() -> Vec<(u32, u64)> {
     // This process among them: a devlock whose command is devlock became it.
     let this = proc::process::start_time(me).map(|start| (me, start));
     this.into_iter().chain(ancestors).collect()
+}
+
+/// What one run still has to take once the locks an enclosing devlock holds
+/// pass through: the fixed requests left, the candidates left and how many
+/// of them to pick; and what the command is given so far.
+pub(super) async fn passed_through(
+    cluster: &Cluster,
+    wanted: &Wanted,
+) -> Result<(Vec<Request>, Vec<Request>, usize, Got)> {
+    let ancestors = possible_devlock_ancestors();
+    let mut pending = Vec::new();
+    let mut got = Got {
+        resources: wanted.members.clone(),
+        ..Got::default()
+    };
+    for request in &wanted.fixed {
+        match inherited(cluster, request, &ancestors).await? {
+            Some(fence) => got.fences.push((request.name.clone(), fence)),
+            None => pending.push(request.clone()),
+        }
+    }
+    // A candidate an enclosing devlock holds is a pick that passes through.
+    let mut count = wanted.count;
+    let mut candidates = Vec::new();
+    for request in &wanted.candidates {
+        let passed = if count > 0 {
+            inherited(cluster, request, &ancestors).await?
+        } else {
+            None
+        };
+        match passed {
+            Some(fence) => {
+                count -= 1;
+                got.fences.push((request.name.clone(), fence));
+                got.resources.push(request.name.clone());
+            }
+            None => candidates.push(request.clone()),
+        }
+    }
+    Ok((pending, candidates, count, got))
 }

@@ -3,7 +3,6 @@
 //! what the session reports; once every lock is granted, the session hands
 //! the lease and its keys over to the watcher (see `keeper::hold`).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +10,7 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::keeper::{self, LeaseState, boot_now};
-use super::nested::{inherited, possible_devlock_ancestors};
+use super::nested::passed_through;
 pub(super) use super::taking::Wanted;
 use super::taking::{Label, Taken, Taking};
 use super::{Cluster, Config};
@@ -224,167 +223,11 @@ async fn run_session(
     report: impl Fn(FromSession),
 ) {
     let cluster = Cluster::new(settings.config.clone());
-    let failed = |e| FromSession::Acquired(Err(e), None);
-    let ancestors = possible_devlock_ancestors();
-    let mut pending = Vec::new();
-    let mut got = Got {
-        resources: wanted.members.clone(),
-        ..Got::default()
+    let Some((lease, ttl, state, entries)) =
+        acquire(&settings, &cluster, &wanted, &mut rx, &report).await
+    else {
+        return;
     };
-    for request in &wanted.fixed {
-        match inherited(&cluster, request, &ancestors).await {
-            Ok(Some(fence)) => got.fences.push((request.name.clone(), fence)),
-            Ok(None) => pending.push(request.clone()),
-            Err(e) => return report(failed(e)),
-        }
-    }
-    // A candidate an enclosing devlock holds is a pick that passes through.
-    let mut count = wanted.count;
-    let mut candidates = Vec::new();
-    for request in &wanted.candidates {
-        let passed = if count > 0 {
-            match inherited(&cluster, request, &ancestors).await {
-                Ok(passed) => passed,
-                Err(e) => return report(failed(e)),
-            }
-        } else {
-            None
-        };
-        match passed {
-            Some(fence) => {
-                count -= 1;
-                got.fences.push((request.name.clone(), fence));
-                got.resources.push(request.name.clone());
-            }
-            None => candidates.push(request.clone()),
-        }
-    }
-    if pending.is_empty() && count == 0 {
-        got.resources.sort();
-        return report(FromSession::Acquired(Ok(Acquired::AllInherited(got)), None));
-    }
-    let ttl_secs = settings.ttl.as_secs_f64().ceil() as i64;
-    let sent = boot_now();
-    let grant = match cluster
-        .ask("granting a lease", |mut client| async move {
-            client.lease_grant(ttl_secs, None).await
-        })
-        .await
-    {
-        Ok(grant) => grant,
-        Err(e) => return report(failed(e)),
-    };
-    let lease = grant.id();
-    // etcd may grant more than asked (never less); count on what was asked.
-    let ttl = settings
-        .ttl
-        .min(Duration::from_secs(grant.ttl().max(0) as u64));
-    let state = LeaseState::new(ttl, settings.kill_after, sent);
-    tokio::spawn(keeper::keep(
-        cluster.clone(),
-        lease,
-        state.clone(),
-        boot_now() + ttl / 3,
-    ));
-
-    let mut entries = Vec::new();
-    let say = |line: String| report(FromSession::Say(line));
-    let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
-    let taking = Taking {
-        settings: &settings,
-        cluster: &cluster,
-        lease,
-        label: Label::of_this_process(&settings.step),
-        deadline,
-        say: &say,
-    };
-    let waiting = async {
-        taking.in_order(&pending, &mut entries).await?;
-        if count == 0 {
-            return Ok(());
-        }
-        let fixed = entries.len();
-        taking.any(&candidates, count, &mut entries).await?;
-        // The groups taken for candidates that were not picked go back.
-        let picks: Vec<crate::resource::Resource> =
-            entries[fixed..].iter().map(|t| t.request.clone()).collect();
-        let needed: HashSet<crate::resource::Resource> = picks
-            .iter()
-            .chain(&got.resources)
-            .flat_map(|p| p.held_shared())
-            .collect();
-        let unneeded: Vec<String> = entries[..fixed]
-            .iter()
-            .filter(|t| !needed.contains(&t.request))
-            .map(|t| t.key.clone())
-            .collect();
-        if !unneeded.is_empty() {
-            cluster
-                .ask("giving back groups no pick needs", |mut client| {
-                    let txn = etcd_client::Txn::new().and_then(
-                        unneeded
-                            .iter()
-                            .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
-                            .collect::<Vec<_>>(),
-                    );
-                    async move { client.txn(txn).await }
-                })
-                .await?;
-            entries.retain(|t| !unneeded.contains(&t.key));
-        }
-        // A group kept is held on behalf of a pick (its label says which
-        // once the command runs).
-        let groups = entries.len() - picks.len();
-        for group in entries.iter_mut().take(groups) {
-            if let Some(pick) = picks
-                .iter()
-                .find(|p| p.held_shared().contains(&group.request))
-            {
-                group.entry.via = Some(pick.as_str().to_owned());
-            }
-        }
-        got.resources.extend(picks);
-        Ok::<_, anyhow::Error>(())
-    };
-    let stop = async {
-        loop {
-            match rx.recv().await {
-                Some(ToSession::Stop(sig)) => return sig,
-                Some(_) => {}
-                None => std::future::pending::<()>().await,
-            }
-        }
-    };
-    let outcome = tokio::select! {
-        result = waiting => result,
-        sig = stop => Err(crate::error::signal(
-            sig.signo,
-            format!("stopped by signal {} while waiting; left the line", sig.signo),
-        )),
-        why = state.wait_lost() => Err(crate::error::etcd(
-            crate::error::EtcdKind::Unreachable,
-            format!("{why}; left the line, nothing ran"),
-        )),
-    };
-    if let Err(e) = outcome {
-        state.release();
-        revoke(&cluster, lease).await;
-        return report(failed(e));
-    }
-    got.fences
-        .extend(entries.iter().map(|e| (e.request.clone(), e.fence)));
-    got.slot = entries.iter().find_map(|e| e.slot);
-    got.resources.sort();
-    got.lock_key = got.resources.first().and_then(|first| {
-        entries
-            .iter()
-            .find(|e| &e.request == first)
-            .map(|e| e.key.clone())
-    });
-    report(FromSession::Acquired(
-        Ok(Acquired::Taken(got)),
-        Some(state.clone()),
-    ));
     for Taken { key, joined_at, .. } in &entries {
         tokio::spawn(keeper::watch_own_key(
             cluster.clone(),
@@ -421,6 +264,126 @@ async fn run_session(
         revoke(&cluster, lease).await;
     }
     report(FromSession::Released { lost });
+}
+
+/// Waits for every lock, until stopped or the lease is lost, and reports how
+/// the wait ended. What holding then needs (the lease, its TTL and state,
+/// and each lock taken), or `None` once nothing is held.
+async fn acquire(
+    settings: &Settings,
+    cluster: &Arc<Cluster>,
+    wanted: &Wanted,
+    rx: &mut mpsc::UnboundedReceiver<ToSession>,
+    report: &impl Fn(FromSession),
+) -> Option<(i64, Duration, Arc<LeaseState>, Vec<Taken>)> {
+    let failed = |e| FromSession::Acquired(Err(e), None);
+    let (pending, candidates, count, mut got) = match passed_through(cluster, wanted).await {
+        Ok(left) => left,
+        Err(e) => {
+            report(failed(e));
+            return None;
+        }
+    };
+    if pending.is_empty() && count == 0 {
+        got.resources.sort();
+        report(FromSession::Acquired(Ok(Acquired::AllInherited(got)), None));
+        return None;
+    }
+    let (lease, ttl, state) = match grant_lease(cluster, settings).await {
+        Ok(granted) => granted,
+        Err(e) => {
+            report(failed(e));
+            return None;
+        }
+    };
+
+    let mut entries = Vec::new();
+    let say = |line: String| report(FromSession::Say(line));
+    let deadline = settings.timeout.and_then(|t| Instant::now().checked_add(t));
+    let taking = Taking {
+        settings,
+        cluster,
+        lease,
+        label: Label::of_this_process(&settings.step),
+        deadline,
+        say: &say,
+    };
+    let waiting = taking.all(
+        &pending,
+        &candidates,
+        count,
+        &mut got.resources,
+        &mut entries,
+    );
+    let stop = async {
+        loop {
+            match rx.recv().await {
+                Some(ToSession::Stop(sig)) => return sig,
+                Some(_) => {}
+                None => std::future::pending::<()>().await,
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        result = waiting => result,
+        sig = stop => Err(crate::error::signal(
+            sig.signo,
+            format!("stopped by signal {} while waiting; left the line", sig.signo),
+        )),
+        why = state.wait_lost() => Err(crate::error::etcd(
+            crate::error::EtcdKind::Unreachable,
+            format!("{why}; left the line, nothing ran"),
+        )),
+    };
+    if let Err(e) = outcome {
+        state.release();
+        revoke(cluster, lease).await;
+        report(failed(e));
+        return None;
+    }
+    got.fences
+        .extend(entries.iter().map(|e| (e.request.clone(), e.fence)));
+    got.slot = entries.iter().find_map(|e| e.slot);
+    got.resources.sort();
+    got.lock_key = got.resources.first().and_then(|first| {
+        entries
+            .iter()
+            .find(|e| &e.request == first)
+            .map(|e| e.key.clone())
+    });
+    report(FromSession::Acquired(
+        Ok(Acquired::Taken(got)),
+        Some(state.clone()),
+    ));
+    Some((lease, ttl, state, entries))
+}
+
+/// Grants the lease and starts its renewals: its id, the TTL counted on and
+/// the state the renewals, the waiting and the main thread share.
+async fn grant_lease(
+    cluster: &Arc<Cluster>,
+    settings: &Settings,
+) -> Result<(i64, Duration, Arc<LeaseState>)> {
+    let ttl_secs = settings.ttl.as_secs_f64().ceil() as i64;
+    let sent = boot_now();
+    let grant = cluster
+        .ask("granting a lease", |mut client| async move {
+            client.lease_grant(ttl_secs, None).await
+        })
+        .await?;
+    let lease = grant.id();
+    // etcd may grant more than asked (never less); count on what was asked.
+    let ttl = settings
+        .ttl
+        .min(Duration::from_secs(grant.ttl().max(0) as u64));
+    let state = LeaseState::new(ttl, settings.kill_after, sent);
+    tokio::spawn(keeper::keep(
+        cluster.clone(),
+        lease,
+        state.clone(),
+        boot_now() + ttl / 3,
+    ));
+    Ok((lease, ttl, state))
 }
 
 /// Revokes the lease (every key goes with it); if etcd does not answer, the

@@ -1,6 +1,7 @@
 //! Joining the lines of one run's requests and waiting one's turn in each,
 //! in the one global order: a whole group's members, `--any`'s picks.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -108,11 +109,7 @@ impl Taking<'_> {
     /// shared, so what can still hold one is another client (`etcdctl lock
     /// /devlock/gpu:0`), which the group's take then waits for, or with
     /// `-n` names, and which waits behind the group's key once it is in.
-    pub(super) async fn in_order(
-        &self,
-        requests: &[Request],
-        entries: &mut Vec<Taken>,
-    ) -> Result<()> {
+    async fn in_order(&self, requests: &[Request], entries: &mut Vec<Taken>) -> Result<()> {
         for request in requests {
             let (_, taken) = self.first(std::slice::from_ref(request)).await?;
             entries.push(taken);
@@ -148,12 +145,71 @@ impl Taking<'_> {
         Ok(())
     }
 
+    /// Takes `pending` in order, then `count` of `candidates` (`--any`),
+    /// whose picks join `resources`; the groups taken for candidates that
+    /// were not picked go back.
+    pub(super) async fn all(
+        &self,
+        pending: &[Request],
+        candidates: &[Request],
+        count: usize,
+        resources: &mut Vec<crate::resource::Resource>,
+        entries: &mut Vec<Taken>,
+    ) -> Result<()> {
+        self.in_order(pending, entries).await?;
+        if count == 0 {
+            return Ok(());
+        }
+        let fixed = entries.len();
+        self.any(candidates, count, entries).await?;
+        // The groups taken for candidates that were not picked go back.
+        let picks: Vec<crate::resource::Resource> =
+            entries[fixed..].iter().map(|t| t.request.clone()).collect();
+        let needed: HashSet<crate::resource::Resource> = picks
+            .iter()
+            .chain(resources.iter())
+            .flat_map(|p| p.held_shared())
+            .collect();
+        let unneeded: Vec<String> = entries[..fixed]
+            .iter()
+            .filter(|t| !needed.contains(&t.request))
+            .map(|t| t.key.clone())
+            .collect();
+        if !unneeded.is_empty() {
+            self.cluster
+                .ask("giving back groups no pick needs", |mut client| {
+                    let txn = etcd_client::Txn::new().and_then(
+                        unneeded
+                            .iter()
+                            .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
+                            .collect::<Vec<_>>(),
+                    );
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+            entries.retain(|t| !unneeded.contains(&t.key));
+        }
+        // A group kept is held on behalf of a pick (its label says which
+        // once the command runs).
+        let groups = entries.len() - picks.len();
+        for group in entries.iter_mut().take(groups) {
+            if let Some(pick) = picks
+                .iter()
+                .find(|p| p.held_shared().contains(&group.request))
+            {
+                group.entry.via = Some(pick.as_str().to_owned());
+            }
+        }
+        resources.extend(picks);
+        Ok(())
+    }
+
     /// `--any`: `count` of `candidates` (sorted), the first that are or
     /// become free, picked as the file backend picks them: each from the
     /// candidates after the last pick that leave enough for the rest, so
     /// holding one while waiting for another never goes against the global
     /// lock order.
-    pub(super) async fn any(
+    async fn any(
         &self,
         candidates: &[Request],
         count: usize,
