@@ -85,30 +85,10 @@ pub(super) async fn wait_turn(
     // With -n, how long to wait for what is being let go (see `letting_go`).
     let mut grace: Option<Instant> = None;
     loop {
-        let gave_up = |why: String| {
-            crate::error::busy(
-                name,
-                true,
-                format!(
-                    "gave up on {name} after {}: {why}",
-                    human_duration(started.elapsed())
-                ),
-            )
-        };
+        let gave_up = |why: String| gave_up_on(name, started, why);
         if read_again {
-            let resources: Vec<&crate::resource::Resource> =
-                waits.iter().map(|w| &w.request.name).collect();
-            match cluster
-                .ask("reading the line", |mut client| {
-                    let resources = resources.clone();
-                    async move { lines_of(&mut client, &resources).await }
-                })
-                .await
-            {
-                Ok((lines, read_at)) => {
-                    for (wait, line) in waits.iter_mut().zip(lines) {
-                        wait.line = line;
-                    }
+            match read_lines(cluster, waits).await {
+                Ok(read_at) => {
                     revision = read_at;
                     read_again = false;
                 }
@@ -123,18 +103,7 @@ pub(super) async fn wait_turn(
                 return Ok((i, last_report.is_some(), revision));
             }
         }
-        let who = waits
-            .iter()
-            .map(|w| {
-                let who = describe_holders(&w.line);
-                if waits.len() == 1 {
-                    who
-                } else {
-                    format!("{who} ({})", w.request.name.as_str())
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
+        let who = who_holds(waits);
         if settings.no_wait {
             let over = grace.get_or_insert_with(|| Instant::now() + RELEASE_TIMEOUT);
             if !waits.iter().all(Waiting::letting_go) || Instant::now() >= *over {
@@ -148,11 +117,7 @@ pub(super) async fn wait_turn(
         if report_due && grace.is_none() {
             if !settings.quiet {
                 let waited = last_report.map(|_| started.elapsed());
-                let ahead = waits
-                    .iter()
-                    .filter_map(|w| w.position().ok().map(|i| blockers(&w.line, i).len()))
-                    .min()
-                    .unwrap_or(0);
+                let ahead = fewest_ahead(waits);
                 say(messages::waiting(name, &who, ahead, waited, &settings.step));
             }
             last_report = Some(Instant::now());
@@ -162,15 +127,6 @@ pub(super) async fn wait_turn(
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let until = deadline.map_or(next_report, |d| d.min(next_report));
         let until = grace.map_or(until, |g| g.min(until));
-        // One watch per line on one stream, from just after the revision
-        // they were read at: events come in revision order, so nothing
-        // between the read and the watch is missed, and our own key's
-        // removal is seen before anything that happened after it. Keys put
-        // later come after ours and never stand in the way; each delete is
-        // taken out of the line known.
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
         let (endpoint, mut client) = match cluster.client("watching the line").await {
             Ok(client) => client,
             Err(e) => {
@@ -178,57 +134,7 @@ pub(super) async fn wait_turn(
                 continue;
             }
         };
-        let prefixes: Vec<String> = waits
-            .iter()
-            .map(|w| super::resource_prefix(&w.request.name))
-            .collect();
-        let watch = async {
-            let mut stream = client
-                .watch(prefixes[0].clone(), Some(options.clone()))
-                .await?;
-            for prefix in &prefixes[1..] {
-                stream.watch(prefix.clone(), Some(options.clone())).await?;
-            }
-            while let Some(response) = stream.message().await? {
-                if response.canceled() {
-                    return Ok(Turn::ReadAgain);
-                }
-                let mut deleted_at = 0;
-                for event in response.events() {
-                    let Some(kv) = event
-                        .kv()
-                        .filter(|_| event.event_type() == EventType::Delete)
-                    else {
-                        continue;
-                    };
-                    deleted_at = deleted_at.max(kv.mod_revision());
-                    let gone = String::from_utf8_lossy(kv.key());
-                    let Some(i) = prefixes.iter().position(|p| gone.starts_with(p.as_str())) else {
-                        continue;
-                    };
-                    let wait = &mut waits[i];
-                    if gone == wait.key {
-                        return Ok(Turn::Lost(i));
-                    }
-                    wait.line.retain(|p| p.key != gone);
-                }
-                for (i, wait) in waits.iter().enumerate() {
-                    if wait.ours().unwrap_or(false) {
-                        let at = response.header().map_or(revision, |h| h.revision());
-                        return Ok(Turn::Ours(i, if deleted_at > 0 { deleted_at } else { at }));
-                    }
-                }
-            }
-            Ok::<_, etcd_client::Error>(Turn::ReadAgain)
-        };
-        // A watch on an endpoint devlock has moved away from may stay
-        // silent (a member cut off from its cluster): read the line again.
-        let watch = async {
-            tokio::select! {
-                turn = watch => turn,
-                () = cluster.moved_from(endpoint) => Ok(Turn::ReadAgain),
-            }
-        };
+        let watch = watch_on(cluster, endpoint, &mut client, waits, revision);
         let outcome = tokio::time::timeout_at(until.into(), watch).await;
         // Whatever the watch saw is in the lines known; reading them again
         // makes sure, unless the wait is over.
@@ -251,6 +157,135 @@ pub(super) async fn wait_turn(
             }
         }
     }
+}
+
+/// The busy error of a wait that ran out of time (`-w`).
+fn gave_up_on(name: &str, started: Instant, why: String) -> anyhow::Error {
+    crate::error::busy(
+        name,
+        true,
+        format!(
+            "gave up on {name} after {}: {why}",
+            human_duration(started.elapsed())
+        ),
+    )
+}
+
+/// Reads the lines of `waits` again, at one revision: that revision.
+async fn read_lines(cluster: &Cluster, waits: &mut [Waiting<'_>]) -> Result<i64> {
+    let resources: Vec<&crate::resource::Resource> =
+        waits.iter().map(|w| &w.request.name).collect();
+    let (lines, read_at) = cluster
+        .ask("reading the line", |mut client| {
+            let resources = resources.clone();
+            async move { lines_of(&mut client, &resources).await }
+        })
+        .await?;
+    for (wait, line) in waits.iter_mut().zip(lines) {
+        wait.line = line;
+    }
+    Ok(read_at)
+}
+
+/// Who holds each line of `waits`, naming the line when there are several.
+fn who_holds(waits: &[Waiting<'_>]) -> String {
+    waits
+        .iter()
+        .map(|w| {
+            let who = describe_holders(&w.line);
+            if waits.len() == 1 {
+                who
+            } else {
+                format!("{who} ({})", w.request.name.as_str())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// How many stand in our way in the line where the fewest do.
+fn fewest_ahead(waits: &[Waiting<'_>]) -> usize {
+    waits
+        .iter()
+        .filter_map(|w| w.position().ok().map(|i| blockers(&w.line, i).len()))
+        .min()
+        .unwrap_or(0)
+}
+
+/// [`watch_lines`] on `endpoint`, until devlock moves away from it.
+async fn watch_on(
+    cluster: &Cluster,
+    endpoint: usize,
+    client: &mut etcd_client::Client,
+    waits: &mut [Waiting<'_>],
+    revision: i64,
+) -> Result<Turn, etcd_client::Error> {
+    let watch = watch_lines(client, waits, revision);
+    // A watch on an endpoint devlock has moved away from may stay
+    // silent (a member cut off from its cluster): read the line again.
+    tokio::select! {
+        turn = watch => turn,
+        () = cluster.moved_from(endpoint) => Ok(Turn::ReadAgain),
+    }
+}
+
+/// Watches the lines of `waits` (read at `revision`) until one of them is
+/// ours, our key is gone, or the lines must be read again.
+async fn watch_lines(
+    client: &mut etcd_client::Client,
+    waits: &mut [Waiting<'_>],
+    revision: i64,
+) -> Result<Turn, etcd_client::Error> {
+    // One watch per line on one stream, from just after the revision
+    // they were read at: events come in revision order, so nothing
+    // between the read and the watch is missed, and our own key's
+    // removal is seen before anything that happened after it. Keys put
+    // later come after ours and never stand in the way; each delete is
+    // taken out of the line known.
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let prefixes: Vec<String> = waits
+        .iter()
+        .map(|w| super::resource_prefix(&w.request.name))
+        .collect();
+    let mut stream = client
+        .watch(prefixes[0].clone(), Some(options.clone()))
+        .await?;
+    for prefix in &prefixes[1..] {
+        stream.watch(prefix.clone(), Some(options.clone())).await?;
+    }
+    while let Some(response) = stream.message().await? {
+        if response.canceled() {
+            return Ok(Turn::ReadAgain);
+        }
+        let mut deleted_at = 0;
+        for event in response.events() {
+            let Some(kv) = event
+                .kv()
+                .filter(|_| event.event_type() == EventType::Delete)
+            else {
+                continue;
+            };
+            deleted_at = deleted_at.max(kv.mod_revision());
+            let gone = String::from_utf8_lossy(kv.key());
+            let Some(i) = prefixes.iter().position(|p| gone.starts_with(p.as_str())) else {
+                continue;
+            };
+            let wait = &mut waits[i];
+            if gone == wait.key {
+                return Ok(Turn::Lost(i));
+            }
+            wait.line.retain(|p| p.key != gone);
+        }
+        for (i, wait) in waits.iter().enumerate() {
+            if wait.ours().unwrap_or(false) {
+                let at = response.header().map_or(revision, |h| h.revision());
+                return Ok(Turn::Ours(i, if deleted_at > 0 { deleted_at } else { at }));
+            }
+        }
+    }
+    Ok(Turn::ReadAgain)
 }
 
 /// etcd failing a waiter: said once, then tried again after a pause, until
