@@ -261,30 +261,7 @@ impl Taking<'_> {
             .zip(lines)
             .map(|((request, key), line)| Waiting { request, key, line })
             .collect();
-        // Everyone uses a resource with one size (0: a plain lock); a
-        // member taken for its whole group waits for any size, and is no
-        // size itself.
-        for wait in &waits {
-            let ours = wait.request.slots;
-            let group = wait.request.name.group();
-            let for_group = |e: &Entry| {
-                e.via.is_some() && e.via.as_deref() == group.as_ref().map(|g| g.as_str())
-            };
-            if let Some(theirs) = wait
-                .line
-                .iter()
-                .filter(|_| !wait.request.for_group)
-                .filter(|p| p.key != wait.key && p.entry.as_ref().is_some_and(|e| !for_group(e)))
-                .map(Place::slots)
-                .find(|&theirs| theirs != ours)
-            {
-                return Err(crate::flock::queue::slots_mismatch(
-                    wait.request.name.as_str(),
-                    theirs,
-                    ours,
-                ));
-            }
-        }
+        same_size(&waits)?;
         let started = Instant::now();
         let name = if requests.len() == 1 {
             requests[0].name.as_str().to_owned()
@@ -296,25 +273,7 @@ impl Taking<'_> {
             settings, cluster, &name, &mut waits, joined_at, deadline, say,
         )
         .await?;
-        let others: Vec<String> = waits
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != index)
-            .map(|(_, w)| w.key.clone())
-            .collect();
-        if !others.is_empty() {
-            cluster
-                .ask("leaving the other lines", |mut client| {
-                    let txn = etcd_client::Txn::new().and_then(
-                        others
-                            .iter()
-                            .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
-                            .collect::<Vec<_>>(),
-                    );
-                    async move { client.txn(txn).await }
-                })
-                .await?;
-        }
+        leave_others(cluster, &waits, index).await?;
         let request = &requests[index];
         let key = waits.swap_remove(index).key;
         let slot = if request.slots > 0 {
@@ -344,4 +303,56 @@ impl Taking<'_> {
             },
         ))
     }
+}
+
+/// A usage error if a line of `waits` has a key of another size: everyone
+/// uses a resource with one size (0: a plain lock); a member taken for its
+/// whole group waits for any size, and is no size itself.
+fn same_size(waits: &[Waiting<'_>]) -> Result<()> {
+    for wait in waits {
+        let ours = wait.request.slots;
+        let group = wait.request.name.group();
+        let for_group =
+            |e: &Entry| e.via.is_some() && e.via.as_deref() == group.as_ref().map(|g| g.as_str());
+        if let Some(theirs) = wait
+            .line
+            .iter()
+            .filter(|_| !wait.request.for_group)
+            .filter(|p| p.key != wait.key && p.entry.as_ref().is_some_and(|e| !for_group(e)))
+            .map(Place::slots)
+            .find(|&theirs| theirs != ours)
+        {
+            return Err(crate::flock::queue::slots_mismatch(
+                wait.request.name.as_str(),
+                theirs,
+                ours,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Leaves the lines of `waits` but the one at `index`, letting whoever is
+/// behind move up.
+async fn leave_others(cluster: &Cluster, waits: &[Waiting<'_>], index: usize) -> Result<()> {
+    let others: Vec<String> = waits
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != index)
+        .map(|(_, w)| w.key.clone())
+        .collect();
+    if !others.is_empty() {
+        cluster
+            .ask("leaving the other lines", |mut client| {
+                let txn = etcd_client::Txn::new().and_then(
+                    others
+                        .iter()
+                        .map(|k| etcd_client::TxnOp::delete(k.as_str(), None))
+                        .collect::<Vec<_>>(),
+                );
+                async move { client.txn(txn).await }
+            })
+            .await?;
+    }
+    Ok(())
 }
