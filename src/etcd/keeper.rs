@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
+use etcd_client::{
+    EventType, LeaseKeepAliveResponse, LeaseKeepAliveStream, LeaseKeeper, WatchOptions,
+};
 use tokio::sync::Notify;
 
 use super::job::Job;
@@ -184,24 +186,7 @@ pub(super) async fn keep(
             .min(renew_every.max(Duration::from_millis(500)))
             .min(left);
         let mut tried = None;
-        let attempt = async {
-            if stream.is_none() {
-                let (endpoint, mut client) = cluster
-                    .client("renewing the lease")
-                    .await
-                    .map_err(Renewal::Connect)?;
-                tried = Some(endpoint);
-                let (keeper, responses) = client
-                    .lease_keep_alive(lease)
-                    .await
-                    .map_err(Renewal::Etcd)?;
-                stream = Some((endpoint, keeper, responses));
-            }
-            let (endpoint, keeper, responses) = stream.as_mut().expect("just made");
-            tried = Some(*endpoint);
-            keeper.keep_alive().await.map_err(Renewal::Etcd)?;
-            responses.message().await.map_err(Renewal::Etcd)
-        };
+        let attempt = renew(&cluster, lease, &mut stream, &mut tried);
         match tokio::time::timeout(attempt_for, attempt).await {
             Ok(Ok(Some(response))) if response.ttl() > 0 => {
                 let granted = Duration::from_secs(response.ttl() as u64);
@@ -249,6 +234,32 @@ pub(super) async fn keep(
         gone,
     );
     stop_work(state).await;
+}
+
+/// One renewal over `stream`, opened first if there is none; `tried` says
+/// on which endpoint.
+async fn renew(
+    cluster: &Cluster,
+    lease: i64,
+    stream: &mut Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
+    tried: &mut Option<usize>,
+) -> Result<Option<LeaseKeepAliveResponse>, Renewal> {
+    if stream.is_none() {
+        let (endpoint, mut client) = cluster
+            .client("renewing the lease")
+            .await
+            .map_err(Renewal::Connect)?;
+        *tried = Some(endpoint);
+        let (keeper, responses) = client
+            .lease_keep_alive(lease)
+            .await
+            .map_err(Renewal::Etcd)?;
+        *stream = Some((endpoint, keeper, responses));
+    }
+    let (endpoint, keeper, responses) = stream.as_mut().expect("just made");
+    *tried = Some(*endpoint);
+    keeper.keep_alive().await.map_err(Renewal::Etcd)?;
+    responses.message().await.map_err(Renewal::Etcd)
 }
 
 /// How a renewal failed.
