@@ -22,6 +22,9 @@ use crate::text::human_duration;
 /// reaching every process, clocks ticking at slightly different rates.
 pub(super) const GUARD: Duration = Duration::from_secs(1);
 
+/// How long releasing may take before devlock leaves the lease to expire.
+pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The longest the renewals sleep between looks at the boot clock.
 const MAX_NAP: Duration = Duration::from_millis(250);
 
@@ -427,7 +430,7 @@ pub(super) async fn hold(held: Held, job: Arc<Job>) {
     labelling.abort();
     state.release();
     if job.has_ended() && state.etcd_answers() {
-        super::session::revoke(&cluster, held.lease).await;
+        revoke(&cluster, held.lease).await;
     }
     // The stop said, if it was, before the watcher goes (bounded: a stderr
     // nobody reads must not keep it for ever).
@@ -450,10 +453,17 @@ async fn label(cluster: Arc<Cluster>, lease: i64, keys: Vec<(String, i64, Entry)
             let options = etcd_client::PutOptions::new().with_lease(lease);
             async move { client.put(key, value, Some(options)).await }
         };
-        let _ = cluster
-            .ask_within(super::session::RELEASE_TIMEOUT, "labelling", put)
-            .await;
+        let _ = cluster.ask_within(RELEASE_TIMEOUT, "labelling", put).await;
     }
+}
+
+/// Revokes the lease (every key goes with it); if etcd does not answer, the
+/// lease runs out by itself.
+pub(super) async fn revoke(cluster: &Cluster, lease: i64) {
+    let revoke = |mut client: etcd_client::Client| async move { client.lease_revoke(lease).await };
+    let _ = cluster
+        .ask_within(RELEASE_TIMEOUT, "giving back the lease", revoke)
+        .await;
 }
 
 #[cfg(test)]

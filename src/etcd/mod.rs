@@ -120,6 +120,7 @@ pub(crate) mod status;
 mod taking;
 mod tls;
 mod turn;
+mod wanted;
 
 use crate::error::EtcdKind;
 pub(crate) use cluster::Cluster;

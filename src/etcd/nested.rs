@@ -3,8 +3,7 @@
 
 use anyhow::Result;
 
-use super::session::Got;
-use super::taking::Wanted;
+use super::wanted::{Got, Wanted};
 use super::{Cluster, holders, line_of};
 use crate::proc;
 use crate::request::Request;

@@ -9,30 +9,13 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use tokio::sync::mpsc;
 
-use super::keeper::{self, LeaseState, boot_now};
+use super::Cluster;
+use super::keeper::{self, LeaseState, boot_now, revoke};
 use super::nested::passed_through;
-pub(super) use super::taking::Wanted;
 use super::taking::{Label, Taken, Taking};
-use super::{Cluster, Config};
+pub(super) use super::wanted::{Fences, Got, Settings, Wanted};
 use crate::supervise::{self, Received};
 use crate::sys::signal::Thread;
-
-/// How long releasing may take before devlock leaves the lease to expire.
-pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Everything the session needs to know, fixed at start.
-#[derive(Debug, Clone)]
-pub(super) struct Settings {
-    pub config: Config,
-    pub ttl: Duration,
-    pub kill_after: Duration,
-    pub no_wait: bool,
-    pub timeout: Option<Duration>,
-    pub quiet: bool,
-    pub report_every: Duration,
-    pub step: String,
-    pub command: Vec<String>,
-}
 
 enum ToSession {
     Stop(Received),
@@ -49,22 +32,6 @@ pub(super) enum Acquired {
     AllInherited(Got),
     /// Taken (some perhaps passed through).
     Taken(Got),
-}
-
-/// The fencing token of each lock, by resource name.
-pub(super) type Fences = Vec<(crate::resource::Resource, i64)>;
-
-/// What the command is given.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Got {
-    pub fences: Fences,
-    /// The resources asked for, or `--any`'s picks, sorted.
-    pub resources: Vec<crate::resource::Resource>,
-    /// `--slots`: the slot number taken.
-    pub slot: Option<u64>,
-    /// The key of the first of `resources`, when this run put it
-    /// (`ETCD_LOCK_KEY`, as `etcdctl lock` sets it).
-    pub lock_key: Option<String>,
 }
 
 impl Acquired {
@@ -384,13 +351,4 @@ async fn grant_lease(
         boot_now() + ttl / 3,
     ));
     Ok((lease, ttl, state))
-}
-
-/// Revokes the lease (every key goes with it); if etcd does not answer, the
-/// lease runs out by itself.
-pub(super) async fn revoke(cluster: &Cluster, lease: i64) {
-    let revoke = |mut client: etcd_client::Client| async move { client.lease_revoke(lease).await };
-    let _ = cluster
-        .ask_within(RELEASE_TIMEOUT, "giving back the lease", revoke)
-        .await;
 }

@@ -8,8 +8,8 @@ use anyhow::Result;
 use etcd_client::{EventType, PutOptions, WatchOptions};
 
 use super::Cluster;
-use super::session::Settings;
 use super::turn::RETRY_PAUSE;
+use super::wanted::Settings;
 use crate::request::Request;
 use crate::text::human_duration;
 

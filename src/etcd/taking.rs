@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use super::session::Settings;
 use super::slot::claim_slot;
 use super::turn::{Waiting, wait_turn};
+use super::wanted::Settings;
 use super::{Cluster, Entry, Place, join_lines, key_of};
 use crate::flock::record::{Record, now_ms};
 use crate::messages::etcd as messages;
@@ -25,17 +25,6 @@ pub(super) struct Taken {
     pub joined_at: i64,
     /// `--slots`: the slot number it took.
     pub slot: Option<u64>,
-}
-
-/// What one run takes: `fixed` in order, then `count` of `candidates`
-/// (`--any`); `members` are the resources the command is given when there
-/// are no candidates.
-#[derive(Debug, Clone)]
-pub(super) struct Wanted {
-    pub fixed: Vec<Request>,
-    pub candidates: Vec<Request>,
-    pub count: usize,
-    pub members: Vec<crate::resource::Resource>,
 }
 
 /// Who we are, for every key's value.

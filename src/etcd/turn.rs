@@ -7,7 +7,8 @@ use anyhow::Result;
 use etcd_client::{EventType, WatchOptions};
 
 use super::is;
-use super::session::{RELEASE_TIMEOUT, Settings};
+use super::keeper::RELEASE_TIMEOUT;
+use super::wanted::Settings;
 use super::{Cluster, Place, blockers, holders, lines_of};
 use crate::error::EtcdKind;
 use crate::flock::record::now_ms;
