@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{EventType, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
+use etcd_client::{
+    EventType, LeaseKeepAliveResponse, LeaseKeepAliveStream, LeaseKeeper, WatchOptions,
+};
 use tokio::sync::Notify;
 
 use super::job::Job;
@@ -19,6 +21,9 @@ use crate::text::human_duration;
 /// lease expire: this thread waking late on a busy machine, the kill
 /// reaching every process, clocks ticking at slightly different rates.
 pub(super) const GUARD: Duration = Duration::from_secs(1);
+
+/// How long releasing may take before devlock leaves the lease to expire.
+pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The longest the renewals sleep between looks at the boot clock.
 const MAX_NAP: Duration = Duration::from_millis(250);
@@ -184,24 +189,7 @@ pub(super) async fn keep(
             .min(renew_every.max(Duration::from_millis(500)))
             .min(left);
         let mut tried = None;
-        let attempt = async {
-            if stream.is_none() {
-                let (endpoint, mut client) = cluster
-                    .client("renewing the lease")
-                    .await
-                    .map_err(Renewal::Connect)?;
-                tried = Some(endpoint);
-                let (keeper, responses) = client
-                    .lease_keep_alive(lease)
-                    .await
-                    .map_err(Renewal::Etcd)?;
-                stream = Some((endpoint, keeper, responses));
-            }
-            let (endpoint, keeper, responses) = stream.as_mut().expect("just made");
-            tried = Some(*endpoint);
-            keeper.keep_alive().await.map_err(Renewal::Etcd)?;
-            responses.message().await.map_err(Renewal::Etcd)
-        };
+        let attempt = renew(&cluster, lease, &mut stream, &mut tried);
         match tokio::time::timeout(attempt_for, attempt).await {
             Ok(Ok(Some(response))) if response.ttl() > 0 => {
                 let granted = Duration::from_secs(response.ttl() as u64);
@@ -249,6 +237,32 @@ pub(super) async fn keep(
         gone,
     );
     stop_work(state).await;
+}
+
+/// One renewal over `stream`, opened first if there is none; `tried` says
+/// on which endpoint.
+async fn renew(
+    cluster: &Cluster,
+    lease: i64,
+    stream: &mut Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
+    tried: &mut Option<usize>,
+) -> Result<Option<LeaseKeepAliveResponse>, Renewal> {
+    if stream.is_none() {
+        let (endpoint, mut client) = cluster
+            .client("renewing the lease")
+            .await
+            .map_err(Renewal::Connect)?;
+        *tried = Some(endpoint);
+        let (keeper, responses) = client
+            .lease_keep_alive(lease)
+            .await
+            .map_err(Renewal::Etcd)?;
+        *stream = Some((endpoint, keeper, responses));
+    }
+    let (endpoint, keeper, responses) = stream.as_mut().expect("just made");
+    *tried = Some(*endpoint);
+    keeper.keep_alive().await.map_err(Renewal::Etcd)?;
+    responses.message().await.map_err(Renewal::Etcd)
 }
 
 /// How a renewal failed.
@@ -416,7 +430,7 @@ pub(super) async fn hold(held: Held, job: Arc<Job>) {
     labelling.abort();
     state.release();
     if job.has_ended() && state.etcd_answers() {
-        super::session::revoke(&cluster, held.lease).await;
+        revoke(&cluster, held.lease).await;
     }
     // The stop said, if it was, before the watcher goes (bounded: a stderr
     // nobody reads must not keep it for ever).
@@ -439,10 +453,17 @@ async fn label(cluster: Arc<Cluster>, lease: i64, keys: Vec<(String, i64, Entry)
             let options = etcd_client::PutOptions::new().with_lease(lease);
             async move { client.put(key, value, Some(options)).await }
         };
-        let _ = cluster
-            .ask_within(super::session::RELEASE_TIMEOUT, "labelling", put)
-            .await;
+        let _ = cluster.ask_within(RELEASE_TIMEOUT, "labelling", put).await;
     }
+}
+
+/// Revokes the lease (every key goes with it); if etcd does not answer, the
+/// lease runs out by itself.
+pub(super) async fn revoke(cluster: &Cluster, lease: i64) {
+    let revoke = |mut client: etcd_client::Client| async move { client.lease_revoke(lease).await };
+    let _ = cluster
+        .ask_within(RELEASE_TIMEOUT, "giving back the lease", revoke)
+        .await;
 }
 
 #[cfg(test)]

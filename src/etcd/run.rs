@@ -238,7 +238,7 @@ fn give_back(config: Config, lease: i64) {
         .enable_all()
         .build()
     {
-        runtime.block_on(super::session::revoke(
+        runtime.block_on(super::keeper::revoke(
             &super::cluster::Cluster::new(config),
             lease,
         ));
