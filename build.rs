@@ -68,7 +68,10 @@ fn layout(os: &str, env: &str) {
         println!("cargo:rerun-if-env-changed={var}");
     }
     if let Some(map) = std::env::var_os("DEVLOCK_LINK_MAP") {
-        println!("cargo:rustc-link-arg-bins=-Wl,-Map={}", map.to_string_lossy());
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,-Map={}",
+            map.to_string_lossy()
+        );
     }
     let manifest = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
     let order = std::path::Path::new(&manifest).join("bench/layout/order.txt");
