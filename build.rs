@@ -62,6 +62,7 @@ fn layout(os: &str, env: &str) {
         "DEVLOCK_NO_LAYOUT",
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
         "RUSTC_LINKER",
         "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER",
     ] {
