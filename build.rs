@@ -26,6 +26,19 @@
 //! build is for this machine and its glibc (`getconf GNU_LIBC_VERSION`) is
 //! 2.36 or later. A binary built on an older glibc, or for another machine,
 //! goes without.
+//!
+//! And it lays out the code a waiting devlock and a plain take run side by
+//! side, first in .text (`--symbol-ordering-file=bench/layout/order.txt`,
+//! made by bench/layout/make). Why: a waiter's resident memory is mostly
+//! the pages of the binary it touched, and the kernel maps 64 kB around
+//! each page a process faults in, so code scattered over the 2.3 MB of
+//! .text made most of it resident (section 5 of bench/run). Only the LLD
+//! linker knows the option, and rustc links this target with its own LLD
+//! from 1.90 on unless a linker is chosen: it is passed only then (or never
+//! with `DEVLOCK_NO_LAYOUT=1`). The file names functions; one it no longer
+//! finds is skipped without a word, so a stale file costs memory, never
+//! the build. `DEVLOCK_LINK_MAP=FILE` writes the linker's map there (for
+//! bench/layout/make).
 
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
@@ -38,7 +51,83 @@ fn main() {
             println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
         }
     }
+    layout(&os, &env);
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// The hot/cold layout and the link map (see the top of this file).
+fn layout(os: &str, env: &str) {
+    for var in [
+        "DEVLOCK_LINK_MAP",
+        "DEVLOCK_NO_LAYOUT",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+        "RUSTC_LINKER",
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    if let Some(map) = std::env::var_os("DEVLOCK_LINK_MAP") {
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,-Map={}",
+            map.to_string_lossy()
+        );
+    }
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
+    let order = std::path::Path::new(&manifest).join("bench/layout/order.txt");
+    println!("cargo:rerun-if-changed={}", order.display());
+    if os != "linux" || env != "gnu" || std::env::var_os("DEVLOCK_NO_LAYOUT").is_some() {
+        return;
+    }
+    if !order.is_file() || !links_with_rust_lld() {
+        return;
+    }
+    println!(
+        "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+        order.display()
+    );
+    println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+}
+
+/// Whether rustc links the binary with its own LLD: x86_64 Linux with glibc,
+/// rustc 1.90 or later, and no linker chosen in the environment (a
+/// `-C linker` or `linker-flavor` in the flags, a target's linker).
+fn links_with_rust_lld() -> bool {
+    if std::env::var("TARGET").ok().as_deref() != Some("x86_64-unknown-linux-gnu") {
+        return false;
+    }
+    let flags = [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+    ]
+    .iter()
+    .filter_map(|v| std::env::var(v).ok())
+    .collect::<String>();
+    if ["linker", "link-self-contained", "fuse-ld"]
+        .iter()
+        .any(|f| flags.contains(f))
+        || std::env::var_os("RUSTC_LINKER").is_some()
+        || std::env::var_os("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER").is_some()
+    {
+        return false;
+    }
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let Ok(out) = std::process::Command::new(rustc).arg("-vV").output() else {
+        return false;
+    };
+    // "release: 1.95.0"
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(release) = text.lines().find_map(|l| l.strip_prefix("release: ")) else {
+        return false;
+    };
+    let mut version = release.split(['.', '-']);
+    let number = |part: Option<&str>| part.and_then(|p| p.parse::<u32>().ok());
+    matches!(
+        (number(version.next()), number(version.next())),
+        (Some(major), Some(minor)) if (major, minor) >= (1, 90)
+    )
 }
 
 /// Whether the glibc the binary will run on reads DT_RELR (2.36 and later):
