@@ -129,7 +129,7 @@ impl Busy {
             step: None,
             pid: Some(pid),
             user: crate::proc::process::uid_of(pid)
-                .map(|uid| crate::text::sanitize(&crate::proc::process::user_name(uid))),
+                .map(|uid| crate::show::sanitize(&crate::proc::process::user_name(uid))),
         });
         anyhow::Error::new(Busy {
             resource: resource.to_owned(),
@@ -275,7 +275,7 @@ impl From<anyhow::Error> for Error {
     fn from(err: anyhow::Error) -> Error {
         // The one line reaches a terminal (or a Python traceback): whatever
         // a path or another process put in it, no escape goes with it.
-        let message = crate::text::clean(&format!("{err:#}"));
+        let message = crate::show::clean(&format!("{err:#}"));
         let err = match err.downcast::<Error>() {
             Ok(root) => return root.with_message(message),
             Err(err) => err,

@@ -1,6 +1,6 @@
 //! The limits of a resource name, shared by the name's grammar
 //! ([`crate::resource`]) and the MIG instance names within it
-//! ([`crate::gpu::mig`]), which the grammar parses with.
+//! ([`crate::resource::mig`]), which the grammar parses with.
 
 /// Longest accepted resource name.
 pub(crate) const MAX_NAME_LEN: usize = 64;

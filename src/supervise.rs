@@ -220,7 +220,7 @@ pub(crate) fn exec(
         err = exec_from(&command[0]);
     }
     let err = cannot_start(&command[0], &err);
-    eprintln!("devlock: {}", crate::text::clean(&format!("{err:#}")));
+    eprintln!("devlock: {}", crate::show::clean(&format!("{err:#}")));
     crate::exit::of(&err)
 }
 

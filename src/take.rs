@@ -11,7 +11,7 @@ use crate::flock::entry::{Context, Taken};
 use crate::plan::{Budget, Plan, Seen};
 use crate::request::Request;
 use crate::resource::Resource;
-use crate::status::model as status;
+use crate::view as status;
 
 /// One lock an enclosing hold keeps or passed through: a take made inside
 /// that hold by this process passes through it instead of waiting for

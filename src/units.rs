@@ -6,15 +6,15 @@ use std::time::Duration;
 /// The device memory `--mem` leaves unbudgeted, when --mem-headroom is not
 /// given: the CUDA context of each process and the driver's own take a few
 /// hundred MiB each, and an estimate is seldom exact.
-pub const DEFAULT_MEM_HEADROOM_MIB: u64 = 2048;
+pub(crate) const DEFAULT_MEM_HEADROOM_MIB: u64 = 2048;
 
 /// How long a newly admitted `--mem` job may be the one starting on its
 /// device, when --settle is not given.
-pub const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
 
 /// The memory a process outside the gate may hold before --require-idle
 /// refuses, when --idle-threshold is not given.
-pub const DEFAULT_IDLE_THRESHOLD_MIB: u64 = 256;
+pub(crate) const DEFAULT_IDLE_THRESHOLD_MIB: u64 = 256;
 
 /// A memory size in MiB: `256`, `256MiB`, `1GiB`, `1.5G`.
 pub(crate) fn parse_mib(text: &str) -> Result<u64, String> {
@@ -37,7 +37,7 @@ pub(crate) fn parse_mib(text: &str) -> Result<u64, String> {
 
 /// A duration: `90s`, `10m`, `1h30m`, `250ms`, or a bare number of seconds
 /// (`10`, `1.5`), as `flock -w 10` and `timeout 10` take it.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     let bare = !trimmed.is_empty()
         && trimmed.chars().all(|c| c.is_ascii_digit() || c == '.')

@@ -8,7 +8,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::api::hold::Hold;
-use crate::api::spec::Spec;
+use crate::plan::Spec;
 use crate::api::{Options, Wait};
 use crate::error::{Busy, Error, Result};
 use crate::flock::dir::ScratchDir;

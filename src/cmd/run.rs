@@ -214,7 +214,7 @@ fn start_watched(job: Job, env: &mut supervise::Env) {
     // The label names this process, which the command becomes: its pid and
     // start time are the command's (execve keeps both).
     let record = Record::for_this_process(step);
-    let hold = crate::usage::track::Hold {
+    let hold = crate::usage::track::HoldFacts {
         resources: resources_of(held),
         step: step.clone(),
         pid: record.pid,
@@ -267,7 +267,7 @@ fn start_watched(job: Job, env: &mut supervise::Env) {
     // The start line is the watcher's where it samples; else this process's
     // (a watcher for the lock files alone writes none).
     if !watch.usage {
-        crate::usage::track::start_line(&hold);
+        crate::watcher::start_line(&hold);
     }
     if watch.any()
         && let Err(e) = crate::watcher::start(watch, &hold, dir, held, &record, plan.quiet)
@@ -331,7 +331,7 @@ fn idle_candidates(
     plan: &Plan,
     threshold_mib: u64,
 ) -> Result<Vec<Resource>> {
-    let report = crate::status::model::gather(dir_path, &[], Some(plan.probe_timeout))?;
+    let report = crate::view::gather(dir_path, &[], Some(plan.probe_timeout))?;
     let info = report.device_info.unwrap_or(DeviceReport::NoInfo);
     let mut idle = Vec::new();
     let mut reasons = Vec::new();

@@ -15,18 +15,19 @@ use anyhow::{Context, Result};
 use crate::cli::SetupArgs;
 use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
-use crate::flock::file::kind_of;
+use crate::show::kind_of;
 use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::proc;
-use crate::proc::locks::{FileId, LockTable};
+use crate::proc::lock_entry::FileId;
+use crate::proc::locks::LockTable;
 use crate::resource::Resource;
-use crate::text::{sanitize, show_path};
+use crate::show::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
 use nix::fcntl::AtFlags;
 use std::os::fd::AsFd;
 
-use super::setup_path::{self, Parent};
+use crate::walk::Parent;
 use super::setup_site::{
     record_usage_dir, site_idle_timeout, tmpfiles, usage_asked, usage_managed, usage_way,
 };
@@ -123,7 +124,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     }
     // The whole way to --dir, and to the usage directory, is checked before
     // anything changes.
-    let parent = setup_path::reach(dir)?;
+    let parent = crate::walk::reach(dir)?;
     // Asked, named by the variable (as setup has always taken it), or as
     // recorded before.
     let usage = usage_asked(args)
@@ -272,7 +273,7 @@ pub(super) fn c_string(text: &str) -> Result<CString> {
 /// checked to be still at the path) when someone else owns it, and
 /// whatever else stands at the path (a symbolic link, a file) removed
 /// first. Every step is relative to the descriptor of the directory above
-/// it, which [`setup_path::reach`] walked to from `/` and checked: nothing
+/// it, which [`crate::walk::reach`] walked to from `/` and checked: nothing
 /// here follows a path again, so a co-user who swaps the directory for a
 /// link (`renameat2(RENAME_EXCHANGE)`) changes only what is opened, never
 /// what is changed. `label` names it in what setup says.

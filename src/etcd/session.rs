@@ -22,7 +22,7 @@ use crate::proc;
 use crate::request::Request;
 use crate::supervise::{self, Received};
 use crate::sys::signal::Thread;
-use crate::text::human_duration;
+use crate::show::human_duration;
 
 use crate::messages::etcd as messages;
 
@@ -1127,7 +1127,7 @@ impl Trouble<'_> {
         if !self.said {
             (self.say)(format!(
                 "devlock: {}; still waiting for {}",
-                crate::text::clean(&format!("{err:#}")),
+                crate::show::clean(&format!("{err:#}")),
                 self.name
             ));
             self.said = true;

@@ -17,7 +17,7 @@ use crate::proc;
 use crate::resource::Resource;
 use crate::status::print::print_report;
 use crate::status::table::{Render, Row, align, duration_cell, paint_lock_cell};
-use crate::text::sanitize;
+use crate::show::sanitize;
 
 #[derive(Debug, Serialize)]
 struct Report {

@@ -88,7 +88,7 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
             Err(e) => {
                 return Err(e)
-                    .with_context(|| format!("creating {}", crate::text::show_path(&path)));
+                    .with_context(|| format!("creating {}", crate::show::show_path(&path)));
             }
         }
     };
@@ -97,11 +97,11 @@ pub(crate) fn write(dir: &ScratchDir, names: &[Resource]) -> Result<()> {
         text.push('\n');
     }
     crate::sys::fs::fchmod(&fd, 0o644)
-        .with_context(|| format!("changing {}", crate::text::show_path(&path)))?;
+        .with_context(|| format!("changing {}", crate::show::show_path(&path)))?;
     let file = std::fs::File::from(fd);
     std::os::unix::fs::FileExt::write_all_at(&file, text.as_bytes(), 0)
         .and_then(|()| file.set_len(text.len() as u64))
-        .with_context(|| format!("writing {}", crate::text::show_path(&path)))
+        .with_context(|| format!("writing {}", crate::show::show_path(&path)))
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ impl ScratchDir {
                             nix::sys::stat::Mode::from_bits_truncate(CREATED_DIR_MODE),
                         )
                         .with_context(|| {
-                            format!("setting mode of {}", crate::text::show_path(path))
+                            format!("setting mode of {}", crate::show::show_path(path))
                         })?;
                     }
                     return Ok(dir);
@@ -80,21 +80,21 @@ impl ScratchDir {
                     Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_symlink(path) => {
                         Err(crate::error::unsafe_file(format!(
                             "scratch directory {} is a symbolic link; refusing to follow it",
-                            crate::text::show_path(path)
+                            crate::show::show_path(path)
                         )))
                     }
                     Some(libc::ENOTDIR) => Err(crate::error::unsafe_file(format!(
                         "scratch directory {} is not a directory",
-                        crate::text::show_path(path)
+                        crate::show::show_path(path)
                     ))),
                     Some(libc::EACCES) => Err(crate::error::unsafe_file(format!(
                         "cannot open scratch directory {}: Permission denied (it is kept for \
                          a group this user is not in, or for its owner)",
-                        crate::text::show_path(path)
+                        crate::show::show_path(path)
                     ))),
                     _ => Err(crate::error::unsafe_file(format!(
                         "cannot open scratch directory {}: {}",
-                        crate::text::show_path(path),
+                        crate::show::show_path(path),
                         crate::proc::os_text(&err)
                     ))),
                 };
@@ -209,7 +209,7 @@ impl ScratchDir {
         Err(crate::error::unsafe_file(format!(
             "scratch directory {} is on {name}, where flock(2) is emulated or unreliable; \
                  use a local directory (--dir or DEVLOCK_DIR)",
-            crate::text::show_path(&self.path)
+            crate::show::show_path(&self.path)
         )))
     }
 
@@ -226,7 +226,7 @@ impl ScratchDir {
                 "scratch directory {} is on a filesystem (type {kind:#x}) where flock(2) does not \
                      exclude: two exclusive locks on one file both succeeded; use a local directory \
                      (--dir or DEVLOCK_DIR), bind-mounted from the host into containers",
-                crate::text::show_path(&self.path)
+                crate::show::show_path(&self.path)
             ))),
         }
     }
@@ -259,11 +259,11 @@ impl ScratchDir {
             .try_clone()
             .context("duplicating directory handle")?;
         let mut dir = nix::dir::Dir::from_fd(dup)
-            .with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
+            .with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
         let mut names = Vec::new();
         for entry in dir.iter() {
             let entry =
-                entry.with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
+                entry.with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
             if let Ok(name) = entry.file_name().to_str()
                 && !matches!(name, "." | "..")
             {
@@ -300,7 +300,7 @@ pub(crate) fn flock_excludes(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Resul
 }
 
 /// The directory that holds the lock directory `path`, for root: walked
-/// to from `/` (see [`crate::cmd::setup_path::walk`]), root's all the way
+/// to from `/` (see [`crate::walk::walk`]), root's all the way
 /// and writable by nobody else unless sticky, so that no user decides where
 /// root makes, writes or removes a file; `None` when a directory on the way
 /// is missing. Anything else refuses with exit 74, naming the real path at
@@ -339,7 +339,7 @@ fn create(path: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(crate::error::unsafe_file(format!(
             "cannot create scratch directory {}: {} (choose another with --dir or DEVLOCK_DIR)",
-            crate::text::show_path(path),
+            crate::show::show_path(path),
             crate::proc::os_text(&e)
         ))),
     }
@@ -353,7 +353,7 @@ pub(crate) fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| {
         crate::error::usage(format!(
             "path {} contains a NUL byte",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         ))
     })
 }

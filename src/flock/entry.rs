@@ -211,7 +211,7 @@ impl Held {
                     note = Some(format!(
                         "{} was written by someone else during this hold; devlock no longer \
                          writes into it (nor clears it on release)",
-                        crate::text::show_path(keep.lock.path())
+                        crate::show::show_path(keep.lock.path())
                     ));
                 }
             }
@@ -520,7 +520,7 @@ pub(crate) fn devlock_of(dir: &ScratchDir, lock: &LockFile, resource: &Resource,
     if crate::flock::record::read_from(lock.file())
         .valid()
         .is_some_and(|r| r.names(pid))
-        && crate::proc::locks::holds_flock(pid, lock.id()) == Some(true)
+        && crate::proc::fdinfo::holds_flock(pid, lock.id()) == Some(true)
     {
         return true;
     }

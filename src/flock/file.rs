@@ -8,7 +8,7 @@ use nix::fcntl::OFlag;
 use std::path::PathBuf;
 
 use crate::flock::dir::ScratchDir;
-use crate::proc::locks::FileId;
+use crate::proc::lock_entry::FileId;
 use crate::sys::fs::{Flock, flock};
 use anyhow::{Context, Result};
 
@@ -157,13 +157,13 @@ impl LockFile {
         if !self.writable {
             return Err(format!(
                 "{} is not writable for this user; holding it without a record",
-                crate::text::show_path(&self.path)
+                crate::show::show_path(&self.path)
             ));
         }
         if self.nlink > 1 && self.mode & 0o002 == 0 {
             return Err(format!(
                 "{} has {} hard links; holding it without writing a record into it",
-                crate::text::show_path(&self.path),
+                crate::show::show_path(&self.path),
                 self.nlink
             ));
         }
@@ -171,7 +171,7 @@ impl LockFile {
             Some(now) if crate::flock::record::is_ours_to_write(&now) => Ok(now),
             _ => Err(format!(
                 "{} holds data devlock did not write; holding it without a record (status shows no step)",
-                crate::text::show_path(&self.path)
+                crate::show::show_path(&self.path)
             )),
         }
     }
@@ -254,7 +254,7 @@ impl LockFile {
             Ok(()) => Ok(TryLock::Taken),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(TryLock::Busy),
             Err(e) => Err(e).with_context(|| {
-                format!("taking the lock on {}", crate::text::show_path(&self.path))
+                format!("taking the lock on {}", crate::show::show_path(&self.path))
             }),
         }
     }
@@ -267,7 +267,7 @@ impl LockFile {
             .with_context(|| {
                 format!(
                     "waiting for the lock on {}",
-                    crate::text::show_path(&self.path)
+                    crate::show::show_path(&self.path)
                 )
             })
     }
@@ -372,9 +372,9 @@ impl Leased {
         // `pid 77, bob` as the queue's stranger's lock names its owner.
         let user = pid.and_then(crate::proc::process::uid_of);
         let owner = match (pid, user.map(crate::proc::process::user_name)) {
-            (Some(pid), Some(user)) => format!("pid {pid}, {}", crate::text::sanitize(&user)),
+            (Some(pid), Some(user)) => format!("pid {pid}, {}", crate::show::sanitize(&user)),
             (Some(pid), None) => format!("pid {pid}"),
-            (None, _) => crate::proc::locks::unseen_owner().to_owned(),
+            (None, _) => crate::proc::fdinfo::unseen_owner().to_owned(),
         };
         Leased {
             name: name.to_owned(),
@@ -478,7 +478,7 @@ pub(crate) fn open_checked(
     Ok((file, meta))
 }
 
-pub(crate) use crate::show::kind_of;
+use crate::show::kind_of;
 
 fn check_plain_file(mode: u32, path: &std::path::Path) -> Result<()> {
     if mode & libc::S_IFMT == libc::S_IFREG {
@@ -492,7 +492,7 @@ fn check_plain_file(mode: u32, path: &std::path::Path) -> Result<()> {
 pub(crate) fn wrong_type(path: &std::path::Path, mode: u32) -> anyhow::Error {
     crate::error::unsafe_file(format!(
         "{} is a {}, not a regular file; refusing to use it (remove it, or have root run devlock setup)",
-        crate::text::show_path(path),
+        crate::show::show_path(path),
         kind_of(mode)
     ))
 }
@@ -501,24 +501,24 @@ fn open_error(path: &std::path::Path, err: io::Error) -> anyhow::Error {
     let message = match err.raw_os_error() {
         Some(libc::ELOOP) => format!(
             "{} is a symbolic link; refusing to follow it in a shared directory",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         ),
         Some(libc::EISDIR) => format!(
             "{} is a directory, not a regular file; refusing to use it",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         ),
         Some(libc::ENXIO) => format!(
             "{} is a socket or device, not a regular file; refusing to use it",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         ),
         Some(libc::EACCES) => format!(
             "cannot open lock file {}: permission denied (its owner made it private; \
              ask them, or have root run devlock setup)",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         ),
         _ => format!(
             "cannot open lock file {}: {}",
-            crate::text::show_path(path),
+            crate::show::show_path(path),
             crate::proc::os_text(&err)
         ),
     };

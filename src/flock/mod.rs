@@ -156,7 +156,7 @@
 //!   start time in `/proc/PID/stat`. One pass over every process's fdinfo
 //!   answers a whole look (and every look for 250 ms), linear in processes
 //!   times descriptors, cut short by a pending stopping signal
-//!   ([`crate::proc::locks::fd_scan`]); where this user cannot see an owner
+//!   ([`crate::proc::fdinfo::fd_scan`]); where this user cannot see an owner
 //!   it says so, never a guess. The process `/proc/locks` names as a
 //!   flock's taker is believed to hold it only where its fdinfo says so or
 //!   where it carries the holder's tag: a POSIX read lock on byte 2^40 of

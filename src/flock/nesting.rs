@@ -106,12 +106,12 @@ fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
             continue;
         };
         let same = crate::sys::fs::file_id_of(number)
-            .is_some_and(|(dev, ino)| proc::locks::FileId::from_metadata(dev, ino) == lock.id());
+            .is_some_and(|(dev, ino)| proc::lock_entry::FileId::from_metadata(dev, ino) == lock.id());
         if !same {
             continue;
         }
         modes.extend(
-            proc::locks::locks_of_fd("self", &name)
+            proc::fdinfo::locks_of_fd("self", &name)
                 .iter()
                 .filter(|l| l.file == lock.id() && !l.blocked)
                 .map(|l| (number, l.exclusive)),
@@ -125,8 +125,8 @@ fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
 /// closed its copy does not).
 pub(crate) fn fd_holds(fd: RawFd, lock: &LockFile) -> bool {
     crate::sys::fs::file_id_of(fd)
-        .is_some_and(|(dev, ino)| proc::locks::FileId::from_metadata(dev, ino) == lock.id())
-        && proc::locks::locks_of_fd("self", &fd.to_string())
+        .is_some_and(|(dev, ino)| proc::lock_entry::FileId::from_metadata(dev, ino) == lock.id())
+        && proc::fdinfo::locks_of_fd("self", &fd.to_string())
             .iter()
             .any(|l| l.file == lock.id() && !l.blocked)
 }

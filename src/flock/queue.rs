@@ -28,7 +28,8 @@ use anyhow::{Context, Result};
 
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
-use crate::proc::locks::{FileId, LockTable, RangeLock};
+use crate::proc::lock_entry::{FileId, RangeLock};
+use crate::proc::locks::LockTable;
 
 mod blocked;
 pub(crate) use blocked::Blocked;
@@ -353,7 +354,7 @@ pub(crate) fn slots_mismatch(resource: &str, theirs: u64, ours: u64) -> anyhow::
 /// and `devlock_of` vouches for that process.
 fn agreement_is_devlocks(queue: FileId, theirs: u64, devlock_of: &dyn Fn(u32) -> bool) -> bool {
     let at = (AGREE_BASE as u64) + theirs;
-    let vouched = |scan: &crate::proc::locks::FdScan| {
+    let vouched = |scan: &crate::proc::fdinfo::FdScan| {
         scan.ranges
             .get(&queue)
             .into_iter()
@@ -363,8 +364,8 @@ fn agreement_is_devlocks(queue: FileId, theirs: u64, devlock_of: &dyn Fn(u32) ->
     };
     // A scan shared with an earlier question may predate the lock: one
     // made now decides before the lock is called a stranger's.
-    vouched(&crate::proc::locks::fd_scan())
-        || vouched(&crate::proc::locks::fd_scan_within(
+    vouched(&crate::proc::fdinfo::fd_scan())
+        || vouched(&crate::proc::fdinfo::fd_scan_within(
             std::time::Duration::ZERO,
         ))
 }
@@ -415,7 +416,7 @@ pub(crate) fn agreement_error(
     let Some(file) = open_queue(dir, lock_name)? else {
         return Ok(slots_mismatch(resource, n, ours));
     };
-    let id = crate::proc::locks::FileId::from_metadata(
+    let id = crate::proc::lock_entry::FileId::from_metadata(
         std::os::unix::fs::MetadataExt::dev(&file.metadata()?),
         std::os::unix::fs::MetadataExt::ino(&file.metadata()?),
     );

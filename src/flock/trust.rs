@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::flock::dir::{OpenLog, ScratchDir};
 use crate::proc;
 use crate::resource::Resource;
-use crate::text::sanitize;
+use crate::show::sanitize;
 
 /// One thing that lets another user break exclusion (or the line's order).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,16 +68,16 @@ fn file_issue(path: &Path, owner: u32, name: &str) -> Issue {
     let reason = if name.ends_with(".queue") {
         format!(
             "{} is owned by {who}, who can replace it and reorder the line",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         )
     } else {
         format!(
             "{} is owned by {who}, who can rename or remove it while it is held and so let a second holder in",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         )
     };
     Issue {
-        path: crate::text::show_path(path),
+        path: crate::show::show_path(path),
         owner: Some(who),
         reason,
     }
@@ -107,11 +107,11 @@ pub(crate) fn dir_issues(dir: &ScratchDir) -> Vec<Issue> {
         if foreign(st.st_uid) {
             let who = user(st.st_uid);
             issues.push(Issue {
-                path: crate::text::show_path(path),
+                path: crate::show::show_path(path),
                 owner: Some(who.clone()),
                 reason: format!(
                     "{} is owned by {who}, who can rename or remove every lock file in it",
-                    crate::text::show_path(path)
+                    crate::show::show_path(path)
                 ),
             });
         }
@@ -138,11 +138,11 @@ fn loose_mode(path: &Path, mode: u32, gid: u32) -> Option<Issue> {
         return None;
     };
     Some(Issue {
-        path: crate::text::show_path(path),
+        path: crate::show::show_path(path),
         owner: None,
         reason: format!(
             "{} is writable by {who} and not sticky, so they can rename or replace what is in it",
-            crate::text::show_path(path)
+            crate::show::show_path(path)
         ),
     })
 }
@@ -188,11 +188,11 @@ fn check_chain(path: &Path, issues: &mut Vec<Issue>, through_link: &mut bool) {
         if foreign(meta.uid()) {
             let who = user(meta.uid());
             issues.push(Issue {
-                path: crate::text::show_path(&prefix),
+                path: crate::show::show_path(&prefix),
                 owner: Some(who.clone()),
                 reason: format!(
                     "{} is owned by {who}, who can replace the directory below it",
-                    crate::text::show_path(&prefix)
+                    crate::show::show_path(&prefix)
                 ),
             });
         }
@@ -243,12 +243,12 @@ pub(crate) fn of_resource(
                 let path = dir.path().join(name);
                 if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     issues.push(Issue {
-                        path: crate::text::show_path(&path),
+                        path: crate::show::show_path(&path),
                         owner: Some(user(st.st_uid)),
                         reason: format!(
                             "{} is a {} owned by {}, not a regular file: devlock refuses it (exit 74)",
-                            crate::text::show_path(&path),
-                            crate::flock::file::kind_of(st.st_mode),
+                            crate::show::show_path(&path),
+                            crate::show::kind_of(st.st_mode),
                             user(st.st_uid)
                         ),
                     });
@@ -443,7 +443,7 @@ pub(crate) fn fix_command<'a>(
 ) -> String {
     let mut command = "sudo devlock setup".to_owned();
     if let Some(dir) = dir.filter(|d| *d != Path::new(crate::flock::dir::DEFAULT_DIR)) {
-        command.push_str(&format!(" --dir {}", crate::text::show_path(dir)));
+        command.push_str(&format!(" --dir {}", crate::show::show_path(dir)));
     }
     for r in resources {
         command.push(' ');

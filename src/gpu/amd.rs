@@ -416,7 +416,7 @@ pub(crate) fn drm_devices(drm_class: &Path, proc_root: &Path) -> Option<DeviceRe
         Ok(scan) => scan,
         Err(e) => {
             return Some(DeviceReport::Unknown {
-                reason: format!("cannot read {}: {e}", crate::text::show_path(proc_root)),
+                reason: format!("cannot read {}: {e}", crate::show::show_path(proc_root)),
             });
         }
     };

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::resource::Resource;
-use crate::text::sanitize;
+use crate::show::sanitize;
 use anyhow::Result;
 
 /// The GPUs the caller lets the job use.
@@ -309,7 +309,7 @@ pub(crate) fn check_mig(resources: &[Resource], any: bool, count: usize) -> Resu
         return Ok(());
     }
     let pairs: Vec<(&str, &str)> = instances.iter().map(|r| (r.as_str(), "")).collect();
-    if let Err(why) = crate::gpu::mig::visible_devices(&pairs) {
+    if let Err(why) = crate::resource::mig::visible_devices(&pairs) {
         return Err(crate::error::usage(why));
     }
     if let Some(gpu) = resources.iter().find(|r| r.gpu_index().is_some()) {
@@ -356,7 +356,7 @@ pub(crate) fn mig_env(
                     .to_owned(),
             )
         })?;
-    let list = crate::gpu::mig::visible_devices(&[(instance.as_str(), &uuid)])
+    let list = crate::resource::mig::visible_devices(&[(instance.as_str(), &uuid)])
         .map_err(crate::error::usage)?;
     Ok(vec![("CUDA_VISIBLE_DEVICES", list)])
 }

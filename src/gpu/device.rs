@@ -46,7 +46,7 @@ pub(crate) struct Device {
 }
 
 /// One MIG instance of a GPU in MIG mode: a device of its own, one level
-/// below its GPU (see [`crate::gpu::mig`] for its resource name).
+/// below its GPU (see [`crate::resource::mig`] for its resource name).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub(crate) struct MigInstance {
     /// Its resource name, `gpu:N:PROFILE:giG.ciC`; `None` when its profile

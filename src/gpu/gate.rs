@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport, Gating, format_mib};
 use crate::gpu::source::{self, Probed};
 use crate::proc;
-use crate::proc::locks::FileId;
+use crate::proc::lock_entry::FileId;
 use crate::resource::Resource;
 
 /// The group name whose members map to NVIDIA device indices.
@@ -120,7 +120,7 @@ fn inside(pid: u32, gate: &Gate) -> bool {
     if line.any(|p| holders.contains(&p)) {
         return true;
     }
-    proc::locks::fd_locks(&pid.to_string())
+    proc::fdinfo::fd_locks(&pid.to_string())
         .unwrap_or_default()
         .iter()
         .any(|(_, l)| l.file == gate.lock && !l.blocked)
@@ -189,7 +189,7 @@ fn busy(resource: &Resource, processes: &[DeviceProcess], threshold_mib: u64) ->
         let who = format!(
             "pid {} ({}, {})",
             p.pid,
-            crate::text::sanitize(&p.name),
+            crate::show::sanitize(&p.name),
             p.user().unwrap_or("user unknown")
         );
         match p.used_mib {

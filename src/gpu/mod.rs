@@ -11,7 +11,6 @@ pub(crate) mod device;
 pub(crate) mod gate;
 pub(crate) mod memory;
 // The MIG name grammar is the resource's (see `crate::resource::mig`).
-pub(crate) use crate::resource::mig;
 pub(crate) mod nvidia_smi;
 pub(crate) mod nvml;
 pub(crate) mod source;

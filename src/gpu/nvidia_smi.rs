@@ -171,7 +171,7 @@ pub(crate) fn join(mut gpus: Vec<Device>, apps: Vec<(String, DeviceProcess)>) ->
 mod tests {
     use super::*;
     use crate::gpu::device::format_mib;
-    use crate::text::human_duration;
+    use crate::show::human_duration;
     use std::os::unix::fs::PermissionsExt;
 
     const SEVERAL_GPUS: &str = include_str!("../../tests/fixtures/nvidia-smi/several.gpus.csv");

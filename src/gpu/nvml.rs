@@ -49,9 +49,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::gpu::device::{Device, DeviceProcess, MigInstance};
-use crate::gpu::mig;
+use crate::resource::mig;
 use crate::sys::nvml as ffi;
-use crate::text::human_duration;
+use crate::show::human_duration;
 use ffi::{Code, Handle, Library, OpenError, ProcessInfo};
 
 mod read;
@@ -367,7 +367,7 @@ fn start(path: &Path, named: bool) -> Result<&'static Library, Failure> {
         Err(why) => {
             return Err(Failure::Unknown(Unknown::new(format!(
                 "cannot use {} as NVML: {why}",
-                crate::text::show_path(path)
+                crate::show::show_path(path)
             ))));
         }
     };

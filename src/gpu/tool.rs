@@ -17,7 +17,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 
-use crate::text::human_duration;
+use crate::show::human_duration;
 
 /// After SIGKILL, how long to wait for the process to die before leaving
 /// its reaping to a background thread (a wedged driver can hold it in the kernel).
@@ -62,7 +62,7 @@ pub(crate) fn run_tool(
     timeout: Duration,
 ) -> Result<String, String> {
     let output = run(program, args, deadline)
-        .map_err(|e| format!("cannot run {}: {e}", crate::text::show_path(program)))?
+        .map_err(|e| format!("cannot run {}: {e}", crate::show::show_path(program)))?
         .ok_or_else(|| {
             format!(
                 "{tool} did not answer within {} (killed)",

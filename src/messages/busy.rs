@@ -7,9 +7,10 @@ use crate::flock::file::Leased;
 use crate::flock::wait::Busy as BusyLock;
 use crate::request::Request;
 use crate::resource::Resource;
-use crate::status::model::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
+use crate::view::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
 use crate::take::holder_of;
-use crate::text::{sanitize, short_duration};
+use crate::show::sanitize;
+use crate::text::short_duration;
 use std::time::Duration;
 
 /// `gpu:0 is busy: held by train (pid 4242, alice) for 5m03s`, naming
@@ -174,7 +175,7 @@ pub(crate) fn who(pid: Option<u32>, user: Option<&str>) -> String {
     match (pid, user) {
         (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
         (Some(pid), None) => format!("pid {pid}"),
-        _ => crate::proc::locks::unseen_owner().to_owned(),
+        _ => crate::proc::fdinfo::unseen_owner().to_owned(),
     }
 }
 
@@ -421,7 +422,7 @@ pub(crate) fn worded(
             lock,
             budget,
         } => {
-            let view = crate::status::model::describe(&lock, dir, &request.name);
+            let view = crate::view::describe(&lock, dir, &request.name);
             let starter = view.holders.iter().find(|h| h.starting == Some(true));
             let message = match (starter, group) {
                 (Some(starter), _) if budget => budget_starting(&request.name, starter),
@@ -434,7 +435,7 @@ pub(crate) fn worded(
             let each: Vec<(String, ResourceView)> = each
                 .into_iter()
                 .map(|(label, resource, lock)| {
-                    (label, crate::status::model::describe(&lock, dir, &resource))
+                    (label, crate::view::describe(&lock, dir, &resource))
                 })
                 .collect();
             let message = all_busy(&names, &each);
@@ -448,7 +449,7 @@ pub(crate) fn worded(
             let message = no_room(&figures);
             match lock {
                 Some((request, lock)) => {
-                    let view = crate::status::model::describe(&lock, dir, &request.name);
+                    let view = crate::view::describe(&lock, dir, &request.name);
                     (request.name.to_string(), first(&view), message)
                 }
                 None => (names.join(" "), None, message),

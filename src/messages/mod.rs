@@ -16,8 +16,9 @@ pub(crate) mod serve;
 
 pub(crate) use busy::*;
 
-use crate::status::model::ResourceView;
-use crate::text::{sanitize, short_duration};
+use crate::view::ResourceView;
+use crate::show::sanitize;
+use crate::text::short_duration;
 
 /// What `--help` adds to a flag of the etcd feature in a build without it.
 #[cfg(not(feature = "etcd"))]
@@ -224,7 +225,7 @@ pub(crate) fn idle_over_site(
         "--idle-timeout {} is longer than this machine's idle policy, {site} ({}, set by the \
          administrator with devlock setup --idle-timeout): ask for {site} or less, or leave it out",
         humantime::format_duration(asked),
-        crate::text::show_path(policy_file)
+        crate::show::show_path(policy_file)
     )
 }
 
@@ -261,7 +262,7 @@ pub(crate) fn setup_warning(
             )
         }
     };
-    let shown = crate::text::show_path(dir);
+    let shown = crate::show::show_path(dir);
     let unnamed = if above {
         "a directory"
     } else {

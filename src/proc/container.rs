@@ -91,13 +91,13 @@ pub(crate) fn container_in_cgroup(cgroup: &str) -> Option<String> {
                 }
             }
             if let Some(name) = part.strip_prefix("lxc.payload.") {
-                return Some(format!("lxc {}", crate::text::sanitize(name)));
+                return Some(format!("lxc {}", crate::show::sanitize(name)));
             }
         }
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         match parts[..] {
             ["docker", id, ..] => return short(id).map(|id| format!("docker {id}")),
-            ["lxc", name, ..] => return Some(format!("lxc {}", crate::text::sanitize(name))),
+            ["lxc", name, ..] => return Some(format!("lxc {}", crate::show::sanitize(name))),
             ["kubepods", .., id] => {
                 if let Some(id) = short(id) {
                     return Some(format!("kubernetes {id}"));

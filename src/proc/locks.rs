@@ -8,13 +8,9 @@ use std::fs;
 use std::io::Read;
 
 use super::fdinfo::Descriptors;
-pub(crate) use super::fdinfo::{
-    FdScan, fd_locks, fd_scan, fd_scan_within, holds_flock, locks_of_fd, range_lock_owners,
-    unseen_owner,
-};
 use super::lock_entry::parse_leases;
-pub(crate) use super::lock_entry::parse_range_locks;
-pub use super::lock_entry::{FileId, KernelLock, RangeLock, parse_locks};
+use super::lock_entry::parse_range_locks;
+use super::lock_entry::{FileId, KernelLock, RangeLock, parse_locks};
 
 /// All lock entries of the machine (of this pid namespace), by file, and
 /// what the processes' descriptors hold, read once for this look: every

@@ -39,6 +39,7 @@ fn read_small(path: impl AsRef<Path>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::container::*;
+    use super::lock_entry::*;
     use super::locks::*;
     use super::process::*;
 

@@ -100,7 +100,7 @@ pub(crate) fn cmdline_of(pid: u32) -> Option<Vec<String>> {
     let args: Vec<String> = buf
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
-        .map(|a| crate::text::clean(&String::from_utf8_lossy(a)))
+        .map(|a| crate::show::clean(&String::from_utf8_lossy(a)))
         .collect();
     (!args.is_empty()).then_some(args)
 }

@@ -23,8 +23,8 @@ use std::fmt::Write as _;
 use crate::gpu::device::{Device, DeviceReport};
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
-use crate::status::model::{ResourceView, State};
-use crate::text::sanitize;
+use crate::view::{ResourceView, State};
+use crate::show::sanitize;
 
 /// The `Content-Type` of this format.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -420,7 +420,7 @@ fn locks(out: &mut Exposition, resources: &[ResourceView]) {
             .iter()
             .flat_map(|r| r.holders.iter().map(move |h| (r, h)))
     };
-    let who = |r: &ResourceView, h: &crate::status::model::Holder| {
+    let who = |r: &ResourceView, h: &crate::view::Holder| {
         vec![
             r.name.clone(),
             text(h.step.as_deref()),
@@ -657,7 +657,7 @@ mod tests {
     /// The families and labels as the exposition writes them.
     fn families() -> Vec<(&'static str, &'static [&'static str])> {
         let snapshot = Snapshot {
-            report: crate::status::model::StatusReport {
+            report: crate::view::StatusReport {
                 dir: "/run/lock/devlock".to_owned(),
                 trust: Default::default(),
                 resources: Vec::new(),

@@ -157,7 +157,7 @@ fn dl_error() -> String {
     }
     // SAFETY: non-null, NUL-terminated (above).
     let text = unsafe { CStr::from_ptr(message) };
-    crate::text::sanitize(&text.to_string_lossy())
+    crate::show::sanitize(&text.to_string_lossy())
 }
 
 /// Resolves one symbol, as a function pointer of type `F`.
@@ -256,7 +256,7 @@ impl Library {
         }
         // SAFETY: non-null, NUL-terminated, static (above).
         let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-        format!("{} (NVML error {})", crate::text::sanitize(&text), code.0)
+        format!("{} (NVML error {})", crate::show::sanitize(&text), code.0)
     }
 
     /// `nvmlInit_v2`: call once per process.

@@ -160,7 +160,7 @@ fn check_time(ms: u64, latest: u64) -> Result<(), Refused> {
 }
 
 /// `text` cut to at most `max` bytes (at a character's boundary), every
-/// control and format character replaced ([`crate::text::clean`]).
+/// control and format character replaced ([`crate::show::clean`]).
 fn clean(text: &mut String, max: usize) {
     if text.len() > max {
         let mut cut = max;
@@ -171,8 +171,8 @@ fn clean(text: &mut String, max: usize) {
     }
     // Printable ASCII, as honest texts are, needs no look at each character.
     let printable = text.bytes().all(|b| (b' '..=b'~').contains(&b));
-    if !printable && text.chars().any(crate::text::is_unsafe_char) {
-        *text = crate::text::clean(text);
+    if !printable && text.chars().any(crate::show::is_unsafe_char) {
+        *text = crate::show::clean(text);
     }
 }
 
@@ -364,7 +364,7 @@ mod tests {
                     prop_assert!(s.gpus.len() <= MAX_LIST);
                     prop_assert!(s.gpus.windows(2).all(|w| w[0] < w[1]));
                     prop_assert!(s.step.len() <= MAX_STEP && s.from.len() <= MAX_ID);
-                    prop_assert!(!s.step.chars().any(crate::text::is_unsafe_char));
+                    prop_assert!(!s.step.chars().any(crate::show::is_unsafe_char));
                     prop_assert!(s.mem_mib.is_none_or(|m| m <= MAX_MIB));
                     (&s.job, None)
                 }

@@ -15,7 +15,6 @@ pub(crate) mod history;
 pub(crate) mod idle;
 pub(crate) mod line;
 pub(crate) mod read;
-pub(crate) use crate::report; // moved to the front end (src/report)
 pub(crate) mod sample;
 pub(crate) mod site;
 pub(crate) mod track;
@@ -306,7 +305,7 @@ pub(crate) enum Unusable {
 /// The usage directory open, and its owner and mode (fstat): reached from
 /// `/` through directories only root (or, for a user who is not root, that
 /// user) owns and nobody else may write unless sticky, never through
-/// another user's link ([`walk`](crate::cmd::setup_path::walk)); made
+/// another user's link ([`walk`](crate::walk::walk)); made
 /// sticky and world-writable when missing and `create`.
 pub(crate) fn open_dir(dir: &Path, create: bool) -> Result<(OwnedFd, libc::stat), Unusable> {
     use crate::walk::{Stop, Way, walk};
@@ -322,7 +321,7 @@ pub(crate) fn open_dir(dir: &Path, create: bool) -> Result<(OwnedFd, libc::stat)
         Stop::Refused(e) => Unusable::Refused(e.to_string()),
     })?;
     let cannot = |e: &dyn std::fmt::Display| {
-        Unusable::Refused(format!("{}: {e}", crate::text::show_path(&parent.target())))
+        Unusable::Refused(format!("{}: {e}", crate::show::show_path(&parent.target())))
     };
     let mut made = false;
     let fd = loop {
@@ -356,7 +355,7 @@ pub(crate) fn open_dir(dir: &Path, create: bool) -> Result<(OwnedFd, libc::stat)
 /// and this one, who can remove or replace any file in it, or anyone may
 /// write it without the sticky bit.
 pub(crate) fn distrust(dir: &Path, st: &libc::stat) -> Option<String> {
-    let shown = crate::text::show_path(dir);
+    let shown = crate::show::show_path(dir);
     if st.st_uid != 0 && st.st_uid != crate::sys::process::effective_uid() {
         return Some(format!(
             "{shown} is owned by {}, who can remove or replace any record in it",
@@ -377,7 +376,7 @@ pub(crate) fn distrust(dir: &Path, st: &libc::stat) -> Option<String> {
 /// user's is not used, and the note says whose it is).
 fn open_own(dir: &Path) -> Result<std::fs::File, String> {
     let (dir_fd, st) = open_dir(dir, true).map_err(|u| match u {
-        Unusable::Missing => format!("{} does not exist", crate::text::show_path(dir)),
+        Unusable::Missing => format!("{} does not exist", crate::show::show_path(dir)),
         Unusable::Refused(why) => why,
     })?;
     if let Some(why) = distrust(dir, &st) {
@@ -390,7 +389,7 @@ fn open_own(dir: &Path) -> Result<std::fs::File, String> {
     let shown = |e: io::Error| {
         format!(
             "{}: {}",
-            crate::text::show_path(dir),
+            crate::show::show_path(dir),
             crate::proc::os_text(&e)
         )
     };

@@ -76,7 +76,7 @@ pub(crate) fn parse_usage_dir(bytes: &[u8]) -> Option<UsageDir> {
 /// Whether `path` can be recorded as it is (and carried by a boot snippet's
 /// line): not empty, no control (NUL included) or format character.
 pub(crate) fn recordable(path: &str) -> bool {
-    !path.is_empty() && !path.chars().any(crate::text::is_unsafe_char)
+    !path.is_empty() && !path.chars().any(crate::show::is_unsafe_char)
 }
 
 /// The bytes of the file `name` in the directory open as `dir`, at most
@@ -142,7 +142,7 @@ mod tests {
                 prop_assert!(bytes.len() <= MOST_USAGE);
                 let text = path.to_str().unwrap();
                 prop_assert!(text.starts_with('/'));
-                prop_assert!(!text.chars().any(crate::text::is_unsafe_char));
+                prop_assert!(!text.chars().any(crate::show::is_unsafe_char));
             }
         }
 

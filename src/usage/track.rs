@@ -11,12 +11,6 @@ use super::{How, Log, Measured, PROGRESS_EVERY, Start, VERSION, job_id};
 use crate::hold_watch::HoldEvent;
 use crate::resource::Resource;
 
-/// The start line alone, said where it cannot be written (the front end's).
-pub(crate) use crate::watcher::start_line;
-
-/// The old name of [`HoldFacts`], for callers not yet renamed.
-pub(crate) use HoldFacts as Hold;
-
 /// What a hold is, for its usage (the facts its record is written from).
 #[derive(Debug, Clone)]
 pub(crate) struct HoldFacts {

@@ -244,7 +244,7 @@ fn note_stale_record(view: &mut ResourceView, record: Option<Record>) {
 /// waiter is shown as the member's waiter, for every user. Returns the
 /// pids whose places were taken out.
 pub(super) fn drop_places_in_line(
-    kernel_holders: &mut Vec<proc::locks::KernelLock>,
+    kernel_holders: &mut Vec<proc::lock_entry::KernelLock>,
     dir: &ScratchDir,
     resource: &Resource,
     table: &LockTable,
@@ -359,7 +359,7 @@ pub(super) fn slot_strangers(
     dir: &ScratchDir,
     resource: &Resource,
     table: &LockTable,
-    lock_holders: &[proc::locks::KernelLock],
+    lock_holders: &[proc::lock_entry::KernelLock],
     now: SystemTime,
 ) {
     let takers: Vec<u32> = lock_holders.iter().map(|l| l.pid).collect();
@@ -375,7 +375,7 @@ pub(super) fn slot_strangers(
             break;
         };
         let id = FileId::from_metadata(st.st_dev, st.st_ino);
-        let theirs: Vec<proc::locks::KernelLock> = table
+        let theirs: Vec<proc::lock_entry::KernelLock> = table
             .holders(id)
             .filter(|l| !takers.contains(&l.pid))
             .cloned()

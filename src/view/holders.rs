@@ -10,7 +10,7 @@ use super::*;
 /// descriptor it passed down holds it, as far as this user can see.
 pub(crate) fn holders_of(
     id: FileId,
-    kernel_holders: &[proc::locks::KernelLock],
+    kernel_holders: &[proc::lock_entry::KernelLock],
     record: Option<&Record>,
     holds: &[Record],
     now: SystemTime,

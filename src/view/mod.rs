@@ -29,7 +29,8 @@ use crate::flock::trust::{self, Trust};
 use crate::gpu::device::{Device, DeviceReport};
 use crate::gpu::gate as devices;
 use crate::proc;
-use crate::proc::locks::{FileId, LockTable, RangeLock};
+use crate::proc::lock_entry::{FileId, RangeLock};
+use crate::proc::locks::LockTable;
 use crate::resource::Resource;
 use crate::show::clean;
 

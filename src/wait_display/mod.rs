@@ -25,7 +25,8 @@ use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
 use crate::supervise::{self, Received};
 use crate::sys::signal::Thread;
-use crate::text::{fit, sanitize};
+use crate::show::sanitize;
+use crate::text::fit;
 use crate::tty;
 
 mod board;

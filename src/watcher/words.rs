@@ -24,7 +24,7 @@ pub(crate) fn line(event: &HoldEvent) -> Option<String> {
             settle,
         } => format!(
             "devlock: --mem-strict: {resource}: stopping {}: over budget ({} of {}) for {}\n",
-            crate::text::sanitize(step),
+            crate::show::sanitize(step),
             size(*used_mib),
             size(*mem_mib),
             humantime::format_duration(*settle)

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io;
 
 use super::{AGREE_BASE, get_lock};
-use crate::proc::locks::{FileId, RangeLock};
+use crate::proc::lock_entry::{FileId, RangeLock};
 
 /// A lock devlock did not take (or cannot vouch for) that keeps a request
 /// out of the line: it stands for the resource being in use, as a holder
@@ -105,21 +105,21 @@ pub(super) fn blocked(
 fn owner_words(lock: &RangeLock) -> String {
     let owners: Vec<u32> = match lock.pid {
         Some(pid) => vec![pid],
-        None => crate::proc::locks::range_lock_owners(lock.file)
+        None => crate::proc::fdinfo::range_lock_owners(lock.file)
             .into_iter()
             .filter(|(_, l)| l.start == lock.start && l.end == lock.end)
             .map(|(pid, _)| pid)
             .collect(),
     };
     if owners.is_empty() {
-        return format!("held by {}", crate::proc::locks::unseen_owner());
+        return format!("held by {}", crate::proc::fdinfo::unseen_owner());
     }
     owners
         .iter()
         .map(|&pid| {
             let user = crate::proc::process::uid_of(pid)
                 .map_or("user unknown".to_owned(), crate::proc::process::user_name);
-            format!("pid {pid}, {}", crate::text::sanitize(&user))
+            format!("pid {pid}, {}", crate::show::sanitize(&user))
         })
         .collect::<Vec<_>>()
         .join("; ")

@@ -49,7 +49,7 @@ pub(super) fn processes_of(
 pub(super) fn session(library: &Library) -> Result<Snapshot, Unknown> {
     let driver_version = match library.driver_version() {
         None => Err(absent("nvmlSystemGetDriverVersion")),
-        Some(Ok(version)) => Ok(crate::text::sanitize(&version)),
+        Some(Ok(version)) => Ok(crate::show::sanitize(&version)),
         Some(Err(code)) => Err(failed(
             library,
             "nvmlSystemGetDriverVersion",
@@ -118,8 +118,8 @@ pub(super) fn read_gpu(library: &Library, position: u32) -> Result<Gpu, Unknown>
     }
     Ok(Gpu {
         index,
-        uuid: crate::text::sanitize(&uuid),
-        name: crate::text::sanitize(&name),
+        uuid: crate::show::sanitize(&uuid),
+        name: crate::show::sanitize(&name),
         memory,
         utilization_pct,
         processes,
@@ -267,7 +267,7 @@ pub(super) fn read_instance(
     let name = match &profile {
         None => Err(Unknown::new(format!(
             "NVML's name for {what}, \"{}\", names no MIG profile",
-            crate::text::sanitize(&device_name)
+            crate::show::sanitize(&device_name)
         ))),
         Some(profile) => mig::instance_name(gpu, profile, gpu_instance_id, compute_instance_id)
             .map_err(|why| Unknown::new(format!("{what} has no resource name: {why}"))),
@@ -275,8 +275,8 @@ pub(super) fn read_instance(
     Ok(Instance {
         name,
         mig_index,
-        uuid: crate::text::sanitize(&uuid),
-        device_name: crate::text::sanitize(&device_name),
+        uuid: crate::show::sanitize(&uuid),
+        device_name: crate::show::sanitize(&device_name),
         profile,
         gpu_instance_id,
         compute_instance_id,
