@@ -1,13 +1,16 @@
 //! What a job learns about its locks, for either backend: the one builder of
 //! the command's `DEVLOCK_*` variables (and etcd's, and the GPUs' own).
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
 
 use crate::resource::Resource;
-use crate::supervise::Env;
+
+/// Variables set for the command, over devlock's own environment.
+pub(crate) type Env = Vec<(OsString, OsString)>;
 
 /// The facts a job's variables are made from.
 pub(crate) struct JobEnv<'a> {

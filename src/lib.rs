@@ -59,6 +59,7 @@ mod error;
 mod etcd;
 mod flock;
 mod gpu;
+mod hold_event;
 mod hold_watch;
 mod interrupt;
 mod job_env;

@@ -205,14 +205,13 @@ impl Plan {
     }
 
     /// The library's plan of `spec`, by the command line's rules and in its
-    /// words (the sizes read as `--mem` reads them).
+    /// words (the sizes read as `--mem` reads them; the library words its
+    /// errors its own way, `messages::in_library_words`).
     pub(crate) fn from_spec(spec: &Spec) -> Result<Plan> {
-        Plan::from_spec_in_cli_words(spec).map_err(crate::messages::in_library_words)
-    }
-
-    fn from_spec_in_cli_words(spec: &Spec) -> Result<Plan> {
         if spec.resources.is_empty() {
-            return Err(crate::messages::no_resource());
+            return Err(crate::error::usage(
+                "missing RESOURCE: name at least one resource to lock",
+            ));
         }
         let names: Vec<std::ffi::OsString> = spec.resources.iter().map(Into::into).collect();
         let mem = spec.mem.as_deref().map(|t| size("--mem", t)).transpose()?;
@@ -239,16 +238,8 @@ impl Plan {
     /// The plan against this machine: the caller's `CUDA_VISIBLE_DEVICES`
     /// (a GPU outside it is a usage error, and `--any` skips the candidates
     /// outside it), one MIG instance per command, and each budget's device
-    /// memory, asked once before any wait.
+    /// memory, asked once before any wait (in the command line's words).
     pub(crate) fn look(&mut self) -> Result<()> {
-        let looked = self.look_in_cli_words();
-        match self.front {
-            Front::Library => looked.map_err(crate::messages::in_library_words),
-            Front::Command => looked,
-        }
-    }
-
-    fn look_in_cli_words(&mut self) -> Result<()> {
         let resources = std::mem::take(&mut self.resources);
         self.resources = self.within_visible_devices(resources)?;
         if self.front == Front::Command {

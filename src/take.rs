@@ -112,14 +112,15 @@ impl Takes {
     /// admission), then `--any`'s picks; `seen` is the probe's first answer
     /// for a budget's first look. With `label`, each lock is labelled with
     /// this process's record as soon as it is held. A lock that is busy for
-    /// a take that may not wait is a [`Busy`](crate::Busy) in the command line's words.
+    /// a take that may not wait is the backend's typed busy, as data (a
+    /// member taken for its group's take a [`MemberBusy`]): the front ends
+    /// word it.
     pub(crate) fn take(
         &self,
         ctx: &Context,
         seen: Option<Seen>,
         label: bool,
     ) -> Result<Vec<(Resource, Taken)>> {
-        let worded = |e| crate::messages::worded(ctx.dir, e, None);
         let labelled = |took: &Taken| {
             if let (true, Taken::Held(held)) = (label, took) {
                 held.label(&ctx.record());
@@ -133,8 +134,7 @@ impl Takes {
                     crate::flock::budget::admit::take(ctx, request, &ask)
                 }
                 _ => crate::flock::take::take(ctx, request),
-            }
-            .map_err(worded)?;
+            }?;
             ctx.observer.took()?;
             labelled(&took);
             let whole_group = request.exclusive && request.slots == 0 && request.via.is_none();
@@ -162,8 +162,7 @@ impl Takes {
                 crate::flock::budget::admit::take_any(ctx, &asks)
             }
             None => crate::flock::any::take_any(ctx, &self.candidates, self.count),
-        }
-        .map_err(worded)?;
+        }?;
         for (name, took) in chosen {
             labelled(&took);
             taken.push((name, took));
@@ -200,14 +199,39 @@ fn take_members(
             slots: 0,
             for_group: true,
         };
-        let took = crate::flock::take::take(ctx, &request)
-            .map_err(|e| crate::messages::worded(ctx.dir, e, Some(group)))?;
+        let took =
+            crate::flock::take::take(ctx, &request).map_err(|e| match e
+                .downcast::<crate::flock::wait::Busy>()
+            {
+                Ok(busy) => anyhow::Error::new(MemberBusy {
+                    group: group.clone(),
+                    busy,
+                }),
+                Err(e) => e,
+            })?;
         ctx.observer.took()?;
         labelled(&took);
         taken.push((member, took));
     }
     Ok(taken)
 }
+
+/// A member's lock in the way of its whole group's exclusive take: the
+/// backend's busy, and the group it was taken for (the front ends word it
+/// in the group's words).
+#[derive(Debug)]
+pub(crate) struct MemberBusy {
+    pub group: Resource,
+    pub busy: crate::flock::wait::Busy,
+}
+
+impl std::fmt::Display for MemberBusy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.busy.fmt(f)
+    }
+}
+
+impl std::error::Error for MemberBusy {}
 
 /// Whether an enclosing hold of this process covers `request`: the same
 /// lock held in a mode at least as strong, or the request's group held

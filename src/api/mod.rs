@@ -11,11 +11,11 @@ mod watch;
 use std::path::Path;
 use std::time::Duration;
 
+pub use crate::plan::Spec;
 pub use crate::take::HeldLock;
 pub use hold::Hold;
 pub use keep::Kept;
 pub use options::{Options, Wait};
-pub use crate::plan::Spec;
 pub use spec::duration_of;
 pub use take::Acquiring;
 pub use watch::{BudgetEvent, BudgetSink, IdleEvent, IdleSink};

@@ -14,8 +14,8 @@ mod run;
 mod tests;
 mod usage;
 
-pub use help::REPORT_ABOUT;
 use crate::units::parse_duration;
+pub use help::REPORT_ABOUT;
 use help::{ABOUT, EXAMPLES, LONG_ABOUT, SERVE_ABOUT};
 pub(crate) use run::RunPlan;
 pub use run::{RunArgs, SUBCOMMANDS, refuse_subcommand_names};

@@ -116,8 +116,8 @@ fn forget(dir: &ScratchDir, name: &Resource) -> Result<()> {
 }
 
 fn busy(dir: &ScratchDir, name: &Resource) -> anyhow::Error {
-    let view = LockFile::open(dir, &name.file_name())
-        .map(|lock| crate::view::describe(&lock, dir, name));
+    let view =
+        LockFile::open(dir, &name.file_name()).map(|lock| crate::view::describe(&lock, dir, name));
     crate::error::busy(
         name.as_str(),
         false,

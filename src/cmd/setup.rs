@@ -15,22 +15,22 @@ use anyhow::{Context, Result};
 use crate::cli::SetupArgs;
 use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
-use crate::show::kind_of;
 use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::proc;
 use crate::proc::lock_entry::FileId;
 use crate::proc::locks::LockTable;
 use crate::resource::Resource;
+use crate::show::kind_of;
 use crate::show::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
 use nix::fcntl::AtFlags;
 use std::os::fd::AsFd;
 
-use crate::walk::Parent;
 use super::setup_site::{
     record_usage_dir, site_idle_timeout, tmpfiles, usage_asked, usage_managed, usage_way,
 };
+use crate::walk::Parent;
 
 /// How many times a step that someone races is tried again.
 pub(super) const TRIES: usize = 10;

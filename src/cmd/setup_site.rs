@@ -10,11 +10,11 @@ use anyhow::{Context, Result};
 use nix::fcntl::OFlag;
 
 use super::setup::{Plan, Report, TRIES, c_string, unlink};
-use crate::walk::Parent;
 use crate::cli::SetupArgs;
 use crate::flock::dir::ScratchDir;
 use crate::show::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
+use crate::walk::Parent;
 
 /// Writes the site's default idle timeout ([`write_site_file`]).
 pub(super) fn site_idle_timeout(

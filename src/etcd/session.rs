@@ -20,9 +20,9 @@ use crate::error::EtcdKind;
 use crate::flock::record::{Record, now_ms};
 use crate::proc;
 use crate::request::Request;
+use crate::show::human_duration;
 use crate::supervise::{self, Received};
 use crate::sys::signal::Thread;
-use crate::show::human_duration;
 
 use crate::messages::etcd as messages;
 

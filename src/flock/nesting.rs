@@ -105,8 +105,9 @@ fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
         let Ok(number) = name.parse::<RawFd>() else {
             continue;
         };
-        let same = crate::sys::fs::file_id_of(number)
-            .is_some_and(|(dev, ino)| proc::lock_entry::FileId::from_metadata(dev, ino) == lock.id());
+        let same = crate::sys::fs::file_id_of(number).is_some_and(|(dev, ino)| {
+            proc::lock_entry::FileId::from_metadata(dev, ino) == lock.id()
+        });
         if !same {
             continue;
         }

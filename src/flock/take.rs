@@ -50,9 +50,8 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
         if ctx.no_wait || breakers.len() > 16 {
             return Err(leased.into_busy(request.name.as_str()));
         }
-        let room = std::sync::Arc::new(std::sync::Mutex::new(format!(
-            "{}: {}",
-            request.name, leased.words
+        let room = std::sync::Arc::new(std::sync::Mutex::new(crate::flock::wait::RoomNote::Said(
+            format!("{}: {}", request.name, leased.words),
         )));
         let watches = stranger_watch(ctx, request, room).into_iter().collect();
         let wait = Wait {
@@ -78,7 +77,7 @@ pub(crate) fn take(ctx: &Context, request: &Request) -> Result<Taken> {
 fn stranger_watch(
     ctx: &Context,
     request: &Request,
-    room: std::sync::Arc<std::sync::Mutex<String>>,
+    room: std::sync::Arc<std::sync::Mutex<crate::flock::wait::RoomNote>>,
 ) -> Option<crate::flock::wait::Watch> {
     if !ctx.shows() {
         return None;
@@ -189,9 +188,8 @@ pub(crate) fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> 
             return Err(blocked.into_busy());
         }
         lock = back;
-        let room = std::sync::Arc::new(std::sync::Mutex::new(format!(
-            "{}: {}",
-            request.name, blocked.words
+        let room = std::sync::Arc::new(std::sync::Mutex::new(crate::flock::wait::RoomNote::Said(
+            format!("{}: {}", request.name, blocked.words),
         )));
         let watches = ctx
             .shows()

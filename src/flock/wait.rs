@@ -33,7 +33,26 @@ pub(crate) struct Watch {
     /// For a `--mem` request at the front of its line: the figures it waits
     /// on (kept up to date by the waiting thread), shown instead of the
     /// holders.
-    pub room: Option<Arc<Mutex<String>>>,
+    pub room: Option<Arc<Mutex<RoomNote>>>,
+}
+
+/// What a wait that is not for a lock alone waits on, as data (the front
+/// ends word it): a `--mem` request's figures, or a line said already.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum RoomNote {
+    /// Nothing looked at yet.
+    #[default]
+    Nothing,
+    /// The device's room, too small for the ask.
+    Figures {
+        resource: Resource,
+        room: crate::gpu::memory::Room,
+        ask_mib: u64,
+        headroom_mib: u64,
+    },
+    /// Anything else (a look that failed, a lock held whole, a stranger's
+    /// lock), as a line.
+    Said(String),
 }
 
 /// A wait about to begin.
@@ -104,7 +123,7 @@ pub(crate) enum Busy {
     /// `--mem`: no room for the budget, in figures; the one device's lock,
     /// or none for `--any`'s candidates (`names`).
     NoRoom {
-        figures: String,
+        figures: Vec<RoomNote>,
         lock: Option<(Request, LockFile)>,
         names: Vec<String>,
     },

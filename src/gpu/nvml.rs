@@ -50,8 +50,8 @@ use std::time::{Duration, Instant};
 
 use crate::gpu::device::{Device, DeviceProcess, MigInstance};
 use crate::resource::mig;
-use crate::sys::nvml as ffi;
 use crate::show::human_duration;
+use crate::sys::nvml as ffi;
 use ffi::{Code, Handle, Library, OpenError, ProcessInfo};
 
 mod read;

@@ -23,8 +23,8 @@ use std::fmt::Write as _;
 use crate::gpu::device::{Device, DeviceReport};
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
-use crate::view::{ResourceView, State};
 use crate::show::sanitize;
+use crate::view::{ResourceView, State};
 
 /// The `Content-Type` of this format.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -34,9 +34,9 @@ use crate::gpu::device::{Device, DeviceProcess, DeviceReport, MigInstance};
 use crate::gpu::memory::size;
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
-use crate::view::{Holder, HolderSource, ResourceView, State, WaiterSource, WaiterView};
 use crate::show::sanitize;
 use crate::text::short_duration;
+use crate::view::{Holder, HolderSource, ResourceView, State, WaiterSource, WaiterView};
 
 /// The `Content-Type` of the page.
 pub(crate) const CONTENT_TYPE: &str = "text/html; charset=utf-8";

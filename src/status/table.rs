@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
+use crate::show::sanitize;
+use crate::text::short_duration;
 use crate::view::{
     Effect, Holder, HolderSource, OutsideUse, ResourceView, State, StatusReport, WaiterSource,
     WaiterView,
 };
-use crate::show::sanitize;
-use crate::text::short_duration;
 
 mod devices;
 use devices::*;

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::hold_watch::HoldEvent;
+use crate::hold_event::HoldEvent;
 
 /// The longest grace between the warning and the stop.
 pub(crate) const MAX_GRACE: Duration = Duration::from_secs(600);
@@ -112,7 +112,7 @@ pub(crate) fn within_site(
     let site = site_default(dir);
     match (asked, site) {
         (Some(asked), Some(site)) if asked > site => Err(crate::error::usage(
-            crate::messages::idle_over_site(asked, site, &dir.path().join(SITE_FILE)),
+            super::site::idle_over_site(asked, site, &dir.path().join(SITE_FILE)),
         )),
         (Some(asked), _) => Ok(Some(asked)),
         (None, site) => Ok(site),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::idle::{BusyFile, Policy};
 use super::sample::{Job, Now, Sampler};
 use super::{How, Log, Measured, PROGRESS_EVERY, Start, VERSION, job_id};
-use crate::hold_watch::HoldEvent;
+use crate::hold_event::HoldEvent;
 use crate::resource::Resource;
 
 /// What a hold is, for its usage (the facts its record is written from).

@@ -3,7 +3,7 @@
 //! same line on to its caller, without `devlock: `).
 
 use crate::gpu::memory::size;
-use crate::hold_watch::HoldEvent;
+use crate::hold_event::HoldEvent;
 
 /// The whole line for `event` (`devlock: ...\n`); `None` for a mark, which
 /// only labels the hold.

@@ -17,7 +17,7 @@ use crate::flock::nesting::inside_holder;
 use crate::flock::race::first_of;
 use crate::flock::record::Record;
 use crate::flock::registration::{self, Kind, Registration};
-use crate::flock::wait::{Busy, Wait};
+use crate::flock::wait::{Busy, RoomNote, Wait};
 use crate::gpu::memory::{self, Budget, Room};
 use crate::interrupt::Stop;
 use crate::proc::lock_entry::FileId;
@@ -102,8 +102,13 @@ fn look(dir: &ScratchDir, resource: &Resource, lock: FileId, ask: &Ask) -> Resul
     })
 }
 
-fn figures(resource: &Resource, room: &Room, ask: &Ask) -> String {
-    crate::messages::budget_figures(resource, room, ask.mem_mib, ask.headroom_mib)
+fn figures(resource: &Resource, room: &Room, ask: &Ask) -> RoomNote {
+    RoomNote::Figures {
+        resource: resource.clone(),
+        room: room.clone(),
+        ask_mib: ask.mem_mib,
+        headroom_mib: ask.headroom_mib,
+    }
 }
 
 /// Takes a budget on `request` (`gpu:N`, shared): at once when it is first
@@ -127,7 +132,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
             let Entry { lock, ticket, .. } = entry;
             drop(ticket);
             return Err(anyhow::Error::new(Busy::NoRoom {
-                figures: figures(resource, &seen.room, ask),
+                figures: vec![figures(resource, &seen.room, ask)],
                 lock: Some((request.clone(), lock)),
                 names: Vec::new(),
             }));
@@ -143,7 +148,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
             budget: true,
         }));
     }
-    let room_text = Arc::new(Mutex::new(String::new()));
+    let room_text = Arc::new(Mutex::new(RoomNote::Nothing));
     let registration = register_asking(ctx, request, entry.ticket.number, ask.mem_mib);
     let shows = ctx.shows();
     let watches = shows
@@ -173,7 +178,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
                     seen.holders
                 }
                 Err(why) => {
-                    set(&room_text, format!("{resource}: {why}"));
+                    set(&room_text, RoomNote::Said(format!("{resource}: {why}")));
                     Vec::new()
                 }
             };
@@ -201,7 +206,7 @@ fn register_asking(
     Some(registration)
 }
 
-fn set(text: &Mutex<String>, value: String) {
+fn set(text: &Mutex<RoomNote>, value: RoomNote) {
     *text.lock().unwrap_or_else(|e| e.into_inner()) = value;
 }
 
@@ -324,7 +329,7 @@ pub(crate) fn take_any(
         }
         entries.push(entry);
     }
-    let rooms: Vec<Arc<Mutex<String>>> = candidates.iter().map(|_| Arc::default()).collect();
+    let rooms: Vec<Arc<Mutex<RoomNote>>> = candidates.iter().map(|_| Arc::default()).collect();
     let (index, mut entries) = match first_fit(ctx, &mut entries, candidates, &rooms, None)? {
         Some(i) => (i, entries),
         None if ctx.no_wait => {
@@ -349,13 +354,13 @@ fn first_fit(
     ctx: &Context,
     entries: &mut [Entry],
     candidates: &[(Request, Ask)],
-    rooms: &[Arc<Mutex<String>>],
+    rooms: &[Arc<Mutex<RoomNote>>],
     stop: Option<&Stop>,
 ) -> Result<Option<usize>> {
     let mut asleep_on = Vec::new();
     for (i, (entry, (request, ask))) in entries.iter_mut().zip(candidates).enumerate() {
         if entry.ticket.has_anyone_ahead()? {
-            set(&rooms[i], String::new());
+            set(&rooms[i], RoomNote::Nothing);
             continue;
         }
         match look(ctx.dir, &request.name, entry.lock.id(), ask) {
@@ -363,13 +368,19 @@ fn first_fit(
                 if entry.lock.try_lock_at_path(ctx.dir, false)? {
                     return Ok(Some(i));
                 }
-                set(&rooms[i], format!("{}: held whole", request.name));
+                set(
+                    &rooms[i],
+                    RoomNote::Said(format!("{}: held whole", request.name)),
+                );
             }
             Ok(seen) => {
                 set(&rooms[i], figures(&request.name, &seen.room, ask));
                 asleep_on.extend(seen.holders);
             }
-            Err(why) => set(&rooms[i], format!("{}: {why}", request.name)),
+            Err(why) => set(
+                &rooms[i],
+                RoomNote::Said(format!("{}: {why}", request.name)),
+            ),
         }
     }
     let Some(stop) = stop else {
@@ -386,21 +397,21 @@ fn first_fit(
 }
 
 /// `-n`: no candidate has room, each with what stands in its way.
-fn no_room_on_any(rooms: &[Arc<Mutex<String>>], candidates: &[(Request, Ask)]) -> anyhow::Error {
-    let each: Vec<String> = rooms
+fn no_room_on_any(rooms: &[Arc<Mutex<RoomNote>>], candidates: &[(Request, Ask)]) -> anyhow::Error {
+    let each: Vec<RoomNote> = rooms
         .iter()
         .zip(candidates)
-        .map(|(room, (request, _))| {
-            let text = room.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            if text.is_empty() {
-                format!("{}: others ahead in line", request.name)
-            } else {
-                text
-            }
-        })
+        .map(
+            |(room, (request, _))| match room.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                RoomNote::Nothing => {
+                    RoomNote::Said(format!("{}: others ahead in line", request.name))
+                }
+                note => note,
+            },
+        )
         .collect();
     anyhow::Error::new(Busy::NoRoom {
-        figures: each.join("; "),
+        figures: each,
         lock: None,
         names: candidates.iter().map(|(r, _)| r.name.to_string()).collect(),
     })
@@ -411,7 +422,7 @@ fn wait_for_fit(
     ctx: &Context,
     mut entries: Vec<Entry>,
     candidates: &[(Request, Ask)],
-    rooms: &[Arc<Mutex<String>>],
+    rooms: &[Arc<Mutex<RoomNote>>],
 ) -> Result<(usize, Vec<Entry>)> {
     let registrations = entries
         .iter()

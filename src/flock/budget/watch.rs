@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::{Ask, SAMPLE_HELD, SAMPLE_STARTING, settle_delta};
 use crate::gpu::memory;
-use crate::hold_watch::HoldEvent;
+use crate::hold_event::HoldEvent;
 use crate::resource::Resource;
 
 /// What the monitor thread measured.

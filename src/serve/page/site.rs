@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 
 use super::esc;
 use crate::gpu::memory::size;
+use crate::report;
 use crate::serve::snapshot::Snapshot;
 use crate::view::State;
-use crate::report;
 
 /// Every colour the page paints with, and what it means: one `key` swatch
 /// each, its class the CSS variable's name (a test checks that each colour
