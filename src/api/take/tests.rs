@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::api::status_document;
+use crate::exit::ExitCodeOf;
 use std::path::Path;
 
 /// The budget `spec` plans, with no time to ask the device.
