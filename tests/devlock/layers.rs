@@ -2,10 +2,6 @@
 //! core (`devlock-core`, core/) imports nothing that words, draws or parses a
 //! command line, and a front-end module named inside the core is a build
 //! error, not a script's finding.
-//!
-//! NOT REGISTERED YET: this file is written for the crate split of issue 36
-//! (plan §3, "The test that shows the layout") and is left out of main.rs
-//! until core/ exists; `mod layers;` there registers it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -80,6 +80,7 @@ mod hostile_records;
 mod hostile_serve;
 mod hostile_takes;
 mod kills;
+mod layers;
 mod long_waits;
 mod manners;
 mod nvml;
