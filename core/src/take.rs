@@ -1,8 +1,8 @@
 //! One take for both front ends: a [`Plan`]'s locks in the one global order
 //! (a member `G:M` with its group `G` shared), `--any`'s picks and `--mem`
 //! budgets, taken by the flock backend with the caller's observer; a busy
-//! lock is worded once (`messages::worded`), from the typed busy the
-//! backend returns.
+//! lock comes back as the backend's typed busy, which the front ends word
+//! (the devlock crate's `messages::worded`).
 
 use anyhow::Result;
 

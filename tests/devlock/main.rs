@@ -13,7 +13,7 @@
 //! `--ignored`, `--test-threads`, `--list`.
 
 // The tests play the terminal, the attacker and the signal sender with raw
-// calls (openpty, kill, setsid); the crate's own `unsafe` is in src/sys/.
+// calls (openpty, kill, setsid); the crate's own `unsafe` is in core/src/sys/.
 #![allow(unsafe_code)]
 // A test binary: its modules' items are for each other.
 #![allow(unreachable_pub)]
