@@ -308,7 +308,7 @@ impl Acquiring {
                     let resource = found.map_or_else(|| self.label.clone(), |b| b.resource);
                     (self.label.clone(), phrase, holder, resource)
                 });
-                let line = crate::messages::timed_out(
+                let line = crate::messages::busy::timed_out(
                     w.timeout.unwrap_or_default(),
                     &label,
                     &phrase,
@@ -357,7 +357,7 @@ impl Acquiring {
     /// What the command line says in a log once a wait is over: `devlock:
     /// got gpu after 5s (train)`.
     pub fn done_line(&self) -> String {
-        without_newline(&crate::messages::got(
+        without_newline(&crate::messages::busy::got(
             &self.label,
             self.started.elapsed(),
             &self.step,
@@ -402,7 +402,7 @@ fn take_all(ctx: &Context, takes: &Takes) -> anyhow::Result<Vec<(Resource, Taken
     let seen = takes.budget.as_ref().and_then(|b| b.seen.clone());
     takes
         .take(ctx, seen, true)
-        .map_err(|e| interrupted_or(crate::messages::worded(ctx.dir, e, None), ctx))
+        .map_err(|e| interrupted_or(crate::messages::busy::worded(ctx.dir, e, None), ctx))
 }
 
 /// A wait that was stopped says so; anything else as it is.

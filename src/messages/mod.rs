@@ -9,12 +9,10 @@
 //! (their backends' and server's lines), and here the rest (the
 //! library's words, names, forget, idle, setup warnings).
 
-mod busy;
+pub(crate) mod busy;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod serve;
-
-pub(crate) use busy::*;
 
 use crate::show::sanitize;
 use crate::text::short_duration;
@@ -192,7 +190,7 @@ pub(crate) fn forget_needs_root(dir: &str) -> String {
 /// `devlock forget` of a name in use: `gpu:0 is in use: held by train (pid
 /// 4242, alice) for 5m03s; not forgotten`.
 pub(crate) fn forget_in_use(name: &crate::Resource, view: Option<&ResourceView>) -> String {
-    let who = view.map_or(String::new(), busy_phrase);
+    let who = view.map_or(String::new(), busy::busy_phrase);
     format!("{name} is in use{who}; not forgotten")
 }
 

@@ -407,7 +407,7 @@ fn holder_row(page: &mut String, h: &Holder, place: Place) {
             crate::text::short_duration(std::time::Duration::from_millis(idle))
         ));
     }
-    if let Some(kept) = crate::messages::kept_phrase(h) {
+    if let Some(kept) = crate::messages::busy::kept_phrase(h) {
         notes.push(format!("kept: {}", esc(&kept)));
     }
     if let Some(container) = &h.container {

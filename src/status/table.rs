@@ -222,7 +222,7 @@ fn holder_step(h: &Holder) -> String {
         let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
         step.push_str(&format!(" (idle {idle})"));
     }
-    if let Some(kept) = crate::messages::kept_phrase(h) {
+    if let Some(kept) = crate::messages::busy::kept_phrase(h) {
         step.push_str(&format!(" (kept: {kept})"));
     }
     if let Some(container) = &h.container {

@@ -15,7 +15,7 @@ pub(crate) fn line(event: &HoldEvent) -> Option<String> {
             step,
             used_mib,
             mem_mib,
-        } => crate::messages::over_budget(resource, step, *used_mib, *mem_mib),
+        } => crate::messages::busy::over_budget(resource, step, *used_mib, *mem_mib),
         HoldEvent::BudgetStop {
             resource,
             step,
