@@ -48,7 +48,7 @@ pub(crate) fn check(dir: &ScratchDir, asked: &[Resource], new: bool, quiet: bool
             }
             return Err(crate::error::usage(crate::messages::undeclared(
                 name,
-                &crate::text::show_path(dir.path()),
+                &crate::show::show_path(dir.path()),
                 declared,
                 close,
             )));
@@ -59,7 +59,7 @@ pub(crate) fn check(dir: &ScratchDir, asked: &[Resource], new: bool, quiet: bool
         if let Some(close) = close {
             eprintln!(
                 "devlock: {}",
-                crate::messages::new_name(name, &crate::text::show_path(dir.path()), close)
+                crate::messages::new_name(name, &crate::show::show_path(dir.path()), close)
             );
         }
     }

@@ -48,39 +48,30 @@
 //! `devlock -n` and `-w` word it, with the holder), `Usage`, `Unsafe`,
 //! `DeviceUnknown`, `NotSupported`, `InUse` and `Other` (and the command
 //! line's `Etcd`, `Command`, `Signal`, `Denied`), each with the command
-//! line's line and `exit_code()`.
+//! line's line and `exit_code()` ([`ExitCodeOf`]).
 
 #![warn(missing_docs)]
 
+// The core's modules, under the paths the front ends have always named
+// (`crate::flock::…`): the core is a crate of its own (core/, devlock-core),
+// which cannot import what is below.
+use devlock_core::{
+    error, flock, gpu, hold_event, hold_watch, interrupt, job_env, plan, proc, request, resource,
+    show, sys, take, units, usage, view, walk,
+};
+
 mod api;
 mod cmd;
-mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
-mod flock;
-mod gpu;
-mod hold_watch;
-mod interrupt;
-mod job_env;
 mod known;
 mod messages;
-mod names;
-mod plan;
-mod proc;
-mod request;
 mod serve;
-mod show;
 mod status;
 mod supervise;
-mod sys;
-mod take;
 mod text;
 mod tty;
-mod units;
-mod usage;
-mod view;
 mod wait_display;
-mod walk;
 mod watcher;
 
 #[doc(hidden)]
@@ -88,7 +79,6 @@ pub mod cli;
 #[doc(hidden)]
 pub mod exit;
 mod report;
-mod resource;
 #[doc(hidden)]
 pub mod testing;
 
@@ -97,6 +87,7 @@ pub use api::{
     Wait, duration_of, status_document,
 };
 pub use error::{Busy, CommandKind, Error, EtcdKind, Holder, Result};
+pub use exit::ExitCodeOf;
 pub use resource::Resource;
 
 /// Where locks live unless `--dir` or `DEVLOCK_DIR` say otherwise: the same

@@ -13,8 +13,7 @@ use anyhow::Result;
 use crate::exit::ExitCode;
 use crate::sys::signal::{self, SigSet};
 
-/// Variables set for the command, over devlock's own environment.
-pub(crate) type Env = Vec<(OsString, OsString)>;
+use crate::job_env::Env;
 
 /// The signals that ask a job to stop: a waiter's to handle (it leaves the
 /// line), the command's once it runs.
@@ -220,7 +219,7 @@ pub(crate) fn exec(
         err = exec_from(&command[0]);
     }
     let err = cannot_start(&command[0], &err);
-    eprintln!("devlock: {}", crate::text::clean(&format!("{err:#}")));
+    eprintln!("devlock: {}", crate::show::clean(&format!("{err:#}")));
     crate::exit::of(&err)
 }
 

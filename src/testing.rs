@@ -11,7 +11,8 @@ pub mod record {
 
 /// Kernel readings from `/proc`.
 pub mod procfs {
-    pub use crate::proc::locks::{FileId, KernelLock, LockTable, RangeLock, parse_locks};
+    pub use crate::proc::lock_entry::{FileId, KernelLock, RangeLock, parse_locks};
+    pub use crate::proc::locks::LockTable;
     pub use crate::proc::process::{is_stopped, start_time, user_name};
 }
 

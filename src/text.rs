@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-pub(crate) use crate::show::{clean, human_duration, is_unsafe_char, sanitize, show_path};
-
 /// A duration as people read it at a glance: `12s`, `1m12s`, `5m03s`,
 /// `2h05m`, `3d04h`. Rounded down to what the unit shows.
 pub(crate) fn short_duration(d: Duration) -> String {
@@ -63,7 +61,7 @@ pub(crate) fn ordinal(n: usize) -> String {
 /// The columns `text` may take on a terminal, counted high: one for
 /// printable ASCII, two for anything else (CJK and emoji take two, and
 /// so do "ambiguous" characters like `·` in some locales). Controls are
-/// gone already ([`sanitize`]). A line measured so never wraps.
+/// gone already ([`sanitize`](crate::show::sanitize)). A line measured so never wraps.
 pub fn columns(text: &str) -> usize {
     text.chars().map(|c| if c.is_ascii() { 1 } else { 2 }).sum()
 }

@@ -30,7 +30,8 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::entry::Held;
 use crate::flock::record::Record;
 use crate::flock::registration::{Kind, Registration};
-use crate::hold_watch::{HoldEvent, HoldWatch};
+use crate::hold_event::HoldEvent;
+use crate::hold_watch::HoldWatch;
 use crate::resource::Resource;
 use crate::sys::process::{Forked, PidFd};
 use crate::usage::track::{HoldFacts, Tracker};
@@ -170,7 +171,7 @@ fn become_watcher() {
 /// but those in `kept`.
 fn close_lock_fds_but(kept: &[i32]) {
     let me = std::process::id().to_string();
-    for (fd, _) in crate::proc::locks::fd_locks(&me).unwrap_or_default() {
+    for (fd, _) in crate::proc::fdinfo::fd_locks(&me).unwrap_or_default() {
         let fd = fd as i32;
         if !kept.contains(&fd) {
             crate::sys::process::close_raw(fd);
@@ -372,7 +373,7 @@ impl PathWatch<'_> {
                 crate::tty::say_while_command_runs(&format!(
                     "devlock: warning: {} no longer names the file this job holds (someone renamed or \
                      removed it); another devlock may now take {name} beside this one\n",
-                    crate::text::show_path(file.path())
+                    crate::show::show_path(file.path())
                 ));
                 if let Ok(reg) = Registration::create(self.dir, name, self.record, Kind::Lost) {
                     self.lost.push(reg);
@@ -402,13 +403,13 @@ impl PathWatch<'_> {
             let Some(pid) = waiter else { continue };
             self.self_wait_warned = true;
             let name = crate::proc::process::comm_of(pid)
-                .map(|comm| crate::text::sanitize(&comm))
+                .map(|comm| crate::show::sanitize(&comm))
                 .unwrap_or_else(|| "a process".to_owned());
             crate::tty::say_while_command_runs(&format!(
                 "devlock: warning: {name} (pid {pid}), part of this job, waits for a lock on {}, \
                  which this job holds as {}: it will wait for ever; name the lock after no file \
                  the command locks itself (e.g. devlock --dir . build -- ...)\n",
-                crate::text::show_path(file.path()),
+                crate::show::show_path(file.path()),
                 held.request.name
             ));
             return;

@@ -20,7 +20,7 @@ import collections, json, os, re, sys
 # command line. Everything else is a front end; usage/report* is `devlock
 # report`'s, a front end's.
 CORE = {'sys', 'proc', 'flock', 'gpu', 'resource', 'request', 'names', 'interrupt', 'usage',
-        'view', 'walk', 'take', 'plan', 'error', 'show', 'units'}
+        'view', 'walk', 'take', 'plan', 'error', 'show', 'units', 'job_env', 'hold_watch', 'hold_event'}
 
 args = sys.argv[1:]
 dot_out = None

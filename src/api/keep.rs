@@ -63,8 +63,11 @@ impl Hold {
         let used = still_used(&report, &gpus, me)?;
         let ended_ms = crate::flock::record::now_ms();
         self.mark_kept(Some((ended_ms, used)));
-        let line =
-            crate::messages::kept_after_block(&self.resources().join(" "), used.mib, used.gpu);
+        let line = crate::messages::busy::kept_after_block(
+            &self.resources().join(" "),
+            used.mib,
+            used.gpu,
+        );
         let shared = Arc::new(Shared {
             hold: Mutex::new(Some(self)),
             wake: Condvar::new(),

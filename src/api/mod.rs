@@ -11,11 +11,12 @@ mod watch;
 use std::path::Path;
 use std::time::Duration;
 
+pub use crate::plan::Spec;
 pub use crate::take::HeldLock;
 pub use hold::Hold;
 pub use keep::Kept;
 pub use options::{Options, Wait};
-pub use spec::{Spec, duration_of};
+pub use spec::duration_of;
 pub use take::Acquiring;
 pub use watch::{BudgetEvent, BudgetSink, IdleEvent, IdleSink};
 
@@ -32,7 +33,7 @@ pub fn status_document(
     let document = || -> anyhow::Result<String> {
         let names: Vec<std::ffi::OsString> = resources.iter().map(Into::into).collect();
         let wanted = Resource::parse_all(&names)?;
-        let report = crate::status::model::gather(dir, &wanted, probe_timeout)?;
+        let report = crate::view::gather(dir, &wanted, probe_timeout)?;
         let mut json = serde_json::to_string_pretty(&report)?;
         json.push('\n');
         Ok(json)

@@ -4,7 +4,6 @@
 
 // Spec lives with the plan it is read into (the core); the library's path
 // to it stays this one.
-pub use crate::plan::Spec;
 
 /// A duration as the command line reads one (`90`, `1.5`, `90s`, `10m`,
 /// `1h30m`), for the library's option `name` (`timeout`, `settle`): what a

@@ -8,14 +8,15 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::api::hold::Hold;
-use crate::api::spec::Spec;
 use crate::api::{Options, Wait};
 use crate::error::{Busy, Error, Result};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Taken};
 use crate::flock::wait::Quiet;
 use crate::interrupt::Stop;
+use crate::messages::in_library_words;
 use crate::plan::Plan;
+use crate::plan::Spec;
 use crate::resource::Resource;
 use crate::sys::signal::{self, SigSet, Thread};
 use crate::take::{HeldLock, Takes, holder_of};
@@ -83,8 +84,8 @@ impl Acquiring {
 
     fn begin(spec: &Spec, options: &Options, inside: &[HeldLock]) -> anyhow::Result<Acquiring> {
         let started = Instant::now();
-        let mut plan = Plan::from_spec(spec)?;
-        plan.look()?;
+        let mut plan = Plan::from_spec(spec).map_err(in_library_words)?;
+        plan.look().map_err(in_library_words)?;
         let takes = Takes::new(&plan, &plan.resources, inside)?;
         let dir = ScratchDir::open_or_create(&options.dir)?;
         let label = takes.label();
@@ -307,7 +308,7 @@ impl Acquiring {
                     let resource = found.map_or_else(|| self.label.clone(), |b| b.resource);
                     (self.label.clone(), phrase, holder, resource)
                 });
-                let line = crate::messages::timed_out(
+                let line = crate::messages::busy::timed_out(
                     w.timeout.unwrap_or_default(),
                     &label,
                     &phrase,
@@ -356,7 +357,7 @@ impl Acquiring {
     /// What the command line says in a log once a wait is over: `devlock:
     /// got gpu after 5s (train)`.
     pub fn done_line(&self) -> String {
-        without_newline(&crate::messages::got(
+        without_newline(&crate::messages::busy::got(
             &self.label,
             self.started.elapsed(),
             &self.step,
@@ -401,7 +402,7 @@ fn take_all(ctx: &Context, takes: &Takes) -> anyhow::Result<Vec<(Resource, Taken
     let seen = takes.budget.as_ref().and_then(|b| b.seen.clone());
     takes
         .take(ctx, seen, true)
-        .map_err(|e| interrupted_or(e, ctx))
+        .map_err(|e| interrupted_or(crate::messages::busy::worded(ctx.dir, e, None), ctx))
 }
 
 /// A wait that was stopped says so; anything else as it is.

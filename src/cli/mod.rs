@@ -14,15 +14,12 @@ mod run;
 mod tests;
 mod usage;
 
+use crate::units::parse_duration;
 pub use help::REPORT_ABOUT;
 use help::{ABOUT, EXAMPLES, LONG_ABOUT, SERVE_ABOUT};
 pub(crate) use run::RunPlan;
 pub use run::{RunArgs, SUBCOMMANDS, refuse_subcommand_names};
 pub use usage::usage_line;
-// Moved to the core's units; kept here for the callers that name them so.
-pub use crate::units::{
-    DEFAULT_IDLE_THRESHOLD_MIB, DEFAULT_MEM_HEADROOM_MIB, DEFAULT_SETTLE, parse_duration,
-};
 
 /// devlock's command line.
 #[derive(Debug, Parser)]
@@ -412,8 +409,8 @@ impl StatusArgs {
         Err(crate::error::usage(format!(
             "`devlock status` shows the locks and runs nothing, so it takes no `-- {}`; \
                  to run it under a lock, name the resource: devlock RESOURCE -- {}",
-            crate::text::sanitize(&command.join(" ")),
-            crate::text::sanitize(&command.join(" "))
+            crate::show::sanitize(&command.join(" ")),
+            crate::show::sanitize(&command.join(" "))
         )))
     }
 }

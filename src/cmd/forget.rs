@@ -17,20 +17,21 @@ use crate::exit::ExitCode;
 use crate::flock::declared;
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
-use crate::proc::locks::{FileId, LockTable};
+use crate::proc::lock_entry::FileId;
+use crate::proc::locks::LockTable;
 use crate::resource::Resource;
 
 pub(crate) fn run(args: &ForgetArgs, dir_path: &Path) -> Result<ExitCode> {
     let names = Resource::parse_all(&args.resources)?;
     let Some(dir) = ScratchDir::open(dir_path)? else {
         return Err(crate::error::usage(crate::messages::forget_nothing(
-            &crate::text::show_path(dir_path),
+            &crate::show::show_path(dir_path),
         )));
     };
     let declared = declared::read(&dir);
     if declared.is_some() && !nix::unistd::geteuid().is_root() {
         return Err(crate::error::denied(crate::messages::forget_needs_root(
-            &crate::text::show_path(dir_path),
+            &crate::show::show_path(dir_path),
         )));
     }
     for name in &names {
@@ -66,7 +67,7 @@ fn forget(dir: &ScratchDir, name: &Resource) -> Result<()> {
     if !files.contains(&name.file_name()) {
         return Err(crate::error::usage(crate::messages::forget_unknown(
             name,
-            &crate::text::show_path(dir.path()),
+            &crate::show::show_path(dir.path()),
         )));
     }
     let id_of = |f: &str| {
@@ -115,8 +116,8 @@ fn forget(dir: &ScratchDir, name: &Resource) -> Result<()> {
 }
 
 fn busy(dir: &ScratchDir, name: &Resource) -> anyhow::Error {
-    let view = LockFile::open(dir, &name.file_name())
-        .map(|lock| crate::status::model::describe(&lock, dir, name));
+    let view =
+        LockFile::open(dir, &name.file_name()).map(|lock| crate::view::describe(&lock, dir, name));
     crate::error::busy(
         name.as_str(),
         false,

@@ -65,7 +65,7 @@ pub(crate) fn run(args: &ReportArgs, lock_dir: &std::path::Path) -> Result<ExitC
     }
     for note in &notes {
         // Whole: devlock's own words, a file's name in them cleaned.
-        eprintln!("devlock: note: {}", crate::text::clean(note));
+        eprintln!("devlock: note: {}", crate::show::clean(note));
     }
     if args.jobs {
         let listed: Vec<&read::Job> = jobs
@@ -104,7 +104,7 @@ fn chosen(job: &read::Job, user: Option<&str>, resource: Option<&str>) -> bool {
 
 /// `7d` (back from now), `2026-11-30` or `2026-11-30T08:00:00Z` (UTC).
 fn when(text: &str, now: SystemTime, flag: &str) -> Result<SystemTime> {
-    if let Ok(back) = crate::cli::parse_duration(text) {
+    if let Ok(back) = crate::units::parse_duration(text) {
         return Ok(now.checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH));
     }
     let full = if text.len() == 10 {
@@ -116,7 +116,7 @@ fn when(text: &str, now: SystemTime, flag: &str) -> Result<SystemTime> {
         crate::error::usage(format!(
             "{flag} {}: neither a duration back from now (7d, 12h) nor a UTC time \
                  (2026-11-30, 2026-11-30T08:00:00Z)",
-            crate::text::sanitize(text)
+            crate::show::sanitize(text)
         ))
     })
 }

@@ -133,7 +133,11 @@ fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Reso
         };
         let attempt = candidates
             .and_then(|candidates| Takes::new(locks, &candidates, &[]))
-            .and_then(|takes| takes.take(&context, seen.take(), false))
+            .and_then(|takes| {
+                takes
+                    .take(&context, seen.take(), false)
+                    .map_err(|e| crate::messages::busy::worded(dir, e, None))
+            })
             .and_then(|taken| {
                 // On a terminal the waiting line must be gone before anything
                 // else is said or the command writes; otherwise the command
@@ -200,7 +204,7 @@ struct Job<'a> {
 
 /// Labels the held locks, starts the job's usage record and, where the job
 /// needs one, its watcher; adds `DEVLOCK_BUSY_FILE` to `env`.
-fn start_watched(job: Job, env: &mut supervise::Env) {
+fn start_watched(job: Job, env: &mut crate::job_env::Env) {
     let Job {
         plan,
         dir,
@@ -214,7 +218,7 @@ fn start_watched(job: Job, env: &mut supervise::Env) {
     // The label names this process, which the command becomes: its pid and
     // start time are the command's (execve keeps both).
     let record = Record::for_this_process(step);
-    let hold = crate::usage::track::Hold {
+    let hold = crate::usage::track::HoldFacts {
         resources: resources_of(held),
         step: step.clone(),
         pid: record.pid,
@@ -267,7 +271,7 @@ fn start_watched(job: Job, env: &mut supervise::Env) {
     // The start line is the watcher's where it samples; else this process's
     // (a watcher for the lock files alone writes none).
     if !watch.usage {
-        crate::usage::track::start_line(&hold);
+        crate::watcher::start_line(&hold);
     }
     if watch.any()
         && let Err(e) = crate::watcher::start(watch, &hold, dir, held, &record, plan.quiet)
@@ -292,8 +296,8 @@ fn budget_held(taken: &[(Resource, Taken)], plan: &Plan) -> Option<(Resource, u6
 }
 
 /// What a budget's job learns ([`budget::job_env`]).
-fn budget_env(mem: u64, total: u64) -> supervise::Env {
-    let mut env = supervise::Env::new();
+fn budget_env(mem: u64, total: u64) -> crate::job_env::Env {
+    let mut env = crate::job_env::Env::new();
     for (name, value) in crate::flock::budget::job_env(mem, total) {
         env.push((name.into(), value.into()));
     }
@@ -331,7 +335,7 @@ fn idle_candidates(
     plan: &Plan,
     threshold_mib: u64,
 ) -> Result<Vec<Resource>> {
-    let report = crate::status::model::gather(dir_path, &[], Some(plan.probe_timeout))?;
+    let report = crate::view::gather(dir_path, &[], Some(plan.probe_timeout))?;
     let info = report.device_info.unwrap_or(DeviceReport::NoInfo);
     let mut idle = Vec::new();
     let mut reasons = Vec::new();
@@ -407,7 +411,7 @@ fn child_env(
     dir: &Path,
     step: &str,
     probe_timeout: Duration,
-) -> Result<supervise::Env> {
+) -> Result<crate::job_env::Env> {
     let mut got = Vec::new();
     let mut slot = None;
     for (resource, took) in taken {

@@ -16,14 +16,14 @@ use crate::flock::dir::ScratchDir;
 use crate::gpu::device::{DeviceReport, Probe};
 use crate::gpu::source::Auto;
 use crate::resource::Resource;
-use crate::text::{sanitize, show_path};
+use crate::show::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
 use std::os::fd::AsFd;
 
-use super::setup_path::{self, Parent};
 use super::setup_site::{
     print_tmpfiles, record_usage_dir, site_idle_timeout, usage_asked, usage_managed, usage_way,
 };
+use crate::walk::{self, Parent};
 
 mod dir;
 mod files;
@@ -110,7 +110,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
     }
     // The whole way to --dir, and to the usage directory, is checked before
     // anything changes.
-    let parent = setup_path::reach(dir)?;
+    let parent = walk::reach(dir)?;
     // Asked, named by the variable (as setup has always taken it), or as
     // recorded before.
     let usage = usage_asked(args)

@@ -10,12 +10,12 @@ use anyhow::{Context, Result};
 use nix::fcntl::OFlag;
 
 use super::setup::{Plan, Report, TRIES, c_string, unlink};
-use super::setup_path::{self, Parent};
 use crate::cli::SetupArgs;
 use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
-use crate::text::{sanitize, show_path};
+use crate::show::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
+use crate::walk::Parent;
 
 /// Writes the site's default idle timeout ([`write_site_file`]).
 pub(super) fn site_idle_timeout(
@@ -134,12 +134,12 @@ pub(super) fn usage_way(usage: UsageDir) -> Result<Option<(std::path::PathBuf, P
     let UsageDir::At(path) = usage else {
         return Ok(None);
     };
-    let way = setup_path::Way {
+    let way = crate::walk::Way {
         what: "the usage directory",
         make_missing: true,
-        ..setup_path::Way::SETUP
+        ..crate::walk::Way::SETUP
     };
-    let parent = setup_path::reach_by(&path, way)?;
+    let parent = crate::walk::reach_by(&path, way)?;
     recordable(&parent.target())?;
     Ok(Some((path, parent)))
 }
@@ -202,7 +202,7 @@ fn tmpfiles(
     // A newline would end the line and start a directive of its own (any
     // control or format character is refused: none belongs in a path an
     // administrator installs at boot). Spaces are quoted below.
-    if dir_text.chars().any(crate::text::is_unsafe_char) {
+    if dir_text.chars().any(crate::show::is_unsafe_char) {
         return Err(crate::error::usage(format!(
             "--print-tmpfiles: --dir {} holds a control or format character (shown as ?), \
                  which would break the snippet's lines; name a directory without one",

@@ -10,7 +10,8 @@ use crate::cli::StatusArgs;
 use crate::exit::ExitCode;
 use crate::resource::Resource;
 use crate::status::print::print_report;
-use crate::status::{model, table};
+use crate::status::table;
+use crate::view as model;
 
 pub(crate) fn run(args: &StatusArgs, dir: &Path, probe_timeout: Duration) -> Result<ExitCode> {
     let wanted = Resource::parse_all(&args.resources)?;

@@ -95,7 +95,7 @@ impl Config {
             crate::error::EtcdKind::Unreachable,
             format!(
                 "etcd at {at} did not answer within {} while {doing}",
-                crate::text::human_duration(waited)
+                crate::show::human_duration(waited)
             ),
         )
     }

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 
 use super::job::Job;
 use super::{Cluster, Config, Entry};
-use crate::text::human_duration;
+use crate::show::human_duration;
 
 /// Slack kept between SIGKILL and the earliest moment etcd could let the
 /// lease expire: this thread waking late on a busy machine, the kill

@@ -179,7 +179,7 @@ fn wanted(plan: &Plan) -> Result<Wanted> {
 /// What the command learns: the resources it got, their fencing tokens, its
 /// slot, and the device variables for the GPUs among them, as this
 /// machine's driver numbers them (a MIG instance's UUID from its NVML).
-fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<supervise::Env> {
+fn child_env(got: &Got, step: &str, probe_timeout: Duration) -> Result<crate::job_env::Env> {
     // A nested take passes its enclosing one's key on.
     let lock_key = got.lock_key.as_ref().map(|key| {
         let first = got.resources.first();

@@ -11,7 +11,7 @@ use super::Cluster;
 use super::turn::RETRY_PAUSE;
 use super::wanted::Settings;
 use crate::request::Request;
-use crate::text::human_duration;
+use crate::show::human_duration;
 
 /// `--slots`: numbers this holder, with the lowest slot key nobody has
 /// (see the module doc). At most N holders exist at once, so one frees up

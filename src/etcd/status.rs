@@ -15,9 +15,9 @@ use crate::flock::record::now_ms;
 use crate::messages::etcd as messages;
 use crate::proc;
 use crate::resource::Resource;
+use crate::show::sanitize;
 use crate::status::print::print_report;
 use crate::status::table::{Render, Row, align, duration_cell, paint_lock_cell};
-use crate::text::sanitize;
 
 #[derive(Debug, Serialize)]
 struct Report {

@@ -157,9 +157,9 @@ impl Tls {
     pub(crate) fn view(&self) -> TlsView {
         let client = self.client.as_ref();
         TlsView {
-            ca: self.ca.as_deref().map(crate::text::show_path),
-            cert: client.map(|c| crate::text::show_path(&c.cert)),
-            key: client.map(|c| crate::text::show_path(&c.key)),
+            ca: self.ca.as_deref().map(crate::show::show_path),
+            cert: client.map(|c| crate::show::show_path(&c.cert)),
+            key: client.map(|c| crate::show::show_path(&c.key)),
             subject: client.map(|c| c.subject.clone()),
             issuer: client.map(|c| c.issuer.clone()),
             not_after: client.map(|c| rfc3339(c.not_after)),

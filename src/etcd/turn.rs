@@ -15,7 +15,7 @@ use crate::flock::record::now_ms;
 use crate::messages::etcd as messages;
 use crate::proc;
 use crate::request::Request;
-use crate::text::human_duration;
+use crate::show::human_duration;
 
 /// How long to wait before asking etcd again after it failed a waiter.
 pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(250);
@@ -313,7 +313,7 @@ impl Trouble<'_> {
         if !self.said {
             (self.say)(format!(
                 "devlock: {}; still waiting for {}",
-                crate::text::clean(&format!("{err:#}")),
+                crate::show::clean(&format!("{err:#}")),
                 self.name
             ));
             self.said = true;

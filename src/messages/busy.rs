@@ -7,9 +7,10 @@ use crate::flock::file::Leased;
 use crate::flock::wait::Busy as BusyLock;
 use crate::request::Request;
 use crate::resource::Resource;
-use crate::status::model::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
+use crate::show::sanitize;
 use crate::take::holder_of;
-use crate::text::{sanitize, short_duration};
+use crate::text::short_duration;
+use crate::view::{Effect, Holder, HolderSource, ResourceView, WaiterSource, WaiterView};
 use std::time::Duration;
 
 /// `gpu:0 is busy: held by train (pid 4242, alice) for 5m03s`, naming
@@ -53,11 +54,6 @@ pub(crate) fn all_busy(names: &[String], each: &[(String, ResourceView)]) -> Str
         })
         .collect();
     format!("all of {} are busy: {}", names.join(", "), why.join("; "))
-}
-
-/// The library's take of nothing.
-pub(crate) fn no_resource() -> anyhow::Error {
-    crate::error::usage("missing RESOURCE: name at least one resource to lock")
 }
 
 /// `devlock: timed out after 10m waiting for gpu: held by ...` (with the
@@ -174,7 +170,7 @@ pub(crate) fn who(pid: Option<u32>, user: Option<&str>) -> String {
     match (pid, user) {
         (Some(pid), Some(user)) => format!("pid {pid}, {}", sanitize(user)),
         (Some(pid), None) => format!("pid {pid}"),
-        _ => crate::proc::locks::unseen_owner().to_owned(),
+        _ => crate::proc::fdinfo::unseen_owner().to_owned(),
     }
 }
 
@@ -360,6 +356,22 @@ pub(crate) fn no_room(figures: &str) -> String {
     format!("no room for this budget on {figures}")
 }
 
+/// What a wait for room waits on, in words: a budget's figures
+/// ([`budget_figures`]), or the backend's line; nothing yet is empty.
+pub(crate) fn room_note(note: &crate::flock::wait::RoomNote) -> String {
+    use crate::flock::wait::RoomNote;
+    match note {
+        RoomNote::Nothing => String::new(),
+        RoomNote::Figures {
+            resource,
+            room,
+            ask_mib,
+            headroom_mib,
+        } => budget_figures(resource, room, *ask_mib, *headroom_mib),
+        RoomNote::Said(line) => line.clone(),
+    }
+}
+
 /// `warning: gpu:0: eval uses 27 GiB of its 20 GiB budget`
 pub(crate) fn over_budget(
     resource: &crate::resource::Resource,
@@ -393,13 +405,19 @@ pub(crate) fn budget_starting(resource: &crate::resource::Resource, starter: &Ho
 
 /// A busy lock from the backend (its typed busy: who is in the way, as
 /// data) as the library's [`Busy`], in the command line's words, naming the
-/// first holder in the way (for a member taken on behalf of `group`, in its
-/// words); anything else as it is.
+/// first holder in the way (for a member taken on behalf of `group`, or a
+/// take's [`MemberBusy`](crate::take::MemberBusy), in its group's words);
+/// anything else as it is.
 pub(crate) fn worded(
     dir: &ScratchDir,
     err: anyhow::Error,
     group: Option<&Resource>,
 ) -> anyhow::Error {
+    let (err, group) = match err.downcast::<crate::take::MemberBusy>() {
+        Ok(member) => (anyhow::Error::new(member.busy), Some(member.group)),
+        Err(err) => (err, group.cloned()),
+    };
+    let group = group.as_ref();
     // A lease met where no wait for it is made (an `--any` candidate's or
     // a slot's file): busy, as everywhere else.
     let err = match err.downcast::<Leased>() {
@@ -421,7 +439,7 @@ pub(crate) fn worded(
             lock,
             budget,
         } => {
-            let view = crate::status::model::describe(&lock, dir, &request.name);
+            let view = crate::view::describe(&lock, dir, &request.name);
             let starter = view.holders.iter().find(|h| h.starting == Some(true));
             let message = match (starter, group) {
                 (Some(starter), _) if budget => budget_starting(&request.name, starter),
@@ -434,7 +452,7 @@ pub(crate) fn worded(
             let each: Vec<(String, ResourceView)> = each
                 .into_iter()
                 .map(|(label, resource, lock)| {
-                    (label, crate::status::model::describe(&lock, dir, &resource))
+                    (label, crate::view::describe(&lock, dir, &resource))
                 })
                 .collect();
             let message = all_busy(&names, &each);
@@ -445,10 +463,11 @@ pub(crate) fn worded(
             lock,
             names,
         } => {
-            let message = no_room(&figures);
+            let each: Vec<String> = figures.iter().map(room_note).collect();
+            let message = no_room(&each.join("; "));
             match lock {
                 Some((request, lock)) => {
-                    let view = crate::status::model::describe(&lock, dir, &request.name);
+                    let view = crate::view::describe(&lock, dir, &request.name);
                     (request.name.to_string(), first(&view), message)
                 }
                 None => (names.join(" "), None, message),

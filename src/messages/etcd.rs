@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::text::{human_duration, sanitize, short_duration};
+use crate::show::{human_duration, sanitize};
+use crate::text::short_duration;
 
 /// `train (pid 12 on host-a, alice) for 3s`
 pub(crate) fn holder(step: &str, pid: u32, host: &str, user: &str, held: Duration) -> String {
@@ -97,7 +98,7 @@ pub(crate) fn mixed_schemes() -> String {
 pub(crate) fn cannot_read(path: &Path, err: &std::io::Error) -> String {
     format!(
         "cannot read {}: {}",
-        crate::text::show_path(path),
+        crate::show::show_path(path),
         crate::proc::os_text(err)
     )
 }
@@ -105,50 +106,50 @@ pub(crate) fn cannot_read(path: &Path, err: &std::io::Error) -> String {
 pub(crate) fn not_pem(path: &Path, what: &str, why: &str) -> String {
     format!(
         "{} holds no PEM {what} devlock can read: {why}",
-        crate::text::show_path(path)
+        crate::show::show_path(path)
     )
 }
 
 pub(crate) fn no_certificate(path: &Path) -> String {
     format!(
         "{} holds no certificate (expected PEM, -----BEGIN CERTIFICATE-----)",
-        crate::text::show_path(path)
+        crate::show::show_path(path)
     )
 }
 
 pub(crate) fn bad_certificate(path: &Path, why: &str) -> String {
     format!(
         "{} holds a certificate devlock cannot use: {why}",
-        crate::text::show_path(path)
+        crate::show::show_path(path)
     )
 }
 
 pub(crate) fn client_cert_expired(path: &Path, not_after: &str) -> String {
     format!(
         "the client certificate {} expired on {not_after}",
-        crate::text::show_path(path)
+        crate::show::show_path(path)
     )
 }
 
 pub(crate) fn client_cert_not_yet_valid(path: &Path, not_before: &str) -> String {
     format!(
         "the client certificate {} is not valid before {not_before}",
-        crate::text::show_path(path)
+        crate::show::show_path(path)
     )
 }
 
 pub(crate) fn key_does_not_match(key: &Path, cert: &Path) -> String {
     format!(
         "the key {} does not match the certificate {}",
-        crate::text::show_path(key),
-        crate::text::show_path(cert)
+        crate::show::show_path(key),
+        crate::show::show_path(cert)
     )
 }
 
 pub(crate) fn unusable_key(key: &Path, why: &str) -> String {
     format!(
         "the key {} cannot be used: {why}",
-        crate::text::show_path(key)
+        crate::show::show_path(key)
     )
 }
 
@@ -157,14 +158,14 @@ pub(crate) fn key_too_open(key: &Path, mode: u32) -> String {
     format!(
         "the private key {k} can be read by others (mode {mode:04o}); like ssh, devlock \
              refuses such a key (chmod 600 {k})",
-        k = crate::text::show_path(key)
+        k = crate::show::show_path(key)
     )
 }
 
 // TLS: the handshake.
 
 pub(crate) fn roots_file(path: &Path) -> String {
-    crate::text::show_path(path)
+    crate::show::show_path(path)
 }
 
 pub(crate) fn system_roots() -> String {
@@ -199,7 +200,7 @@ pub(crate) fn tls_failed(url: &str, why: &str) -> String {
 pub(crate) fn client_cert_refused(url: &str, cert: &Path, alert: &str) -> String {
     format!(
         "etcd at {url} refused the client certificate {} (TLS alert {alert})",
-        crate::text::show_path(cert)
+        crate::show::show_path(cert)
     )
 }
 

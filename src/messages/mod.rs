@@ -9,15 +9,14 @@
 //! (their backends' and server's lines), and here the rest (the
 //! library's words, names, forget, idle, setup warnings).
 
-mod busy;
+pub(crate) mod busy;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod serve;
 
-pub(crate) use busy::*;
-
-use crate::status::model::ResourceView;
-use crate::text::{sanitize, short_duration};
+use crate::show::sanitize;
+use crate::text::short_duration;
+use crate::view::ResourceView;
 
 /// What `--help` adds to a flag of the etcd feature in a build without it.
 #[cfg(not(feature = "etcd"))]
@@ -191,7 +190,7 @@ pub(crate) fn forget_needs_root(dir: &str) -> String {
 /// `devlock forget` of a name in use: `gpu:0 is in use: held by train (pid
 /// 4242, alice) for 5m03s; not forgotten`.
 pub(crate) fn forget_in_use(name: &crate::Resource, view: Option<&ResourceView>) -> String {
-    let who = view.map_or(String::new(), busy_phrase);
+    let who = view.map_or(String::new(), busy::busy_phrase);
     format!("{name} is in use{who}; not forgotten")
 }
 
@@ -208,23 +207,6 @@ pub(crate) fn idle_warning(
         sanitize(step),
         short_duration(idle),
         short_duration(grace)
-    )
-}
-
-/// A job's `--idle-timeout` over the site's: `--idle-timeout 1000h is
-/// longer than this machine's idle policy, 8s (/run/lock/devlock/.idle-timeout,
-/// set by the administrator): ask for 8s or less, or leave it out`.
-pub(crate) fn idle_over_site(
-    asked: std::time::Duration,
-    site: std::time::Duration,
-    policy_file: &std::path::Path,
-) -> String {
-    let site = humantime::format_duration(site);
-    format!(
-        "--idle-timeout {} is longer than this machine's idle policy, {site} ({}, set by the \
-         administrator with devlock setup --idle-timeout): ask for {site} or less, or leave it out",
-        humantime::format_duration(asked),
-        crate::text::show_path(policy_file)
     )
 }
 
@@ -261,7 +243,7 @@ pub(crate) fn setup_warning(
             )
         }
     };
-    let shown = crate::text::show_path(dir);
+    let shown = crate::show::show_path(dir);
     let unnamed = if above {
         "a directory"
     } else {

@@ -38,7 +38,7 @@ pub(crate) fn not_for_etcd() -> &'static str {
 pub(crate) fn no_such_page(path: &str) -> String {
     format!(
         "devlock serve has no page {}: it serves /, /metrics and /status.json\n",
-        crate::text::sanitize(path)
+        crate::show::sanitize(path)
     )
 }
 
@@ -46,7 +46,7 @@ pub(crate) fn no_such_page(path: &str) -> String {
 pub(crate) fn read_only(method: &str) -> String {
     format!(
         "devlock serve is read-only: it answers GET and HEAD, not {}\n",
-        crate::text::sanitize(method)
+        crate::show::sanitize(method)
     )
 }
 
@@ -63,7 +63,7 @@ pub(crate) fn foreign_host(host: &str) -> String {
              address, not for {} (a page elsewhere must not read it through DNS rebinding); \
              a reverse proxy in front should send Host: 127.0.0.1:PORT, or listen on another \
              address with --listen\n",
-        crate::text::sanitize(host)
+        crate::show::sanitize(host)
     )
 }
 
@@ -81,5 +81,5 @@ pub(crate) fn stopped(err: &std::io::Error) -> String {
 /// 500: the status could not be read (the scratch directory is unsafe,
 /// /proc cannot be read).
 pub(crate) fn no_status(err: &anyhow::Error) -> String {
-    format!("devlock: {}\n", crate::text::clean(&format!("{err:#}")))
+    format!("devlock: {}\n", crate::show::clean(&format!("{err:#}")))
 }

@@ -258,7 +258,7 @@ pub(crate) fn cells(row: &Row) -> Vec<String> {
         stopped.push(format!("{} killed", row.observed_later));
     }
     vec![
-        clip(&crate::text::sanitize(&row.key), MAX_KEY),
+        clip(&crate::show::sanitize(&row.key), MAX_KEY),
         row.jobs.to_string(),
         hours(row.gpu_hours),
         // One number: the share of the sampled GPU time that computed.
@@ -385,9 +385,9 @@ pub(crate) fn jobs_table(jobs: &[&Job]) -> String {
         let j = job_json(job);
         let held_ms = job.end_ms.saturating_sub(job.start.start_ms);
         lines.push([
-            clip(&crate::text::sanitize(&j.user), MAX_KEY),
-            clip(&crate::text::sanitize(j.step), MAX_KEY),
-            clip(&crate::text::sanitize(&j.resources.join(",")), MAX_KEY),
+            clip(&crate::show::sanitize(&j.user), MAX_KEY),
+            clip(&crate::show::sanitize(j.step), MAX_KEY),
+            clip(&crate::show::sanitize(&j.resources.join(",")), MAX_KEY),
             j.start.get(..16).unwrap_or(&j.start).replace('T', " "),
             crate::text::short_duration(std::time::Duration::from_millis(held_ms)),
             share(j.busy_gpu_s, j.sampled_gpu_s),
@@ -521,7 +521,7 @@ mod tests {
                 let csv = csv(&rows, &total);
                 prop_assert!(csv.lines().count() >= rows.len() + 2);
                 for line in table(by, &rows, &total).lines() {
-                    prop_assert!(!line.chars().any(crate::text::is_unsafe_char));
+                    prop_assert!(!line.chars().any(crate::show::is_unsafe_char));
                 }
             }
             for mut job in jobs {

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 
 use crate::gpu::device::DeviceReport;
 use crate::serve::snapshot::Snapshot;
-use crate::text::sanitize;
+use crate::show::sanitize;
 
 mod families;
 mod gpus;
@@ -269,7 +269,7 @@ mod tests {
     /// The families and labels as the exposition writes them.
     fn families() -> Vec<(&'static str, &'static [&'static str])> {
         let snapshot = Snapshot {
-            report: crate::status::model::StatusReport {
+            report: crate::view::StatusReport {
                 dir: "/run/lock/devlock".to_owned(),
                 trust: Default::default(),
                 resources: Vec::new(),

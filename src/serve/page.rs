@@ -34,8 +34,9 @@ use crate::gpu::device::{Device, DeviceProcess, DeviceReport, MigInstance};
 use crate::gpu::memory::size;
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
-use crate::status::model::{Holder, HolderSource, ResourceView, State, WaiterSource, WaiterView};
-use crate::text::{sanitize, short_duration};
+use crate::show::sanitize;
+use crate::text::short_duration;
+use crate::view::{Holder, HolderSource, ResourceView, State, WaiterSource, WaiterView};
 
 /// The `Content-Type` of the page.
 pub(crate) const CONTENT_TYPE: &str = "text/html; charset=utf-8";
@@ -172,7 +173,7 @@ pub(crate) fn render(snapshot: &Snapshot, host: &str) -> String {
 }
 
 /// A card for every GPU the probe lists and every `gpu:N` lock file.
-fn cards(report: &crate::status::model::StatusReport) -> Vec<Card<'_>> {
+fn cards(report: &crate::view::StatusReport) -> Vec<Card<'_>> {
     let devices = report.device_info.as_ref().map_or(&[][..], |i| i.devices());
     let mut indices: Vec<u32> = devices.iter().map(|d| d.index).collect();
     indices.extend(report.resources.iter().filter_map(|r| gpu_index(&r.name)));
@@ -406,7 +407,7 @@ fn holder_row(page: &mut String, h: &Holder, place: Place) {
             crate::text::short_duration(std::time::Duration::from_millis(idle))
         ));
     }
-    if let Some(kept) = crate::messages::kept_phrase(h) {
+    if let Some(kept) = crate::messages::busy::kept_phrase(h) {
         notes.push(format!("kept: {}", esc(&kept)));
     }
     if let Some(container) = &h.container {

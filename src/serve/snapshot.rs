@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 
-use crate::status::model::{self, StatusReport};
+use crate::view::{self, StatusReport};
 
 /// How long a snapshot answers requests before the next is taken.
 pub(crate) const FRESH_FOR: Duration = Duration::from_secs(1);
@@ -45,11 +45,11 @@ pub(crate) struct Snapshot {
 }
 
 /// The last day summed by user as `devlock report --by user --since 24h`
-/// sums it ([`crate::usage::report::rows`]), and where the records are.
+/// sums it ([`crate::report::rows`]), and where the records are.
 #[derive(Debug, Default)]
 pub(crate) struct Users {
-    pub(crate) rows: Vec<crate::usage::report::Row>,
-    pub(crate) total: crate::usage::report::Row,
+    pub(crate) rows: Vec<crate::report::Row>,
+    pub(crate) total: crate::report::Row,
     /// The usage directory read; `None` where no records are kept.
     pub(crate) dir: Option<PathBuf>,
 }
@@ -96,7 +96,8 @@ impl Snapshots {
     /// [`HISTORY_FRESH_FOR`], from the usage directory of the lock
     /// directory open as `lock` ([`crate::usage::dir_for`]).
     fn history(&self, lock: Option<&crate::flock::dir::ScratchDir>) -> Usage {
-        use crate::usage::{history, report};
+        use crate::report;
+        use crate::usage::history;
         let mut kept = self.history.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((taken, usage)) = kept.as_ref()
             && taken.elapsed() < HISTORY_FRESH_FOR
@@ -136,7 +137,7 @@ impl Snapshots {
         }
         let started = Instant::now();
         let at = SystemTime::now();
-        let mut report = model::gather(&self.dir, &[], Some(self.probe_timeout))?;
+        let mut report = view::gather(&self.dir, &[], Some(self.probe_timeout))?;
         withhold_commands(&mut report);
         // Opened (never made) as a take opens it, once for both records
         // read from it.

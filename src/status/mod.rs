@@ -7,5 +7,3 @@ pub(crate) mod table;
 
 // The model moved to the core's `view`; the old paths stay for the front
 // ends until the crate split rewrites them.
-pub(crate) use crate::view as model;
-pub(crate) use crate::view::requests;

@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use crate::gpu::device::format_mib;
 use crate::gpu::device::{Device, DeviceProcess, DeviceReport};
-use crate::status::model::{
+use crate::show::sanitize;
+use crate::text::short_duration;
+use crate::view::{
     Effect, Holder, HolderSource, OutsideUse, ResourceView, State, StatusReport, WaiterSource,
     WaiterView,
 };
-use crate::text::{sanitize, short_duration};
 
 mod devices;
 use devices::*;
@@ -72,7 +73,7 @@ fn locks_table(report: &StatusReport, render: Render) -> String {
     let mut rows: Vec<Row> = vec![Row::Cells(header.iter().map(|h| h.to_string()).collect())];
     // The GPU's own figures, on lines of their own after the lock rows.
     let mut figures: Vec<Row> = Vec::new();
-    let requests = crate::status::requests::waits_on_several(report);
+    let requests = crate::view::requests::waits_on_several(report);
     let hidden = if report.hide_idle {
         report.resources.iter().filter(|r| unused(r)).count()
     } else {
@@ -221,7 +222,7 @@ fn holder_step(h: &Holder) -> String {
         let idle = crate::text::short_duration(std::time::Duration::from_millis(idle));
         step.push_str(&format!(" (idle {idle})"));
     }
-    if let Some(kept) = crate::messages::kept_phrase(h) {
+    if let Some(kept) = crate::messages::busy::kept_phrase(h) {
         step.push_str(&format!(" (kept: {kept})"));
     }
     if let Some(container) = &h.container {

@@ -9,13 +9,15 @@ use anyhow::Result;
 
 use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
-use crate::messages::{holders_words, in_the_way, waiters_words};
-use crate::status::model::{self as status, ResourceView, WaiterView};
-use crate::text::{fit, ordinal, sanitize, short_duration};
+use crate::messages::busy::{holders_words, in_the_way, waiters_words};
+use crate::show::sanitize;
+use crate::text::{fit, ordinal, short_duration};
+use crate::view::{self as status, ResourceView, WaiterView};
 
 /// The figures a budget waits on, once it has looked.
 pub(super) fn room_text(watch: &Watch) -> Option<String> {
-    let text = watch.room.as_ref()?.lock().ok()?.clone();
+    let note = watch.room.as_ref()?.lock().ok()?.clone();
+    let text = crate::messages::busy::room_note(&note);
     (!text.is_empty()).then_some(text)
 }
 

@@ -100,7 +100,7 @@ pub(super) fn helper_thread(
         {
             clear(&mut line.drawn);
             if !plan.quiet {
-                say(&messages::timed_out(
+                say(&messages::busy::timed_out(
                     plan.timeout.unwrap_or_default(),
                     &shown.label,
                     &shown.in_the_way(),
@@ -135,7 +135,11 @@ pub(super) fn helper_thread(
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear(&mut line.drawn);
             if !plan.quiet && line.said && (display != Display::Live || line.lost) {
-                got.offer(messages::got(&shown.label, started.elapsed(), &plan.step));
+                got.offer(messages::busy::got(
+                    &shown.label,
+                    started.elapsed(),
+                    &plan.step,
+                ));
             }
             return stop;
         }

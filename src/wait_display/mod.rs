@@ -23,9 +23,10 @@ use crate::flock::registration::Registration;
 use crate::flock::trust::Notes;
 use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
+use crate::show::sanitize;
 use crate::supervise::{self, Received};
 use crate::sys::signal::Thread;
-use crate::text::{fit, sanitize};
+use crate::text::fit;
 use crate::tty;
 
 mod board;

@@ -3,7 +3,7 @@
 //! same line on to its caller, without `devlock: `).
 
 use crate::gpu::memory::size;
-use crate::hold_watch::HoldEvent;
+use crate::hold_event::HoldEvent;
 
 /// The whole line for `event` (`devlock: ...\n`); `None` for a mark, which
 /// only labels the hold.
@@ -15,7 +15,7 @@ pub(crate) fn line(event: &HoldEvent) -> Option<String> {
             step,
             used_mib,
             mem_mib,
-        } => crate::messages::over_budget(resource, step, *used_mib, *mem_mib),
+        } => crate::messages::busy::over_budget(resource, step, *used_mib, *mem_mib),
         HoldEvent::BudgetStop {
             resource,
             step,
@@ -24,7 +24,7 @@ pub(crate) fn line(event: &HoldEvent) -> Option<String> {
             settle,
         } => format!(
             "devlock: --mem-strict: {resource}: stopping {}: over budget ({} of {}) for {}\n",
-            crate::text::sanitize(step),
+            crate::show::sanitize(step),
             size(*used_mib),
             size(*mem_mib),
             humantime::format_duration(*settle)

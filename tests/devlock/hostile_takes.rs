@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::harness::*;
 use crate::shared_machine::{devlock_as, one_line, python, user_does};
+use devlock::ExitCodeOf;
 
 /// A file's text, once it has been written (in one rename).
 fn text_of(path: &Path) -> String {

@@ -2,10 +2,6 @@
 //! core (`devlock-core`, core/) imports nothing that words, draws or parses a
 //! command line, and a front-end module named inside the core is a build
 //! error, not a script's finding.
-//!
-//! NOT REGISTERED YET: this file is written for the crate split of issue 36
-//! (plan §3, "The test that shows the layout") and is left out of main.rs
-//! until core/ exists; `mod layers;` there registers it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,7 +26,13 @@ fn repo() -> PathBuf {
 /// `cargo metadata` of the workspace's own packages, offline.
 fn metadata() -> serde_json::Value {
     let out = Command::new("cargo")
-        .args(["metadata", "--format-version", "1", "--offline", "--no-deps"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--no-deps",
+        ])
         .current_dir(repo())
         .output()
         .unwrap();
@@ -78,15 +80,19 @@ fn core_alone(extra: &[&str]) -> tempfile::TempDir {
     copy_tree(&repo().join("core"), &dir.path().join("core"));
     std::fs::copy(repo().join("Cargo.lock"), dir.path().join("Cargo.lock")).unwrap();
     let root = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
-    let lints = root
-        .find("[workspace.lints")
-        .map_or("", |at| &root[at..]);
+    let lints = root.find("[workspace.lints").map_or("", |at| &root[at..]);
     // Only the lints tables: they end at the first table that is not one.
     let lints: String = lints
         .split("\n[")
         .enumerate()
         .take_while(|(i, t)| *i == 0 || t.starts_with("workspace.lints"))
-        .map(|(i, t)| if i == 0 { t.to_owned() } else { format!("\n[{t}") })
+        .map(|(i, t)| {
+            if i == 0 {
+                t.to_owned()
+            } else {
+                format!("\n[{t}")
+            }
+        })
         .collect();
     std::fs::write(
         dir.path().join("Cargo.toml"),
@@ -119,7 +125,10 @@ pub(crate) fn the_core_cannot_import_a_front_end() {
     assert!(front.iter().any(|d| d == "devlock-core"), "{front:?}");
     let core = dependencies(&meta, "devlock-core");
     for forbidden in ["devlock", "clap"] {
-        assert!(!core.iter().any(|d| d == forbidden), "{forbidden}: {core:?}");
+        assert!(
+            !core.iter().any(|d| d == forbidden),
+            "{forbidden}: {core:?}"
+        );
     }
     // The core alone builds: the layout the suite builds, on its own.
     let plain = core_alone(&[]);

@@ -13,7 +13,7 @@
 //! `--ignored`, `--test-threads`, `--list`.
 
 // The tests play the terminal, the attacker and the signal sender with raw
-// calls (openpty, kill, setsid); the crate's own `unsafe` is in src/sys/.
+// calls (openpty, kill, setsid); the crate's own `unsafe` is in core/src/sys/.
 #![allow(unsafe_code)]
 // A test binary: its modules' items are for each other.
 #![allow(unreachable_pub)]
@@ -80,6 +80,7 @@ mod hostile_records;
 mod hostile_serve;
 mod hostile_takes;
 mod kills;
+mod layers;
 mod long_waits;
 mod manners;
 mod nvml;

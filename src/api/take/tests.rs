@@ -2,14 +2,15 @@
 
 use super::*;
 use crate::api::status_document;
+use crate::exit::ExitCodeOf;
 use std::path::Path;
 
 /// The budget `spec` plans, with no time to ask the device.
 fn budget_plan(spec: &Spec) -> Result<Option<crate::plan::Budget>> {
     let plan = || -> anyhow::Result<_> {
-        let mut plan = Plan::from_spec(spec)?;
+        let mut plan = Plan::from_spec(spec).map_err(crate::messages::in_library_words)?;
         plan.probe_timeout = Duration::ZERO;
-        plan.look()?;
+        plan.look().map_err(crate::messages::in_library_words)?;
         Ok(plan.budget)
     };
     plan().map_err(Error::from)

@@ -12,9 +12,9 @@ use nix::fcntl::{AtFlags, OFlag};
 
 use super::owner::{make_ours, owner_name, owner_words};
 use super::{Plan, Report, TRIES};
-use crate::cmd::setup_path::Parent;
-use crate::flock::file::kind_of;
-use crate::text::show_path;
+use crate::show::kind_of;
+use crate::show::show_path;
+use crate::walk::Parent;
 
 fn c_string_os(text: &std::ffi::OsStr) -> Result<CString> {
     use std::os::unix::ffi::OsStrExt;
@@ -26,12 +26,12 @@ fn c_string_os(text: &std::ffi::OsStr) -> Result<CString> {
 /// checked to be still at the path) when someone else owns it, and
 /// whatever else stands at the path (a symbolic link, a file) removed
 /// first. Every step is relative to the descriptor of the directory above
-/// it, which [`setup_path::reach`] walked to from `/` and checked: nothing
+/// it, which [`walk::reach`] walked to from `/` and checked: nothing
 /// here follows a path again, so a co-user who swaps the directory for a
 /// link (`renameat2(RENAME_EXCHANGE)`) changes only what is opened, never
 /// what is changed. `label` names it in what setup says.
 ///
-/// [`setup_path::reach`]: crate::cmd::setup_path::reach
+/// [`walk::reach`]: crate::walk::reach
 pub(super) fn take_dir(
     path: &Path,
     parent: &Parent,

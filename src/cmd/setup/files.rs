@@ -13,10 +13,11 @@ use super::leases::lease_holders;
 use super::owner::{make_ours, owner_name, owner_words};
 use super::{Plan, Report, TRIES, c_string, unlink};
 use crate::flock::dir::ScratchDir;
-use crate::flock::file::kind_of;
 use crate::proc;
-use crate::proc::locks::{FileId, LockTable};
-use crate::text::show_path;
+use crate::proc::lock_entry::FileId;
+use crate::proc::locks::LockTable;
+use crate::show::kind_of;
+use crate::show::show_path;
 
 /// Makes one declared file root's: created when missing; root's own file
 /// fixed in place; a regular file another user owns (or one with a lease

@@ -1,7 +1,7 @@
 //! Who holds a lease on a file: the `LEASE` lines of `/proc/locks`, which
 //! setup reads before it takes over or replaces a declared file.
 
-use crate::proc::locks::FileId;
+use crate::proc::lock_entry::FileId;
 
 /// The pids holding a lease on the file (`LEASE` lines of `/proc/locks`,
 /// which [`LockTable`] leaves out: a lease is no lock, but it makes every

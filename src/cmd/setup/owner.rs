@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use super::Plan;
 use crate::proc;
-use crate::text::sanitize;
+use crate::show::sanitize;
 
 pub(super) fn owner_name(uid: u32) -> String {
     sanitize(&proc::process::user_name(uid))

@@ -9,7 +9,7 @@ use super::families::{
 use super::{Exposition, bytes};
 use crate::gpu::device::{Device, DeviceReport};
 use crate::resource::Resource;
-use crate::status::model::ResourceView;
+use crate::view::ResourceView;
 
 /// The GPU families, in the order they are listed.
 pub(super) fn gpus(out: &mut Exposition, resources: &[ResourceView], info: Option<&DeviceReport>) {

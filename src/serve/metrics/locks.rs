@@ -6,7 +6,7 @@ use super::families::{
     LOCK_STATE, LOCK_WAITERS, WAITER_WAITING,
 };
 use super::{Exposition, bytes, flag, pid, seconds, text};
-use crate::status::model::{ResourceView, State};
+use crate::view::{ResourceView, State};
 
 fn state_name(state: State) -> &'static str {
     match state {
@@ -59,7 +59,7 @@ fn holders(out: &mut Exposition, resources: &[ResourceView]) {
             .iter()
             .flat_map(|r| r.holders.iter().map(move |h| (r, h)))
     };
-    let who = |r: &ResourceView, h: &crate::status::model::Holder| {
+    let who = |r: &ResourceView, h: &crate::view::Holder| {
         vec![
             r.name.clone(),
             text(h.step.as_deref()),

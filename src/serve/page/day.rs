@@ -160,7 +160,7 @@ mod tests {
             for title in titles {
                 let title = title.split('"').next().unwrap();
                 prop_assert!(!title.contains(['<', '>', '\'']), "{}", title);
-                prop_assert!(!title.chars().any(crate::text::is_unsafe_char), "{}", title);
+                prop_assert!(!title.chars().any(crate::show::is_unsafe_char), "{}", title);
             }
         }
     }

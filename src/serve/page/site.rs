@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 
 use super::esc;
 use crate::gpu::memory::size;
+use crate::report;
 use crate::serve::snapshot::Snapshot;
-use crate::status::model::State;
-use crate::usage::report;
+use crate::view::State;
 
 /// Every colour the page paints with, and what it means: one `key` swatch
 /// each, its class the CSS variable's name (a test checks that each colour
@@ -79,7 +79,7 @@ pub(super) fn users(page: &mut String, snapshot: &Snapshot) {
         );
         return;
     };
-    let dir = esc(&crate::text::show_path(dir));
+    let dir = esc(&crate::show::show_path(dir));
     if users.rows.is_empty() {
         let _ = writeln!(
             page,
@@ -163,7 +163,7 @@ pub(super) fn policy(page: &mut String, snapshot: &Snapshot) {
     items.push(match &snapshot.users.dir {
         Some(dir) => format!(
             "<b>Usage records</b>: kept in {} (devlock report)",
-            esc(&crate::text::show_path(dir))
+            esc(&crate::show::show_path(dir))
         ),
         None => "<b>Usage records</b>: not kept".to_owned(),
     });

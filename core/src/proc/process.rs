@@ -1,0 +1,153 @@
+//! Processes as `/proc` shows them: start times (pid plus start time name
+//! one process), parents and descendants, users, command lines, whether one
+//! is stopped, and the boot id.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+
+use super::read_small;
+
+/// The fields of `/proc/PID/stat` devlock uses, from one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// `R`, `S`, `D`, `Z`, ... (field 3).
+    pub state: char,
+    /// Parent pid (field 4).
+    pub ppid: u32,
+    /// Process group (field 5).
+    pub pgrp: u32,
+    /// Start time in clock ticks since boot (field 22). Together with the pid
+    /// this names one process for the life of the machine, so a recycled pid
+    /// is not mistaken for the process a record describes.
+    pub start: u64,
+}
+
+pub fn stat(pid: u32) -> Option<Stat> {
+    let text = read_small(format!("/proc/{pid}/stat"))?;
+    Some(Stat {
+        state: stat_field(&text, 3)?.chars().next()?,
+        ppid: stat_field(&text, 4)?.parse().ok()?,
+        pgrp: stat_field(&text, 5)?.parse().ok()?,
+        start: stat_field(&text, 22)?.parse().ok()?,
+    })
+}
+
+/// Start time of a process in clock ticks since boot (see [`Stat::start`]).
+pub fn start_time(pid: u32) -> Option<u64> {
+    stat(pid).map(|s| s.start)
+}
+
+/// Parent pid.
+pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
+    stat(pid).map(|s| s.ppid)
+}
+
+/// The ancestors of `pid`, nearest first, each with its stat, up to but not
+/// including init (at most 64: a loop in /proc cannot hang a caller).
+pub fn ancestors(pid: u32) -> impl Iterator<Item = (u32, Stat)> {
+    let mut next = parent_pid(pid);
+    std::iter::from_fn(move || {
+        let parent = next.filter(|&p| p > 1)?;
+        let stat = stat(parent)?;
+        next = Some(stat.ppid);
+        Some((parent, stat))
+    })
+    .take(64)
+}
+
+/// Field `n` (1-based, as in proc(5)) of a stat line; the command name may hold
+/// spaces and parentheses, so counting starts after its last `)`.
+pub(super) fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(n.checked_sub(3)?)
+}
+
+/// Whether `pid` is the very process that had `start` as its start time.
+pub fn is_same_process(pid: u32, start: Option<u64>) -> bool {
+    match (start_time(pid), start) {
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// Real uid of a live process, from `/proc/PID/status` (readable for every user).
+pub fn uid_of(pid: u32) -> Option<u32> {
+    let status = read_small(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Short command name of a live process (`/proc/PID/comm`).
+pub fn comm_of(pid: u32) -> Option<String> {
+    Some(
+        read_small(format!("/proc/{pid}/comm"))?
+            .trim_end()
+            .to_owned(),
+    )
+}
+
+/// The command line of a live process, read now (so `hidepid` is
+/// respected); `None` when it cannot be read or is empty (a zombie, a
+/// kernel thread). Each argument is cleaned of control and format
+/// characters.
+pub(crate) fn cmdline_of(pid: u32) -> Option<Vec<String>> {
+    let mut file = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut buf = Vec::with_capacity(256);
+    file.by_ref().take(8 * 1024).read_to_end(&mut buf).ok()?;
+    let args: Vec<String> = buf
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| crate::show::clean(&String::from_utf8_lossy(a)))
+        .collect();
+    (!args.is_empty()).then_some(args)
+}
+
+/// How `pid`, started at `start`, ended, as a wait status, while it is a
+/// zombie not yet reaped (field 52 of its stat line; a zombie's pid cannot
+/// be reused, and the start time tells it from one reused before).
+pub fn zombie_exit_status(pid: u32, start: u64) -> Option<i32> {
+    let text = read_small(format!("/proc/{pid}/stat"))?;
+    let zombie = stat_field(&text, 3)? == "Z";
+    let same = stat_field(&text, 22)?.parse::<u64>().ok()? == start;
+    (zombie && same)
+        .then(|| stat_field(&text, 52)?.parse().ok())
+        .flatten()
+}
+
+/// Whether `pid` has ended and waits to be reaped.
+pub(crate) fn is_zombie(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| s.state == 'Z')
+}
+
+/// Whether a live process is stopped (`T`, by a signal, or `t`, by a tracer).
+pub fn is_stopped(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| matches!(s.state, 'T' | 't'))
+}
+
+/// The boot id, which tells records written before the last reboot apart.
+pub(crate) fn boot_id() -> Option<String> {
+    Some(
+        read_small("/proc/sys/kernel/random/boot_id")?
+            .trim()
+            .to_owned(),
+    )
+}
+
+/// User name for a uid, or the number when the passwd database has none.
+/// Cached: a lookup can cost a round of NSS (files, nscd, LDAP).
+pub fn user_name(uid: u32) -> String {
+    static NAMES: std::sync::Mutex<Option<HashMap<u32, String>>> = std::sync::Mutex::new(None);
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .get_or_insert_with(HashMap::new)
+        .entry(uid)
+        .or_insert_with(
+            || match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+                Ok(Some(user)) => user.name,
+                _ => uid.to_string(),
+            },
+        )
+        .clone()
+}
