@@ -198,14 +198,30 @@ pub(crate) fn sigint_reaches_the_command_once_and_the_next_waits_for_cleanup() {
 
 test!(sighup_and_sigquit_are_passed_on, needs: []);
 pub(crate) fn sighup_and_sigquit_are_passed_on() {
+    use std::os::unix::process::CommandExt;
     for (sig, code) in [(libc::SIGHUP, 129), (libc::SIGQUIT, 131)] {
         let s = Scratch::new();
         let ready = s.work("ready");
-        let mut holder = s.hold(
-            &["r"],
-            &format!("echo > {}; exec sleep 100", ready.display()),
-            &ready,
-        );
+        let mut devlock = s.devlock();
+        devlock
+            .args(["r", "--", "sh", "-c"])
+            .arg(format!("echo > {}; exec sleep 100", ready.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        // The signal's default action, as a job started from a terminal
+        // has it: whoever ran the tests may have left it ignored (a
+        // non-interactive shell's `cargo test &` ignores SIGINT and
+        // SIGQUIT, nohup SIGHUP), and devlock rightly passes an ignored
+        // signal on as ignored.
+        // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+        unsafe {
+            devlock.pre_exec(move || {
+                libc::signal(sig, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut holder = devlock.spawn().unwrap();
+        wait_for_file(&ready);
         signal(holder.id(), sig);
         let status = wait_child(&mut holder);
         assert_eq!(

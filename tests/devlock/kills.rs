@@ -291,14 +291,18 @@ pub(crate) fn a_session_leaders_group_or_session_sigkill_ends_the_job() {
 }
 
 test!(timeout_kill_after_ends_the_job, needs: [Tool("timeout")]);
-/// `timeout -s TERM -k 1 3 devlock r -- ...`: the SIGTERM reaches the
-/// command as timeout sends it (it logs it and goes on), then timeout's SIGKILL of its
-/// whole group ends everything (timeout with it: 137 to its shell).
+/// `timeout -s TERM -k 1000 1000 devlock r -- ...`: the SIGTERM reaches
+/// the command as timeout sends it (it logs it and goes on), then timeout's
+/// SIGKILL of its whole group ends everything (timeout with it: 137 to its
+/// shell). Each of timeout's timers is made to run out when the test is
+/// ready for it, by the SIGALRM that timeout's own timer would send: the
+/// first once the waiter is in line, the second once the command heard
+/// the SIGTERM (on a busy machine, a second passes before either).
 pub(crate) fn timeout_kill_after_ends_the_job() {
     let job = Job::new();
     let mut timeout = Command::new("timeout");
     timeout
-        .args(["-s", "TERM", "-k", "1", "1", "sh", "-c"])
+        .args(["-s", "TERM", "-k", "1000", "1000", "sh", "-c"])
         .arg(format!("exec {}", job.devlock_line("r", "")))
         .process_group(0)
         .stdin(Stdio::null())
@@ -307,6 +311,13 @@ pub(crate) fn timeout_kill_after_ends_the_job() {
     let victims = job.processes("");
     let waiter = job.waiter("r", &victims, "");
     in_line(&job, "r");
+    kill(timeout.id() as i32, libc::SIGALRM);
+    poll_until(
+        "the command heard timeout's SIGTERM",
+        || std::fs::read_to_string(&job.heard).unwrap_or_default(),
+        |heard| !heard.is_empty(),
+    );
+    kill(timeout.id() as i32, libc::SIGALRM);
     let status = wait_child(&mut timeout.0);
     let killed = Instant::now();
     // timeout's SIGKILL of its group ends timeout too: the shell says 137.

@@ -31,16 +31,31 @@ impl LockTable {
     /// one pass over its list, but only a page at a time, so on a busy
     /// machine an entry that moves between two reads can be skipped or
     /// repeated (two shared holders shown as one). When the table spans
-    /// several reads, it is read again until two readings agree.
+    /// several reads, it is read again until two readings agree. Where the
+    /// locks of others change faster than that, no two ever agree, and any
+    /// one reading may lack a lock held all along (the lock shown free, its
+    /// holder named nowhere): then every entry of any reading counts, each
+    /// as often as the reading that shows it most often.
     pub fn read() -> std::io::Result<LockTable> {
         let (mut locks, pieces) = read_locks()?;
         if pieces > 1 {
+            let mut readings = vec![locks.clone()];
+            let mut agreed = false;
             for _ in 0..5 {
                 let (again, _) = read_locks()?;
-                if again == locks {
+                agreed = again == locks;
+                locks = again;
+                if agreed {
                     break;
                 }
-                locks = again;
+                readings.push(locks.clone());
+            }
+            if !agreed {
+                locks = (
+                    every_entry(readings.iter().map(|r| &r.0)),
+                    every_entry(readings.iter().map(|r| &r.1)),
+                    every_entry(readings.iter().map(|r| &r.2)),
+                );
             }
         }
         let (flocks, ranges, leases) = locks;
@@ -160,6 +175,33 @@ impl LockTable {
 
 type Locks = (Vec<KernelLock>, Vec<RangeLock>, Vec<KernelLock>);
 
+/// Every entry of any of `readings`, each as many times as the reading
+/// that has it most often, in the order first seen.
+fn every_entry<'r, T: Clone + Eq + std::hash::Hash + 'r>(
+    readings: impl Iterator<Item = &'r Vec<T>>,
+) -> Vec<T> {
+    let mut most: HashMap<&T, usize> = HashMap::new();
+    let mut order = Vec::new();
+    for reading in readings {
+        let mut here: HashMap<&T, usize> = HashMap::new();
+        for entry in reading {
+            *here.entry(entry).or_default() += 1;
+            if !most.contains_key(entry) {
+                most.insert(entry, 0);
+                order.push(entry);
+            }
+        }
+        for (entry, n) in here {
+            let seen = most.entry(entry).or_default();
+            *seen = (*seen).max(n);
+        }
+    }
+    order
+        .into_iter()
+        .flat_map(|entry| std::iter::repeat_n(entry.clone(), most[entry]))
+        .collect()
+}
+
 /// The entries of `/proc/locks`, and how many reads it took.
 fn read_locks() -> std::io::Result<(Locks, usize)> {
     let mut file = fs::File::open("/proc/locks")?;
@@ -216,4 +258,25 @@ pub(crate) fn holds_now(table: &LockTable, pid: u32, file: FileId) -> Option<boo
         .iter()
         .any(|l| !l.ofd && !l.blocked && l.pid == Some(pid) && l.start == TAG_AT as u64);
     tagged.then_some(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::every_entry;
+
+    #[test]
+    fn every_entry_of_readings_that_disagree_counts_each_as_its_fullest_reading() {
+        // `b` skipped by the second reading, `a` repeated by the third, `c`
+        // gone by then, `d` new: nothing any reading saw is left out, and
+        // no entry is counted more often than one reading shows it.
+        let readings = [
+            vec!['a', 'b', 'b', 'c'],
+            vec!['a', 'b', 'c'],
+            vec!['a', 'a', 'b', 'b', 'd'],
+        ];
+        assert_eq!(
+            every_entry(readings.iter()),
+            vec!['a', 'a', 'b', 'b', 'c', 'd']
+        );
+    }
 }

@@ -122,6 +122,10 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
         return Ok(Taken::Inherited(entry.lock));
     }
     let resource = &request.name;
+    // What the waiting line and a timeout say until the wait looks again:
+    // the figures of the look made at the front, should it find no room (a
+    // deadline may pass before the wait's own first look, on a busy machine).
+    let mut figures_seen = RoomNote::Nothing;
     if !entry.ticket.has_anyone_ahead()? {
         let seen = look(ctx.dir, resource, entry.lock.id(), ask).map_err(crate::error::device)?;
         if seen.room.admits(ask.mem_mib, ask.headroom_mib) {
@@ -136,6 +140,8 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
                 lock: Some((request.clone(), lock)),
                 names: Vec::new(),
             }));
+        } else {
+            figures_seen = figures(resource, &seen.room, ask);
         }
     }
     if ctx.no_wait {
@@ -148,7 +154,7 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
             budget: true,
         }));
     }
-    let room_text = Arc::new(Mutex::new(RoomNote::Nothing));
+    let room_text = Arc::new(Mutex::new(figures_seen));
     let registration = register_asking(ctx, request, entry.ticket.number, ask.mem_mib);
     let shows = ctx.shows();
     let watches = shows
