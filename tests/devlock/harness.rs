@@ -1,6 +1,7 @@
 //! A small builder over a temp scratch directory, and handshakes between
 //! processes: wait for a file or a line, with a generous bound that only
-//! fails on a hang.
+//! fails on a hang. The pty, the runner's needs and the process table of
+//! the torture tests are its children, re-exported here.
 
 use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
