@@ -2,7 +2,7 @@
 //! etcd server: one gate, whichever tool holds and whichever waits, for a
 //! plain lock, groups and their members; `-n`, `-w` and status naming an
 //! etcdctl holder for what etcd knows of it; fences; the prefix. The
-//! helpers here (`Gate`) serve `etcd_interop_modes` too.
+//! helpers in gate.rs (`Gate`) serve `etcd_interop_modes` too.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -11,139 +11,9 @@ use crate::etcd::{etcdctl, name, run, spawn, status, wait_for, waiters};
 use crate::etcd_server::shared_etcd;
 use crate::harness::*;
 
-/// What devlock calls a holder whose key it did not write.
-pub(crate) const FOREIGN: &str = "etcdctl lock or another client";
+mod gate;
 
-/// Starts `etcdctl lock NAME sh -c SCRIPT`: it waits its turn, runs the
-/// script holding the lock and gives it back when the script ends.
-pub(crate) fn etcdctl_lock(url: &str, lock: &str, script: &str) -> Child {
-    Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", url, "lock", lock, "--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("etcdctl (Debian package etcd-client)")
-}
-
-/// One take, by either tool.
-#[derive(Clone, Copy)]
-pub(crate) enum By<'a> {
-    /// `etcdctl lock LOCK` (the whole key prefix, `/devlock/R`).
-    Etcdctl(&'a str),
-    /// `devlock -q ARGS`.
-    Devlock(&'a [&'a str]),
-}
-
-/// The scratch, the server and the log every take of one test writes to.
-pub(crate) struct Gate {
-    pub(crate) s: Scratch,
-    url: String,
-    log: std::path::PathBuf,
-}
-
-impl Gate {
-    pub(crate) fn new(url: &str) -> Gate {
-        let s = Scratch::new();
-        let log = s.work("log");
-        Gate {
-            s,
-            url: url.to_owned(),
-            log,
-        }
-    }
-
-    /// Starts `by` running `script` once it holds.
-    pub(crate) fn take(&self, by: By, script: &str) -> Child {
-        match by {
-            By::Etcdctl(lock) => etcdctl_lock(&self.url, lock, script),
-            By::Devlock(args) => spawn(&self.s, &self.url, &[&["-q"], args].concat(), script),
-        }
-    }
-
-    /// `by` holding, once this returns, until `release(tag)`; it logs
-    /// `TAG-end` as its command ends.
-    pub(crate) fn holding(&self, by: By, tag: &str) -> Child {
-        let (wait, ready) = wait_for_release(&self.s, tag);
-        let child = self.take(
-            by,
-            &format!("{wait}; {}", self.append(&format!("{tag}-end"))),
-        );
-        wait_for_file(&ready);
-        child
-    }
-
-    /// `by` in line: it logs `TAG` once it holds, and gives the lock back.
-    pub(crate) fn behind(&self, by: By, tag: &str) -> Child {
-        self.take(by, &self.append(tag))
-    }
-
-    /// `first` holding and `then` waiting for it in `line`'s line (where
-    /// `meanwhile` looks): `then` runs only once `first`'s command has ended.
-    pub(crate) fn in_turn(&self, first: By, then: By, line: &str, meanwhile: impl FnOnce()) {
-        let first = self.holding(first, "first");
-        let then = self.behind(then, "then");
-        self.waiting(line, 1);
-        meanwhile();
-        assert_eq!(self.log(), "");
-        self.release("first");
-        succeeded([first, then]);
-        assert_eq!(self.log(), "first-end\nthen\n");
-    }
-
-    pub(crate) fn release(&self, tag: &str) {
-        release(&self.s, tag);
-    }
-
-    pub(crate) fn append(&self, line: &str) -> String {
-        format!("echo {line} >> {}", self.log.display())
-    }
-
-    pub(crate) fn log(&self) -> String {
-        read(&self.log)
-    }
-
-    /// The log's lines, those at `ties` (which may come in any order)
-    /// sorted.
-    pub(crate) fn lines_with_ties(&self, ties: std::ops::Range<usize>) -> Vec<String> {
-        let mut lines: Vec<String> = self.log().lines().map(str::to_owned).collect();
-        if let Some(tied) = lines.get_mut(ties) {
-            tied.sort_unstable();
-        }
-        lines
-    }
-
-    /// `devlock ARGS`, which must end as busy (75); what it said.
-    pub(crate) fn refused(&self, args: &[&str]) -> String {
-        let out = run(&self.s, &self.url, args);
-        assert_eq!(out.status.code(), Some(75), "{args:?}: {}", stderr(&out));
-        stderr(&out)
-    }
-
-    /// Waits until `resource`'s line has `n` waiters.
-    pub(crate) fn waiting(&self, resource: &str, n: usize) {
-        wait_for(
-            &self.s,
-            &self.url,
-            resource,
-            &format!("{n} waiting for {resource}"),
-            |v| waiters(v) == n,
-        );
-    }
-}
-
-/// Waits for each take to end, and to have succeeded.
-pub(crate) fn succeeded(children: impl IntoIterator<Item = Child>) {
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-    }
-}
-
-pub(crate) fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
+pub(crate) use gate::{By, FOREIGN, Gate, etcdctl_lock, read, succeeded};
 
 test!(etcd_interop_an_etcdctl_holder_keeps_devlock_out_and_is_named, needs: [Tool("etcd"), Tool("etcdctl")]);
 /// `etcdctl lock /devlock/R` holding: `devlock -n R` exits 75 naming it by
@@ -518,8 +388,43 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
     etcdctl(&url, &["put", &format!("{base}/counter"), "0"]);
     let accepted = s.work("accepted");
     let stops = s.work("stops");
-    // One cycle, run holding the lock: read the counter, write it + 1 if
-    // no later fence has written, and record the write under its fence.
+    let rmw = write_rmw_script(&s, &base, &accepted);
+    let clients = start_clients(&s, &r, &rmw, &stops, &url, &proxy.url);
+    poll_until(
+        "30 writes before the partition",
+        || read(&accepted).lines().count(),
+        |&n| n >= 30,
+    );
+    proxy.cut();
+    // Each cycle is bounded (SIGKILL after 20s: etcdctl lock ignores
+    // SIGTERM), and a client cut off stops.
+    for mut client in clients {
+        client.wait().unwrap();
+    }
+    let (counter, writes, keys) = accepted_writes(&url, &base);
+    assert!(counter > 30, "{counter}");
+    assert_eq!(counter, writes.len(), "a lost update: {keys}");
+    let mut by_counter = writes.clone();
+    by_counter.sort_by_key(|&(_, n)| n);
+    assert!(
+        by_counter.iter().enumerate().all(|(i, &(_, n))| n == i + 1),
+        "{keys}"
+    );
+    assert!(
+        by_counter.windows(2).all(|w| w[0].0 < w[1].0),
+        "fences not increasing with the counter: {keys}"
+    );
+    // Only the clients cut off stopped early.
+    let stopped = read(&stops);
+    assert!(stopped.lines().all(|l| l.starts_with("m3 ")), "{stopped}");
+    let logged = read(&accepted).lines().count();
+    assert!(logged <= counter, "{logged} > {counter}");
+}
+
+/// One cycle, run holding the lock: read the counter, write it + 1 if no
+/// later fence has written, and record the write under its fence in
+/// `accepted`. The script's path.
+fn write_rmw_script(s: &Scratch, base: &str, accepted: &Path) -> std::path::PathBuf {
     let rmw = s.work("rmw.sh");
     std::fs::write(
         &rmw,
@@ -536,7 +441,21 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
         ),
     )
     .unwrap();
-    let clients: Vec<Child> = [("m1", &url), ("m2", &url), ("m3", &proxy.url)]
+    rmw
+}
+
+/// The six clients: on each of three machines (m3 through `proxy_url`), a
+/// devlock and an `etcdctl lock` running 50 cycles of `rmw`; a client cut
+/// off logs to `stops` and stops.
+fn start_clients(
+    s: &Scratch,
+    r: &str,
+    rmw: &Path,
+    stops: &Path,
+    url: &str,
+    proxy_url: &str,
+) -> Vec<Child> {
+    [("m1", url), ("m2", url), ("m3", proxy_url)]
         .into_iter()
         .flat_map(|(host, at)| {
             let devlock = format!(
@@ -548,7 +467,7 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
                 rmw.display()
             );
             [("devlock", devlock), ("etcdctl", etcdctl)].map(|(tool, take)| {
-                let template = crate::etcd::devlock(&s, at);
+                let template = crate::etcd::devlock(s, at);
                 let mut cmd = Command::new("unshare");
                 // A client cut off stops; the others go on.
                 let script = format!(
@@ -570,26 +489,20 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
                     .unwrap()
             })
         })
-        .collect();
-    poll_until(
-        "30 writes before the partition",
-        || read(&accepted).lines().count(),
-        |&n| n >= 30,
-    );
-    proxy.cut();
-    // Each cycle is bounded (SIGKILL after 20s: etcdctl lock ignores
-    // SIGTERM), and a client cut off stops.
-    for mut client in clients {
-        client.wait().unwrap();
-    }
+        .collect()
+}
+
+/// The counter, and each accepted write as (fence, counter it wrote), and
+/// the keys they were read from.
+fn accepted_writes(url: &str, base: &str) -> (usize, Vec<(i64, usize)>, String) {
     let counter: usize = etcdctl(
-        &url,
+        url,
         &["get", "--print-value-only", &format!("{base}/counter")],
     )
     .trim()
     .parse()
     .unwrap();
-    let keys = etcdctl(&url, &["get", "--prefix", &format!("{base}/accepted/")]);
+    let keys = etcdctl(url, &["get", "--prefix", &format!("{base}/accepted/")]);
     // Key and value lines: /accepted/FENCE then the counter it wrote.
     let lines: Vec<&str> = keys.lines().collect();
     let writes: Vec<(i64, usize)> = lines
@@ -599,21 +512,5 @@ pub(crate) fn etcd_interop_no_lost_update_with_mixed_clients_and_a_partition() {
             (fence, kv[1].parse().unwrap())
         })
         .collect();
-    assert!(counter > 30, "{counter}");
-    assert_eq!(counter, writes.len(), "a lost update: {keys}");
-    let mut by_counter = writes.clone();
-    by_counter.sort_by_key(|&(_, n)| n);
-    assert!(
-        by_counter.iter().enumerate().all(|(i, &(_, n))| n == i + 1),
-        "{keys}"
-    );
-    assert!(
-        by_counter.windows(2).all(|w| w[0].0 < w[1].0),
-        "fences not increasing with the counter: {keys}"
-    );
-    // Only the clients cut off stopped early.
-    let stopped = read(&stops);
-    assert!(stopped.lines().all(|l| l.starts_with("m3 ")), "{stopped}");
-    let logged = read(&accepted).lines().count();
-    assert!(logged <= counter, "{logged} > {counter}");
+    (counter, writes, keys)
 }

@@ -186,14 +186,27 @@ pub(crate) fn etcd_tls_checks_the_servers_certificate_and_carries_a_password() {
     let url = server.url.clone();
     let r = name("tls");
     let ca_file = ca.path("ca.crt");
+    takes_with_the_ca_from_a_flag_or_the_environment(&s, &url, &r, &ca_file);
+    a_wrong_ca_or_a_plain_server_is_one_line(&s, &ca, &url, &r, &ca_file);
+    an_expired_server_certificate_is_named(&s, &ca, &r, &ca_file);
+    a_password_is_carried_over_tls(&s, &url, &r, &ca_file);
+}
 
+/// The server checked against the CA given by `--etcd-ca`, then by
+/// `DEVLOCK_ETCD_CA` with a bare HOST:PORT.
+fn takes_with_the_ca_from_a_flag_or_the_environment(
+    s: &Scratch,
+    url: &str,
+    r: &str,
+    ca_file: &str,
+) {
     let out = run(
-        &s,
-        &url,
+        s,
+        url,
         &[
             "--etcd-ca",
-            &ca_file,
-            &r,
+            ca_file,
+            r,
             "--",
             "sh",
             "-c",
@@ -203,56 +216,68 @@ pub(crate) fn etcd_tls_checks_the_servers_certificate_and_carries_a_password() {
     assert!(stdout(&out).starts_with("in "), "{}", stderr(&out));
     // The same from the environment, and HOST:PORT meaning https:// then.
     let bare = url.trim_start_matches("https://");
-    let out = devlock(&s, bare)
-        .env("DEVLOCK_ETCD_CA", &ca_file)
-        .args([&r, "--", "echo", "env"])
+    let out = devlock(s, bare)
+        .env("DEVLOCK_ETCD_CA", ca_file)
+        .args([r, "--", "echo", "env"])
         .output()
         .unwrap();
     assert_eq!(stdout(&out), "env\n", "{}", stderr(&out));
+}
 
+/// Another CA, no CA, a plain server, a TLS server asked in plain, a file
+/// that is no PEM: each one line with its exit code.
+fn a_wrong_ca_or_a_plain_server_is_one_line(
+    s: &Scratch,
+    ca: &TestCa,
+    url: &str,
+    r: &str,
+    ca_file: &str,
+) {
     let other = ca.path("other-ca.crt");
     fails(
-        &s,
-        &url,
-        &["--etcd-ca", &other, &r, "--", "true"],
+        s,
+        url,
+        &["--etcd-ca", &other, r, "--", "true"],
         78,
         &format!("does not verify against {other}"),
     );
-    fails(&s, &url, &[&r, "--", "true"], 78, "CA certificates");
-    let out = run(&s, &url, &["--etcd-ca", &ca_file, "status"]);
+    fails(s, url, &[r, "--", "true"], 78, "CA certificates");
+    let out = run(s, url, &["--etcd-ca", ca_file, "status"]);
     assert!(
         stdout(&out).contains("(TLS: server checked against"),
         "{}",
         stderr(&out)
     );
     let plain = url.replace("https://", "http://");
-    fails(&s, &plain, &[&r, "--", "true"], 78, "answers in TLS");
-    fails(&s, &plain, &["status"], 78, "answers in TLS");
+    fails(s, &plain, &[r, "--", "true"], 78, "answers in TLS");
+    fails(s, &plain, &["status"], 78, "answers in TLS");
     let (_shared, plain_etcd) = shared_etcd();
     let wrong_way = plain_etcd.replace("http://", "https://");
     fails(
-        &s,
+        s,
         &wrong_way,
-        &["--etcd-ca", &ca_file, &r, "--", "true"],
+        &["--etcd-ca", ca_file, r, "--", "true"],
         78,
         "does not answer in TLS",
     );
     let not_pem = ca.path("ca.cnf");
     fails(
-        &s,
-        &url,
-        &["--etcd-ca", &not_pem, &r, "--", "true"],
+        s,
+        url,
+        &["--etcd-ca", &not_pem, r, "--", "true"],
         78,
         &not_pem,
     );
     fails(
-        &s,
+        s,
         &plain_etcd,
-        &["--etcd-ca", &ca_file, &r, "--", "true"],
+        &["--etcd-ca", ca_file, r, "--", "true"],
         2,
         "https://",
     );
+}
 
+fn an_expired_server_certificate_is_named(s: &Scratch, ca: &TestCa, r: &str, ca_file: &str) {
     // A server whose certificate expired.
     let stale_files = [
         "--cert-file".to_owned(),
@@ -262,19 +287,21 @@ pub(crate) fn etcd_tls_checks_the_servers_certificate_and_carries_a_password() {
     ];
     let stale = EtcdServer::start_tls(&stale_files.iter().map(String::as_str).collect::<Vec<_>>());
     fails(
-        &s,
+        s,
         &stale.url,
-        &["--etcd-ca", &ca_file, &r, "--", "true"],
+        &["--etcd-ca", ca_file, r, "--", "true"],
         78,
         "expired on 2020-01-02",
     );
     drop(stale);
+}
 
+fn a_password_is_carried_over_tls(s: &Scratch, url: &str, r: &str, ca_file: &str) {
     // A password, over TLS.
     let etcdctl = |args: &[&str]| {
         let out = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &url, "--cacert", &ca_file])
+            .args(["--endpoints", url, "--cacert", ca_file])
             .args(args)
             .output()
             .unwrap();
@@ -287,16 +314,16 @@ pub(crate) fn etcd_tls_checks_the_servers_certificate_and_carries_a_password() {
     etcdctl(&["user", "add", "root:rootpw"]);
     etcdctl(&["auth", "enable"]);
     let with_user = |user: &str, args: &[&str]| {
-        devlock(&s, &url)
+        devlock(s, url)
             .env("DEVLOCK_ETCD_USER", user)
-            .args(["--etcd-ca", &ca_file])
+            .args(["--etcd-ca", ca_file])
             .args(args)
             .output()
             .unwrap()
     };
-    let out = with_user("root:rootpw", &[&r, "--", "echo", "user"]);
+    let out = with_user("root:rootpw", &[r, "--", "echo", "user"]);
     assert_eq!(stdout(&out), "user\n", "{}", stderr(&out));
-    let out = with_user("root:wrong", &[&r, "--", "true"]);
+    let out = with_user("root:wrong", &[r, "--", "true"]);
     assert_eq!(out.status.code(), Some(77), "{}", stderr(&out));
     let table = stdout(&with_user("root:rootpw", &["status"]));
     assert!(
@@ -328,65 +355,91 @@ pub(crate) fn etcd_tls_client_certificates_are_checked_here_and_by_etcd() {
     let server = EtcdServer::start_tls(&files.iter().map(String::as_str).collect::<Vec<_>>());
     let url = server.url.clone();
     let r = name("mtls");
-    let ca_file = ca.path("ca.crt");
-    let with = |cert: &str, key: &str| {
-        vec![
-            "--etcd-ca".to_owned(),
-            ca_file.clone(),
-            "--etcd-cert".to_owned(),
-            ca.path(&format!("{cert}.crt")),
-            "--etcd-key".to_owned(),
-            ca.path(&format!("{key}.key")),
-        ]
-    };
-    let args = |tls: &[String], rest: &[&str]| -> Vec<String> {
-        tls.iter()
-            .cloned()
-            .chain(rest.iter().map(|s| s.to_string()))
-            .collect()
-    };
-    let check = |tls: &[String], code: i32, says: &str| {
-        let argv = args(tls, &[&r, "--", "true"]);
-        fails(
-            &s,
-            &url,
-            &argv.iter().map(String::as_str).collect::<Vec<_>>(),
-            code,
-            says,
-        );
-    };
-
-    let good = with("client", "client");
-    let argv = args(&good, &[&r, "--", "sh", "-c", "echo $DEVLOCK_FENCE"]);
+    let good = client_files(&ca, "client", "client");
+    a_good_client_certificate_takes_and_is_shown(&s, &ca, &url, &r, &good);
+    bad_client_certificates_are_refused_in_one_line(&s, &ca, &url, &r, &good);
     let out = run(
         &s,
         &url,
-        &argv.iter().map(String::as_str).collect::<Vec<_>>(),
+        &argv_of(&good, &[&r, "--", "true"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// `--etcd-ca` with the client certificate `cert` and the key `key`.
+fn client_files(ca: &TestCa, cert: &str, key: &str) -> Vec<String> {
+    vec![
+        "--etcd-ca".to_owned(),
+        ca.path("ca.crt"),
+        "--etcd-cert".to_owned(),
+        ca.path(&format!("{cert}.crt")),
+        "--etcd-key".to_owned(),
+        ca.path(&format!("{key}.key")),
+    ]
+}
+
+fn argv_of(tls: &[String], rest: &[&str]) -> Vec<String> {
+    tls.iter()
+        .cloned()
+        .chain(rest.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+/// A take with a good certificate, and status naming it.
+fn a_good_client_certificate_takes_and_is_shown(
+    s: &Scratch,
+    ca: &TestCa,
+    url: &str,
+    r: &str,
+    good: &[String],
+) {
+    let argv = argv_of(good, &[r, "--", "sh", "-c", "echo $DEVLOCK_FENCE"]);
+    let out = run(s, url, &argv.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(
         stdout(&out).trim().parse::<i64>().is_ok(),
         "{}",
         stderr(&out)
     );
-    let argv = args(&good, &["status", "--json"]);
-    let out = run(
-        &s,
-        &url,
-        &argv.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let argv = argv_of(good, &["status", "--json"]);
+    let out = run(s, url, &argv.iter().map(String::as_str).collect::<Vec<_>>());
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["tls"]["subject"], "CN=devlock-client", "{json}");
     assert_eq!(json["tls"]["cert"], ca.path("client.crt"), "{json}");
-    let argv = args(&good, &["status"]);
+    let argv = argv_of(good, &["status"]);
     let table = stdout(&run(
-        &s,
-        &url,
+        s,
+        url,
         &argv.iter().map(String::as_str).collect::<Vec<_>>(),
     ));
     assert!(
         table.contains("client certificate CN=devlock-client"),
         "{table}"
     );
+}
+
+/// No certificate, another CA's, an expired one, a key that does not match
+/// or that others can read, a certificate without its key.
+fn bad_client_certificates_are_refused_in_one_line(
+    s: &Scratch,
+    ca: &TestCa,
+    url: &str,
+    r: &str,
+    good: &[String],
+) {
+    let ca_file = ca.path("ca.crt");
+    let check = |tls: &[String], code: i32, says: &str| {
+        let argv = argv_of(tls, &[r, "--", "true"]);
+        fails(
+            s,
+            url,
+            &argv.iter().map(String::as_str).collect::<Vec<_>>(),
+            code,
+            says,
+        );
+    };
 
     check(
         &["--etcd-ca".to_owned(), ca_file.clone()],
@@ -394,17 +447,17 @@ pub(crate) fn etcd_tls_client_certificates_are_checked_here_and_by_etcd() {
         "wants a client certificate",
     );
     check(
-        &with("stranger", "stranger"),
+        &client_files(ca, "stranger", "stranger"),
         77,
         &format!("refused the client certificate {}", ca.path("stranger.crt")),
     );
     check(
-        &with("expired", "expired"),
+        &client_files(ca, "expired", "expired"),
         78,
         &format!("{} expired on 2020-01-02", ca.path("expired.crt")),
     );
     check(
-        &with("client", "stranger"),
+        &client_files(ca, "client", "stranger"),
         78,
         &format!("the key {} does not match", ca.path("stranger.key")),
     );
@@ -415,7 +468,7 @@ pub(crate) fn etcd_tls_client_certificates_are_checked_here_and_by_etcd() {
         )
         .unwrap();
         check(
-            &good,
+            good,
             78,
             &format!(
                 "the private key {} can be read by others",
@@ -435,13 +488,4 @@ pub(crate) fn etcd_tls_client_certificates_are_checked_here_and_by_etcd() {
         ca.path("client.crt"),
     ];
     check(&cert_only, 2, "go together");
-    let out = run(
-        &s,
-        &url,
-        &args(&good, &[&r, "--", "true"])
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
 }

@@ -198,84 +198,10 @@ pub(crate) fn bash_completes_resource_names_from_the_scratch_directory() {
         std::fs::write(locks.path().join(name), "").unwrap();
     }
     std::fs::write(other.path().join("tpu.lock"), "").unwrap();
-    // Each case: the line up to the cursor, then what COMPREPLY must and
-    // must not hold (one line, words separated by spaces).
-    let script = format!(
-        r#"
-complete_line() {{
-    COMP_LINE=$1 COMP_POINT=${{#1}}
-    COMP_WORDS=($1)
-    [[ $1 == *' ' ]] && COMP_WORDS+=('')
-    COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))
-    COMPREPLY=()
-    _devlock_with_resources devlock "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
-    echo "$1|${{COMPREPLY[*]}}"
-}}
-# As the brief of a completion test goes: COMP_WORDS and COMP_CWORD only.
-unset COMP_LINE COMP_POINT
-COMP_WORDS=(devlock g) COMP_CWORD=1 COMPREPLY=()
-_devlock_with_resources devlock g devlock
-echo "words-only|${{COMPREPLY[*]}}"
-complete_line 'devlock '
-complete_line 'devlock g'
-complete_line 'devlock -n -w 10m g'
-complete_line 'devlock gpu '
-complete_line 'devlock status '
-complete_line 'devlock status --json g'
-complete_line 'devlock serve '
-complete_line 'devlock --dir {other} '
-complete_line 'devlock --dir={other} status '
-complete_line 'devlock gpu:'
-complete_line 'devlock -w '
-complete_line 'devlock --report-every '
-complete_line 'devlock --no'
-complete_line 'devlock gpu -- '
-complete_line 'devlock gpu -- devlock-test-t'
-complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
-"#,
-        other = other.path().display()
-    );
-    let dir = locks.path().to_str().unwrap();
-    let tools = tempfile::tempdir().unwrap();
-    let tool = tools.path().join("devlock-test-tool");
-    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
-    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        tools.path().display(),
-        std::env::var("PATH").unwrap()
-    );
-    // The command's own completion, for bash-completion to find.
-    let script = format!(
-        "{}complete -W 'alpha beta' devlock-test-tool\n{script}",
-        bash_completion_prelude()
-    );
-    let out = bash_with_completions(&script, &[("DEVLOCK_DIR", dir), ("PATH", &path)]);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let replies: Vec<(&str, Vec<&str>)> = stdout
-        .lines()
-        .filter_map(|l| l.split_once('|'))
-        .map(|(line, reply)| (line, reply.split_whitespace().collect()))
-        .collect();
-    let reply = |line: &str| -> Vec<&str> {
-        replies
-            .iter()
-            .find(|(l, _)| *l == line)
-            .unwrap_or_else(|| panic!("no reply for {line:?} in {stdout}"))
-            .1
-            .clone()
-    };
+    let script = completion_cases(other.path());
+    let stdout = run_completions(locks.path(), &script);
+    let reply = |line: &str| reply_to(&stdout, line);
     let other_dir = other.path().display().to_string();
-    let reply = |line: &str| -> Vec<&str> {
-        let mut words = reply(line);
-        words.sort();
-        words
-    };
     assert_eq!(reply("words-only"), ["gpu", "gpu:0", "gpu:1"]);
     assert_eq!(
         reply("devlock "),
@@ -314,6 +240,92 @@ complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
         ["devlock-test-tool"]
     );
     assert_eq!(reply("devlock -n gpu:0 -- devlock-test-tool a"), ["alpha"]);
+}
+
+/// The completion cases. Each: the line up to the cursor, then what
+/// COMPREPLY must and must not hold (one line, words separated by spaces).
+fn completion_cases(other: &std::path::Path) -> String {
+    format!(
+        r#"
+complete_line() {{
+    COMP_LINE=$1 COMP_POINT=${{#1}}
+    COMP_WORDS=($1)
+    [[ $1 == *' ' ]] && COMP_WORDS+=('')
+    COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))
+    COMPREPLY=()
+    _devlock_with_resources devlock "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
+    echo "$1|${{COMPREPLY[*]}}"
+}}
+# As the brief of a completion test goes: COMP_WORDS and COMP_CWORD only.
+unset COMP_LINE COMP_POINT
+COMP_WORDS=(devlock g) COMP_CWORD=1 COMPREPLY=()
+_devlock_with_resources devlock g devlock
+echo "words-only|${{COMPREPLY[*]}}"
+complete_line 'devlock '
+complete_line 'devlock g'
+complete_line 'devlock -n -w 10m g'
+complete_line 'devlock gpu '
+complete_line 'devlock status '
+complete_line 'devlock status --json g'
+complete_line 'devlock serve '
+complete_line 'devlock --dir {other} '
+complete_line 'devlock --dir={other} status '
+complete_line 'devlock gpu:'
+complete_line 'devlock -w '
+complete_line 'devlock --report-every '
+complete_line 'devlock --no'
+complete_line 'devlock gpu -- '
+complete_line 'devlock gpu -- devlock-test-t'
+complete_line 'devlock -n gpu:0 -- devlock-test-tool a'
+"#,
+        other = other.display()
+    )
+}
+
+/// Runs `script` in bash with devlock's completion loaded, `locks` as the
+/// lock directory and a command with a completion of its own on PATH; its
+/// stdout.
+fn run_completions(locks: &std::path::Path, script: &str) -> String {
+    let dir = locks.to_str().unwrap();
+    let tools = tempfile::tempdir().unwrap();
+    let tool = tools.path().join("devlock-test-tool");
+    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    // The command's own completion, for bash-completion to find.
+    let script = format!(
+        "{}complete -W 'alpha beta' devlock-test-tool\n{script}",
+        bash_completion_prelude()
+    );
+    let out = bash_with_completions(&script, &[("DEVLOCK_DIR", dir), ("PATH", &path)]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// What COMPREPLY held for `line`, sorted.
+fn reply_to<'a>(stdout: &'a str, line: &str) -> Vec<&'a str> {
+    let replies: Vec<(&str, Vec<&str>)> = stdout
+        .lines()
+        .filter_map(|l| l.split_once('|'))
+        .map(|(line, reply)| (line, reply.split_whitespace().collect()))
+        .collect();
+    let mut words = replies
+        .iter()
+        .find(|(l, _)| *l == line)
+        .unwrap_or_else(|| panic!("no reply for {line:?} in {stdout}"))
+        .1
+        .clone();
+    words.sort();
+    words
 }
 
 const BASH_COMPLETION: &str = "/usr/share/bash-completion/bash_completion";

@@ -166,8 +166,15 @@ test!(an_ungated_process_makes_the_page_and_status_say_in_use_never_free, needs:
 pub(crate) fn an_ungated_process_makes_the_page_and_status_say_in_use_never_free() {
     let scene = Scene::new();
     let stranger = scene.pids[1];
-    // status, as root and as another user: gpu:1 is in use, with the
-    // process, its user and its memory; gpu:2, truly free, is not.
+    status_says_in_use_as_root_and_another_user(&scene, stranger);
+    status_json_says_in_use_outside(&scene, stranger);
+    the_page_in_a_browser_says_in_use(&scene, stranger);
+    one_who_cannot_see_the_process_is_told_in_use(&scene, stranger);
+}
+
+/// status, as root and as another user: gpu:1 is in use, with the process,
+/// its user and its memory; gpu:2, truly free, is not.
+fn status_says_in_use_as_root_and_another_user(scene: &Scene, stranger: u32) {
     for uid in [0, USER_B] {
         let out = scene.devlock_as(uid, false).arg("status").output().unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
@@ -191,6 +198,11 @@ pub(crate) fn an_ungated_process_makes_the_page_and_status_say_in_use_never_free
         );
         assert!(row(&all, "gpu:2").contains("free"), "{all}");
     }
+}
+
+/// status --json: the lock free, the GPU in use outside, the process named
+/// and its name cleaned.
+fn status_json_says_in_use_outside(scene: &Scene, stranger: u32) {
     let json = json_of(&scene.devlock().args(["status", "--json"]).output().unwrap());
     let view = |name: &str| {
         json["resources"]
@@ -215,8 +227,10 @@ pub(crate) fn an_ungated_process_makes_the_page_and_status_say_in_use_never_free
         view("gpu:0").get("in_use_outside").is_none(),
         "its worker is inside the gate"
     );
+}
 
-    // The page, served by root, in a real browser.
+/// The page, served by root, in a real browser.
+fn the_page_in_a_browser_says_in_use(scene: &Scene, stranger: u32) {
     let server = Server::start(&mut scene.devlock(), &[]);
     let page = server.get("/").body;
     let chromium = which("chromium-headless-shell");
@@ -244,9 +258,11 @@ pub(crate) fn an_ungated_process_makes_the_page_and_status_say_in_use_never_free
     );
     assert!(!page.contains("<s>") && !page.contains('\u{202e}'));
     drop(server);
+}
 
-    // Served by another user who cannot see into the stranger's process
-    // (hidepid=2): what can be known, and still never free.
+/// Served by another user who cannot see into the stranger's process
+/// (hidepid=2): what can be known, and still never free.
+fn one_who_cannot_see_the_process_is_told_in_use(scene: &Scene, stranger: u32) {
     let hidden = Server::start(&mut scene.devlock_as(USER_B, true), &[]);
     let page = hidden.get("/").body;
     let gpu1 = card(&page, 1);
@@ -326,9 +342,36 @@ pub(crate) fn the_legend_names_each_colour_the_page_uses() {
 test!(per_user_totals_on_the_page_match_report, needs: [Root, Tool("setpriv"), Tool("unshare"), Tool("cc")]);
 pub(crate) fn per_user_totals_on_the_page_match_report() {
     let scene = Scene::new();
+    a_day_of_records(&scene);
+    let (report, reported) = report_by_user(&scene);
+    assert_eq!(
+        reported.len(),
+        5,
+        "a header, three users, the total:\n{report}"
+    );
+    // The page, whose records are read when it is first asked for.
+    let server = Server::start(&mut scene.devlock(), &[]);
+    let page = server.get("/").body;
+    let (users, shown) = users_table(&page);
+    assert_eq!(shown, reported, "the page:\n{users}\nthe report:\n{report}");
+    the_strip_is_labelled_every_six_hours(&page);
+    let nobody = reported.iter().find(|r| r[0] == "nobody").unwrap();
+    assert_eq!(nobody[1], "1", "{report}");
+    let idle = reported
+        .iter()
+        .find(|r| r[0] == USER_B.to_string())
+        .unwrap();
+    assert_eq!(
+        (idle[3].as_str(), idle[8].as_str()),
+        ("8%", "1 idle"),
+        "{report}"
+    );
+}
+
+/// Records over the last day: real holds by root and USER_A, and one of
+/// USER_B's from five hours ago that was stopped idle.
+fn a_day_of_records(scene: &Scene) {
     let s = &scene.s;
-    // Records over the last day: real holds by root and USER_A, and one
-    // of USER_B's from five hours ago that was stopped idle.
     std::fs::set_permissions(s.usage_dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     for uid in [0, USER_A, 0] {
         let out = scene
@@ -352,6 +395,10 @@ pub(crate) fn per_user_totals_on_the_page_match_report() {
     let file = s.usage_dir().join(format!("{USER_B}.jsonl"));
     std::fs::write(&file, text).unwrap();
     std::os::unix::fs::chown(&file, Some(USER_B), Some(USER_B)).unwrap();
+}
+
+/// `report --by user --since 24h`, and its rows split into cells.
+fn report_by_user(scene: &Scene) -> (String, Vec<Vec<String>>) {
     let out = scene
         .devlock()
         .args(["report", "--by", "user", "--since", "24h"])
@@ -369,14 +416,11 @@ pub(crate) fn per_user_totals_on_the_page_match_report() {
                 .collect()
         })
         .collect();
-    assert_eq!(
-        reported.len(),
-        5,
-        "a header, three users, the total:\n{report}"
-    );
-    // The page, whose records are read when it is first asked for.
-    let server = Server::start(&mut scene.devlock(), &[]);
-    let page = server.get("/").body;
+    (report, reported)
+}
+
+/// The page's users' table, and its rows' cells.
+fn users_table(page: &str) -> (&str, Vec<Vec<String>>) {
     let users = page
         .split("<table class=\"report\">")
         .nth(1)
@@ -394,10 +438,13 @@ pub(crate) fn per_user_totals_on_the_page_match_report() {
         .filter(|r| r.contains("<t"))
         .map(cells)
         .collect();
-    assert_eq!(shown, reported, "the page:\n{users}\nthe report:\n{report}");
-    // gpu:2's last day, under its strip: the UTC hours every six hours
-    // from a day ago, then now.
-    let gpu2 = card(&page, 2);
+    (users, shown)
+}
+
+/// gpu:2's last day, under its strip: the UTC hours every six hours from a
+/// day ago, then now.
+fn the_strip_is_labelled_every_six_hours(page: &str) {
+    let gpu2 = card(page, 2);
     let ticks: Vec<&str> = gpu2
         .split("<div class=\"ticks\">")
         .nth(1)
@@ -421,17 +468,6 @@ pub(crate) fn per_user_totals_on_the_page_match_report() {
             "{ticks:?}"
         );
     }
-    let nobody = reported.iter().find(|r| r[0] == "nobody").unwrap();
-    assert_eq!(nobody[1], "1", "{report}");
-    let idle = reported
-        .iter()
-        .find(|r| r[0] == USER_B.to_string())
-        .unwrap();
-    assert_eq!(
-        (idle[3].as_str(), idle[8].as_str()),
-        ("8%", "1 idle"),
-        "{report}"
-    );
 }
 
 test!(a_gpu_whose_processes_are_unknown_is_not_called_free, needs: [Tool("cc")]);

@@ -10,6 +10,10 @@ use std::process::{Child, Command, Stdio};
 
 use crate::harness::*;
 
+mod moment;
+
+use moment::{a_full_fifo, drain_in_a_thread, made_by_another_user, pid_running, writing_to};
+
 /// The command under test: this test binary running [`signal_counter`],
 /// which writes a line to `got` in its handler for every SIGINT and
 /// SIGTERM the kernel delivers to it. (A shell's trap or a Python handler
@@ -340,29 +344,6 @@ pub(crate) fn ctrl_z_stops_the_job_and_fg_gives_the_command_the_terminal_again()
     assert!(flock_is_free(&s.lock_path("r")));
 }
 
-/// The pid of the process whose command line starts with `argv0` and
-/// holds `word`.
-fn pid_running(argv0: &str, word: &str) -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            (args.first() == Some(&argv0.as_bytes()) && args.contains(&word.as_bytes()))
-                .then_some(pid)
-        })
-}
-
-/// Whether `pid`'s main thread is in write(2) on `fd`.
-fn writing_to(pid: u32, fd: u32) -> bool {
-    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-    let mut words = syscall.split_whitespace();
-    words.next().and_then(|n| n.parse::<libc::c_long>().ok()) == Some(libc::SYS_write)
-        && words.next() == Some(&format!("{fd:#x}"))
-}
-
 test!(a_ctrl_z_just_before_the_command_starts_stops_the_whole_job, needs: [Root, Tool("setpriv"), Tool("bash"), Tool("mkdir")]);
 pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     // devlock holds job stops back from the moment it starts until the
@@ -375,34 +356,9 @@ pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
     let s = Scratch::new();
     let dir = s.work("squat");
     let d = dir.to_str().unwrap().to_owned();
-    assert!(
-        as_user(USER_A, "mkdir")
-            .args(["-m", "1777", &d])
-            .status()
-            .unwrap()
-            .success()
-    );
+    made_by_another_user(&d);
     let fifo = s.work("stderr");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    let reader = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo)
-            .unwrap()
-    };
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut fill = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo)
-            .unwrap();
-        let block = [b'.'; 4096];
-        while fill.write(&block).is_ok() {}
-    }
+    let reader = a_full_fifo(&fifo);
     let pty = Pty::new(120);
     let mut shell = pty.spawn(
         Command::new("bash")
@@ -435,23 +391,7 @@ pub(crate) fn a_ctrl_z_just_before_the_command_starts_stops_the_whole_job() {
         pending(devlock, libc::SIGTSTP)
     });
     // Let the warning through: the command starts, and the job stops.
-    let drain = std::thread::spawn(move || {
-        use std::io::Read;
-        let mut reader = reader;
-        let mut said = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => said.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-        String::from_utf8_lossy(&said).into_owned()
-    });
+    let drain = drain_in_a_thread(reader);
     pty.wait_until("the job stopped", |out| {
         out[mark..].contains("Stopped") && out[mark..].contains("PROMPT> ")
     });
