@@ -184,7 +184,7 @@ fn take_members(
 ) -> Result<Vec<(Resource, Taken)>> {
     let mut members: Vec<Resource> = ctx
         .dir
-        .entries()?
+        .entries_starting_with(&format!("{}:", group.as_str()))?
         .iter()
         .filter_map(|name| Resource::from_file_name(name))
         .filter(|r| r.group().as_ref() == Some(group))

@@ -272,6 +272,31 @@ impl ScratchDir {
         }
         Ok(names)
     }
+
+    /// The names in the directory that begin with `prefix`, compared as
+    /// bytes before any is copied: a group's members (`gpu:`) in a
+    /// directory that also holds a registration per waiter, where a
+    /// take after a long line would otherwise copy every waiter's name.
+    pub(crate) fn entries_starting_with(&self, prefix: &str) -> Result<Vec<String>> {
+        let dup = self
+            .fd
+            .try_clone()
+            .context("duplicating directory handle")?;
+        let mut dir = nix::dir::Dir::from_fd(dup)
+            .with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry =
+                entry.with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
+            let name = entry.file_name();
+            if name.to_bytes().starts_with(prefix.as_bytes())
+                && let Ok(name) = name.to_str()
+            {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
 }
 
 use crate::sys::fs::LOCAL_FILESYSTEMS;
@@ -391,5 +416,26 @@ mod tests {
             assert!(opened.records_in_lock_files(), "made for this user");
         }
         mode(0o700).unwrap();
+    }
+
+    /// A group's members are found among the registrations of a long line,
+    /// by their name's prefix alone; what is no member stays out.
+    #[test]
+    fn entries_starting_with_a_group_prefix_are_its_members_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "gpu:0.lock",
+            "gpu:1.lock",
+            "gpu.lock",
+            "gpux:0.lock",
+            ".gpu@7.0.wait",
+            ".gpu:0@7.0.wait",
+        ] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let opened = ScratchDir::open(dir.path()).unwrap().unwrap();
+        let mut names = opened.entries_starting_with("gpu:").unwrap();
+        names.sort();
+        assert_eq!(names, ["gpu:0.lock", "gpu:1.lock"]);
     }
 }
