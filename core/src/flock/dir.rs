@@ -283,11 +283,11 @@ impl ScratchDir {
             .try_clone()
             .context("duplicating directory handle")?;
         let mut dir = nix::dir::Dir::from_fd(dup)
-            .with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
+            .with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
         let mut names = Vec::new();
         for entry in dir.iter() {
             let entry =
-                entry.with_context(|| format!("reading {}", crate::text::show_path(&self.path)))?;
+                entry.with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
             let name = entry.file_name();
             if name.to_bytes().starts_with(prefix.as_bytes())
                 && let Ok(name) = name.to_str()
