@@ -7,7 +7,6 @@ pub(crate) mod forget;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod setup;
-pub(crate) mod setup_site;
 pub(crate) mod status;
 
 use anyhow::Result;

@@ -20,15 +20,16 @@ use crate::show::{sanitize, show_path};
 use crate::usage::site::{self, UsageDir};
 use std::os::fd::AsFd;
 
-use super::setup_site::{
+use crate::walk::{self, Parent};
+use site::{
     print_tmpfiles, record_usage_dir, site_idle_timeout, usage_asked, usage_managed, usage_way,
 };
-use crate::walk::{self, Parent};
 
 mod dir;
 mod files;
 mod leases;
 mod owner;
+mod site;
 
 use dir::take_dir;
 use files::declare;

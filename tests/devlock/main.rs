@@ -109,6 +109,17 @@ fn main() {
         site_record::library_hold(dir.into());
         return;
     }
+    // Started with `&` from a non-interactive shell, or under nohup, this
+    // binary would have SIGINT and SIGQUIT (or SIGHUP) ignored, and every
+    // command it starts would inherit that: a shell cannot trap a signal
+    // ignored on entry, and `sleep` would outlive the signal a test sends.
+    // The tests are about devlock's handling of those signals, so they
+    // start from the default action, as an interactive terminal gives it.
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTERM] {
+        // SAFETY: SIG_DFL is always a valid disposition, set before any
+        // thread of the harness starts.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
     let args = libtest_mimic::Arguments::from_args();
     // Usage records of every devlock the tests start (those not given a
     // scratch directory's own too) stay in a directory of this run's, never

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use nix::fcntl::OFlag;
 
-use super::setup::{Plan, Report, TRIES, c_string, unlink};
+use super::{Plan, Report, TRIES, c_string, unlink};
 use crate::cli::SetupArgs;
 use crate::exit::ExitCode;
 use crate::flock::dir::ScratchDir;
