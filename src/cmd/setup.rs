@@ -21,7 +21,7 @@ use crate::usage::site::{self, UsageDir};
 use std::os::fd::AsFd;
 
 use crate::walk::{self, Parent};
-use site::{
+use records::{
     print_tmpfiles, record_usage_dir, site_idle_timeout, usage_asked, usage_managed, usage_way,
 };
 
@@ -29,7 +29,7 @@ mod dir;
 mod files;
 mod leases;
 mod owner;
-mod site;
+mod records;
 
 use dir::take_dir;
 use files::declare;
