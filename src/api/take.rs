@@ -89,17 +89,7 @@ impl Acquiring {
         let takes = Takes::new(&plan, &plan.resources, inside)?;
         let dir = ScratchDir::open_or_create(&options.dir)?;
         let label = takes.label();
-        let usage = crate::api::watch::Ask {
-            started,
-            idle_timeout: crate::usage::idle::within_site(
-                spec.idle_timeout,
-                &dir,
-                &plan.resources,
-            )?,
-            usage_dir: crate::usage::dir_for(Some(&dir)),
-            probe_timeout: takes.probe_timeout,
-            mem_mib: None,
-        };
+        let usage = usage_ask(spec, &dir, &plan, &takes, started)?;
         let first = {
             let now = Context {
                 dir: &dir,
@@ -394,6 +384,24 @@ impl Waiting {
         let _ = thread.join();
         outcome
     }
+}
+
+/// What a hold's watch thread records and polices: the usage record, and
+/// the idle timeout (the spec's, or the site's).
+fn usage_ask(
+    spec: &Spec,
+    dir: &ScratchDir,
+    plan: &Plan,
+    takes: &Takes,
+    started: Instant,
+) -> anyhow::Result<crate::api::watch::Ask> {
+    Ok(crate::api::watch::Ask {
+        started,
+        idle_timeout: crate::usage::idle::within_site(spec.idle_timeout, dir, &plan.resources)?,
+        usage_dir: crate::usage::dir_for(Some(dir)),
+        probe_timeout: takes.probe_timeout,
+        mem_mib: None,
+    })
 }
 
 /// Takes every lock of `takes` with the one take, labelling each with this
