@@ -253,24 +253,9 @@ impl ScratchDir {
         Ok(names)
     }
 
+    /// Every name in the directory but `.` and `..`.
     pub fn entries(&self) -> Result<Vec<String>> {
-        let dup = self
-            .fd
-            .try_clone()
-            .context("duplicating directory handle")?;
-        let mut dir = nix::dir::Dir::from_fd(dup)
-            .with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
-        let mut names = Vec::new();
-        for entry in dir.iter() {
-            let entry =
-                entry.with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
-            if let Ok(name) = entry.file_name().to_str()
-                && !matches!(name, "." | "..")
-            {
-                names.push(name.to_owned());
-            }
-        }
-        Ok(names)
+        self.entries_starting_with("")
     }
 
     /// The names in the directory that begin with `prefix`, compared as
@@ -291,6 +276,7 @@ impl ScratchDir {
             let name = entry.file_name();
             if name.to_bytes().starts_with(prefix.as_bytes())
                 && let Ok(name) = name.to_str()
+                && !matches!(name, "." | "..")
             {
                 names.push(name.to_owned());
             }
