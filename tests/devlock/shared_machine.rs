@@ -18,13 +18,13 @@ use devlock::testing::record::Record;
 
 use crate::harness::*;
 
-mod squat;
 mod disable;
-mod records;
-mod stopped;
 mod names;
 mod occupancy;
+mod records;
 mod setup_paths;
+mod squat;
+mod stopped;
 
 /// Where devlock's tickets start in a queue file (see src/queue.rs).
 const SLOT_BASE: u64 = 1 << 20;

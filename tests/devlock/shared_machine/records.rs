@@ -37,26 +37,45 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
             .spawn()
             .unwrap(),
     );
+    let lock = s.lock_path("gpu:0");
+    a_rewritten_record_is_cleaned_and_its_child_not_gated(&s, &lock, devlock_pid, notebook.id());
+    a_record_naming_a_strangers_process_names_no_holder(&s, &lock, devlock_pid, notebook.id());
+    let (_planted, _replayed, mut waiter) =
+        planted_and_replayed_registrations_name_nobody(&s, devlock_pid);
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut waiter.0).success());
+    let view = s.resource_status("gpu:0");
+    assert_eq!(array_len(&view["waiters"]), 0, "{view}");
+    let _ = command;
+    let _ = notebook.0.kill();
+}
+
+/// A rewrites root's record: another step, A's notebook as the child,
+/// escapes and a right-to-left override in the via.
+fn a_rewritten_record_is_cleaned_and_its_child_not_gated(
+    s: &Scratch,
+    lock: &Path,
+    devlock_pid: u32,
+    notebook: u32,
+) {
     let gpu_status = || {
         let out = s
             .devlock()
             .env("DEVLOCK_NVIDIA_SMI", fixture("nvidia-smi/fake-nvidia-smi"))
-            .env("FAKE_SMI_PIDS", notebook.id().to_string())
+            .env("FAKE_SMI_PIDS", notebook.to_string())
             .args(["status", "--json"])
             .output()
             .unwrap();
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
-    // A rewrites root's record: another step, A's notebook as the child,
-    // escapes and a right-to-left override in the via.
-    let lock = s.lock_path("gpu:0");
     write_as(
         USER_A,
-        &lock,
+        lock,
         &forged_record(devlock_pid, |r| {
             r.step = "evil\u{202e}gol".into();
-            r.child = Some(notebook.id());
-            r.child_start = devlock::testing::procfs::start_time(notebook.id());
+            r.child = Some(notebook);
+            r.child_start = devlock::testing::procfs::start_time(notebook);
             r.via = Some("\x1b]0;pwned\x07gpu\u{2067}".into());
         }),
     );
@@ -74,15 +93,23 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     assert_eq!(h["step"], "evil?gol", "a label, cleaned: {view}");
     assert_eq!(h["via"], "?]0;pwned?gpu?");
     let p = &json["devices"][0]["processes"][0];
-    assert_eq!(p["pid"], notebook.id());
+    assert_eq!(p["pid"], notebook);
     assert_eq!(p["gated"], false, "a forged child is not gated: {json}");
     let table = stdout(&s.run(&["status", "gpu:0"]));
     assert!(
         !table.contains('\x1b') && !table.contains('\u{202e}') && !table.contains('\u{2067}'),
         "{table:?}"
     );
-    // A record naming A's own process: not the kernel's holder, no label.
-    write_as(USER_A, &lock, &forged_record(notebook.id(), |_| {}));
+}
+
+/// A record naming A's own process: not the kernel's holder, no label.
+fn a_record_naming_a_strangers_process_names_no_holder(
+    s: &Scratch,
+    lock: &Path,
+    devlock_pid: u32,
+    notebook: u32,
+) {
+    write_as(USER_A, lock, &forged_record(notebook, |_| {}));
     let view = s.resource_status("gpu:0");
     let h = &view["holders"][0];
     assert_eq!(
@@ -95,14 +122,22 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
         "{view}"
     );
     assert!(h["step"].is_null());
-    assert_eq!(view["stale_record"]["pid"], notebook.id());
-    // Planted registrations: a waiter naming root's devlock, flocked by A,
-    // and a copy of a real waiter's registration, flocked by A.
+    assert_eq!(view["stale_record"]["pid"], notebook);
+}
+
+/// Planted registrations: a waiter naming root's devlock, flocked by A,
+/// and a copy of a real waiter's registration, flocked by A. Returns the
+/// two strangers' holders and the real waiter, still waiting.
+fn planted_and_replayed_registrations_name_nobody(
+    s: &Scratch,
+    devlock_pid: u32,
+) -> (Killed, Killed, Killed) {
     let planted = s.dir().join(format!(".gpu:0@{devlock_pid}.7.wait"));
     std::fs::write(&planted, forged_record(devlock_pid, |_| {})).unwrap();
     std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let (_a, _) = stranger_holds(&s, USER_A, &["flock", planted.to_str().unwrap()], "reg");
-    let mut waiter = Killed(
+    let (planted_holder, _) =
+        stranger_holds(s, USER_A, &["flock", planted.to_str().unwrap()], "reg");
+    let waiter = Killed(
         s.devlock()
             .args(["-q", "--step", "real-waiter", "gpu:0", "--", "true"])
             .stdin(Stdio::null())
@@ -129,20 +164,15 @@ pub(crate) fn forged_and_replayed_records_and_registrations_are_not_believed() {
     let replay = s.dir().join(format!(".gpu:0@{}.99.wait", waiter.id()));
     std::fs::copy(&real, &replay).unwrap();
     std::fs::set_permissions(&replay, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let (_b, _) = stranger_holds(&s, USER_A, &["flock", replay.to_str().unwrap()], "replay");
+    let (replay_holder, _) =
+        stranger_holds(s, USER_A, &["flock", replay.to_str().unwrap()], "replay");
     let view = s.resource_status("gpu:0");
     assert_eq!(
         array_len(&view["waiters"]),
         1,
         "a replay names nobody: {view}"
     );
-    release(&s, "h");
-    assert!(wait_child(&mut holder.0).success());
-    assert!(wait_child(&mut waiter.0).success());
-    let view = s.resource_status("gpu:0");
-    assert_eq!(array_len(&view["waiters"]), 0, "{view}");
-    let _ = command;
-    let _ = notebook.0.kill();
+    (planted_holder, replay_holder, waiter)
 }
 
 test!(records_keep_no_command_line_and_a_released_label_names_nobody, needs: [Root, Tool("setpriv")]);
