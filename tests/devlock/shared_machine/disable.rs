@@ -209,124 +209,132 @@ pub(crate) fn strangers_locks_on_the_queue_are_named_and_waits_stay_bounded() {
     assert!(s.run(&["setup", "r", "r2"]).status.success());
     let queue = s.dir().join(".r.queue");
     let q = queue.to_str().unwrap();
-    // (a) On the old header: nothing uses it any more.
-    {
-        let (_lock, pid) = stranger_holds(&s, USER_A, &["ofd", q, "0", "4096", "write"], "a");
-        for args in [
-            vec!["-w", "3s", "r", "--", "true"],
-            vec!["-n", "--any", "r", "r2", "--", "true"],
-            vec!["-n", "--slots", "2", "r", "--", "true"],
-            vec!["-n", "r", "--", "true"],
-        ] {
-            let out = s.run(&args);
-            assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
-        }
-        let view = s.resource_status("r");
-        let foreign = &view["foreign_locks"][0];
-        assert_eq!(
-            (foreign["range"].as_str(), foreign["pid"].as_u64()),
-            (Some("0-4095"), Some(u64::from(pid))),
-            "{view}"
-        );
-        assert_eq!(foreign["user"], "nobody");
-        assert_eq!(foreign["effect"], "none");
-        release(&s, "a");
-    }
-    // (b) One ticket byte: a place in line nobody registered, ahead of all.
-    {
-        let at = (SLOT_BASE + 1).to_string();
-        let (_lock, pid) = stranger_holds(&s, USER_A, &["ofd", q, &at, "1", "write"], "b");
-        let out = s.run(&["-n", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        let err = one_line(&out);
-        assert!(
-            err.contains(&format!(
-                "r is busy: 1 already waiting in line (a place in line held by pid {pid}, nobody, not a registered devlock)"
-            )),
-            "{err}"
-        );
-        let view = s.resource_status("r");
-        let w = &view["waiters"][0];
-        assert_eq!(
-            (w["source"].as_str(), w["pid"].as_u64(), w["user"].as_str()),
-            (Some("unregistered"), Some(u64::from(pid)), Some("nobody")),
-            "{view}"
-        );
-        // Another user cannot see whose it is, and says so.
-        let as_b = status_as(&s, USER_B, "r");
-        assert!(as_b["waiters"][0]["pid"].is_null(), "{as_b}");
-        let timed = s.run(&["-w", "300ms", "r", "--", "true"]);
-        assert_eq!(timed.status.code(), Some(75), "{}", stderr(&timed));
-        assert!(
-            stderr(&timed).contains(&format!(
-                "timed out after 300ms waiting for r: a place in line held by pid {pid}, nobody"
-            )),
-            "{}",
-            stderr(&timed)
-        );
-        // A stop signal ends the wait at once.
-        let mut waiter = Killed(
-            s.devlock()
-                .args(["-q", "r", "--", "true"])
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        wait_blocked(&s.lock_path("r"), 1);
-        signal(waiter.id(), libc::SIGTERM);
-        let ended = wait_child(&mut waiter.0);
-        assert!(
-            ended.code() == Some(143) || ended.signal() == Some(libc::SIGTERM),
-            "{ended:?}"
-        );
-        release(&s, "b");
-    }
-    // (c) Every ticket byte: no place in line can be had while it is there:
-    // the resource is in use, as if a job held it, bounded like any wait.
-    {
-        let at = (SLOT_BASE + 1).to_string();
-        let (_lock, pid) = stranger_holds(&s, USER_A, &["ofd", q, &at, "0", "write"], "c");
-        let out = s.run(&["-n", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        let out = s.run(&["-w", "300ms", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains(&format!(
-                "its line is blocked by a lock that is not devlock's on bytes 1048577-EOF of {q} (pid {pid}, nobody)"
-            )),
-            "{}",
-            stderr(&out)
-        );
-        let view = s.resource_status("r");
-        assert_eq!(
-            view["foreign_locks"][0]["effect"], "blocks the line",
-            "{view}"
-        );
-        let table = stdout(&s.run(&["status", "r"]));
-        assert!(
-            table.contains(&format!(
-                "warning: r: a write lock that is not devlock's on bytes 1048577-EOF of {q} (pid {pid}, nobody): blocks the line"
-            )),
-            "{table}"
-        );
-        release(&s, "c");
-    }
-    // (d) Over the slot agreement.
-    {
-        let (start, len) = (AGREE_BASE.to_string(), (1u64 << 16).to_string());
-        let (_lock, _) = stranger_holds(&s, USER_A, &["ofd", q, &start, &len, "write"], "d");
-        let out = s.run(&["-w", "300ms", "--slots", "2", "r", "--", "true"]);
-        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains("blocked by a lock that is not devlock's on bytes 4096-69631"),
-            "{}",
-            stderr(&out)
-        );
-        release(&s, "d");
-    }
+    a_lock_on_the_old_header_changes_nothing(&s, q);
+    one_ticket_byte_is_a_place_in_line_nobody_registered(&s, q);
+    every_ticket_byte_blocks_the_line(&s, q);
+    a_lock_over_the_slot_agreement_blocks_slots(&s, q);
     assert!(
         s.run(&["-n", "--slots", "2", "r", "--", "true"])
             .status
             .success()
     );
+}
+
+/// On the old header: nothing uses it any more.
+fn a_lock_on_the_old_header_changes_nothing(s: &Scratch, q: &str) {
+    let (_lock, pid) = stranger_holds(s, USER_A, &["ofd", q, "0", "4096", "write"], "a");
+    for args in [
+        vec!["-w", "3s", "r", "--", "true"],
+        vec!["-n", "--any", "r", "r2", "--", "true"],
+        vec!["-n", "--slots", "2", "r", "--", "true"],
+        vec!["-n", "r", "--", "true"],
+    ] {
+        let out = s.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    let view = s.resource_status("r");
+    let foreign = &view["foreign_locks"][0];
+    assert_eq!(
+        (foreign["range"].as_str(), foreign["pid"].as_u64()),
+        (Some("0-4095"), Some(u64::from(pid))),
+        "{view}"
+    );
+    assert_eq!(foreign["user"], "nobody");
+    assert_eq!(foreign["effect"], "none");
+    release(s, "a");
+}
+
+/// One ticket byte: a place in line nobody registered, ahead of all.
+fn one_ticket_byte_is_a_place_in_line_nobody_registered(s: &Scratch, q: &str) {
+    let at = (SLOT_BASE + 1).to_string();
+    let (_lock, pid) = stranger_holds(s, USER_A, &["ofd", q, &at, "1", "write"], "b");
+    let out = s.run(&["-n", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let err = one_line(&out);
+    assert!(
+        err.contains(&format!(
+            "r is busy: 1 already waiting in line (a place in line held by pid {pid}, nobody, not a registered devlock)"
+        )),
+        "{err}"
+    );
+    let view = s.resource_status("r");
+    let w = &view["waiters"][0];
+    assert_eq!(
+        (w["source"].as_str(), w["pid"].as_u64(), w["user"].as_str()),
+        (Some("unregistered"), Some(u64::from(pid)), Some("nobody")),
+        "{view}"
+    );
+    // Another user cannot see whose it is, and says so.
+    let as_b = status_as(s, USER_B, "r");
+    assert!(as_b["waiters"][0]["pid"].is_null(), "{as_b}");
+    let timed = s.run(&["-w", "300ms", "r", "--", "true"]);
+    assert_eq!(timed.status.code(), Some(75), "{}", stderr(&timed));
+    assert!(
+        stderr(&timed).contains(&format!(
+            "timed out after 300ms waiting for r: a place in line held by pid {pid}, nobody"
+        )),
+        "{}",
+        stderr(&timed)
+    );
+    // A stop signal ends the wait at once.
+    let mut waiter = Killed(
+        s.devlock()
+            .args(["-q", "r", "--", "true"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_blocked(&s.lock_path("r"), 1);
+    signal(waiter.id(), libc::SIGTERM);
+    let ended = wait_child(&mut waiter.0);
+    assert!(
+        ended.code() == Some(143) || ended.signal() == Some(libc::SIGTERM),
+        "{ended:?}"
+    );
+    release(s, "b");
+}
+
+/// Every ticket byte: no place in line can be had while it is there:
+/// the resource is in use, as if a job held it, bounded like any wait.
+fn every_ticket_byte_blocks_the_line(s: &Scratch, q: &str) {
+    let at = (SLOT_BASE + 1).to_string();
+    let (_lock, pid) = stranger_holds(s, USER_A, &["ofd", q, &at, "0", "write"], "c");
+    let out = s.run(&["-n", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    let out = s.run(&["-w", "300ms", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "its line is blocked by a lock that is not devlock's on bytes 1048577-EOF of {q} (pid {pid}, nobody)"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let view = s.resource_status("r");
+    assert_eq!(
+        view["foreign_locks"][0]["effect"], "blocks the line",
+        "{view}"
+    );
+    let table = stdout(&s.run(&["status", "r"]));
+    assert!(
+        table.contains(&format!(
+            "warning: r: a write lock that is not devlock's on bytes 1048577-EOF of {q} (pid {pid}, nobody): blocks the line"
+        )),
+        "{table}"
+    );
+    release(s, "c");
+}
+
+/// Over the slot agreement.
+fn a_lock_over_the_slot_agreement_blocks_slots(s: &Scratch, q: &str) {
+    let (start, len) = (AGREE_BASE.to_string(), (1u64 << 16).to_string());
+    let (_lock, _) = stranger_holds(s, USER_A, &["ofd", q, &start, &len, "write"], "d");
+    let out = s.run(&["-w", "300ms", "--slots", "2", "r", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("blocked by a lock that is not devlock's on bytes 4096-69631"),
+        "{}",
+        stderr(&out)
+    );
+    release(s, "d");
 }
