@@ -76,6 +76,16 @@ pub(crate) fn a_corrupt_queue_header_changes_nothing() {
 
 test!(files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out, needs: [Root, Tool("setpriv")]);
 pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_out() {
+    every_wrong_type_at_every_lock_path_is_a_one_line_error();
+    let s = Scratch::new();
+    open_dir(&s);
+    junk_where_registrations_go_is_ignored(&s);
+    setup_swaps_planted_files_unless_they_are_locked(&s);
+}
+
+/// A FIFO, a symlink, a socket or a directory at a lock file's, a queue
+/// file's or a slot file's path: a one-line error naming it, nothing written.
+fn every_wrong_type_at_every_lock_path_is_a_one_line_error() {
     let victim_dir = Scratch::new();
     let victim = victim_dir.work("victim");
     std::fs::write(&victim, "precious").unwrap();
@@ -116,9 +126,10 @@ pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_o
             );
         }
     }
-    // Junk where registrations go: status ignores it, never hangs on it.
-    let s = Scratch::new();
-    open_dir(&s);
+}
+
+/// Junk where registrations go: status ignores it, never hangs on it.
+fn junk_where_registrations_go_is_ignored(s: &Scratch) {
     let d = s.dir();
     assert!(user_does(
         USER_A,
@@ -144,14 +155,18 @@ pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_o
         "mkdir",
         &[d.join(".r@4.0.lost").to_str().unwrap()]
     ));
-    let (mut h, _) = hold_as(&s, 0, &["r"], "h");
+    let (mut h, _) = hold_as(s, 0, &["r"], "h");
     let view = s.resource_status("r");
     assert_eq!(view["state"], "held");
     assert_eq!(array_len(&view["waiters"]), 0, "{view}");
     assert_eq!(array_len(&view["conflicts"]), 0, "{view}");
-    release(&s, "h");
+    release(s, "h");
     assert!(wait_child(&mut h.0).success());
-    // setup swaps planted files for root's, unless they are locked.
+}
+
+/// setup swaps planted files for root's, unless they are locked.
+fn setup_swaps_planted_files_unless_they_are_locked(s: &Scratch) {
+    let d = s.dir();
     assert!(user_does(
         USER_A,
         "mkfifo",
@@ -172,7 +187,7 @@ pub(crate) fn files_of_the_wrong_type_are_one_line_errors_and_setup_swaps_them_o
         &[d.join("q.lock").to_str().unwrap()]
     ));
     let (_locked, locker) = stranger_holds(
-        &s,
+        s,
         USER_A,
         &["flock", d.join("q.lock").to_str().unwrap()],
         "q",
