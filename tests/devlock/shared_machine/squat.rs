@@ -77,6 +77,19 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
     let dir = s.work("squat");
     let d = dir.to_str().unwrap();
     assert!(user_does(USER_A, "mkdir", &["-m", "1777", d]));
+    a_squatted_directory_is_named_in_one_warning(&s, &dir);
+    // A holds q through a lock file of A's own while root sets up.
+    let (mut a_holds, _) = hold_as(&s, USER_A, &["--dir", d, "q"], "a");
+    a_waiter_is_warned_before_it_waits(&s, &dir);
+    setup_takes_the_directory_and_lock_file_over_in_place(&s, &dir);
+    release(&s, "a");
+    assert!(wait_child(&mut a_holds.0).success());
+}
+
+/// A directory another user made: one warning line (none with -q), and
+/// status says whose it is.
+fn a_squatted_directory_is_named_in_one_warning(s: &Scratch, dir: &Path) {
+    let d = dir.to_str().unwrap();
     let out = s
         .devlock()
         .args(["--dir", d, "-n", "r", "--", "true"])
@@ -107,9 +120,11 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
     .unwrap();
     assert_eq!(json["trust"]["safe"], false, "{json}");
     assert_eq!(json["trust"]["issues"][0]["owner"], "nobody");
-    // A holds q through a lock file of A's own while root sets up.
-    let (mut a_holds, _) = hold_as(&s, USER_A, &["--dir", d, "q"], "a");
-    // A waiter is told before it waits, not once it is through.
+}
+
+/// A waiter is told before it waits, not once it is through.
+fn a_waiter_is_warned_before_it_waits(s: &Scratch, dir: &Path) {
+    let d = dir.to_str().unwrap();
     let timed = s
         .devlock()
         .args(["--dir", d, "-w", "200ms", "q", "--", "true"])
@@ -129,6 +144,12 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
             && lines.iter().filter(|l| l.contains("warning")).count() == 1,
         "{err}"
     );
+}
+
+/// setup takes the directory and the lock file over in place, with A
+/// still holding q; a second setup changes nothing.
+fn setup_takes_the_directory_and_lock_file_over_in_place(s: &Scratch, dir: &Path) {
+    let d = dir.to_str().unwrap();
     let setup = s
         .devlock()
         .args(["--dir", d, "setup", "r", "q"])
@@ -144,7 +165,7 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
         said.contains(&format!("{d}/q.lock: taken over from nobody")),
         "{said}"
     );
-    let meta = std::fs::metadata(&dir).unwrap();
+    let meta = std::fs::metadata(dir).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o1777));
     let q = std::fs::metadata(dir.join("q.lock")).unwrap();
     assert_eq!((q.uid(), q.mode() & 0o777), (0, 0o666));
@@ -182,8 +203,6 @@ pub(crate) fn a_squatted_directory_and_lock_file_are_named_then_taken_over_by_se
     .unwrap();
     assert_eq!(json["trust"]["managed"], true, "{json}");
     assert_eq!(json["resources"][0]["trust"]["safe"], true, "{json}");
-    release(&s, "a");
-    assert!(wait_child(&mut a_holds.0).success());
 }
 
 test!(setup_refuses_without_root_and_makes_group_only_gpu_locks, needs: [Root, Tool("setpriv")]);
