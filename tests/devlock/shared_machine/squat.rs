@@ -305,55 +305,8 @@ pub(crate) fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
     for r in json["resources"].as_array().unwrap() {
         assert_eq!(r["trust"]["managed"], true, "{r}");
     }
-    // The declared names came with it: a name they do not list is a typo
-    // until --new says it is meant.
-    assert_eq!(
-        std::fs::read_to_string(dir.join(".names")).unwrap(),
-        "gpu\ngpu:0\ngpu:1\ngpu:2\ngpu:3\ngpu:4\ngpu:5\ngpu:6\ngpu:7\n"
-    );
-    let typo = Command::new(BIN)
-        .arg("--dir")
-        .arg(&dir)
-        .args(["GPU0", "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(typo.status.code(), Some(2), "{}", stderr(&typo));
-    assert!(
-        stderr(&typo).contains("GPU0 is not one of the resources root declared in")
-            && stderr(&typo).contains("did you mean gpu:0?"),
-        "{}",
-        stderr(&typo)
-    );
-    assert!(!dir.join("GPU0.lock").exists());
-    let meant = Command::new(BIN)
-        .arg("--dir")
-        .arg(&dir)
-        .args(["--new", "scratch-disk", "--", "true"])
-        .output()
-        .unwrap();
-    assert!(meant.status.success(), "{}", stderr(&meant));
-    // Only root forgets a name in a managed directory; a declared one
-    // leaves the list.
-    let user = as_user(USER_A, BIN)
-        .arg("--dir")
-        .arg(&dir)
-        .args(["forget", "scratch-disk"])
-        .output()
-        .unwrap();
-    assert_eq!(user.status.code(), Some(77), "{}", stderr(&user));
-    assert!(
-        stderr(&user).contains("only root may forget"),
-        "{}",
-        stderr(&user)
-    );
-    let forgot = Command::new(BIN)
-        .arg("--dir")
-        .arg(&dir)
-        .args(["forget", "scratch-disk"])
-        .output()
-        .unwrap();
-    assert!(forgot.status.success(), "{}", stderr(&forgot));
-    assert!(!dir.join("scratch-disk.lock").exists());
+    the_declared_names_came_with_it(&dir);
+    only_root_forgets_a_name(&dir);
     // And setup over it changes nothing.
     let again = Command::new(BIN)
         .arg("--dir")
@@ -367,4 +320,59 @@ pub(crate) fn the_shipped_tmpfiles_snippet_makes_a_managed_directory() {
         "{}",
         stdout(&again)
     );
+}
+
+/// The declared names came with it: a name they do not list is a typo
+/// until --new says it is meant.
+fn the_declared_names_came_with_it(dir: &Path) {
+    assert_eq!(
+        std::fs::read_to_string(dir.join(".names")).unwrap(),
+        "gpu\ngpu:0\ngpu:1\ngpu:2\ngpu:3\ngpu:4\ngpu:5\ngpu:6\ngpu:7\n"
+    );
+    let typo = Command::new(BIN)
+        .arg("--dir")
+        .arg(dir)
+        .args(["GPU0", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(typo.status.code(), Some(2), "{}", stderr(&typo));
+    assert!(
+        stderr(&typo).contains("GPU0 is not one of the resources root declared in")
+            && stderr(&typo).contains("did you mean gpu:0?"),
+        "{}",
+        stderr(&typo)
+    );
+    assert!(!dir.join("GPU0.lock").exists());
+    let meant = Command::new(BIN)
+        .arg("--dir")
+        .arg(dir)
+        .args(["--new", "scratch-disk", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(meant.status.success(), "{}", stderr(&meant));
+}
+
+/// Only root forgets a name in a managed directory; a declared one
+/// leaves the list.
+fn only_root_forgets_a_name(dir: &Path) {
+    let user = as_user(USER_A, BIN)
+        .arg("--dir")
+        .arg(dir)
+        .args(["forget", "scratch-disk"])
+        .output()
+        .unwrap();
+    assert_eq!(user.status.code(), Some(77), "{}", stderr(&user));
+    assert!(
+        stderr(&user).contains("only root may forget"),
+        "{}",
+        stderr(&user)
+    );
+    let forgot = Command::new(BIN)
+        .arg("--dir")
+        .arg(dir)
+        .args(["forget", "scratch-disk"])
+        .output()
+        .unwrap();
+    assert!(forgot.status.success(), "{}", stderr(&forgot));
+    assert!(!dir.join("scratch-disk.lock").exists());
 }
