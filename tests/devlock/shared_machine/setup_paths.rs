@@ -21,25 +21,9 @@ pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_ch
     let team = s.work("team");
     let t = team.to_str().unwrap();
     assert!(user_does(USER_A, "mkdir", &[t]));
-    let refused = |dir: &str, real: &Path, why: &str| {
-        let out = s
-            .devlock()
-            .args(["--dir", dir, "setup", "r"])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
-        assert_eq!(stdout(&out), "", "nothing done, nothing said on stdout");
-        let err = one_line(&out);
-        assert!(
-            err.starts_with(&format!(
-                "devlock: refusing to set up {dir}: {} is on the way, and {why}",
-                real.display()
-            )) && err.trim_end().ends_with("nothing was changed"),
-            "{err}"
-        );
-    };
     let dir = format!("{t}/devlock");
     refused(
+        &s,
         &dir,
         &team,
         "it is owned by nobody, who can replace what is below it",
@@ -59,6 +43,7 @@ pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_ch
     ));
     for target in ["devlock", "file"] {
         refused(
+            &s,
             &format!("{t}/{target}"),
             &team,
             &format!(
@@ -87,6 +72,7 @@ pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_ch
     let via = s.work("via");
     std::os::unix::fs::symlink(&theirs, &via).unwrap();
     refused(
+        &s,
         &format!("{}/devlock", via.display()),
         &theirs,
         "it is owned by nobody, who can replace what is below it",
@@ -97,6 +83,7 @@ pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_ch
     std::fs::create_dir(&loose).unwrap();
     std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o777)).unwrap();
     refused(
+        &s,
         &format!("{}/devlock", loose.display()),
         &loose,
         "it is writable by everyone and not sticky (777)",
@@ -109,6 +96,26 @@ pub(crate) fn setup_refuses_a_way_through_another_users_link_or_directory_and_ch
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(mode(&fine), 0o1777);
+}
+
+/// `devlock --dir DIR setup r` refused with one line naming `real`, on the
+/// way to `dir`, and `why`; nothing done.
+fn refused(s: &Scratch, dir: &str, real: &Path, why: &str) {
+    let out = s
+        .devlock()
+        .args(["--dir", dir, "setup", "r"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(74), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "nothing done, nothing said on stdout");
+    let err = one_line(&out);
+    assert!(
+        err.starts_with(&format!(
+            "devlock: refusing to set up {dir}: {} is on the way, and {why}",
+            real.display()
+        )) && err.trim_end().ends_with("nothing was changed"),
+        "{err}"
+    );
 }
 
 /// Whether `bytes` hold a control character a terminal acts on (C0 but
