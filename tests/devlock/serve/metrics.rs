@@ -95,6 +95,20 @@ pub(crate) fn metrics_pass_promtool_and_carry_the_values() {
         *m.get(series)
             .unwrap_or_else(|| panic!("no {series} in\n{}", answer.body))
     };
+    the_lock_and_holder_series_carry_the_scene(&scene, &value);
+    the_gpu_series_carry_the_fakes_figures(&value);
+    let status = json_of(&scene.devlock().args(["status", "--json"]).output().unwrap());
+    let managed = status["trust"]["managed"].as_bool().unwrap();
+    assert_eq!(
+        value("devlock_dir_managed"),
+        if managed { 1.0 } else { 0.0 }
+    );
+    assert!(value("devlock_status_duration_seconds") > 0.0);
+    a_failing_gpu_source_is_unknown();
+}
+
+/// The scene's locks, holders and waiters, each a series of its own.
+fn the_lock_and_holder_series_carry_the_scene(scene: &Scene, value: &dyn Fn(&str) -> f64) {
     let (holder, waiter, solver) = (scene.holder.id(), scene.waiter.id(), scene.solver.id());
     assert_eq!(
         value(r#"devlock_lock_state{resource="gpu:0",state="held"}"#),
@@ -132,7 +146,10 @@ pub(crate) fn metrics_pass_promtool_and_carry_the_values() {
         )),
         38912.0 * MIB
     );
-    // The fake's GPUs, in base units.
+}
+
+/// The fake's GPUs, in base units.
+fn the_gpu_series_carry_the_fakes_figures(value: &dyn Fn(&str) -> f64) {
     assert_eq!(
         value(r#"devlock_gpu_memory_total_bytes{gpu="0"}"#),
         81559.0 * MIB
@@ -163,14 +180,10 @@ pub(crate) fn metrics_pass_promtool_and_carry_the_values() {
     assert_eq!(value(r#"devlock_device_source_info{source="nvml"}"#), 1.0);
     assert_eq!(value(r#"devlock_device_status{status="ok"}"#), 1.0);
     assert_eq!(value(r#"devlock_device_status{status="unknown"}"#), 0.0);
-    let status = json_of(&scene.devlock().args(["status", "--json"]).output().unwrap());
-    let managed = status["trust"]["managed"].as_bool().unwrap();
-    assert_eq!(
-        value("devlock_dir_managed"),
-        if managed { 1.0 } else { 0.0 }
-    );
-    assert!(value("devlock_status_duration_seconds") > 0.0);
-    // A GPU source that fails is unknown, not a GPU with nothing on it.
+}
+
+/// A GPU source that fails is unknown, not a GPU with nothing on it.
+fn a_failing_gpu_source_is_unknown() {
     let other = Scratch::new();
     let failing = fake_nvml(&other, "error nvmlInit_v2 - 999\n");
     let broken = Server::start(
