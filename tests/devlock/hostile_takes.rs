@@ -88,20 +88,7 @@ pub(crate) fn devlock_busy_cannot_be_squatted_by_another_user() {
         token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()),
         "a 128-bit token: {busy_file}"
     );
-    // B squats every name it can derive, as the attack did (0600, its own),
-    // and finds nothing of A's to squat in the directory's listing.
-    for squat in [
-        derivable.display().to_string(),
-        format!("{}-{}", derivable.display(), "0".repeat(32)),
-    ] {
-        assert!(user_does(
-            USER_B,
-            "sh",
-            &["-c", &format!("umask 077; : > {squat}")]
-        ));
-    }
-    let listing = as_user(USER_B, "ls").arg("-a").arg(&tmp).output().unwrap();
-    assert!(!String::from_utf8_lossy(&listing.stdout).contains(token));
+    another_user_squats_every_name_it_can_derive(&tmp, &derivable, token);
     std::fs::write(&go, "").unwrap();
     assert_eq!(text_of(&rc).trim(), "0", "devlock busy as the job's user");
     let meta = std::fs::symlink_metadata(&busy_file).unwrap();
@@ -120,10 +107,31 @@ pub(crate) fn devlock_busy_cannot_be_squatted_by_another_user() {
         || Path::new(&busy_file).exists(),
         |exists| !exists,
     );
-    // Another hold, another token.
+    another_hold_gets_another_token(&s, &gpus, token);
+}
+
+/// B squats every name it can derive, as the attack did (0600, its own),
+/// and finds nothing of A's to squat in the directory's listing.
+fn another_user_squats_every_name_it_can_derive(tmp: &Path, derivable: &Path, token: &str) {
+    for squat in [
+        derivable.display().to_string(),
+        format!("{}-{}", derivable.display(), "0".repeat(32)),
+    ] {
+        assert!(user_does(
+            USER_B,
+            "sh",
+            &["-c", &format!("umask 077; : > {squat}")]
+        ));
+    }
+    let listing = as_user(USER_B, "ls").arg("-a").arg(tmp).output().unwrap();
+    assert!(!String::from_utf8_lossy(&listing.stdout).contains(token));
+}
+
+/// Another hold, another token.
+fn another_hold_gets_another_token(s: &Scratch, gpus: &Path, token: &str) {
     let again = s
         .devlock()
-        .on_fake_gpu(&gpus)
+        .on_fake_gpu(gpus)
         .args([
             "-q",
             "--idle-timeout",

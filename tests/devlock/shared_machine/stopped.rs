@@ -1,0 +1,291 @@
+//! Stopped in line (Ctrl-Z leaves the queue, SIGSTOP is shown) and pid reuse
+//! after kill -9 of a holder.
+
+use super::*;
+
+/// A job-control shell on a pty (bash -i under script(1)): commands in,
+/// the terminal's bytes out.
+struct Shell {
+    child: Killed,
+    input: std::process::ChildStdin,
+    output: std::sync::mpsc::Receiver<u8>,
+    seen: Vec<u8>,
+}
+
+impl Shell {
+    fn start(s: &Scratch) -> Shell {
+        let mut child = on_a_pty("bash --norc --noprofile -i")
+            .env("DEVLOCK_DIR", s.dir())
+            .env("PS1", "$ ")
+            .env("TERM", "dumb")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let (tx, output) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                for &b in &buf[..n] {
+                    let _ = tx.send(b);
+                }
+            }
+        });
+        Shell {
+            child: Killed(child),
+            input,
+            output,
+            seen: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.input.write_all(bytes).unwrap();
+        self.input.flush().unwrap();
+    }
+
+    /// Reads until the terminal has shown `needle`.
+    fn wait_for(&mut self, needle: &str) {
+        let deadline = std::time::Instant::now() + HANG;
+        while !String::from_utf8_lossy(&self.seen).contains(needle) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(b) => self.seen.push(b),
+                Err(_) => panic!(
+                    "the terminal never showed {needle:?}: {:?}",
+                    String::from_utf8_lossy(&self.seen)
+                ),
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen).into_owned()
+    }
+}
+
+fn is_stopped(pid: u32) -> bool {
+    devlock::testing::procfs::is_stopped(pid)
+}
+
+/// One round: a holder, a waiter in a job-control shell that Ctrl-Z stops,
+/// a second waiter that must get the resource first, then `fg`. `how` is
+/// given to all three (`--slots 1`: the wait for a slot; the plain lock
+/// otherwise).
+fn ctrl_z_round(quiet: bool, how: &[&str]) {
+    let s = Scratch::new();
+    let mut hold_args = how.to_vec();
+    hold_args.push("r");
+    let (mut holder, _) = hold_as(&s, 0, &hold_args, "h");
+    let log = s.work("log");
+    let mut shell = Shell::start(&s);
+    let q = if quiet { "-q " } else { "" };
+    shell.send(
+        format!(
+            "{BIN} {q}{} --step first r -- sh -c 'echo first >> {}'\n",
+            how.join(" "),
+            log.display()
+        )
+        .as_bytes(),
+    );
+    let view = s.wait_for_status("r", "the first waiter", |v| registered_waiters(v) == 1);
+    let first = view["waiters"][0]["pid"].as_u64().unwrap() as u32;
+    // Ctrl-Z through the terminal: the line discipline stops the job.
+    shell.send(b"\x1a");
+    wait_until_true("the first waiter to stop", || is_stopped(first));
+    let view = s.resource_status("r");
+    assert_eq!(array_len(&view["waiters"]), 0, "it left the line: {view}");
+    let mut no_wait = vec!["-n"];
+    no_wait.extend(how);
+    no_wait.extend(["r", "--", "true"]);
+    let out = s.run(&no_wait);
+    assert!(
+        stderr(&out).contains("r is busy") && !stderr(&out).contains("waiting in line"),
+        "{}",
+        stderr(&out)
+    );
+    // Someone behind it gets the resource first.
+    let mut second = Killed(
+        s.devlock()
+            .arg("-q")
+            .args(how)
+            .args(["--step", "second", "r", "--", "sh", "-c"])
+            .arg(format!("echo second >> {}", log.display()))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    s.wait_for_status("r", "the second waiter", |v| registered_waiters(v) == 1);
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut second.0).success());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "second\n");
+    // fg continues it: it joins again at the back and runs.
+    shell.send(b"fg\n");
+    wait_until_true("the first waiter to run", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l == "second\nfirst\n")
+    });
+    shell.send(b"echo DONE-$((6*7))\n");
+    shell.wait_for("DONE-42");
+    let text = shell.text();
+    if quiet {
+        assert!(!text.contains("devlock:"), "quiet: {text:?}");
+    } else {
+        assert!(
+            text.contains("devlock: continued; back in line for r, at the end"),
+            "{text:?}"
+        );
+    }
+    shell.send(b"exit\n");
+    let _ = wait_child(&mut shell.child.0);
+}
+
+fn wait_until_true(what: &str, ok: impl Fn() -> bool) {
+    poll_until(what, || if ok() { "yes" } else { "no" }, |v| *v == "yes");
+}
+
+test!(ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back, needs: [Root, Tool("setpriv"), Tool("script"), Tool("bash")]);
+pub(crate) fn ctrl_z_in_line_gives_up_the_place_and_fg_rejoins_at_the_back() {
+    ctrl_z_round(false, &[]);
+    ctrl_z_round(true, &[]);
+    ctrl_z_round(false, &["--slots", "1"]);
+    ctrl_z_round(true, &["--slots", "1"]);
+}
+
+test!(sigstop_of_a_waiter_or_a_holder_shows_as_stopped, needs: [Root, Tool("setpriv")]);
+pub(crate) fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
+    let s = Scratch::new();
+    open_dir(&s);
+    let (mut holder, command) = hold_as(&s, USER_A, &["r"], "h");
+    let mut waiter = Killed(
+        devlock_as(&s, USER_B)
+            .args(["-q", "--step", "frozen", "r", "--", "true"])
+            .spawn()
+            .unwrap(),
+    );
+    s.wait_for_status("r", "the waiter", |v| registered_waiters(v) == 1);
+    signal(waiter.id(), libc::SIGSTOP);
+    signal(command, libc::SIGSTOP);
+    let view = s.wait_for_status("r", "both stopped", |v| {
+        v["waiters"][0]["stopped"] == true && v["holders"][0]["stopped"] == true
+    });
+    assert_eq!(view["waiters"][0]["step"], "frozen");
+    let table = stdout(&s.run(&["status", "r"]));
+    assert!(
+        table.contains("sh (stopped)") && table.contains("waits #1 (stopped)"),
+        "{table}"
+    );
+    let busy = s.run(&["-n", "r", "--", "true"]);
+    assert!(
+        stderr(&busy).contains("nobody, stopped"),
+        "{}",
+        stderr(&busy)
+    );
+    signal(waiter.id(), libc::SIGCONT);
+    signal(command, libc::SIGCONT);
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut waiter.0).success());
+}
+
+// ----------------------------------------------------------------------------
+// 6. Pid reuse after kill -9 of a holder.
+
+/// Makes some live process other than the one that had it take `pid`: the
+/// kernel hands out last_pid + 1, so set it just below and start sleeps
+/// until one gets it (any other process that takes it first is just as
+/// unrelated, and will do, as long as the job forks nothing meanwhile: a
+/// child of the job's command would hold the lock it inherited).
+fn reuse_pid(pid: u32) -> Option<Killed> {
+    let last = Path::new("/proc/sys/kernel/ns_last_pid");
+    for _ in 0..2000 {
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            return None;
+        }
+        std::fs::write(last, (pid - 1).to_string()).unwrap();
+        let child = Command::new("sleep")
+            .arg("1000")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        if child.id() == pid {
+            return Some(Killed(child));
+        }
+        drop(Killed(child));
+    }
+    panic!("pid {pid} was never reused");
+}
+
+fn pid_reuse_round(shared: bool) {
+    let what = if shared { "shared" } else { "exclusive" };
+    let s = Scratch::new();
+    open_dir(&s);
+    let mut args = vec!["--step", "job"];
+    if shared {
+        args.push("-s");
+    }
+    args.push("r");
+    // A command that starts one child, which holds on once the command
+    // (devlock's own process) is SIGKILLed; neither forks once ready (see
+    // `reuse_pid`).
+    let ready = s.work("ready-h");
+    let script = format!(
+        "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
+        r = ready.display()
+    );
+    let mut holder = s
+        .devlock()
+        .args(&args)
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command = pid_in(&ready);
+    let devlock_pid = holder.id();
+    s.wait_for_status("r", "the holder's label", |v| {
+        v["holders"][0]["step"] == "job"
+    });
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let _reused = reuse_pid(devlock_pid);
+    assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
+    // Root sees the command holding it through the descriptor it inherited.
+    let view = s.resource_status("r");
+    let h = &view["holders"][0];
+    let pids = h["pids"].as_array().unwrap();
+    assert!(
+        pids.contains(&command.into()) && !pids.contains(&devlock_pid.into()),
+        "{what}: {view}"
+    );
+    assert_eq!(h["source"], "inherited", "{what}: {view}");
+    assert_eq!(h["step"], "job", "{what}: {view}");
+    let busy = s.run(&["-n", "r", "--", "true"]);
+    let err = stderr(&busy);
+    assert!(
+        err.contains(&format!("pid {command}")) && !err.contains(&format!("pid {devlock_pid}")),
+        "{what}: never the unrelated process: {err}"
+    );
+    // Another user cannot see root's descriptors: unknown, never the
+    // unrelated process.
+    let view = status_as(&s, USER_B, "r");
+    let h = &view["holders"][0];
+    assert_eq!(view["state"], if shared { "shared" } else { "held" });
+    assert!(
+        h["pid"] != devlock_pid && !h["pids"].to_string().contains(&devlock_pid.to_string()),
+        "{what}: {view}"
+    );
+    assert_eq!(h["source"], "unknown", "{what}: {view}");
+    signal(command, libc::SIGKILL);
+    wait_gone(command);
+}
+
+test!(pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated, needs: [Root, Tool("setpriv")]);
+pub(crate) fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
+    pid_reuse_round(true);
+    pid_reuse_round(false);
+}
