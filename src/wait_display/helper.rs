@@ -6,14 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use super::board::Shown;
 use super::{
-    ACQUIRED, DEFAULT_COLUMNS, Display, GotLine, LEFT, SHOW_AFTER, WAITING, WaitPlan, Waiter,
-    clear, give_up, say,
+    ACQUIRED, DEFAULT_COLUMNS, Display, GotLine, LEFT, Parts, SHOW_AFTER, WAITING, WaitPlan,
+    Waiter, clear, give_up, say,
 };
 use crate::error::Busy;
 use crate::exit::ExitCode;
-use crate::flock::registration::Registration;
 use crate::messages;
 use crate::supervise::{self, Received};
 use crate::text::fit;
@@ -68,8 +66,7 @@ impl Line {
 }
 
 pub(super) fn helper_thread(
-    shown: Shown,
-    registration: Vec<Option<Registration>>,
+    (shown, registration): Parts,
     state: Arc<AtomicU8>,
     started: Instant,
     plan: WaitPlan,

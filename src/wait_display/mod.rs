@@ -236,7 +236,7 @@ fn starter(
     waiter: Waiter,
 ) -> impl FnOnce() {
     move || {
-        let Some((shown, registrations)) = parts.lock().ok().and_then(|mut p| p.take()) else {
+        let Some(parts) = parts.lock().ok().and_then(|mut p| p.take()) else {
             return;
         };
         let display = Display::for_plan(&plan);
@@ -249,18 +249,7 @@ fn starter(
         let spawned = std::thread::Builder::new()
             .name("devlock-wait".into())
             .stack_size(256 * 1024)
-            .spawn(move || {
-                helper_thread(
-                    shown,
-                    registrations,
-                    state,
-                    started,
-                    plan,
-                    display,
-                    &got,
-                    &waiter,
-                )
-            });
+            .spawn(move || helper_thread(parts, state, started, plan, display, &got, &waiter));
         if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
             *slot = Some(Helper {
                 handle,
