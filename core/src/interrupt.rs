@@ -247,12 +247,19 @@ impl Stop {
     /// The threads it adopted are stopped first: the waiting thread itself
     /// may be waiting for them, not in a lock call of its own.
     pub fn stop(&self, thread: Thread) {
+        self.stop_until(thread, &|| self.finished.load(Ordering::Acquire));
+    }
+
+    /// [`Stop::stop`], for a thread that says it is out by `out` rather
+    /// than by its [`Finished`] guard (the command line's waiting thread,
+    /// out of one wait and not yet of its take).
+    pub fn stop_until(&self, thread: Thread, out: &dyn Fn() -> bool) {
         self.requested.store(true, Ordering::Release);
         let children = std::mem::take(&mut *lock_children(&self.children));
         for (child, child_thread) in &children {
             child.stop(*child_thread);
         }
-        while !self.finished.load(Ordering::Acquire) {
+        while !out() {
             thread.signal(interrupt_signal());
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -215,8 +215,6 @@ pub(crate) struct RunPlan {
     pub(crate) wait: Wait,
     pub(crate) quiet: bool,
     pub(crate) report_every: Duration,
-    /// `--conflict-exit-code` (1-255).
-    pub(crate) conflict_exit_code: u8,
     /// `--idle-timeout` as given (the site's default is applied where the
     /// directory is open).
     pub(crate) idle_timeout: Option<Duration>,
@@ -309,7 +307,6 @@ impl RunPlan {
             },
             quiet: args.quiet,
             report_every: args.report_every,
-            conflict_exit_code: args.conflict_exit_code,
             idle_timeout: args.idle_timeout,
             new_names: args.new,
             setup_warning: !args.no_setup_warning,
@@ -328,11 +325,6 @@ impl RunPlan {
             Wait::Timeout(timeout) => Some(timeout),
             Wait::Block | Wait::NoWait => None,
         }
-    }
-
-    /// The exit code of a lock found busy (`-n`, `-w`).
-    pub(crate) fn conflict_code(&self) -> crate::exit::ExitCode {
-        crate::exit::ExitCode::Command(i32::from(self.conflict_exit_code))
     }
 }
 

@@ -110,7 +110,6 @@ fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Reso
         quiet: plan.quiet,
         on_terminal: std::io::stderr().is_terminal(),
         report_every: plan.report_every,
-        conflict_code: plan.conflict_code(),
         step: plan.step.clone(),
         made: dir.made().clone(),
     };

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use crate::error::Busy;
 use crate::flock::wait::{Observer, Wait, Watch};
 use crate::interrupt::Stop;
 use crate::messages::busy::{holders_words, in_the_way, waiters_words};
@@ -136,14 +137,7 @@ impl Board {
     pub(crate) fn in_the_way(&self) -> Option<(String, String, Option<status::Holder>, String)> {
         let shown = self.shown();
         let shown = shown.as_ref()?;
-        let holder = shown
-            .watches
-            .iter()
-            .find_map(|w| seen(w, false).view.holders.first().cloned());
-        let resource = match &shown.watches[..] {
-            [one] => one.resource.to_string(),
-            _ => shown.label.clone(),
-        };
+        let (holder, resource) = shown.first_in_the_way();
         Some((shown.label.clone(), shown.in_the_way(), holder, resource))
     }
 }
@@ -228,6 +222,34 @@ impl Shown {
             parts.push((format!(" ({})", sanitize(step)), false));
         }
         parts
+    }
+
+    /// The first holder in the way, and the lock waited for (the label,
+    /// when several are).
+    fn first_in_the_way(&self) -> (Option<status::Holder>, String) {
+        let holder = self
+            .watches
+            .iter()
+            .find_map(|w| seen(w, false).view.holders.first().cloned());
+        let resource = match &self.watches[..] {
+            [one] => one.resource.to_string(),
+            _ => self.label.clone(),
+        };
+        (holder, resource)
+    }
+
+    /// The wait ran out of `timeout`: the take's error, worded as `-w`
+    /// says it (naming `step` where the line stays), with who is in the way.
+    pub(super) fn timed_out(&self, timeout: Duration, step: Option<&str>) -> Busy {
+        let line = crate::messages::busy::timed_out(timeout, &self.label, &self.in_the_way(), step);
+        let (holder, resource) = self.first_in_the_way();
+        let line = line.trim_end_matches('\n');
+        Busy {
+            resource,
+            holder: holder.as_ref().map(crate::take::holder_of),
+            timed_out: true,
+            message: line.strip_prefix("devlock: ").unwrap_or(line).to_owned(),
+        }
     }
 
     /// `: held by ... for 5m03s` for each lock waited for, for the timeout.

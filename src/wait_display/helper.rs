@@ -1,18 +1,17 @@
-//! The helper thread of a shown wait: it draws the waiting line, gives up
-//! at the deadline and answers stopping signals while the main thread sleeps
-//! in flock(2).
+//! The helper thread of a shown wait: it draws the waiting line, stops the
+//! wait at the deadline and answers stopping signals while the main thread
+//! sleeps in flock(2).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use super::board::Shown;
 use super::{
-    ACQUIRED, DEFAULT_COLUMNS, Display, GotLine, LEFT, SHOW_AFTER, WAITING, WaitPlan, clear,
-    give_up, say,
+    ACQUIRED, DEFAULT_COLUMNS, Display, GotLine, LEFT, Parts, SHOW_AFTER, WAITING, WaitPlan,
+    Waiter, clear, give_up, say,
 };
+use crate::error::Busy;
 use crate::exit::ExitCode;
-use crate::flock::registration::Registration;
 use crate::messages;
 use crate::supervise::{self, Received};
 use crate::text::fit;
@@ -67,14 +66,14 @@ impl Line {
 }
 
 pub(super) fn helper_thread(
-    shown: Shown,
-    registration: Vec<Option<Registration>>,
+    (shown, registration): Parts,
     state: Arc<AtomicU8>,
     started: Instant,
     plan: WaitPlan,
     display: Display,
     got: &GotLine,
-) -> Option<Received> {
+    waiter: &Waiter,
+) -> Result<Option<Received>, Busy> {
     let tick = match display {
         Display::Live => Duration::from_secs(1),
         Display::Log => plan.report_every,
@@ -98,18 +97,14 @@ pub(super) fn helper_thread(
             && now >= deadline
             && give_up(&state)
         {
+            // Who is in the way as the line last showed it; the waiting
+            // thread then leaves its wait, as the library's take does, and
+            // says it (or, with -q, only exits with the conflict code).
             clear(&mut line.drawn);
-            if !plan.quiet {
-                say(&messages::busy::timed_out(
-                    plan.timeout.unwrap_or_default(),
-                    &shown.label,
-                    &shown.in_the_way(),
-                    step,
-                ));
-            }
+            let busy = shown.timed_out(plan.timeout.unwrap_or_default(), step);
             drop(registration);
-            plan.made.remove_all_before_exit();
-            std::process::exit(plan.conflict_code.code());
+            waiter.stop();
+            return Err(busy);
         }
         let mut until = if plan.quiet {
             now + Duration::from_secs(3600)
@@ -130,7 +125,7 @@ pub(super) fn helper_thread(
         let stop = signal.filter(|s| s.signo != supervise::wake_signal());
         if state.load(Ordering::Acquire) == LEFT {
             clear(&mut line.drawn);
-            return None;
+            return Ok(None);
         }
         if state.load(Ordering::Acquire) == ACQUIRED {
             clear(&mut line.drawn);
@@ -141,7 +136,7 @@ pub(super) fn helper_thread(
                     &plan.step,
                 ));
             }
-            return stop;
+            return Ok(stop);
         }
         if let Some(sig) = stop {
             if give_up(&state) {
@@ -152,7 +147,7 @@ pub(super) fn helper_thread(
             }
             // The locks were taken at this very moment: the command must hear it.
             clear(&mut line.drawn);
-            return Some(sig);
+            return Ok(Some(sig));
         }
     }
 }

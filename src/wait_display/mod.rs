@@ -1,5 +1,5 @@
 //! A contended wait: the main thread sleeps in flock(2) while a helper thread
-//! shows the wait, enforces the timeout and answers signals.
+//! shows the wait, stops it at the deadline and answers signals.
 //!
 //! What it shows depends on where stderr goes. On a terminal whose line is
 //! devlock's (its process group is the foreground group, and holds nothing
@@ -12,13 +12,13 @@
 //! that stays names the waiter's own step.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::exit::ExitCode;
+use crate::error::Busy;
 use crate::flock::registration::Registration;
 use crate::flock::trust::Notes;
 use crate::flock::wait::{Observer, Wait, Watch};
@@ -61,11 +61,10 @@ pub(crate) struct WaitPlan {
     /// Whether stderr is a terminal (where the line may be devlock's).
     pub on_terminal: bool,
     pub report_every: Duration,
-    pub conflict_code: ExitCode,
     /// The waiter's own step, which every line that stays names.
     pub step: String,
     /// What the run registered in the scratch directory, removed before a
-    /// timeout or a signal ends the run from the display's thread.
+    /// signal ends the run from the display's thread.
     pub made: crate::flock::made::Made,
 }
 
@@ -121,21 +120,48 @@ pub(crate) fn say_back_in_line(plan: &WaitPlan, resources: &str) {
     say(&format!("{line}\n"));
 }
 
+/// The waiting thread of a wait, as its helper stops it at the deadline:
+/// through the take's [`Stop`], as the library's timeout does.
+pub(super) struct Waiter {
+    stop: Stop,
+    thread: Thread,
+    /// Set by the waiting thread once its lock call is over.
+    out: Arc<AtomicBool>,
+}
+
+impl Waiter {
+    /// Interrupts the wait until the waiting thread is out of it.
+    pub(super) fn stop(&self) {
+        self.stop
+            .stop_until(self.thread, &|| self.out.load(Ordering::Acquire));
+    }
+}
+
 /// Runs `block` (which sleeps in the kernel until the locks are ours) on
-/// this thread while a helper thread shows the wait, enforces the deadline
-/// and watches for stopping signals. A timeout or a stopping signal while
-/// waiting ends the process from the helper thread: nothing has started yet,
-/// so nothing is left running, and the kernel drops every lock and place in
-/// line. Settle the returned [`Waited`] to learn of a stopping signal that
-/// arrived at the very moment the locks were taken.
+/// this thread while a helper thread shows the wait, stops it at the
+/// deadline (through `stop`: the wait then ends in [`Busy`], timed out) and
+/// watches for stopping signals. A stopping signal while waiting ends the
+/// process from the helper thread: nothing has started yet, so nothing is
+/// left running, and the kernel drops every lock and place in line. Settle
+/// the returned [`Waited`] to learn of a stopping signal that arrived at the
+/// very moment the locks were taken.
 fn wait_for<T>(
     label: String,
     watches: Vec<Watch>,
     registrations: Vec<Option<Registration>>,
     plan: &WaitPlan,
-    lazy: Option<&Stop>,
+    stop: &Stop,
+    lazy: bool,
     block: impl FnOnce() -> Result<T>,
 ) -> Result<(T, Waited)> {
+    // The helper may interrupt this thread's wait at the deadline.
+    crate::interrupt::install();
+    let waiter = Waiter {
+        stop: stop.clone(),
+        thread: Thread::current(),
+        out: Arc::default(),
+    };
+    let out = waiter.out.clone();
     let state = Arc::new(AtomicU8::new(WAITING));
     let got = Arc::new(GotLine::default());
     let started = Instant::now();
@@ -150,12 +176,13 @@ fn wait_for<T>(
         helper.clone(),
         got.clone(),
         started,
+        waiter,
     );
     // A wait that ends before it is worth showing never starts the helper:
     // an alarm interrupts the lock call when it is due, and the waiting
     // thread starts it then. Stopping signals meanwhile stay pending for the
     // helper (or, once the locks are taken, for the check before the start).
-    let alarm = match lazy {
+    let alarm = match lazy.then_some(stop) {
         Some(stop) => {
             let due = plan
                 .deadline
@@ -173,6 +200,7 @@ fn wait_for<T>(
         let _stops = crate::interrupt::CatchJobStops::new();
         block()
     };
+    out.store(true, Ordering::Release);
     if let Some((alarm, stop)) = alarm {
         alarm.disarm();
         stop.on_interrupt(None);
@@ -205,9 +233,10 @@ fn starter(
     helper: Arc<Mutex<Option<Helper>>>,
     got: Arc<GotLine>,
     started: Instant,
+    waiter: Waiter,
 ) -> impl FnOnce() {
     move || {
-        let Some((shown, registrations)) = parts.lock().ok().and_then(|mut p| p.take()) else {
+        let Some(parts) = parts.lock().ok().and_then(|mut p| p.take()) else {
             return;
         };
         let display = Display::for_plan(&plan);
@@ -220,9 +249,7 @@ fn starter(
         let spawned = std::thread::Builder::new()
             .name("devlock-wait".into())
             .stack_size(256 * 1024)
-            .spawn(move || {
-                helper_thread(shown, registrations, state, started, plan, display, &got)
-            });
+            .spawn(move || helper_thread(parts, state, started, plan, display, &got, &waiter));
         if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
             *slot = Some(Helper {
                 handle,
@@ -234,13 +261,18 @@ fn starter(
 
 /// Ends a shown wait as the lock call `held` ended: an error first stops
 /// the helper (which takes its display and the registrations with it);
-/// locks taken are the helper's to hear of. Never returns if the helper
-/// gave up first (it is ending the process).
+/// locks taken are the helper's to hear of. If the helper gave up first
+/// (the deadline), the wait timed out, whatever the lock call came to: a
+/// lock taken at that very moment goes with the take's error, unused.
 fn end_wait<T>(
     held: Result<T>,
     state: &AtomicU8,
-    handle: std::thread::JoinHandle<Option<Received>>,
-) -> Result<(T, std::thread::JoinHandle<Option<Received>>)> {
+    handle: HelperHandle,
+) -> Result<(T, HelperHandle)> {
+    let gave_up = |handle: HelperHandle| match handle.join() {
+        Ok(Err(busy)) => anyhow::Error::new(busy),
+        _ => anyhow::anyhow!("the waiting display ended without an answer"),
+    };
     let held = match held {
         Ok(held) => held,
         Err(e) => {
@@ -248,10 +280,7 @@ fn end_wait<T>(
                 .compare_exchange(WAITING, LEFT, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
-                // The helper gave up first and is ending the process.
-                loop {
-                    std::thread::park();
-                }
+                return Err(gave_up(handle));
             }
             // The helper then sees LEFT and ends, taking its display and
             // the registrations with it.
@@ -264,11 +293,7 @@ fn end_wait<T>(
         .compare_exchange(WAITING, ACQUIRED, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        // The helper gave up first and is ending the process; it must not
-        // look as if the command ran.
-        loop {
-            std::thread::park();
-        }
+        return Err(gave_up(handle));
     }
     // The helper has the wake signal blocked (every thread has), so this
     // only ends its sigtimedwait.
@@ -379,13 +404,13 @@ impl Observer for WaitDisplay<'_> {
         crate::status::notes::say_notes(self.notes, self.plan.quiet);
         // Waited for on this thread, in lock calls a signal interrupts: the
         // display may start late.
-        let lazy = wait.lazy.then_some(stop);
         let ((), waited) = wait_for(
             wait.label,
             wait.watches,
             wait.registrations,
             self.plan,
-            lazy,
+            stop,
+            wait.lazy,
             block,
         )?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(waited);
@@ -464,16 +489,20 @@ fn on_time(
     Some(alarm)
 }
 
+/// The helper thread's end: a stopping signal caught as the locks were
+/// taken, or the timeout.
+type HelperHandle = std::thread::JoinHandle<std::result::Result<Option<Received>, Busy>>;
+
 /// The helper thread, once started.
 struct Helper {
-    handle: std::thread::JoinHandle<Option<Received>>,
+    handle: HelperHandle,
     on_terminal: bool,
 }
 
 /// A wait that is over but whose helper thread may still be finishing.
 #[derive(Debug, Default)]
 pub(crate) struct Waited {
-    helper: Option<std::thread::JoinHandle<Option<Received>>>,
+    helper: Option<HelperHandle>,
     on_terminal: bool,
     got: Option<Arc<GotLine>>,
 }
@@ -490,7 +519,10 @@ impl Waited {
     /// the locks were taken, for the command to hear, and the wait's last
     /// line, for when the command starts.
     pub(crate) fn settle(self) -> (Option<Received>, Option<Arc<GotLine>>) {
-        (self.helper.and_then(|h| h.join().unwrap_or(None)), self.got)
+        let caught = self
+            .helper
+            .and_then(|h| h.join().ok().and_then(|r| r.ok().flatten()));
+        (caught, self.got)
     }
 }
 

@@ -94,6 +94,7 @@ mod shared_machine;
 mod signals;
 mod site_record;
 mod status;
+mod timeout_stop;
 mod torture;
 mod usage;
 

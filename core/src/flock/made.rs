@@ -1,7 +1,7 @@
 //! The registrations a process made in one scratch directory and has not
 //! removed yet, so that a run ending by exit(2) from its waiting display's
-//! thread (a `-w` that runs out, a signal while it waits), whose other
-//! threads' drops never run, removes them as those drops would.
+//! thread (a signal while it waits), whose other threads' drops never run,
+//! removes them as those drops would.
 
 use std::os::fd::RawFd;
 

@@ -63,7 +63,7 @@ pub struct Wait {
     /// One per lock waited for, when the observer [`Observer::shows`].
     pub watches: Vec<Watch>,
     /// The waiter's registrations, which go when the wait is over (or when
-    /// a timeout or a signal ends the process).
+    /// a signal ends the process).
     pub registrations: Vec<Option<Registration>>,
     /// The wait sleeps in lock calls a signal interrupts (so a display may
     /// start late, when the wait has lasted long enough to show).
