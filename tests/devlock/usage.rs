@@ -324,9 +324,12 @@ pub(crate) fn an_idle_job_is_warned_then_stopped_and_busy_ones_are_not() {
     g.wait_ready("idler");
     let mut err = BufReader::new(idle.stderr.take().unwrap());
     let warned = wait_for_line(&mut err, "idle");
+    // How long it was idle when the warning came is what the watcher
+    // measured: the 1 s timeout, or more where a busy machine ran its tick
+    // late.
     assert!(
-        warned.contains("gpu:0: idler is idle: its GPUs computed nothing for 1s")
-            && warned.contains("stopped in 1s"),
+        warned.contains("gpu:0: idler is idle: its GPUs computed nothing for ")
+            && warned.contains("(idle timeout); it is stopped in "),
         "{warned}"
     );
     // Status says so too, while it waits out its grace.
