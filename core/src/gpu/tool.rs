@@ -23,6 +23,11 @@ use crate::show::human_duration;
 /// its reaping to a background thread (a wedged driver can hold it in the kernel).
 const KILL_GRACE: Duration = Duration::from_millis(500);
 
+/// The most of a tool's stdout or stderr kept: far more than a full machine's
+/// answer. The rest is read and dropped (so the tool never blocks on a full
+/// pipe), and a longer answer is reported as a failure, not half believed.
+const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
 /// The program to run for `tool`: `env_override` (the value of its
 /// `DEVLOCK_*` variable) when set and non-empty, taken as is, else an
 /// executable `tool` on `path`.
@@ -71,6 +76,11 @@ pub(crate) fn run_tool(
         })?;
     if !output.status.success() {
         return Err(failure_reason(tool, &output));
+    }
+    if output.stdout.len() > MAX_OUTPUT_BYTES {
+        return Err(format!(
+            "{tool} printed more than {MAX_OUTPUT_BYTES} bytes (not read)"
+        ));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
@@ -153,7 +163,10 @@ fn spawn_reader(
     thread::spawn(move || {
         let mut bytes = Vec::new();
         if let Some(mut pipe) = pipe {
-            let _ = pipe.read_to_end(&mut bytes);
+            // One byte past the bound, so that run_tool can tell it was passed.
+            let kept = MAX_OUTPUT_BYTES as u64 + 1;
+            let _ = pipe.by_ref().take(kept).read_to_end(&mut bytes);
+            let _ = std::io::copy(&mut pipe, &mut std::io::sink());
         }
         let _ = tx.send(event(bytes));
     });
@@ -173,5 +186,40 @@ fn kill_and_reap(mut child: Child, pid: Pid, mut exited: bool, rx: &Receiver<Eve
         let _ = child.wait();
     } else {
         thread::spawn(move || child.wait());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tool that floods its stdout: read to its end without keeping it
+    /// all, and reported as a failure rather than parsed.
+    #[test]
+    fn a_flood_of_output_is_bounded_and_refused() {
+        let timeout = Duration::from_secs(60);
+        let script = format!("head -c {} /dev/zero", 4 * MAX_OUTPUT_BYTES);
+        let answer = run_tool(
+            "flood",
+            Path::new("/bin/sh"),
+            &["-c", &script],
+            deadline_in(timeout),
+            timeout,
+        );
+        assert_eq!(
+            answer,
+            Err(format!(
+                "flood printed more than {MAX_OUTPUT_BYTES} bytes (not read)"
+            ))
+        );
+        let script = format!("head -c {MAX_OUTPUT_BYTES} /dev/zero");
+        let answer = run_tool(
+            "flood",
+            Path::new("/bin/sh"),
+            &["-c", &script],
+            deadline_in(timeout),
+            timeout,
+        );
+        assert_eq!(answer.map(|s| s.len()), Ok(MAX_OUTPUT_BYTES));
     }
 }
