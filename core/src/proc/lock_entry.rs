@@ -172,3 +172,35 @@ pub(super) fn parse_entry(line: &str) -> Option<Entry> {
         end,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_are_found_by_file_and_locks_are_not_leases() {
+        let text = "1: FLOCK  ADVISORY  WRITE 5026 fe:00:10027111 0 EOF\n\
+                    2: LEASE  ACTIVE    READ 10064 fe:00:10035432 0 EOF\n\
+                    3: LEASE  BREAKING  READ 10065 fe:00:10035432 0 EOF\n\
+                    4: LEASE  ACTIVE    READ 10066 fe:01:10035432 0 EOF\n";
+        let pids_on = |id: FileId| -> Vec<u32> {
+            parse_leases(text)
+                .into_iter()
+                .filter(|lease| lease.file == id)
+                .map(|lease| lease.pid)
+                .collect()
+        };
+        let id = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10_035_432,
+        };
+        assert_eq!(pids_on(id), [10064, 10065]);
+        let flocked = FileId {
+            major: 0xfe,
+            minor: 0,
+            ino: 10_027_111,
+        };
+        assert!(pids_on(flocked).is_empty());
+    }
+}
