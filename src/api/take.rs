@@ -298,18 +298,14 @@ impl Acquiring {
                     let resource = found.map_or_else(|| self.label.clone(), |b| b.resource);
                     (self.label.clone(), phrase, holder, resource)
                 });
-                let line = crate::messages::busy::timed_out(
+                Err(anyhow::Error::new(crate::messages::busy::timed_out_busy(
                     w.timeout.unwrap_or_default(),
                     &label,
                     &phrase,
                     None,
-                );
-                Err(anyhow::Error::new(Busy {
-                    resource,
                     holder,
-                    timed_out: true,
-                    message: without_prefix(&line),
-                }))
+                    resource,
+                )))
             }
         }
     }
@@ -430,11 +426,6 @@ fn is_interrupted(err: &anyhow::Error) -> bool {
 
 fn without_newline(line: &str) -> String {
     line.trim_end_matches('\n').to_owned()
-}
-
-fn without_prefix(line: &str) -> String {
-    let line = without_newline(line);
-    line.strip_prefix("devlock: ").unwrap_or(&line).to_owned()
 }
 
 #[cfg(test)]

@@ -71,6 +71,27 @@ pub(crate) fn timed_out(
     format!("devlock: timed out after {waited} waiting for {label}{in_the_way}{whose}\n")
 }
 
+/// The take's error when its wait ran out of `waited`: [`timed_out`]'s line
+/// without `devlock: `, with who was in the way of which lock. One place for
+/// the command line's `-w` and the library's timeout alike.
+pub(crate) fn timed_out_busy(
+    waited: Duration,
+    label: &str,
+    in_the_way: &str,
+    step: Option<&str>,
+    holder: Option<crate::error::Holder>,
+    resource: String,
+) -> Busy {
+    let line = timed_out(waited, label, in_the_way, step);
+    let line = line.trim_end_matches('\n');
+    Busy {
+        resource,
+        holder,
+        timed_out: true,
+        message: line.strip_prefix("devlock: ").unwrap_or(line).to_owned(),
+    }
+}
+
 /// `devlock: got gpu after 4s (train-b)`
 pub(crate) fn got(label: &str, waited: Duration, step: &str) -> String {
     format!(

@@ -74,3 +74,15 @@ fn answer(snapshots: &Snapshots, host: &str, request: &Request) -> Response {
         Err(err) => Response::text(500, words::no_status(&err)),
     }
 }
+
+/// A lock's state as the page and `/metrics` both name it (one spelling,
+/// so that a label on the page matches the metric's).
+fn state_name(state: crate::view::State) -> &'static str {
+    use crate::view::State;
+    match state {
+        State::Free => "free",
+        State::Held => "held",
+        State::Shared => "shared",
+        State::Unknown => "unknown",
+    }
+}

@@ -34,6 +34,7 @@ use crate::gpu::device::{Device, DeviceProcess, DeviceReport, MigInstance};
 use crate::gpu::memory::size;
 use crate::resource::Resource;
 use crate::serve::snapshot::Snapshot;
+use crate::serve::state_name;
 use crate::show::sanitize;
 use crate::text::short_duration;
 use crate::view::{Holder, HolderSource, ResourceView, State, WaiterSource, WaiterView};
@@ -71,15 +72,6 @@ fn duration(ms: Option<u64>) -> String {
     ms.map_or("?".to_owned(), |ms| {
         short_duration(Duration::from_millis(ms))
     })
-}
-
-fn state_name(state: State) -> &'static str {
-    match state {
-        State::Free => "free",
-        State::Held => "held",
-        State::Shared => "shared",
-        State::Unknown => "unknown",
-    }
 }
 
 /// Where a holder's row is shown.

@@ -241,15 +241,15 @@ impl Shown {
     /// The wait ran out of `timeout`: the take's error, worded as `-w`
     /// says it (naming `step` where the line stays), with who is in the way.
     pub(super) fn timed_out(&self, timeout: Duration, step: Option<&str>) -> Busy {
-        let line = crate::messages::busy::timed_out(timeout, &self.label, &self.in_the_way(), step);
         let (holder, resource) = self.first_in_the_way();
-        let line = line.trim_end_matches('\n');
-        Busy {
+        crate::messages::busy::timed_out_busy(
+            timeout,
+            &self.label,
+            &self.in_the_way(),
+            step,
+            holder.as_ref().map(crate::take::holder_of),
             resource,
-            holder: holder.as_ref().map(crate::take::holder_of),
-            timed_out: true,
-            message: line.strip_prefix("devlock: ").unwrap_or(line).to_owned(),
-        }
+        )
     }
 
     /// `: held by ... for 5m03s` for each lock waited for, for the timeout.

@@ -6,16 +6,8 @@ use super::families::{
     LOCK_STATE, LOCK_WAITERS, WAITER_WAITING,
 };
 use super::{Exposition, bytes, flag, pid, seconds, text};
+use crate::serve::state_name;
 use crate::view::{ResourceView, State};
-
-fn state_name(state: State) -> &'static str {
-    match state {
-        State::Free => "free",
-        State::Held => "held",
-        State::Shared => "shared",
-        State::Unknown => "unknown",
-    }
-}
 
 /// The lock families, in the order they are listed.
 pub(super) fn locks(out: &mut Exposition, resources: &[ResourceView]) {
