@@ -33,17 +33,10 @@ pub(crate) fn alone_in_group() -> bool {
     static ALONE: OnceLock<bool> = OnceLock::new();
     *ALONE.get_or_init(|| {
         let (group, me) = (crate::sys::process::own_group() as u32, std::process::id());
-        let Ok(dir) = std::fs::read_dir("/proc") else {
+        let Ok(pids) = crate::proc::process::pids_in(std::path::Path::new("/proc")) else {
             return false;
         };
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
+        for pid in pids {
             if pid == me {
                 continue;
             }

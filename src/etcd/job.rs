@@ -110,11 +110,7 @@ impl Job {
         }
         let mut known: Vec<u32> = members.iter().map(|(pid, _)| *pid).collect();
         known.push(std::process::id());
-        let pids: Vec<u32> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        let pids: Vec<u32> = crate::proc::process::pids()
             .filter(|pid| !known.contains(pid))
             .filter(|&pid| {
                 crate::proc::process::stat(pid).is_some_and(|stat| stat.start >= self.since)

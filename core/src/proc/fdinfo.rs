@@ -139,17 +139,7 @@ impl FdScan {
     /// The scan of every process, each read by `read`.
     fn of(read: impl Fn(u32) -> Option<Arc<ProcessLocks>>) -> FdScan {
         let mut scan = FdScan::default();
-        let Ok(proc_dir) = fs::read_dir("/proc") else {
-            return scan;
-        };
-        for entry in proc_dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
+        for pid in super::process::pids() {
             if stop_pending() {
                 break;
             }

@@ -23,6 +23,20 @@ pub struct Stat {
     pub start: u64,
 }
 
+/// The pid of every process listed under `root` (`/proc`, or a copy of
+/// its shape in tests), as the listing goes; an entry gone meanwhile is
+/// simply not there.
+pub fn pids_in(root: &std::path::Path) -> std::io::Result<impl Iterator<Item = u32> + use<>> {
+    Ok(fs::read_dir(root)?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok()))
+}
+
+/// The pid of every process `/proc` lists now; none if it cannot be listed.
+pub fn pids() -> impl Iterator<Item = u32> {
+    pids_in(std::path::Path::new("/proc")).into_iter().flatten()
+}
+
 pub fn stat(pid: u32) -> Option<Stat> {
     let text = read_small(format!("/proc/{pid}/stat"))?;
     Some(Stat {

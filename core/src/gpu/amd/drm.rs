@@ -64,16 +64,9 @@ pub(crate) struct Scan {
 /// Reads the DRM files of every process under `proc_root` (`/proc`).
 pub(crate) fn scan_fdinfo(proc_root: &Path) -> std::io::Result<Scan> {
     let mut scan = Scan::default();
-    for entry in std::fs::read_dir(proc_root)? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let fds = match std::fs::read_dir(entry.path().join("fd")) {
+    for pid in crate::proc::process::pids_in(proc_root)? {
+        let process = proc_root.join(pid.to_string());
+        let fds = match std::fs::read_dir(process.join("fd")) {
             Ok(fds) => fds,
             // Gone since the listing: nothing to say about it.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -89,7 +82,7 @@ pub(crate) fn scan_fdinfo(proc_root: &Path) -> std::io::Result<Scan> {
             if !target.starts_with("/dev/dri/") {
                 continue;
             }
-            let info = entry.path().join("fdinfo").join(fd.file_name());
+            let info = process.join("fdinfo").join(fd.file_name());
             if let Some(client) = std::fs::read_to_string(info)
                 .ok()
                 .as_deref()
