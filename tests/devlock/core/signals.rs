@@ -132,15 +132,16 @@ test!(a_child_of_a_killed_command_holds_the_lock_on, needs: []);
 pub(crate) fn a_child_of_a_killed_command_holds_the_lock_on() {
     let s = Scratch::new();
     let ready = s.work("ready");
-    let release = s.work("release");
     let pidfile = s.work("pid");
+    // One child process, and nothing it starts: a polling loop's `sleep`s
+    // would hold the inherited lock beside it, and status could name one
+    // of them first.
     let mut holder = s.hold(
         &["r"],
         &format!(
-            "(while [ ! -e {release} ]; do sleep 0.01; done) & echo $! > {pid}; echo > {ready}; wait",
+            "sleep 600 & echo $! > {pid}; echo > {ready}; wait",
             pid = pidfile.display(),
             ready = ready.display(),
-            release = release.display()
         ),
         &ready,
     );
@@ -160,7 +161,7 @@ pub(crate) fn a_child_of_a_killed_command_holds_the_lock_on() {
     assert_eq!(view["holders"][0]["pid"], child_pid, "{view:#}");
     assert_eq!(view["holders"][0]["source"], "inherited", "{view:#}");
     assert_eq!(view["holders"][0]["step"], "sh", "{view:#}");
-    std::fs::write(&release, "").unwrap();
+    signal(child_pid, libc::SIGTERM);
     wait_gone(child_pid);
     assert!(s.run(&["-n", "r", "--", "true"]).status.success());
 }
