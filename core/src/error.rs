@@ -107,6 +107,8 @@ pub struct Holder {
 
 /// A take that found the lock busy without waiting (`-n`), or whose wait
 /// ran out of time (`-w`); the message is the command line's, word for word.
+/// The backend makes it with what is in the way and a plain line; the front
+/// end words that line, and names the holder, on the same value.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct Busy {
@@ -118,12 +120,36 @@ pub struct Busy {
     pub timed_out: bool,
     /// The one line the command line says, without `devlock: `.
     pub message: String,
+    /// What stands in the way, as the backend found it: the lock files and
+    /// figures the front ends word the message from (boxed: a busy is an
+    /// error, and errors stay small).
+    #[doc(hidden)]
+    pub in_the_way: Box<InTheWay>,
 }
+
+/// What stands in the way of a busy take: the backend's
+/// `flock::in_the_way::InTheWay`, named through [`Backend`].
+pub type InTheWay = <Locks as Backend>::InTheWay;
+
+/// Where the data a [`Busy`] carries is defined. The locks' module (which
+/// imports this one, as every module below it does) names its type here, so
+/// that this module imports none of them: no circle between the modules.
+#[doc(hidden)]
+pub trait Backend {
+    /// What stands in the way of a busy take; [`Default`] when nothing more
+    /// than its line is known.
+    type InTheWay: std::fmt::Debug + Clone + Default + Send + Sync + 'static;
+}
+
+/// The lock backend, the one [`Backend`].
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Locks {}
 
 impl Busy {
     /// A lock devlock did not take in the way (a stranger's byte lock, a
     /// file lease): busy as a holder is, naming its owner by the kernel's
-    /// pid and `/proc`'s user, as an error.
+    /// pid and `/proc`'s user, as an error; its line says all there is.
     pub(crate) fn stranger(resource: &str, pid: Option<u32>, message: String) -> anyhow::Error {
         let holder = pid.map(|pid| Holder {
             step: None,
@@ -136,6 +162,7 @@ impl Busy {
             holder,
             timed_out: false,
             message,
+            in_the_way: Box::default(),
         })
     }
 }
@@ -205,6 +232,7 @@ pub fn busy(resource: &str, timed_out: bool, message: impl Into<String>) -> anyh
         holder: None,
         timed_out,
         message: message.into(),
+        in_the_way: Box::default(),
     })
 }
 

@@ -170,6 +170,15 @@ impl Plan {
             strict,
             idle_threshold,
         } = asks;
+        if resources.is_empty() {
+            // The library has no command line whose usage to show.
+            return usage(match front {
+                Front::Command => {
+                    "missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND..."
+                }
+                Front::Library => "missing RESOURCE: name at least one resource to lock",
+            });
+        }
         resources.sort();
         resources.dedup();
         check_count(count.unwrap_or(1), count.is_some(), any, &resources)?;
@@ -209,11 +218,6 @@ impl Plan {
     /// words (the sizes read as `--mem` reads them; the library words its
     /// errors its own way, `messages::in_library_words`).
     pub fn from_spec(spec: &Spec) -> Result<Plan> {
-        if spec.resources.is_empty() {
-            return Err(crate::error::usage(
-                "missing RESOURCE: name at least one resource to lock",
-            ));
-        }
         let names: Vec<std::ffi::OsString> = spec.resources.iter().map(Into::into).collect();
         let mem = spec.mem.as_deref().map(|t| size("--mem", t)).transpose()?;
         let headroom = spec

@@ -6,8 +6,9 @@
 
 use anyhow::Result;
 
-use crate::error::Holder;
+use crate::error::{Busy, Holder};
 use crate::flock::entry::{Context, Taken};
+use crate::flock::in_the_way::InTheWay;
 use crate::plan::{Budget, Plan, Seen};
 use crate::request::Request;
 use crate::resource::Resource;
@@ -112,9 +113,9 @@ impl Takes {
     /// admission), then `--any`'s picks; `seen` is the probe's first answer
     /// for a budget's first look. With `label`, each lock is labelled with
     /// this process's record as soon as it is held. A lock that is busy for
-    /// a take that may not wait is the backend's typed busy, as data (a
-    /// member taken for its group's take a [`MemberBusy`]): the front ends
-    /// word it.
+    /// a take that may not wait is a [`Busy`] with what is in the way, as
+    /// data (a member taken for its group's take names the group): the
+    /// front ends word it.
     pub fn take(
         &self,
         ctx: &Context,
@@ -199,39 +200,23 @@ fn take_members(
             slots: 0,
             for_group: true,
         };
-        let took =
-            crate::flock::take::take(ctx, &request).map_err(|e| match e
-                .downcast::<crate::flock::wait::Busy>()
+        let took = crate::flock::take::take(ctx, &request).map_err(|mut e| {
+            // Busy: the front ends word it in the group's words.
+            if let Some(busy) = e.downcast_mut::<Busy>()
+                && let InTheWay::Lock {
+                    group: taken_for, ..
+                } = &mut *busy.in_the_way
             {
-                Ok(busy) => anyhow::Error::new(MemberBusy {
-                    group: group.clone(),
-                    busy,
-                }),
-                Err(e) => e,
-            })?;
+                *taken_for = Some(group.clone());
+            }
+            e
+        })?;
         ctx.observer.took()?;
         labelled(&took);
         taken.push((member, took));
     }
     Ok(taken)
 }
-
-/// A member's lock in the way of its whole group's exclusive take: the
-/// backend's busy, and the group it was taken for (the front ends word it
-/// in the group's words).
-#[derive(Debug)]
-pub struct MemberBusy {
-    pub group: Resource,
-    pub busy: crate::flock::wait::Busy,
-}
-
-impl std::fmt::Display for MemberBusy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.busy.fmt(f)
-    }
-}
-
-impl std::error::Error for MemberBusy {}
 
 /// Whether an enclosing hold of this process covers `request`: the same
 /// lock held in a mode at least as strong, or the request's group held
@@ -254,7 +239,7 @@ fn covered(request: &Request, inside: &[HeldLock]) -> Result<bool> {
     }
 }
 
-/// Who holds a lock, as a [`Busy`](crate::error::Busy) names them.
+/// Who holds a lock, as a [`Busy`] names them.
 pub fn holder_of(h: &status::Holder) -> Holder {
     Holder {
         step: h.step.clone(),

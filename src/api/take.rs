@@ -406,7 +406,7 @@ fn take_all(ctx: &Context, takes: &Takes) -> anyhow::Result<Vec<(Resource, Taken
     let seen = takes.budget.as_ref().and_then(|b| b.seen.clone());
     takes
         .take(ctx, seen, true)
-        .map_err(|e| interrupted_or(crate::messages::busy::worded(ctx.dir, e, None), ctx))
+        .map_err(|e| interrupted_or(crate::messages::busy::worded(ctx.dir, e), ctx))
 }
 
 /// A wait that was stopped says so; anything else as it is.

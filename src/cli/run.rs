@@ -244,16 +244,27 @@ impl RunPlan {
         probe_timeout: Duration,
         etcd: bool,
     ) -> anyhow::Result<RunPlan> {
-        if args.resources.is_empty() {
-            return usage("missing RESOURCE: usage: devlock [OPTIONS] RESOURCE... -- COMMAND...");
-        }
+        // The plan's rules first: a missing RESOURCE is said before a missing
+        // COMMAND (`devlock` alone).
+        let asks = Asks {
+            resources: Resource::parse_all(&args.resources)?,
+            shared: args.shared,
+            slots: args.slots,
+            any: args.any,
+            count: args.count,
+            mem: args.mem,
+            headroom: args.mem_headroom,
+            settle: args.settle,
+            strict: args.mem_strict,
+            idle_threshold: args.require_idle.then(|| args.idle_threshold()),
+        };
+        let locks = Plan::new(asks, Front::Command, probe_timeout)?;
         if args.command.is_empty() {
             return usage(
                 "missing `-- COMMAND`: put the command after `--`, as in `devlock gpu -- python train.py`",
             );
         }
-        let resources = Resource::parse_all(&args.resources)?;
-        refuse_subcommand_names(&resources)?;
+        refuse_subcommand_names(&locks.resources)?;
         if args.no_wait && args.timeout.is_some() {
             return usage(
                 "--no-wait and --timeout contradict each other: -n fails at once, -w DURATION \
@@ -275,19 +286,6 @@ impl RunPlan {
         if args.report_every < Duration::from_millis(10) {
             return usage("--report-every must be at least 10ms");
         }
-        let asks = Asks {
-            resources,
-            shared: args.shared,
-            slots: args.slots,
-            any: args.any,
-            count: args.count,
-            mem: args.mem,
-            headroom: args.mem_headroom,
-            settle: args.settle,
-            strict: args.mem_strict,
-            idle_threshold: args.require_idle.then(|| args.idle_threshold()),
-        };
-        let locks = Plan::new(asks, Front::Command, probe_timeout)?;
         let lease = Lease {
             ttl: args.ttl,
             kill_after: args.kill_after,

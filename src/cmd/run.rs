@@ -135,7 +135,7 @@ fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Reso
             .and_then(|takes| {
                 takes
                     .take(&context, seen.take(), false)
-                    .map_err(|e| crate::messages::busy::worded(dir, e, None))
+                    .map_err(|e| crate::messages::busy::worded(dir, e))
             })
             .and_then(|taken| {
                 // On a terminal the waiting line must be gone before anything

@@ -4,9 +4,8 @@
 use crate::error::Busy;
 use crate::flock::dir::ScratchDir;
 use crate::flock::file::Leased;
-use crate::flock::wait::Busy as BusyLock;
+use crate::flock::in_the_way::InTheWay;
 use crate::request::Request;
-use crate::resource::Resource;
 use crate::show::sanitize;
 use crate::take::holder_of;
 use crate::text::short_duration;
@@ -89,6 +88,7 @@ pub(crate) fn timed_out_busy(
         holder,
         timed_out: true,
         message: line.strip_prefix("devlock: ").unwrap_or(line).to_owned(),
+        in_the_way: Box::default(),
     }
 }
 
@@ -424,21 +424,12 @@ pub(crate) fn budget_starting(resource: &crate::resource::Resource, starter: &Ho
     )
 }
 
-/// A busy lock from the backend (its typed busy: who is in the way, as
-/// data) as the library's [`Busy`], in the command line's words, naming the
-/// first holder in the way (for a member taken on behalf of `group`, or a
-/// take's [`MemberBusy`](crate::take::MemberBusy), in its group's words);
+/// A busy lock as the backend made it (what is in the way, as data, and a
+/// plain line) in the command line's words, naming the first holder in the
+/// way (a member taken for its group's take in the group's words), on the
+/// same [`Busy`]; a lease met where no wait for it is made is busy too;
 /// anything else as it is.
-pub(crate) fn worded(
-    dir: &ScratchDir,
-    err: anyhow::Error,
-    group: Option<&Resource>,
-) -> anyhow::Error {
-    let (err, group) = match err.downcast::<crate::take::MemberBusy>() {
-        Ok(member) => (anyhow::Error::new(member.busy), Some(member.group)),
-        Err(err) => (err, group.cloned()),
-    };
-    let group = group.as_ref();
+pub(crate) fn worded(dir: &ScratchDir, err: anyhow::Error) -> anyhow::Error {
     // A lease met where no wait for it is made (an `--any` candidate's or
     // a slot's file): busy, as everywhere else.
     let err = match err.downcast::<Leased>() {
@@ -449,56 +440,58 @@ pub(crate) fn worded(
         }
         Err(err) => err,
     };
-    let in_the_way = match err.downcast::<BusyLock>() {
+    // What is said already (a stranger's lock, etcd's) stays as it is.
+    let to_word = err
+        .downcast_ref::<Busy>()
+        .is_some_and(|busy| !matches!(*busy.in_the_way, InTheWay::Said));
+    if !to_word {
+        return err;
+    }
+    let mut busy = match err.downcast::<Busy>() {
         Ok(busy) => busy,
         Err(err) => return err,
     };
+    let (holder, message) = words(dir, &busy.in_the_way);
+    busy.holder = holder;
+    busy.message = message;
+    anyhow::Error::new(busy)
+}
+
+/// The first holder in the way, and the line, of what the backend found.
+fn words(dir: &ScratchDir, in_the_way: &InTheWay) -> (Option<crate::error::Holder>, String) {
     let first = |view: &ResourceView| view.holders.first().map(holder_of);
-    let (resource, holder, message) = match in_the_way {
-        BusyLock::Lock {
+    match in_the_way {
+        InTheWay::Lock {
             request,
             lock,
             budget,
+            group,
         } => {
-            let view = crate::view::describe(&lock, dir, &request.name);
+            let view = crate::view::describe(lock, dir, &request.name);
             let starter = view.holders.iter().find(|h| h.starting == Some(true));
             let message = match (starter, group) {
-                (Some(starter), _) if budget => budget_starting(&request.name, starter),
-                (_, Some(group)) => busy_through_member(group, &request, &view),
-                _ => busy(&request, &view),
+                (Some(starter), _) if *budget => budget_starting(&request.name, starter),
+                (_, Some(group)) => busy_through_member(group, request, &view),
+                _ => busy(request, &view),
             };
-            (request.name.to_string(), first(&view), message)
+            (first(&view), message)
         }
-        BusyLock::Any { names, each } => {
+        InTheWay::Any { names, each } => {
             let each: Vec<(String, ResourceView)> = each
-                .into_iter()
+                .iter()
                 .map(|(label, resource, lock)| {
-                    (label, crate::view::describe(&lock, dir, &resource))
+                    (label.clone(), crate::view::describe(lock, dir, resource))
                 })
                 .collect();
-            let message = all_busy(&names, &each);
-            (names.join(" "), None, message)
+            (None, all_busy(names, &each))
         }
-        BusyLock::NoRoom {
-            figures,
-            lock,
-            names,
-        } => {
+        InTheWay::NoRoom { figures, lock, .. } => {
             let each: Vec<String> = figures.iter().map(room_note).collect();
-            let message = no_room(&each.join("; "));
-            match lock {
-                Some((request, lock)) => {
-                    let view = crate::view::describe(&lock, dir, &request.name);
-                    (request.name.to_string(), first(&view), message)
-                }
-                None => (names.join(" "), None, message),
-            }
+            let holder = lock.as_ref().and_then(|(request, lock)| {
+                first(&crate::view::describe(lock, dir, &request.name))
+            });
+            (holder, no_room(&each.join("; ")))
         }
-    };
-    anyhow::Error::new(Busy {
-        resource,
-        holder,
-        timed_out: false,
-        message,
-    })
+        InTheWay::Said => (None, String::new()),
+    }
 }

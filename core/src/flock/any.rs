@@ -7,10 +7,11 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, register, watch};
 use crate::flock::file::Leased;
 use crate::flock::file::LockFile;
+use crate::flock::in_the_way::InTheWay;
 use crate::flock::nesting::inside_holder;
 use crate::flock::queue::Blocked;
 use crate::flock::race::first_of;
-use crate::flock::wait::{Busy, Wait, Watch};
+use crate::flock::wait::{Wait, Watch};
 use crate::interrupt::Stop;
 use crate::request::Request;
 use crate::resource::Resource;
@@ -237,7 +238,7 @@ fn join_units<'a>(ctx: &Context, units: &'a [Vec<Request>]) -> Result<Joining<'a
 /// `-n`: each candidate's lock and what stands in its way, out of line
 /// first so that we are not among those ahead.
 fn all_busy(joined: Vec<Unit>, units: &[Vec<Request>], names: Vec<String>) -> anyhow::Error {
-    let locks: Vec<(String, Resource, LockFile)> = joined
+    let locks: Vec<(String, Resource, std::sync::Arc<LockFile>)> = joined
         .iter()
         .zip(units)
         .filter_map(|(unit, requests)| {
@@ -251,12 +252,12 @@ fn all_busy(joined: Vec<Unit>, units: &[Vec<Request>], names: Vec<String>) -> an
             Some((
                 label,
                 entry.request.name.clone(),
-                entry.lock.try_clone().ok()?,
+                std::sync::Arc::new(entry.lock.try_clone().ok()?),
             ))
         })
         .collect();
     drop(joined);
-    anyhow::Error::new(Busy::Any { names, each: locks })
+    InTheWay::Any { names, each: locks }.busy()
 }
 
 /// What the waiting display watches: each candidate in line, under the

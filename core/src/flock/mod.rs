@@ -194,6 +194,7 @@ pub mod declared;
 pub mod dir;
 pub mod entry;
 pub mod file;
+pub mod in_the_way;
 pub mod made;
 pub mod nesting;
 pub mod queue;

@@ -8,9 +8,10 @@ use anyhow::Result;
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, register, watch};
 use crate::flock::file::{Leased, LockFile};
+use crate::flock::in_the_way::InTheWay;
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
-use crate::flock::wait::{Busy, Wait};
+use crate::flock::wait::Wait;
 use crate::request::Request;
 
 /// What the uncontended take came to.
@@ -232,9 +233,11 @@ pub(crate) fn join_waiting(ctx: &Context, request: &Request, lock: LockFile) -> 
 /// The error of a busy lock (`-n`), with the lock file to name whoever is in
 /// the way.
 fn busy(request: &Request, lock: LockFile) -> anyhow::Error {
-    anyhow::Error::new(Busy::Lock {
+    InTheWay::Lock {
         request: request.clone(),
-        lock,
+        lock: std::sync::Arc::new(lock),
         budget: false,
-    })
+        group: None,
+    }
+    .busy()
 }

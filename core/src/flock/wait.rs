@@ -1,8 +1,7 @@
 //! How the backend reports a wait without knowing any screen: the
 //! [`Observer`] a caller hands it (the command line's waiting display, the
 //! library's board, or [`Quiet`]), the handles it gets to watch each lock
-//! waited for ([`Watch`]), and the typed [`Busy`] a take that may not wait
-//! returns, for the caller to word.
+//! waited for ([`Watch`]), and what a wait for room waits on ([`RoomNote`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -12,7 +11,6 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::file::LockFile;
 use crate::flock::registration::Registration;
 use crate::interrupt::Stop;
-use crate::request::Request;
 use crate::resource::Resource;
 
 /// Handles of its own on one lock waited for (and its line), so whoever
@@ -101,44 +99,3 @@ impl Observer for Quiet {
         result
     }
 }
-
-/// A take that may not wait, and what stands in its way, for the caller to
-/// word ([`crate::take`] says it in the command line's words).
-#[derive(Debug)]
-pub enum Busy {
-    /// One lock is held, or has others ahead in line: its lock file (the
-    /// take is out of line), to name who. A budget's request names a job
-    /// still starting under its budget.
-    Lock {
-        request: Request,
-        lock: LockFile,
-        budget: bool,
-    },
-    /// `--any`: every candidate, and for each the label, lock and file of
-    /// what stands in its way (its group's, or its own).
-    Any {
-        names: Vec<String>,
-        each: Vec<(String, Resource, LockFile)>,
-    },
-    /// `--mem`: no room for the budget, in figures; the one device's lock,
-    /// or none for `--any`'s candidates (`names`).
-    NoRoom {
-        figures: Vec<RoomNote>,
-        lock: Option<(Request, LockFile)>,
-        names: Vec<String>,
-    },
-}
-
-impl std::fmt::Display for Busy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Busy::Lock { request, .. } => write!(f, "{} is busy", request.name),
-            Busy::Any { names, .. } | Busy::NoRoom { names, .. } if !names.is_empty() => {
-                write!(f, "all of {} are busy", names.join(", "))
-            }
-            Busy::Any { .. } | Busy::NoRoom { .. } => f.write_str("busy"),
-        }
-    }
-}
-
-impl std::error::Error for Busy {}

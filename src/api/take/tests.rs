@@ -74,6 +74,50 @@ fn an_enclosing_hold_passes_through_and_busy_names_the_holder_as_dash_n() {
     assert_eq!(err.exit_code(), 75);
 }
 
+/// One busy type: the core's data about what is in the way, and the
+/// command line's words on the same value, which a clone shares.
+#[test]
+fn a_busy_carries_what_is_in_the_way_and_its_words() {
+    use crate::flock::in_the_way::InTheWay;
+    let tmp = tempfile::tempdir().unwrap();
+    let _outer = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap();
+    let err = take_now(tmp.path(), &Spec::new(["r"]), &[]).unwrap_err();
+    let busy = err.busy().expect("a Busy");
+    assert!(
+        busy.message.starts_with("r is busy: held by unit (pid "),
+        "{}",
+        busy.message
+    );
+    let InTheWay::Lock {
+        request,
+        lock,
+        budget: false,
+        group: None,
+    } = &*busy.in_the_way
+    else {
+        panic!("not the lock in the way: {busy:?}");
+    };
+    assert_eq!(request.name.as_str(), "r");
+    let InTheWay::Lock { lock: cloned, .. } = &*busy.clone().in_the_way else {
+        panic!("a clone is the same busy");
+    };
+    assert!(
+        Arc::ptr_eq(lock, cloned),
+        "a clone shares the open lock file"
+    );
+}
+
+#[test]
+fn a_spec_without_a_resource_is_a_usage_error_in_the_librarys_words() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = take_now(tmp.path(), &Spec::new(Vec::<String>::new()), &[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "missing RESOURCE: name at least one resource to lock"
+    );
+    assert_eq!(err.exit_code(), 2);
+}
+
 #[test]
 fn exclusive_inside_a_shared_hold_is_refused() {
     let tmp = tempfile::tempdir().unwrap();

@@ -13,11 +13,12 @@ use super::{Ask, REPROBE_EVERY};
 use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Context, Entry, Held, Taken, blocking, register, watch};
 use crate::flock::file::open_read_only;
+use crate::flock::in_the_way::InTheWay;
 use crate::flock::nesting::inside_holder;
 use crate::flock::race::first_of;
 use crate::flock::record::Record;
 use crate::flock::registration::{self, Kind, Registration};
-use crate::flock::wait::{Busy, RoomNote, Wait};
+use crate::flock::wait::{RoomNote, Wait};
 use crate::gpu::memory::{self, Budget, Room};
 use crate::interrupt::Stop;
 use crate::proc::lock_entry::FileId;
@@ -135,11 +136,12 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
         } else if ctx.no_wait {
             let Entry { lock, ticket, .. } = entry;
             drop(ticket);
-            return Err(anyhow::Error::new(Busy::NoRoom {
+            return Err(InTheWay::NoRoom {
                 figures: vec![figures(resource, &seen.room, ask)],
-                lock: Some((request.clone(), lock)),
+                lock: Some((request.clone(), Arc::new(lock))),
                 names: Vec::new(),
-            }));
+            }
+            .busy());
         } else {
             figures_seen = figures(resource, &seen.room, ask);
         }
@@ -148,11 +150,13 @@ pub(crate) fn take(ctx: &Context, request: &Request, ask: &Ask) -> Result<Taken>
         let Entry { lock, ticket, .. } = entry;
         // Out of line before looking, so we are not among those ahead.
         drop(ticket);
-        return Err(anyhow::Error::new(Busy::Lock {
+        return Err(InTheWay::Lock {
             request: request.clone(),
-            lock,
+            lock: Arc::new(lock),
             budget: true,
-        }));
+            group: None,
+        }
+        .busy());
     }
     let room_text = Arc::new(Mutex::new(figures_seen));
     let registration = register_asking(ctx, request, entry.ticket.number, ask.mem_mib);
@@ -416,11 +420,12 @@ fn no_room_on_any(rooms: &[Arc<Mutex<RoomNote>>], candidates: &[(Request, Ask)])
             },
         )
         .collect();
-    anyhow::Error::new(Busy::NoRoom {
+    InTheWay::NoRoom {
         figures: each,
         lock: None,
         names: candidates.iter().map(|(r, _)| r.name.to_string()).collect(),
-    })
+    }
+    .busy()
 }
 
 /// Waits in every candidate's line, shown, until one fits.
