@@ -19,7 +19,7 @@ extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) 
     // SAFETY: the C runtime passes argc pointers to NUL-terminated strings
     // that live for the whole program.
     let args = unsafe { devlock::cli::args_from_main(argc, argv) };
-    let cli = match devlock::cli::Cli::parse_from_args(args) {
+    let cli = match parse(args) {
         Ok(cli) => cli,
         Err(err) => return report_usage(err),
     };
@@ -39,6 +39,15 @@ extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) 
             }
         }
     }
+}
+
+/// The command line parsed, in a frame of its own: inlined into `main`,
+/// its locals (clap's among them) made `main`'s frame 12 kB, below every
+/// frame of a take, so a waiting devlock kept three more pages of stack
+/// (bench/run, section 5).
+#[inline(never)]
+fn parse(args: Vec<std::ffi::OsString>) -> Result<devlock::cli::Cli, clap::Error> {
+    devlock::cli::Cli::parse_from_args(args)
 }
 
 /// Help and version go to stdout as clap renders them; real usage errors

@@ -17,6 +17,10 @@ pub(crate) const JOB_STOPS: [libc::c_int; 3] = [libc::SIGTSTP, libc::SIGTTIN, li
 /// The job-control stop that interrupted a wait, 0 when none did.
 static SUSPEND: AtomicI32 = AtomicI32::new(0);
 
+/// The stopping signal (SIGINT, SIGTERM, ...) that interrupted a wait with
+/// no other thread to answer it ([`CatchStops`]), 0 when none did.
+static STOPPED: AtomicI32 = AtomicI32::new(0);
+
 /// Whether job stops are caught in this process now (threads that sleep in
 /// lock calls then let them in).
 static CATCHING: AtomicBool = AtomicBool::new(false);
@@ -33,6 +37,16 @@ static TIMER: std::sync::OnceLock<Option<Timer>> = std::sync::OnceLock::new();
 extern "C" fn note_job_stop(sig: libc::c_int) {
     SUSPEND.store(sig, Ordering::Release);
     // Async-signal-safe: an atomic load and timer_settime.
+    if let Some(Some(timer)) = TIMER.get() {
+        let every = Duration::from_millis(2);
+        timer.arm(every, every);
+    }
+}
+
+extern "C" fn note_stop(sig: libc::c_int) {
+    STOPPED.store(sig, Ordering::Release);
+    // Async-signal-safe, as above: the stop may land just before the lock
+    // call, which the timer's signals then interrupt.
     if let Some(Some(timer)) = TIMER.get() {
         let every = Duration::from_millis(2);
         timer.arm(every, every);
@@ -93,6 +107,57 @@ impl Drop for CatchJobStops {
         hold_job_stops();
         disarm_interrupt_timer();
         CATCHING.store(false, Ordering::Release);
+    }
+}
+
+/// While a wait that no other thread watches sleeps: the stopping signals
+/// `signals` (blocked, as the front end keeps them) are let in on this
+/// thread with a handler that notes them and does not restart the lock
+/// call, so the wait ends ([`Stop::keep_waiting`] is false) and its caller
+/// learns which with [`take_stop`]: an ignored one too, as a thread that
+/// waited for them blocked would have taken it. Dropping it blocks them
+/// again and puts back what they did before, so one that comes later
+/// waits, pending, for whoever looks next. A thread
+/// that only waited for these signals cost a waiter its stack and the
+/// code that starts it (bench/run, section 5).
+#[derive(Debug)]
+pub struct CatchStops {
+    signals: SigSet,
+    before: Vec<signal::Disposition>,
+}
+
+impl CatchStops {
+    pub fn new(signals: &[libc::c_int]) -> CatchStops {
+        install();
+        interrupt_timer();
+        unblock_here();
+        let before = signals
+            .iter()
+            .map(|&sig| signal::set_handler(sig, note_stop))
+            .collect();
+        let signals = SigSet::of(signals);
+        signal::unblock(&signals);
+        CatchStops { signals, before }
+    }
+}
+
+impl Drop for CatchStops {
+    fn drop(&mut self) {
+        signal::block(&self.signals);
+        // Ignored by the caller, a signal stays ignored for the command.
+        for disposition in &self.before {
+            disposition.restore();
+        }
+        disarm_interrupt_timer();
+    }
+}
+
+/// The stopping signal a [`CatchStops`] wait was ended by, if one was
+/// (taken: asked again, none).
+pub fn take_stop() -> Option<libc::c_int> {
+    match STOPPED.swap(0, Ordering::AcqRel) {
+        0 => None,
+        sig => Some(sig),
     }
 }
 
@@ -171,7 +236,9 @@ extern "C" fn ignore(_: libc::c_int) {}
 pub fn install() {
     static INSTALL: Once = Once::new();
     // No SA_RESTART, so a blocked lock call returns EINTR.
-    INSTALL.call_once(|| signal::set_handler(interrupt_signal(), ignore));
+    INSTALL.call_once(|| {
+        signal::set_handler(interrupt_signal(), ignore);
+    });
 }
 
 /// Lets the interrupt signal reach the calling thread (a parent may have
@@ -211,7 +278,8 @@ impl std::fmt::Debug for Stop {
 
 impl Stop {
     /// Whether the waiting thread should keep waiting after an EINTR: not
-    /// when asked to stop, nor when a job stop came. Runs the hook set with
+    /// when asked to stop, nor when a job stop or a caught stopping signal
+    /// ([`CatchStops`]) came. Runs the hook set with
     /// [`Stop::on_interrupt`] first (on the waiting thread).
     pub(crate) fn keep_waiting(&self) -> bool {
         if let Ok(mut hook) = self.on_interrupt.try_lock()
@@ -219,7 +287,9 @@ impl Stop {
         {
             hook();
         }
-        !self.requested.load(Ordering::Acquire) && suspended().is_none()
+        !self.requested.load(Ordering::Acquire)
+            && suspended().is_none()
+            && STOPPED.load(Ordering::Acquire) == 0
     }
 
     /// Sets (or with `None` clears) what the waiting thread does each time

@@ -130,10 +130,7 @@ impl Takes {
         let mut taken = Vec::new();
         for request in &self.fixed {
             let took = match &self.budget {
-                Some(b) if request.via.is_none() => {
-                    let ask = b.ask(&request.name, self.probe_timeout, seen.clone());
-                    crate::flock::budget::admit::take(ctx, request, &ask)
-                }
+                Some(b) if request.via.is_none() => self.admit(ctx, request, b, seen.clone()),
                 _ => crate::flock::take::take(ctx, request),
             }?;
             ctx.observer.took()?;
@@ -150,7 +147,35 @@ impl Takes {
         if self.count == 0 {
             return Ok(taken);
         }
-        let chosen = match &self.budget {
+        for (name, took) in self.pick(ctx, seen)? {
+            labelled(&took);
+            taken.push((name, took));
+        }
+        Ok(taken)
+    }
+
+    // The budget's and `--any`'s takes are out of line (as is
+    // `take_members`): inlined, they made this function 31 kB, most of it
+    // among the code every take runs, which a waiting devlock keeps
+    // resident (bench/run, section 5).
+
+    /// A budget's `gpu:N`, by admission.
+    #[inline(never)]
+    fn admit(
+        &self,
+        ctx: &Context,
+        request: &Request,
+        budget: &Budget,
+        seen: Option<Seen>,
+    ) -> Result<Taken> {
+        let ask = budget.ask(&request.name, self.probe_timeout, seen);
+        crate::flock::budget::admit::take(ctx, request, &ask)
+    }
+
+    /// `--any`'s picks.
+    #[inline(never)]
+    fn pick(&self, ctx: &Context, seen: Option<Seen>) -> Result<Vec<(Resource, Taken)>> {
+        match &self.budget {
             Some(b) => {
                 let asks: Vec<_> = self
                     .candidates
@@ -163,12 +188,7 @@ impl Takes {
                 crate::flock::budget::admit::take_any(ctx, &asks)
             }
             None => crate::flock::any::take_any(ctx, &self.candidates, self.count),
-        }?;
-        for (name, took) in chosen {
-            labelled(&took);
-            taken.push((name, took));
         }
-        Ok(taken)
     }
 }
 
@@ -178,6 +198,7 @@ impl Takes {
 /// so what a member's file can still be held by is plain util-linux
 /// flock, whose holder the group's request then waits for (or, with `-n`,
 /// names) as a member's request waits for a group's holder.
+#[inline(never)]
 fn take_members(
     ctx: &Context,
     group: &Resource,

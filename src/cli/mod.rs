@@ -427,12 +427,20 @@ impl Cli {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
-        use clap::parser::ValueSource;
-        use clap::{CommandFactory, FromArgMatches};
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
         if let Some(cli) = fast::common_run(&args) {
             return Ok(cli);
         }
+        Cli::parse_with_clap(args)
+    }
+
+    /// What the common run's own parser left: clap's. Out of line, so that
+    /// the 30 kB of it are not among the code every take runs (a waiting
+    /// devlock keeps the pages of that code resident: bench/run, section 5).
+    #[inline(never)]
+    fn parse_with_clap(args: Vec<OsString>) -> Result<Cli, clap::Error> {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
         let mut command = for_this_build(Cli::command());
         let matches = command.try_get_matches_from_mut(args)?;
         let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;

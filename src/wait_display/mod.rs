@@ -169,37 +169,48 @@ fn wait_for<T>(
     // too (on a terminal that costs a look at the process group).
     let parts = Arc::new(Mutex::new(Some((Shown { label, watches }, registrations))));
     let helper: Arc<Mutex<Option<Helper>>> = Arc::default();
-    let start = starter(
-        state.clone(),
-        plan.clone(),
-        parts.clone(),
-        helper.clone(),
-        got.clone(),
-        started,
-        waiter,
-    );
+    // A quiet wait in lock calls with no deadline has nothing to show and
+    // no moment to stop at: it needs no helper. Its own lock call takes the
+    // stopping signals (they interrupt it), as it takes job stops.
+    let alone = plan.quiet && plan.deadline.is_none() && lazy;
+    let start = (!alone).then(|| {
+        starter(
+            state.clone(),
+            plan.clone(),
+            parts.clone(),
+            helper.clone(),
+            got.clone(),
+            started,
+            waiter,
+        )
+    });
     // A wait that ends before it is worth showing never starts the helper:
     // an alarm interrupts the lock call when it is due, and the waiting
     // thread starts it then. Stopping signals meanwhile stay pending for the
     // helper (or, once the locks are taken, for the check before the start).
-    let alarm = match lazy.then_some(stop) {
-        Some(stop) => {
+    let alarm = match (lazy.then_some(stop), start) {
+        (Some(stop), Some(start)) => {
             let due = plan
                 .deadline
                 .map_or(started + SHOW_AFTER, |d| d.min(started + SHOW_AFTER));
             on_time(due, stop, start).map(|alarm| (alarm, stop))
         }
-        None => {
+        (None, Some(start)) => {
             start();
             None
         }
+        (_, None) => None,
     };
     let held = {
         // Job stops reach this thread only (the helper keeps them held), and
         // interrupt its lock call.
         let _stops = crate::interrupt::CatchJobStops::new();
+        let _stopping = alone.then(|| crate::interrupt::CatchStops::new(&supervise::STOP_SIGNALS));
         block()
     };
+    if let Some(sig) = alone.then(crate::interrupt::take_stop).flatten() {
+        stopped_alone(held.is_ok(), sig, &parts, plan);
+    }
     out.store(true, Ordering::Release);
     if let Some((alarm, stop)) = alarm {
         alarm.disarm();
@@ -220,6 +231,21 @@ fn wait_for<T>(
             got: Some(got),
         },
     ))
+}
+
+/// A quiet wait's own thread caught stopping signal `sig`. Still waiting
+/// (`taken` false), the run ends as the helper would have ended it: the
+/// registrations and what the run made go, and the exit status says the
+/// signal. Taken at that very moment, the locks are the caller's and the
+/// signal is pending again, for the check before the command starts.
+fn stopped_alone(taken: bool, sig: libc::c_int, parts: &Mutex<Option<Parts>>, plan: &WaitPlan) {
+    if taken {
+        crate::sys::signal::raise(sig);
+        return;
+    }
+    drop(parts.lock().ok().and_then(|mut p| p.take()));
+    plan.made.remove_all_before_exit();
+    std::process::exit(crate::exit::ExitCode::Signal(sig).code());
 }
 
 /// What a wait's helper shows, and the registrations it keeps until it ends.

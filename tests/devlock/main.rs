@@ -85,6 +85,7 @@ mod long_waits;
 mod manners;
 mod nvml;
 mod page_truth;
+mod quiet_wait;
 mod readme;
 mod screens;
 mod screens_daily;

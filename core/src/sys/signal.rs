@@ -96,15 +96,41 @@ pub fn wait(set: &SigSet, timeout: Option<Duration>) -> Option<Received> {
 
 /// Installs `handler` for `sig`, without `SA_RESTART`: a lock call the
 /// signal lands in returns `EINTR`. The handler must be async-signal-safe.
-pub(crate) fn set_handler(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) {
+/// Returns what `sig` did before, for [`Disposition::restore`].
+pub(crate) fn set_handler(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) -> Disposition {
     // SAFETY: sigaction is plain data, its mask initialised by
     // sigemptyset; the handler is a plain function that stays valid for the
-    // life of the process.
+    // life of the process; the kernel writes the old action.
     unsafe {
         let mut action = std::mem::zeroed::<libc::sigaction>();
         action.sa_sigaction = handler as *const () as usize;
         libc::sigemptyset(&mut action.sa_mask);
-        libc::sigaction(sig, &action, std::ptr::null_mut());
+        let mut old = std::mem::zeroed::<libc::sigaction>();
+        libc::sigaction(sig, &action, &mut old);
+        Disposition { sig, old }
+    }
+}
+
+/// What a signal did before [`set_handler`] changed it (its default action,
+/// ignored, a handler), to put back.
+#[derive(Clone, Copy)]
+pub(crate) struct Disposition {
+    sig: libc::c_int,
+    old: libc::sigaction,
+}
+
+impl std::fmt::Debug for Disposition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // libc's sigaction has no Debug without its extra_traits feature.
+        write!(f, "Disposition({})", self.sig)
+    }
+}
+
+impl Disposition {
+    /// Puts the signal's action back as it was.
+    pub(crate) fn restore(&self) {
+        // SAFETY: an action the kernel itself returned for this signal.
+        unsafe { libc::sigaction(self.sig, &self.old, std::ptr::null_mut()) };
     }
 }
 
