@@ -161,13 +161,16 @@ pub(crate) fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> a
 /// Replaces devlock with the command (as `flock -F`, chpst and setlock
 /// do): same pid, process group, session and terminal, so whatever a
 /// supervisor or a terminal sends the job reaches the command itself, once,
-/// and the exit status is the command's own. `keep`, the lock descriptors,
-/// lose close-on-exec here, just before, and `after` (the places in line)
-/// are inherited as copies numbered above them all, so that the kernel,
-/// which closes a dead process's descriptors in order, lets go of the locks
-/// first. Every other descriptor devlock opened closes at the exec. Returns
-/// only if the exec failed: the code to end with (the locks go with
-/// devlock).
+/// and the exit status is the command's own. `after` (the places in line)
+/// lose close-on-exec where they are, and `keep`, the lock descriptors, are
+/// inherited as copies numbered above them all: the kernel lets go of a
+/// dead process's files newest descriptor first (each last close is a task
+/// work, run last in, first out), so the locks go first, and the next in
+/// line wakes before, not after, the queue file's teardown, which walks
+/// every byte-range lock on it (two per request in line). Without places
+/// in line the locks keep their numbers. Every other descriptor devlock
+/// opened closes at the exec. Returns only if the exec failed: the code to
+/// end with (the locks go with devlock).
 pub(crate) fn exec(
     command: &[OsString],
     found: Option<&CString>,
@@ -176,20 +179,27 @@ pub(crate) fn exec(
     env: &Env,
 ) -> ExitCode {
     use std::os::unix::process::CommandExt;
-    let mut above = keep.iter().map(|fd| fd.as_raw_fd()).max().unwrap_or(2) + 1;
-    for &fd in keep {
+    let mut above = keep
+        .iter()
+        .chain(after)
+        .map(|fd| fd.as_raw_fd())
+        .max()
+        .unwrap_or(2)
+        + 1;
+    for &fd in after {
         if let Err(e) = crate::sys::fs::set_inheritable(fd) {
-            eprintln!("devlock: letting the command inherit the lock: {e}");
+            eprintln!("devlock: letting the command inherit its place in line: {e}");
             return ExitCode::GeneralError;
         }
     }
-    for &fd in after {
-        match crate::sys::fs::inheritable_copy_above(fd, above) {
-            Ok(copy) => above = copy + 1,
-            Err(e) => {
-                eprintln!("devlock: letting the command inherit its place in line: {e}");
-                return ExitCode::GeneralError;
-            }
+    for &fd in keep {
+        let inherited = match after.is_empty() {
+            true => crate::sys::fs::set_inheritable(fd),
+            false => crate::sys::fs::inheritable_copy_above(fd, above).map(|copy| above = copy + 1),
+        };
+        if let Err(e) = inherited {
+            eprintln!("devlock: letting the command inherit the lock: {e}");
+            return ExitCode::GeneralError;
         }
     }
     discard_wakes();
