@@ -47,3 +47,47 @@ pub(crate) fn the_lock_is_let_go_of_before_the_place_in_line() {
         "the lock (fd {lock}) must be numbered above the place in line (fd {line}): {listed}"
     );
 }
+
+/// The lock files' copies above the places in line leave a shared holder's
+/// label where it is: a close of its descriptor at the exec would drop the
+/// tag (a POSIX lock, ended by any close in the process) by which users who
+/// cannot read the holder's descriptors see that it still holds.
+test!(a_shared_hold_through_the_line_keeps_its_labels_tag, needs: []);
+pub(crate) fn a_shared_hold_through_the_line_keeps_its_labels_tag() {
+    use std::os::unix::fs::MetadataExt;
+    let s = Scratch::new();
+    let mut holder = hold_until_released(&s, &["-q", "r"], "a");
+    let (script, ready) = wait_for_release(&s, "b");
+    let mut shared = s
+        .devlock()
+        .args(["-q", "--shared", "r", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_blocked(&s.lock_path("r"), 1);
+    release(&s, "a");
+    assert!(wait_child(&mut holder).success());
+    wait_for_file(&ready);
+    let label = std::fs::read_dir(s.dir())
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".hold"))
+        .expect("a shared holder's label");
+    let ino = label.metadata().unwrap().ino();
+    let locks = std::fs::read_to_string("/proc/locks").unwrap();
+    let tagged = locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() >= 8
+            && f[1] == "POSIX"
+            && f[4] == shared.id().to_string()
+            && f[5].ends_with(&format!(":{ino}"))
+            && f[6] == (1u64 << 40).to_string()
+    });
+    release(&s, "b");
+    assert!(wait_child(&mut shared).success());
+    assert!(
+        tagged,
+        "no tag of pid {} on the label: {locks}",
+        shared.id()
+    );
+}
