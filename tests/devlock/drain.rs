@@ -5,12 +5,12 @@ use std::process::Stdio;
 
 use crate::harness::*;
 
+test!(the_lock_is_let_go_of_before_the_place_in_line, needs: []);
 /// A command that took its lock through the line inherits the lock's
 /// descriptor numbered above its place in line's (the queue file): a dead
 /// process's files are let go of newest descriptor first, so the lock goes
 /// before the place in line, whose teardown walks every byte-range lock on
 /// the queue file, two per request in line.
-test!(the_lock_is_let_go_of_before_the_place_in_line, needs: []);
 pub(crate) fn the_lock_is_let_go_of_before_the_place_in_line() {
     let s = Scratch::new();
     let mut holder = hold_until_released(&s, &["-q", "r"], "a");
@@ -48,11 +48,11 @@ pub(crate) fn the_lock_is_let_go_of_before_the_place_in_line() {
     );
 }
 
+test!(a_shared_hold_through_the_line_keeps_its_labels_tag, needs: []);
 /// The lock files' copies above the places in line leave a shared holder's
 /// label where it is: a close of its descriptor at the exec would drop the
 /// tag (a POSIX lock, ended by any close in the process) by which users who
 /// cannot read the holder's descriptors see that it still holds.
-test!(a_shared_hold_through_the_line_keeps_its_labels_tag, needs: []);
 pub(crate) fn a_shared_hold_through_the_line_keeps_its_labels_tag() {
     use std::os::unix::fs::MetadataExt;
     let s = Scratch::new();
