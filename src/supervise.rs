@@ -161,35 +161,42 @@ pub(crate) fn cannot_start(program: &std::ffi::OsStr, err: &std::io::Error) -> a
 /// Replaces devlock with the command (as `flock -F`, chpst and setlock
 /// do): same pid, process group, session and terminal, so whatever a
 /// supervisor or a terminal sends the job reaches the command itself, once,
-/// and the exit status is the command's own. `keep`, the lock descriptors,
-/// lose close-on-exec here, just before, and `after` (the places in line)
-/// are inherited as copies numbered above them all, so that the kernel,
-/// which closes a dead process's descriptors in order, lets go of the locks
-/// first. Every other descriptor devlock opened closes at the exec. Returns
-/// only if the exec failed: the code to end with (the locks go with
-/// devlock).
+/// and the exit status is the command's own. `keep` (a shared holder's
+/// label, whose tag a close would drop, etcd's pipe) and `after` (the
+/// places in line) lose close-on-exec where they are; so do `locks`, the
+/// lock files, unless there are places in line: then the command inherits
+/// copies of them numbered above everything else. The kernel lets go of a
+/// dead process's files newest descriptor first (each last close is a task
+/// work, run last in, first out), so the locks go first, and the next in
+/// line wakes before, not after, the queue file's teardown, which walks
+/// every byte-range lock on it (two per request in line). Every other
+/// descriptor devlock opened closes at the exec. Returns only if the exec
+/// failed: the code to end with (the locks go with devlock).
 pub(crate) fn exec(
     command: &[OsString],
     found: Option<&CString>,
     keep: &[BorrowedFd<'_>],
+    locks: &[BorrowedFd<'_>],
     after: &[BorrowedFd<'_>],
     env: &Env,
 ) -> ExitCode {
     use std::os::unix::process::CommandExt;
-    let mut above = keep.iter().map(|fd| fd.as_raw_fd()).max().unwrap_or(2) + 1;
-    for &fd in keep {
+    let all = || keep.iter().chain(locks).chain(after);
+    let mut above = all().map(|fd| fd.as_raw_fd()).max().unwrap_or(2) + 1;
+    for &fd in keep.iter().chain(after) {
         if let Err(e) = crate::sys::fs::set_inheritable(fd) {
             eprintln!("devlock: letting the command inherit the lock: {e}");
             return ExitCode::GeneralError;
         }
     }
-    for &fd in after {
-        match crate::sys::fs::inheritable_copy_above(fd, above) {
-            Ok(copy) => above = copy + 1,
-            Err(e) => {
-                eprintln!("devlock: letting the command inherit its place in line: {e}");
-                return ExitCode::GeneralError;
-            }
+    for &fd in locks {
+        let inherited = match after.is_empty() {
+            true => crate::sys::fs::set_inheritable(fd),
+            false => crate::sys::fs::inheritable_copy_above(fd, above).map(|copy| above = copy + 1),
+        };
+        if let Err(e) = inherited {
+            eprintln!("devlock: letting the command inherit the lock: {e}");
+            return ExitCode::GeneralError;
         }
     }
     discard_wakes();
@@ -226,5 +233,5 @@ pub(crate) fn exec(
 /// Replaces devlock with the command: an inherited lock already covers it
 /// (either backend's pass-through).
 pub(crate) fn pass_through(command: &[OsString], env: &Env) -> ExitCode {
-    exec(command, None, &[], &[], env)
+    exec(command, None, &[], &[], &[], env)
 }

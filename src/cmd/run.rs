@@ -2,6 +2,7 @@
 //! how it ended.
 
 use std::io::IsTerminal;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -84,12 +85,25 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
     if let Some(sig) = held_stop {
         interrupt::stop_as(sig);
     }
-    let fds: Vec<_> = held.iter().flat_map(Held::inheritable_fds).collect();
+    // The lock files apart from the rest (a shared holder's label), to be
+    // let go of before the places in line (see supervise::exec).
+    let locks: Vec<_> = held
+        .iter()
+        .flat_map(Held::files)
+        .map(|l| l.file().as_fd())
+        .collect();
+    let is_lock = |fd: &BorrowedFd| locks.iter().any(|l| l.as_raw_fd() == fd.as_raw_fd());
+    let labels: Vec<_> = held
+        .iter()
+        .flat_map(Held::inheritable_fds)
+        .filter(|fd| !is_lock(fd))
+        .collect();
     let after: Vec<_> = held.iter().filter_map(Held::line_fd).collect();
     Ok(supervise::exec(
         &plan.command,
         Some(&found),
-        &fds,
+        &labels,
+        &locks,
         &after,
         &env,
     ))

@@ -113,6 +113,7 @@ pub(crate) fn run(mut plan: RunPlan, config: Config) -> Result<ExitCode> {
         Some(&found),
         &[commands_end.as_fd()],
         &[],
+        &[],
         &env,
     ))
 }

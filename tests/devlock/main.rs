@@ -55,6 +55,7 @@ mod containers;
 mod core;
 mod devices;
 mod display;
+mod drain;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
