@@ -22,6 +22,22 @@ pub(crate) const STOP_SIGNALS: [libc::c_int; 4] =
 
 pub(crate) use crate::sys::signal::Received;
 
+/// The stopping signals this devlock takes while it waits: [`STOP_SIGNALS`]
+/// but those its parent left ignored (`nohup`'s SIGHUP; SIGINT and SIGQUIT
+/// of a job a script starts with `&`). The command inherits them ignored,
+/// and so does the wait: a hang-up under `nohup` leaves the waiter in line,
+/// as it leaves the command running. Asked once, at the start, before
+/// devlock sets a handler of its own; left unblocked, the kernel drops them.
+pub(crate) fn stop_signals() -> &'static [libc::c_int] {
+    static TAKEN: std::sync::OnceLock<Vec<libc::c_int>> = std::sync::OnceLock::new();
+    TAKEN.get_or_init(|| {
+        STOP_SIGNALS
+            .into_iter()
+            .filter(|&sig| !signal::is_ignored(sig))
+            .collect()
+    })
+}
+
 /// The signal that tells the waiting display (or the etcd backend's main
 /// thread) its wait is over: a real-time one, sent to that thread alone.
 pub(crate) fn wake_signal() -> libc::c_int {
@@ -34,7 +50,7 @@ pub(crate) fn wake_signal() -> libc::c_int {
 /// killing devlock while it waits (the exec unblocks them). Call before
 /// starting any thread.
 pub(crate) fn block_handled_signals() {
-    let mut all = STOP_SIGNALS.to_vec();
+    let mut all = stop_signals().to_vec();
     all.extend([libc::SIGWINCH, wake_signal()]);
     signal::block(&SigSet::of(&all));
 }
@@ -64,7 +80,7 @@ pub(crate) fn die_of_pending_stop() {
 /// A stopping signal that arrived before the command started (a Ctrl-C
 /// during --require-idle's probe, say), taken off the queue without waiting.
 pub(crate) fn pending_stop() -> Option<Received> {
-    signal::wait(&SigSet::of(&STOP_SIGNALS), Some(Duration::ZERO))
+    signal::wait(&SigSet::of(stop_signals()), Some(Duration::ZERO))
 }
 
 /// The error that ends devlock when a stopping signal came before the
@@ -85,7 +101,7 @@ pub(crate) fn discard_wakes() {
 /// For the waiting display: a stopping signal, the wake signal or SIGWINCH
 /// (the terminal changed size), up to `timeout`.
 pub(crate) fn wait_stop_or_wake(timeout: Duration) -> Option<Received> {
-    let mut signals = STOP_SIGNALS.to_vec();
+    let mut signals = stop_signals().to_vec();
     signals.extend([wake_signal(), libc::SIGWINCH]);
     signal::wait(&SigSet::of(&signals), Some(timeout))
 }

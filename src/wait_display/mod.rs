@@ -205,7 +205,7 @@ fn wait_for<T>(
         // Job stops reach this thread only (the helper keeps them held), and
         // interrupt its lock call.
         let _stops = crate::interrupt::CatchJobStops::new();
-        let _stopping = alone.then(|| crate::interrupt::CatchStops::new(&supervise::STOP_SIGNALS));
+        let _stopping = alone.then(|| crate::interrupt::CatchStops::new(supervise::stop_signals()));
         block()
     };
     if let Some(sig) = alone.then(crate::interrupt::take_stop).flatten() {

@@ -105,3 +105,43 @@ pub(crate) fn a_signal_ignored_by_the_caller_stays_ignored_after_a_quiet_wait() 
     assert_eq!(stdout(&out).trim(), "survived");
     assert!(out.status.success());
 }
+
+test!(a_stopping_signal_the_caller_ignored_does_not_end_a_wait, needs: []);
+/// A stopping signal the caller left ignored (`nohup`'s SIGHUP; SIGINT of a
+/// job a script starts with `&`) is ignored by the wait as by the command
+/// it becomes: a hang-up while in line under `nohup` leaves the waiter in
+/// line, quiet or shown, and the command runs when the lock comes free.
+pub(crate) fn a_stopping_signal_the_caller_ignored_does_not_end_a_wait() {
+    let s = Scratch::new();
+    for (quiet, h) in [("-q", "h-quiet"), ("", "h-shown")] {
+        let mut holder = Killed(hold_until_released(&s, &["r"], h));
+        let waiter = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!("trap '' HUP INT; exec {BIN} {quiet} r -- echo ran"),
+            ])
+            .env("DEVLOCK_DIR", s.dir())
+            .env("DEVLOCK_USAGE_DIR", s.usage_dir())
+            .env("DEVLOCK_NVML", "none")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = waiter.id();
+        wait_blocked(&s.lock_path("r"), 1);
+        // Ignored and not blocked, the kernel drops each as it is sent
+        // (a blocked one would wait for the waiter to take it).
+        signal(pid, libc::SIGHUP);
+        signal(pid, libc::SIGINT);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        for field in ["SigPnd:", "ShdPnd:"] {
+            let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+            assert!(line.ends_with("0000000000000000"), "{quiet}: {line}");
+        }
+        release(&s, h);
+        assert!(wait_child(&mut holder.0).success());
+        let out = waiter.wait_with_output().unwrap();
+        assert_eq!(stdout(&out).trim(), "ran", "{quiet}");
+        assert!(out.status.success(), "{quiet}: {:?}", out.status);
+    }
+}

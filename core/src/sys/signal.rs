@@ -134,6 +134,18 @@ impl Disposition {
     }
 }
 
+/// Whether `sig` is ignored now (`SIG_IGN`: left so by `nohup`, `trap ''
+/// HUP`, or a shell that starts a job in the background without job
+/// control).
+pub fn is_ignored(sig: libc::c_int) -> bool {
+    // SAFETY: a query: with no new action the kernel changes nothing and
+    // only writes the current one into `now`.
+    unsafe {
+        let mut now = std::mem::zeroed::<libc::sigaction>();
+        libc::sigaction(sig, std::ptr::null(), &mut now) == 0 && now.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// Ignores `sig` from now on.
 pub fn ignore(sig: libc::c_int) {
     // SAFETY: SIG_IGN is always a valid disposition.
