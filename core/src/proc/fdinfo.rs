@@ -192,6 +192,14 @@ pub(crate) fn fd_scan_within(fresh: Duration) -> Arc<FdScan> {
     shared_scan(fresh, || FdScan::of(|pid| read_process(pid).map(Arc::new)))
 }
 
+/// Drops the shared scan (a look that is over needs it no more): it lists
+/// every lock of every process, a megabyte behind a line of 500, which a
+/// waiter would otherwise keep for as long as it waits, and unmap at the
+/// exec that ends its take.
+pub(crate) fn forget_shared_scan() {
+    SCAN.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
 /// The shared scan if one made less than `fresh` ago answers, else the one
 /// `make` makes now, shared from then on.
 fn shared_scan(fresh: Duration, make: impl FnOnce() -> FdScan) -> Arc<FdScan> {
