@@ -276,3 +276,18 @@ pub(crate) fn locks_of_fd(pid: &str, fd: &str) -> Vec<KernelLock> {
         )
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A look that is over lets go of the shared scan: the next question
+    /// scans again instead of keeping every process's locks for good.
+    #[test]
+    fn a_forgotten_scan_is_made_again() {
+        // Fresh for 250 ms: without the forgetting, the same scan answers.
+        let first = fd_scan();
+        forget_shared_scan();
+        assert!(!Arc::ptr_eq(&first, &fd_scan()), "forgotten: made again");
+    }
+}
