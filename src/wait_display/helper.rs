@@ -90,8 +90,8 @@ pub(super) fn helper_thread(
         if !plan.quiet && now >= next_report {
             line.show(display, &shown.parts(now - started, step));
             // The look is over: its memory goes back now, not at the
-            // command's start (see give_back_free_heap).
-            crate::sys::process::give_back_free_heap();
+            // command's start (see forget_look).
+            crate::view::forget_look();
             next_report = now
                 .checked_add(tick)
                 .unwrap_or(now + Duration::from_secs(86_400));

@@ -185,13 +185,8 @@ pub fn one_heap() {
     }
 }
 
-/// Hands the heap's free pages back to the kernel. A look at who is in
-/// the way (the waiting line's) reads the kernel's lock table and the
-/// registrations, as much as the line is long, and frees it again; the
-/// allocator keeps those pages, and the `execve` that ends the take then
-/// pays for unmapping every one of them as the command starts (a megabyte
-/// for a waiter behind 500 others). Given back while the wait goes on,
-/// they cost nothing at the hand-off.
+/// Hands the heap's free pages back to the kernel (the allocator keeps
+/// what was freed, for the next allocation).
 pub fn give_back_free_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases memory the allocator holds free.

@@ -34,6 +34,16 @@ use crate::proc::locks::LockTable;
 use crate::resource::Resource;
 use crate::show::clean;
 
+/// Lets go of what a look kept and of the memory it used, for a process
+/// that looks once and then sleeps (a waiting line): the shared scan of
+/// every process's descriptors, and the heap's free pages, both as large as
+/// the line is long (a megabyte behind 500 others), which the exec that
+/// ends the take would otherwise unmap on the hand-off's path.
+pub fn forget_look() {
+    crate::proc::fdinfo::forget_shared_scan();
+    crate::sys::process::give_back_free_heap();
+}
+
 /// A lock's state, as status says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
