@@ -40,6 +40,14 @@
 //! the build. `DEVLOCK_LINK_MAP=FILE` writes the linker's map there (for
 //! bench/layout/make).
 //!
+//! On the same LLD path it folds functions whose code is identical into one
+//! (`--icf=all`). Why: generic code monomorphised for types of one layout
+//! compiles to the same bytes many times over; folding them makes the
+//! binary 73 kB (2.7%) smaller. `--icf=safe` folds nothing here (rustc
+//! emits no address-significance tables). What it gives up is distinct
+//! addresses for distinct functions, which Rust never promises and devlock
+//! never compares.
+//!
 //! With the layout, the binary gets no DT_INIT (`-init` names a symbol that
 //! does not exist). Why: glibc calls the program's `_init` at start, and
 //! LLD puts that section (`.init`, from crti.o, which only calls
@@ -97,6 +105,7 @@ fn layout(os: &str, env: &str) {
     );
     println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
     println!("cargo:rustc-link-arg-bins=-Wl,-init=devlock_no_dt_init");
+    println!("cargo:rustc-link-arg-bins=-Wl,--icf=all");
 }
 
 /// Whether rustc links the binary with its own LLD: x86_64 Linux with glibc,
