@@ -422,17 +422,6 @@ pub(crate) fn any_count_and_ordered_jobs_do_not_deadlock() {
     }
 }
 
-/// The files in the scratch directory a process named `pid` made (its
-/// registrations: `.NAME@PID.K.KIND`).
-fn made_by(s: &Scratch, pid: u32) -> Vec<String> {
-    std::fs::read_dir(s.dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(&format!("@{pid}.")))
-        .collect()
-}
-
 test!(every_exit_before_the_command_removes_what_the_run_made, needs: []);
 /// A run that ends before its command starts — `-w` running out, `-n`,
 /// SIGINT or SIGTERM while it waits (with and without `-q`), for one

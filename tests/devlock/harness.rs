@@ -250,6 +250,17 @@ fn is_zombie(pid: u32) -> bool {
         .unwrap_or(true)
 }
 
+/// The files in the scratch directory a process named `pid` made (its
+/// registrations: `.NAME@PID.K.KIND`).
+pub fn made_by(s: &Scratch, pid: u32) -> Vec<String> {
+    std::fs::read_dir(s.dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&format!("@{pid}.")))
+        .collect()
+}
+
 /// Waits until the kernel shows `count` processes sleeping for the lock:
 /// blocked in flock(2) on the lock file, or in line (a byte-range lock wait
 /// on its `.NAME.queue` file).

@@ -7,17 +7,6 @@ use std::time::Instant;
 
 use crate::harness::*;
 
-/// The files in the scratch directory a process named `pid` made (its
-/// registrations: `.NAME@PID.K.KIND`).
-fn made_by(s: &Scratch, pid: u32) -> Vec<String> {
-    std::fs::read_dir(s.dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(&format!("@{pid}.")))
-        .collect()
-}
-
 fn threads(pid: u32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
