@@ -114,8 +114,8 @@ impl Drop for CatchJobStops {
 /// `signals` (blocked, as the front end keeps them) are let in on this
 /// thread with a handler that notes them and does not restart the lock
 /// call, so the wait ends ([`Stop::keep_waiting`] is false) and its caller
-/// learns which with [`take_stop`]: an ignored one too, as a thread that
-/// waited for them blocked would have taken it. Dropping it blocks them
+/// learns which with [`take_stop`] (the front end leaves out those the
+/// caller ignored, which stay ignored and never come). Dropping it blocks them
 /// again and puts back what they did before, so one that comes later
 /// waits, pending, for whoever looks next. A thread
 /// that only waited for these signals cost a waiter its stack and the

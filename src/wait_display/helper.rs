@@ -11,7 +11,6 @@ use super::{
     Waiter, clear, give_up, say,
 };
 use crate::error::Busy;
-use crate::exit::ExitCode;
 use crate::messages;
 use crate::supervise::{self, Received};
 use crate::text::fit;
@@ -145,8 +144,7 @@ pub(super) fn helper_thread(
             if give_up(&state) {
                 clear(&mut line.drawn);
                 drop(registration);
-                plan.made.remove_all_before_exit();
-                std::process::exit(ExitCode::Signal(sig.signo).code());
+                super::leave_line_for(sig.signo, &plan);
             }
             // The locks were taken at this very moment: the command must hear it.
             clear(&mut line.drawn);

@@ -244,6 +244,13 @@ fn stopped_alone(taken: bool, sig: libc::c_int, parts: &Mutex<Option<Parts>>, pl
         return;
     }
     drop(parts.lock().ok().and_then(|mut p| p.take()));
+    leave_line_for(sig, plan);
+}
+
+/// A stopping signal `sig` ended the wait before the locks came (the
+/// caller has dropped its registrations): what the run made goes, and the
+/// exit status says the signal. One end for the helper and a quiet wait.
+fn leave_line_for(sig: libc::c_int, plan: &WaitPlan) -> ! {
     plan.made.remove_all_before_exit();
     std::process::exit(crate::exit::ExitCode::Signal(sig).code());
 }
