@@ -127,6 +127,7 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         dir,
         take_dir(dir, &parent, &plan, plan.dir_mode, None, &mut report)?,
     )?;
+    take_wait_dir(&scratch, &parent, &plan, &mut report)?;
     for resource in &plan.resources {
         for name in plan.files(resource) {
             declare(&scratch, &name, &plan, &mut report)?;
@@ -169,6 +170,37 @@ pub(crate) fn run(args: &SetupArgs, dir: &Path, probe_timeout: Duration) -> Resu
         )));
     }
     Ok(ExitCode::Success)
+}
+
+/// Makes the lock directory's wait directory root's, with the lock
+/// directory's mode and group, as a root-owned one is trusted (see
+/// `ScratchDir::wait_dir`): waiters register there, not among the lock
+/// files. Whatever stood at its name (another user's directory, a link, a
+/// file) is taken over or removed, as the lock directory's would be.
+fn take_wait_dir(
+    scratch: &ScratchDir,
+    parent: &Parent,
+    plan: &Plan,
+    report: &mut Report,
+) -> Result<()> {
+    let here = Parent {
+        fd: scratch
+            .fd()
+            .try_clone_to_owned()
+            .map_err(anyhow::Error::from)?,
+        real: parent.target(),
+        name: crate::flock::dir::WAIT_DIR.into(),
+    };
+    let path = scratch.path().join(crate::flock::dir::WAIT_DIR);
+    take_dir(
+        &path,
+        &here,
+        plan,
+        plan.dir_mode,
+        Some("wait directory"),
+        report,
+    )?;
+    Ok(())
 }
 
 /// Says what `dir` is now: its owner and mode, the resources declared, and

@@ -250,11 +250,13 @@ fn is_zombie(pid: u32) -> bool {
         .unwrap_or(true)
 }
 
-/// The files in the scratch directory a process named `pid` made (its
-/// registrations: `.NAME@PID.K.KIND`).
+/// The files in the scratch directory and its wait directory a process
+/// named `pid` made (its registrations: `.NAME@PID.K.KIND`).
 pub fn made_by(s: &Scratch, pid: u32) -> Vec<String> {
+    let wait_dir = s.dir().join(".waiting");
     std::fs::read_dir(s.dir())
         .unwrap()
+        .chain(std::fs::read_dir(wait_dir).into_iter().flatten())
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(&format!("@{pid}.")))

@@ -285,6 +285,110 @@ impl ScratchDir {
     }
 }
 
+/// The subdirectory waiters register in (issue #35: a take that lists the
+/// lock directory for a group's members then reads no waiter's name). A
+/// dot name with no `@` and no `.lock`, `.queue` or `.slotN` ending: never a
+/// lock, queue, slot or registration name.
+pub const WAIT_DIR: &str = ".waiting";
+
+impl ScratchDir {
+    /// The wait directory, when there is one to trust: a real directory
+    /// (opened without following a link, then fstat'ed) that root or this
+    /// directory's owner owns, shared as this directory is (see
+    /// [`shared_as`]). `None` sends a waiter's registration here, as
+    /// before the wait directory was.
+    pub(crate) fn wait_dir(&self) -> Option<ScratchDir> {
+        let here = nix::sys::stat::fstat(self.fd.as_fd()).ok()?;
+        self.open_wait_dir(&here)
+    }
+
+    /// [`Self::wait_dir`], made first when missing by a waiter that may
+    /// make it: this directory's owner, or root (anyone else's would be
+    /// theirs, which nobody trusts). Made with no access for others, then
+    /// given this directory's mode, so it is never looser on the way.
+    pub(crate) fn wait_dir_or_make(&self) -> Option<ScratchDir> {
+        let here = nix::sys::stat::fstat(self.fd.as_fd()).ok()?;
+        if let Some(found) = self.open_wait_dir(&here) {
+            return Some(found);
+        }
+        let me = crate::sys::process::effective_uid();
+        if me != 0 && me != here.st_uid {
+            return None;
+        }
+        let private = nix::sys::stat::Mode::from_bits_truncate(0o700);
+        match nix::sys::stat::mkdirat(self.fd.as_fd(), WAIT_DIR, private) {
+            Ok(()) => {}
+            // Made meanwhile: checked as any found one.
+            Err(nix::errno::Errno::EEXIST) => return self.open_wait_dir(&here),
+            Err(_) => return None,
+        }
+        let made = self.open_dir_below(WAIT_DIR)?;
+        let st = nix::sys::stat::fstat(made.as_fd()).ok()?;
+        if st.st_uid != me {
+            return None;
+        }
+        // The group first (a group-shared directory's must be its group),
+        // then the mode, which a chown may have cleared bits of.
+        if st.st_gid != here.st_gid {
+            let _ = crate::sys::fs::fchown(&made, st.st_uid, here.st_gid);
+        }
+        let _ = crate::sys::fs::fchmod(&made, here.st_mode & 0o1777);
+        self.open_wait_dir(&here)
+    }
+
+    fn open_wait_dir(&self, here: &libc::stat) -> Option<ScratchDir> {
+        let fd = self.open_dir_below(WAIT_DIR)?;
+        let st = nix::sys::stat::fstat(fd.as_fd()).ok()?;
+        shared_as((&st).into(), here.into()).then(|| ScratchDir {
+            path: self.path.join(WAIT_DIR),
+            fd,
+            opens: self.opens.clone(),
+            made: self.made.clone(),
+        })
+    }
+
+    fn open_dir_below(&self, name: &str) -> Option<OwnedFd> {
+        let name = CString::new(name).ok()?;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        crate::sys::fs::openat(self.fd.as_fd(), &name, flags, 0).ok()
+    }
+}
+
+/// What decides who may use a directory: its type and mode, owner, group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sharing {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl From<&libc::stat> for Sharing {
+    fn from(st: &libc::stat) -> Sharing {
+        Sharing {
+            mode: st.st_mode,
+            uid: st.st_uid,
+            gid: st.st_gid,
+        }
+    }
+}
+
+/// Whether the directory `sub` describes may hold the registrations of
+/// the directory `top` describes: a directory owned by root or by `top`'s
+/// owner (nobody else can rename or remove it, or change its mode), with
+/// `top`'s mode, sticky and world-writable exactly where `top` is, and
+/// `top`'s group unless its group has no more access than anyone. Never
+/// looser than `top` (a registration there is as safe as one in `top`),
+/// and never tighter (every user who can wait and look in `top` can
+/// there).
+pub(crate) fn shared_as(sub: Sharing, top: Sharing) -> bool {
+    let mode = sub.mode & 0o1777;
+    let group_is_anyone = (mode >> 3) & 0o7 == mode & 0o7;
+    sub.mode & libc::S_IFMT == libc::S_IFDIR
+        && (sub.uid == 0 || sub.uid == top.uid)
+        && mode == top.mode & 0o1777
+        && (sub.gid == top.gid || group_is_anyone)
+}
+
 use crate::sys::fs::LOCAL_FILESYSTEMS;
 
 /// Whether an exclusive flock(2) on one open of a file keeps a second open
@@ -402,6 +506,24 @@ mod tests {
             assert!(opened.records_in_lock_files(), "made for this user");
         }
         mode(0o700).unwrap();
+    }
+
+    /// The wait directory is trusted only as a directory of root's or the
+    /// lock directory's owner, shared exactly as the lock directory is.
+    #[test]
+    fn a_wait_directory_is_shared_as_its_lock_directory() {
+        let stat = |uid, gid, mode| Sharing { mode, uid, gid };
+        let dir = libc::S_IFDIR;
+        let top = stat(1000, 1000, dir | 0o1777);
+        assert!(shared_as(stat(1000, 1000, dir | 0o1777), top));
+        assert!(shared_as(stat(0, 0, dir | 0o1777), top), "root's, any group");
+        assert!(!shared_as(stat(1001, 1000, dir | 0o1777), top), "another user's");
+        assert!(!shared_as(stat(1000, 1000, dir | 0o777), top), "not sticky");
+        assert!(!shared_as(stat(1000, 1000, dir | 0o1755), top), "tighter");
+        assert!(!shared_as(stat(1000, 1000, libc::S_IFLNK | 0o1777), top));
+        let group = stat(0, 50, dir | 0o1770);
+        assert!(shared_as(stat(0, 50, dir | 0o3770), group), "setgid");
+        assert!(!shared_as(stat(0, 51, dir | 0o1770), group), "another group");
     }
 
     /// A group's members are found among the registrations of a long line,

@@ -537,18 +537,12 @@ pub(crate) fn devlock_of(dir: &ScratchDir, lock: &LockFile, resource: &Resource,
     let Ok(table) = LockTable::read() else {
         return false;
     };
-    let names: Vec<String> = dir
-        .entries()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|n| {
-            crate::flock::registration::parse_name(n)
-                .is_some_and(|(r, _, p)| p == pid && &r == resource)
-        })
-        .collect();
-    crate::flock::registration::live_waiters(dir, &names, &table, |r| r == resource)
-        .iter()
-        .any(|w| w.believed && w.record.pid == pid)
+    let names = dir.entries().unwrap_or_default();
+    crate::flock::registration::live_registrations(dir, &names, &table, |r, p| {
+        p == pid && r == resource
+    })
+    .iter()
+    .any(|w| w.believed && w.record.pid == pid)
 }
 
 /// Runs `block` on this thread through the context's observer, and returns

@@ -2,6 +2,8 @@
 //! which has no lock file of its own to write into, and per holder whose
 //! lock file was renamed or removed under it), kept flock'ed by its owner, so
 //! the kernel itself says which registrations are alive, and whose.
+//! Waiters register in the lock directory's wait directory where there is
+//! one to trust (see `ScratchDir::wait_dir`); readers look in both.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -9,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result};
 
-use crate::flock::dir::ScratchDir;
+use crate::flock::dir::{ScratchDir, WAIT_DIR};
 use crate::flock::file::open_checked;
 use crate::flock::record::{self, Record};
 use crate::proc::lock_entry::FileId;
@@ -81,15 +83,32 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Registers this process as waiting for (or sharing) `resource`.
+    /// Registers this process as waiting for (or sharing) `resource`. A
+    /// waiter registers in the wait directory when there is one to trust
+    /// (so that a listing of `dir` does not grow with the line), else, as
+    /// a holder does, in `dir`: a fallback, never an error.
     pub fn create(
         dir: &ScratchDir,
         resource: &Resource,
         record: &Record,
         kind: Kind,
     ) -> Result<Registration> {
+        if kind == Kind::Wait
+            && let Some(waits) = dir.wait_dir_or_make()
+            && let Ok(made) = Registration::create_in(waits, resource, record, kind)
+        {
+            return Ok(made);
+        }
+        Registration::create_in(dir.try_clone()?, resource, record, kind)
+    }
+
+    fn create_in(
+        dir: ScratchDir,
+        resource: &Resource,
+        record: &Record,
+        kind: Kind,
+    ) -> Result<Registration> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = dir.try_clone()?;
         for _ in 0..MAX_NAME_TRIES {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let name = file_name(resource, std::process::id(), n, kind);
@@ -207,18 +226,61 @@ pub(crate) struct Waiter {
     pub believed: bool,
 }
 
-/// Live registrations in `dir`, in line order (ticket, then arrival), for
-/// the resources `wanted` accepts. A registration is believed only when the
-/// process holding its flock (per the kernel) is the very process it names,
-/// pid and start time, so a planted or copied file names nobody.
-/// Registrations of dead processes are removed where we may remove them.
+/// Live registrations among `names` (a listing of `dir`), in line order
+/// (ticket, then arrival), for the resources `wanted` accepts; when the
+/// listing names the wait directory, the waiters registered there too. A
+/// registration is believed only when the process holding its flock (per
+/// the kernel) is the very process it names, pid and start time, so a
+/// planted or copied file names nobody. Registrations of dead processes
+/// are removed where we may remove them.
 pub(crate) fn live_waiters(
     dir: &ScratchDir,
     names: &[String],
     table: &LockTable,
     wanted: impl Fn(&Resource) -> bool,
 ) -> Vec<Waiter> {
+    live_registrations(dir, names, table, |r, _| wanted(r))
+}
+
+/// [`live_waiters`] for the resources and pids `wanted` accepts (as
+/// their names say, before any file is opened).
+pub(crate) fn live_registrations(
+    dir: &ScratchDir,
+    names: &[String],
+    table: &LockTable,
+    wanted: impl Fn(&Resource, u32) -> bool,
+) -> Vec<Waiter> {
     let mut waiters = Vec::new();
+    live_in(dir, names, table, |r, _, p| wanted(r, p), &mut waiters);
+    // Only waiters register there: whatever else is found there was not
+    // made by devlock, and is left unread.
+    if names.iter().any(|n| n == WAIT_DIR)
+        && let Some(waits) = dir.wait_dir()
+    {
+        let names = waits.entries().unwrap_or_default();
+        let wanted = |r: &Resource, k, p| k == Kind::Wait && wanted(r, p);
+        live_in(&waits, &names, table, wanted, &mut waiters);
+    }
+    waiters.sort_by_key(|w| {
+        (
+            w.record.ticket.unwrap_or(u64::MAX),
+            w.record.since_ms,
+            w.record.pid,
+        )
+    });
+    waiters
+}
+
+/// The live registrations among `names`, in `dir` itself, that `wanted`
+/// accepts, added to `waiters`. At most [`SWEEP_PER_LOOK`] files nobody
+/// holds are opened, however many there are.
+fn live_in(
+    dir: &ScratchDir,
+    names: &[String],
+    table: &LockTable,
+    wanted: impl Fn(&Resource, Kind, u32) -> bool,
+    waiters: &mut Vec<Waiter>,
+) {
     // Only a file the kernel shows flocked can be a live registration: the
     // others (a dead owner's, or thousands planted) are skipped by their
     // inode number, never opened, and only a few are swept per look.
@@ -237,7 +299,7 @@ pub(crate) fn live_waiters(
         .iter()
         .filter_map(|name| {
             let (resource, kind, pid) = parse_name(name)?;
-            wanted(&resource).then_some((name, resource, kind, pid))
+            wanted(&resource, kind, pid).then_some((name, resource, kind, pid))
         })
         .collect();
     if candidates.len() > SWEEP_PER_LOOK {
@@ -266,14 +328,6 @@ pub(crate) fn live_waiters(
         }
         waiters.extend(someone_elses(dir, table, name, resource, kind, named_pid));
     }
-    waiters.sort_by_key(|w| {
-        (
-            w.record.ticket.unwrap_or(u64::MAX),
-            w.record.since_ms,
-            w.record.pid,
-        )
-    });
-    waiters
 }
 
 /// Another process's registration `name` (for `named_pid`), as
@@ -383,6 +437,87 @@ mod tests {
         assert_eq!(resource_of(".gpu:3@1.2.lost"), Some((gpu, Kind::Lost)));
         assert_eq!(resource_of("gpu.lock"), None);
         assert_eq!(resource_of(".gpu:3@x.2.wait"), None);
+    }
+
+    /// Issue #35: a waiter registers in the wait directory, which a
+    /// group's take lists no longer (its members' prefix, or anything);
+    /// a shared holder's label stays in the lock directory; readers find
+    /// both; and the waiter's file goes with it.
+    #[test]
+    fn a_waiter_registers_out_of_the_lock_directorys_listing() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::write(tmp.path().join("gpu:0.lock"), "").unwrap();
+        let dir = ScratchDir::open(tmp.path()).unwrap().unwrap();
+        let record = Record::for_this_process("t");
+        let member: Resource = "gpu:0".parse().unwrap();
+        let wait = Registration::create(&dir, &member, &record, Kind::Wait).unwrap();
+        let hold = Registration::create(&dir, &member, &record, Kind::Hold).unwrap();
+        let waits = dir.wait_dir().expect("made by the directory's owner");
+        let waiting = waits.entries().unwrap();
+        assert_eq!(waiting.len(), 1);
+        assert!(waiting[0].ends_with(".wait"), "{waiting:?}");
+        let mut listed = dir.entries_starting_with("").unwrap();
+        listed.sort();
+        assert_eq!(listed.len(), 3, "{listed:?}");
+        assert!(listed[0].ends_with(".hold"), "{listed:?}");
+        assert_eq!(listed[1], WAIT_DIR);
+        assert_eq!(listed[2], "gpu:0.lock");
+        assert_eq!(dir.entries_starting_with("gpu:").unwrap(), ["gpu:0.lock"]);
+        // Both read back, from one listing of the lock directory.
+        let table = LockTable::read().unwrap();
+        let names = dir.entries().unwrap();
+        let mut kinds: Vec<&str> = live_waiters(&dir, &names, &table, |r| r == &member)
+            .iter()
+            .map(|w| w.kind.suffix())
+            .collect();
+        kinds.sort();
+        assert_eq!(kinds, [".hold", ".wait"]);
+        drop((wait, hold));
+        assert_eq!(waits.entries().unwrap(), Vec::<String>::new());
+        let mut left = dir.entries().unwrap();
+        left.sort();
+        assert_eq!(left, [WAIT_DIR, "gpu:0.lock"]);
+    }
+
+    /// Where the wait directory is none to trust, a waiter registers in
+    /// the lock directory as before, and readers look there too.
+    #[test]
+    fn a_wait_directory_not_to_trust_is_passed_by() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o1777))
+            .unwrap();
+        let r: Resource = "r".parse().unwrap();
+        let record = Record::for_this_process("t");
+        let wait_dir = tmp.path().join(WAIT_DIR);
+        let planted: [(&str, &dyn Fn()); 3] = [
+            ("a link", &|| {
+                std::os::unix::fs::symlink(elsewhere.path(), &wait_dir).unwrap()
+            }),
+            ("a file", &|| std::fs::write(&wait_dir, "").unwrap()),
+            ("a directory of the wrong mode", &|| {
+                std::fs::create_dir(&wait_dir).unwrap();
+                std::fs::set_permissions(&wait_dir, std::fs::Permissions::from_mode(0o777))
+                    .unwrap();
+            }),
+        ];
+        for (what, plant) in planted {
+            plant();
+            let dir = ScratchDir::open(tmp.path()).unwrap().unwrap();
+            assert!(dir.wait_dir().is_none(), "{what}");
+            let wait = Registration::create(&dir, &r, &record, Kind::Wait).unwrap();
+            let names = dir.entries().unwrap();
+            assert!(names.iter().any(|n| n.ends_with(".wait")), "{what}: {names:?}");
+            let table = LockTable::read().unwrap();
+            assert_eq!(live_waiters(&dir, &names, &table, |x| x == &r).len(), 1, "{what}");
+            drop(wait);
+            let _ = std::fs::remove_dir(&wait_dir).or_else(|_| std::fs::remove_file(&wait_dir));
+        }
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 
     mod properties {
