@@ -233,6 +233,13 @@ fn tmpfiles(
         quote(dir_text),
         plan.dir_mode
     );
+    // The waiters' directory: root's, as setup makes it (no user may make
+    // one that is trusted).
+    out.push_str(&format!(
+        "d {} {:04o} root {group} -\n",
+        quote(&format!("{dir_text}/{}", crate::flock::dir::WAIT_DIR)),
+        plan.dir_mode
+    ));
     for r in &plan.resources {
         for name in plan.files(r) {
             out.push_str(&format!(
