@@ -151,16 +151,12 @@ fn planted_and_replayed_registrations_name_nobody(
     });
     assert_eq!(array_len(&view["waiters"]), 1, "only the real one: {view}");
     assert_eq!(view["waiters"][0]["step"], "real-waiter");
-    let real = std::fs::read_dir(s.dir())
-        .unwrap()
-        .flatten()
-        .find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!(".gpu:0@{}.", waiter.id()))
-        })
-        .unwrap()
-        .path();
+    // (A waiter registers in the wait directory; the replay is planted in
+    // the lock directory, which readers read too.)
+    let real = s
+        .dir()
+        .join(".waiting")
+        .join(made_by(s, waiter.id()).pop().unwrap());
     let replay = s.dir().join(format!(".gpu:0@{}.99.wait", waiter.id()));
     std::fs::copy(&real, &replay).unwrap();
     std::fs::set_permissions(&replay, std::fs::Permissions::from_mode(0o666)).unwrap();

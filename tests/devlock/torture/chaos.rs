@@ -395,9 +395,12 @@ fn check_counter(
 /// Checks that status shows the lock free and unwaited, and sweeps every
 /// dead waiter's registration; returns how many there were before.
 fn check_swept(s: &Scratch, rig: &ChaosRig, errors: &mut Vec<String>) -> usize {
+    // Waiters register in the wait directory (or, where it is none to
+    // trust, beside the lock files).
     let wait_files = |dir: &Path| {
         std::fs::read_dir(dir)
             .unwrap()
+            .chain(std::fs::read_dir(dir.join(".waiting")).into_iter().flatten())
             .flatten()
             .filter(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
