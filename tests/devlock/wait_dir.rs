@@ -65,7 +65,11 @@ fn registration_of(s: &Scratch, pid: u32) -> (String, bool) {
     let name = made[0].clone();
     assert!(name.ends_with(".wait"), "{name}");
     let in_wait_dir = s.dir().join(WAIT_DIR).join(&name).exists();
-    assert_ne!(in_wait_dir, s.dir().join(&name).exists(), "{name}: in one place");
+    assert_ne!(
+        in_wait_dir,
+        s.dir().join(&name).exists(),
+        "{name}: in one place"
+    );
     (name, in_wait_dir)
 }
 
@@ -188,7 +192,9 @@ pub(crate) fn a_wait_directory_not_to_trust_is_passed_by_and_waiters_still_named
             let in_line = waiter(&s, uid, &step);
             assert!(!registration_of(&s, in_line.id()).1, "{what}: {uid}");
             assert_eq!(
-                std::fs::symlink_metadata(&waits).ok().map(|m| (m.ino(), m.uid())),
+                std::fs::symlink_metadata(&waits)
+                    .ok()
+                    .map(|m| (m.ino(), m.uid())),
                 planted.as_ref().map(|m| (m.ino(), m.uid())),
                 "{what}: left as it was"
             );
@@ -211,16 +217,30 @@ pub(crate) fn setup_makes_the_wait_directory_roots_and_forget_leaves_it() {
     assert!(s.run(&["-n", "warm-up", "--", "true"]).status.success());
     let waits = s.dir().join(WAIT_DIR);
     let w = waits.to_str().unwrap();
-    assert!(user_does(USER_A, "sh", &["-c", &format!("mkdir -m 777 {w}")]));
+    assert!(user_does(
+        USER_A,
+        "sh",
+        &["-c", &format!("mkdir -m 777 {w}")]
+    ));
     let out = s.run(&["setup"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains(".waiting: wait directory"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(".waiting: wait directory"),
+        "{}",
+        stdout(&out)
+    );
     let meta = std::fs::symlink_metadata(&waits).unwrap();
     assert!(meta.is_dir());
-    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (0, 0, 0o1777));
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (0, 0, 0o1777)
+    );
     let mut holder = Killed(hold_until_released(&s, &["r"], "h"));
     let mut theirs = waiter(&s, USER_A, "a-in-line");
-    assert!(registration_of(&s, theirs.id()).1, "in root's wait directory");
+    assert!(
+        registration_of(&s, theirs.id()).1,
+        "in root's wait directory"
+    );
     let seen_by_b = Command::new("setpriv")
         .args([
             &format!("--reuid={USER_B}"),
@@ -235,9 +255,16 @@ pub(crate) fn setup_makes_the_wait_directory_roots_and_forget_leaves_it() {
         .output()
         .unwrap();
     let view: serde_json::Value = serde_json::from_slice(&seen_by_b.stdout).unwrap();
-    assert_eq!(view["resources"][0]["waiters"][0]["step"], "a-in-line", "{view}");
+    assert_eq!(
+        view["resources"][0]["waiters"][0]["step"], "a-in-line",
+        "{view}"
+    );
     let again = s.run(&["setup"]);
-    assert!(stdout(&again).contains("nothing changed"), "{}", stdout(&again));
+    assert!(
+        stdout(&again).contains("nothing changed"),
+        "{}",
+        stdout(&again)
+    );
     release(&s, "h");
     assert!(wait_child(&mut holder.0).success());
     assert!(wait_child(&mut theirs.0).success());

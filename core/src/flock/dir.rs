@@ -516,14 +516,23 @@ mod tests {
         let dir = libc::S_IFDIR;
         let top = stat(1000, 1000, dir | 0o1777);
         assert!(shared_as(stat(1000, 1000, dir | 0o1777), top));
-        assert!(shared_as(stat(0, 0, dir | 0o1777), top), "root's, any group");
-        assert!(!shared_as(stat(1001, 1000, dir | 0o1777), top), "another user's");
+        assert!(
+            shared_as(stat(0, 0, dir | 0o1777), top),
+            "root's, any group"
+        );
+        assert!(
+            !shared_as(stat(1001, 1000, dir | 0o1777), top),
+            "another user's"
+        );
         assert!(!shared_as(stat(1000, 1000, dir | 0o777), top), "not sticky");
         assert!(!shared_as(stat(1000, 1000, dir | 0o1755), top), "tighter");
         assert!(!shared_as(stat(1000, 1000, libc::S_IFLNK | 0o1777), top));
         let group = stat(0, 50, dir | 0o1770);
         assert!(shared_as(stat(0, 50, dir | 0o3770), group), "setgid");
-        assert!(!shared_as(stat(0, 51, dir | 0o1770), group), "another group");
+        assert!(
+            !shared_as(stat(0, 51, dir | 0o1770), group),
+            "another group"
+        );
     }
 
     /// A group's members are found among the registrations of a long line,

@@ -511,9 +511,16 @@ mod tests {
             assert!(dir.wait_dir().is_none(), "{what}");
             let wait = Registration::create(&dir, &r, &record, Kind::Wait).unwrap();
             let names = dir.entries().unwrap();
-            assert!(names.iter().any(|n| n.ends_with(".wait")), "{what}: {names:?}");
+            assert!(
+                names.iter().any(|n| n.ends_with(".wait")),
+                "{what}: {names:?}"
+            );
             let table = LockTable::read().unwrap();
-            assert_eq!(live_waiters(&dir, &names, &table, |x| x == &r).len(), 1, "{what}");
+            assert_eq!(
+                live_waiters(&dir, &names, &table, |x| x == &r).len(),
+                1,
+                "{what}"
+            );
             drop(wait);
             let _ = std::fs::remove_dir(&wait_dir).or_else(|_| std::fs::remove_file(&wait_dir));
         }

@@ -400,7 +400,11 @@ fn check_swept(s: &Scratch, rig: &ChaosRig, errors: &mut Vec<String>) -> usize {
     let wait_files = |dir: &Path| {
         std::fs::read_dir(dir)
             .unwrap()
-            .chain(std::fs::read_dir(dir.join(".waiting")).into_iter().flatten())
+            .chain(
+                std::fs::read_dir(dir.join(".waiting"))
+                    .into_iter()
+                    .flatten(),
+            )
             .flatten()
             .filter(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
