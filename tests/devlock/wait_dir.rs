@@ -13,6 +13,9 @@ use crate::shared_machine::user_does;
 
 const WAIT_DIR: &str = ".waiting";
 
+/// What a test puts at the wait directory's name before a waiter comes.
+type Plant<'a> = Box<dyn Fn() + 'a>;
+
 /// `devlock -q --step STEP r -- true` as `uid` (root for 0), in line
 /// behind the holder of `r`; returned once status names it by its step.
 fn waiter(s: &Scratch, uid: u32, step: &str) -> Killed {
@@ -160,7 +163,7 @@ pub(crate) fn a_wait_directory_not_to_trust_is_passed_by_and_waiters_still_named
     let as_a = |script: &str| {
         assert!(user_does(USER_A, "sh", &["-c", script]), "{script}");
     };
-    let plants: [(&str, Box<dyn Fn()>); 5] = [
+    let plants: [(&str, Plant); 5] = [
         ("nothing (another user waits first)", Box::new(|| {})),
         (
             "another user's directory",
