@@ -304,15 +304,18 @@ impl ScratchDir {
 
     /// [`Self::wait_dir`], made first when missing by a waiter that may
     /// make it: this directory's owner, or root (anyone else's would be
-    /// theirs, which nobody trusts). Made with no access for others, then
-    /// given this directory's mode, so it is never looser on the way.
+    /// theirs, which nobody trusts), and only in a directory made for
+    /// locks (sticky): in a user's own (`--dir .` in a project) a listing
+    /// costs little and a directory devlock leaves there for good would be
+    /// clutter. Made with no access for others, then given this
+    /// directory's mode, so it is never looser on the way.
     pub(crate) fn wait_dir_or_make(&self) -> Option<ScratchDir> {
         let here = nix::sys::stat::fstat(self.fd.as_fd()).ok()?;
         if let Some(found) = self.open_wait_dir(&here) {
             return Some(found);
         }
         let me = crate::sys::process::effective_uid();
-        if me != 0 && me != here.st_uid {
+        if (me != 0 && me != here.st_uid) || here.st_mode & libc::S_ISVTX == 0 {
             return None;
         }
         let private = nix::sys::stat::Mode::from_bits_truncate(0o700);

@@ -525,6 +525,14 @@ mod tests {
             let _ = std::fs::remove_dir(&wait_dir).or_else(|_| std::fs::remove_file(&wait_dir));
         }
         assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+        // A user's own directory (not sticky, as `--dir .`): none is made
+        // there, and the waiter registers beside the lock files.
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = ScratchDir::open(tmp.path()).unwrap().unwrap();
+        let wait = Registration::create(&dir, &r, &record, Kind::Wait).unwrap();
+        assert!(!wait_dir.exists());
+        assert!(dir.entries().unwrap().iter().any(|n| n.ends_with(".wait")));
+        drop(wait);
     }
 
     mod properties {
