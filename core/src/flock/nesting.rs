@@ -90,21 +90,13 @@ pub fn inherited_fds(lock: &LockFile) -> Vec<RawFd> {
 /// Each inherited descriptor on the lock's file with a granted lock, and
 /// the lock's mode (true for exclusive).
 fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
     let mut modes = Vec::new();
-    for fd in fds.flatten() {
-        let Some(name) = fd.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
+    let fds = crate::sys::fds::open_fds().unwrap_or_else(listed_fds);
+    for number in fds {
         // The cheap test first: most of our descriptors are close-on-exec.
-        if !inheritable(&name) {
+        if crate::sys::fs::close_on_exec(number) != Some(false) {
             continue;
         }
-        let Ok(number) = name.parse::<RawFd>() else {
-            continue;
-        };
         let same = crate::sys::fs::file_id_of(number).is_some_and(|(dev, ino)| {
             proc::lock_entry::FileId::from_metadata(dev, ino) == lock.id()
         });
@@ -112,13 +104,24 @@ fn inherited_holds(lock: &LockFile) -> Vec<(RawFd, bool)> {
             continue;
         }
         modes.extend(
-            proc::fdinfo::locks_of_fd("self", &name)
+            proc::fdinfo::locks_of_fd("self", &number.to_string())
                 .iter()
                 .filter(|l| l.file == lock.id() && !l.blocked)
                 .map(|l| (number, l.exclusive)),
         );
     }
     modes
+}
+
+/// Our descriptors as `/proc/self/fd` lists them (where the cheaper look
+/// of [`open_fds`](crate::sys::fds::open_fds) does not come out).
+fn listed_fds() -> Vec<RawFd> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| fd.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// Whether descriptor `fd` of this process is open on the lock's file and
@@ -130,13 +133,4 @@ pub fn fd_holds(fd: RawFd, lock: &LockFile) -> bool {
         && proc::fdinfo::locks_of_fd("self", &fd.to_string())
             .iter()
             .any(|l| l.file == lock.id() && !l.blocked)
-}
-
-/// Whether one of our descriptors survives exec (so it came from our parent:
-/// devlock's own lock files are close-on-exec until it starts the command).
-fn inheritable(fd: &str) -> bool {
-    let Ok(fd) = fd.parse::<RawFd>() else {
-        return false;
-    };
-    crate::sys::fs::close_on_exec(fd) == Some(false)
 }

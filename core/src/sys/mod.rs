@@ -11,6 +11,7 @@
 pub mod args;
 #[cfg(any(test, feature = "testing"))]
 pub mod env;
+pub mod fds;
 pub mod fs;
 pub(crate) mod nvml;
 pub mod process;
