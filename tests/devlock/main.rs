@@ -99,6 +99,7 @@ mod status;
 mod timeout_stop;
 mod torture;
 mod usage;
+mod usage_wait;
 
 fn main() {
     // The signal tests' command is this binary too (not a test of its own,
