@@ -54,10 +54,11 @@ impl Duties {
     }
 }
 
-/// The start line alone, for a hold nothing watches; said on stderr
-/// (unless `-q`) when it cannot be written.
-pub(crate) fn start_line(hold: &HoldFacts) {
-    if let Some(event) = crate::usage::track::start_record(hold) {
+/// The start line alone, for a hold nothing watches, in the usage file
+/// opened before the take; said on stderr (unless `-q`) when it cannot be
+/// written.
+pub(crate) fn start_line(hold: &HoldFacts, opened: crate::usage::Opened) {
+    if let Some(event) = crate::usage::track::start_record(hold, opened) {
         say(&[event], hold.quiet);
     }
 }

@@ -42,6 +42,9 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
     let notes = Notes::new(&mut dir, resources).without_setup_warning(!plan.setup_warning);
     let dir = dir;
     let idle_timeout = crate::usage::idle::within_site(plan.idle_timeout, &dir, resources)?;
+    // Before the take: a take that waits then writes its start line in one
+    // write after the grant (see usage::Opened).
+    let usage = crate::usage::Opened::open(crate::usage::dir_for(Some(&dir)));
     let taken = take_all(&plan, &dir, &notes)?;
     let mut env = child_env(&taken, &plan.dir, &plan.step, plan.locks.probe_timeout)?;
     let budget_of = budget_held(&taken, &plan.locks);
@@ -68,6 +71,7 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
         waited: began.elapsed(),
         idle_timeout,
         budget_of,
+        usage,
     };
     start_watched(job, &mut env);
     crate::status::notes::say_notes(&notes, plan.quiet);
@@ -213,6 +217,8 @@ struct Job<'a> {
     idle_timeout: Option<Duration>,
     /// The budget held: its resource, MiB, and the device's total.
     budget_of: Option<(Resource, u64, u64)>,
+    /// This user's usage file, opened before the take.
+    usage: crate::usage::Opened,
 }
 
 /// Labels the held locks, starts the job's usage record and, where the job
@@ -226,6 +232,7 @@ fn start_watched(job: Job, env: &mut crate::job_env::Env) {
         waited,
         idle_timeout,
         budget_of,
+        usage,
     } = job;
     let (step, probe_timeout) = (&plan.step, plan.locks.probe_timeout);
     // The label names this process, which the command becomes: its pid and
@@ -241,7 +248,7 @@ fn start_watched(job: Job, env: &mut crate::job_env::Env) {
         waited,
         mem_mib: budget_of.as_ref().map(|(_, mem, _)| *mem),
         idle_timeout,
-        usage_dir: crate::usage::dir_for(Some(dir)),
+        usage_dir: usage.dir().map(std::path::Path::to_path_buf),
         from: "cli",
         roots: vec![record.pid],
         probe_timeout,
@@ -284,7 +291,7 @@ fn start_watched(job: Job, env: &mut crate::job_env::Env) {
     // The start line is the watcher's where it samples; else this process's
     // (a watcher for the lock files alone writes none).
     if !watch.usage {
-        crate::watcher::start_line(&hold);
+        crate::watcher::start_line(&hold, usage);
     }
     if watch.any()
         && let Err(e) = crate::watcher::start(watch, &hold, dir, held, &record, plan.quiet)

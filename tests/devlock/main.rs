@@ -99,6 +99,7 @@ mod status;
 mod timeout_stop;
 mod torture;
 mod usage;
+mod usage_wait;
 mod wait_dir;
 
 fn main() {

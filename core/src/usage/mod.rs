@@ -237,9 +237,20 @@ impl Log {
     /// writes `start`; `Ok(None)` when records are kept nowhere, `Err` with
     /// why when they cannot be kept (the hold goes on; the front end says so).
     pub(crate) fn start(start: &Start, dir: Option<&Path>) -> Result<Option<Log>, String> {
-        let Some(dir) = dir else { return Ok(None) };
+        Log::start_in(start, Opened::open(dir.map(Path::to_path_buf)))
+    }
+
+    /// [`Log::start`] in a file [`Opened`] ahead: anew if it was removed
+    /// meanwhile (renamed `.old` by a co-holder's rotation, then that
+    /// `.old` replaced by the next), so that no line is written where
+    /// nobody reads it.
+    pub(crate) fn start_in(start: &Start, opened: Opened) -> Result<Option<Log>, String> {
+        let (Some(dir), Some(file)) = (opened.dir, opened.file?) else {
+            return Ok(None);
+        };
+        let gone = nix::sys::stat::fstat(file.as_fd()).is_ok_and(|st| st.st_nlink == 0);
         let log = Log {
-            file: open_own(dir)?,
+            file: if gone { open_own(&dir)? } else { file },
             job: start.job.clone(),
         };
         log.write(&Line::Start(start.clone()));
@@ -281,6 +292,36 @@ impl Log {
         bytes.push(b'\n');
         // One write: with O_APPEND the kernel puts it at the end whole.
         let _ = (&self.file).write(&bytes);
+    }
+}
+
+/// This user's usage file in a usage directory, opened before a take
+/// that may wait: a take that waited then writes its start line in one
+/// write(2) after the grant, instead of walking to the directory and
+/// opening the file while the next in line waits for its command to start
+/// (bench/run's hand-off and drain). A take that does not wait does what
+/// it did, before its grant instead of after.
+#[derive(Debug)]
+pub struct Opened {
+    dir: Option<PathBuf>,
+    /// The file; `None` where records are kept nowhere; `Err` with why
+    /// they cannot be kept (said once the locks are taken, as before).
+    file: Result<Option<std::fs::File>, String>,
+}
+
+impl Opened {
+    /// Opens (or makes) this user's file in `dir` (`None`: nowhere).
+    pub fn open(dir: Option<PathBuf>) -> Opened {
+        let file = match &dir {
+            Some(dir) => open_own(dir).map(Some),
+            None => Ok(None),
+        };
+        Opened { dir, file }
+    }
+
+    /// The usage directory.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
     }
 }
 

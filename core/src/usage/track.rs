@@ -63,10 +63,10 @@ pub fn needs_watch(hold: &HoldFacts) -> bool {
     job.has_gpus() && (hold.usage_dir.is_some() || hold.idle_timeout.is_some())
 }
 
-/// The start line alone, for a hold nothing watches: what to say when it
-/// cannot be written.
-pub fn start_record(hold: &HoldFacts) -> Option<HoldEvent> {
-    Log::start(&start_of(hold), hold.usage_dir.as_deref())
+/// The start line alone, for a hold nothing watches, in the file opened
+/// before the take: what to say when it cannot be written.
+pub fn start_record(hold: &HoldFacts, opened: super::Opened) -> Option<HoldEvent> {
+    Log::start_in(&start_of(hold), opened)
         .err()
         .map(|why| HoldEvent::NoRecord { why })
 }
