@@ -206,6 +206,8 @@ impl Here {
         let Some(alarm) = &self.alarm else {
             return;
         };
+        // Its repeats would interrupt the look that follows, not a lock call.
+        alarm.disarm();
         if self.showing.is_none() {
             let Some(parts) = self.parts.take() else {
                 return;
@@ -225,7 +227,6 @@ impl Here {
         }
         self.due = showing.report(now);
         if showing.past_deadline(now) {
-            alarm.disarm();
             self.timed_out = Some(showing.time_out());
             stop.request();
             return;
