@@ -14,7 +14,6 @@
 //! that stays names the waiter's own step.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +26,6 @@ use crate::flock::wait::{Observer, Wait};
 use crate::interrupt::Stop;
 use crate::show::sanitize;
 use crate::supervise::{self, Received};
-use crate::sys::signal::Thread;
 use crate::text::fit;
 use crate::tty;
 
@@ -37,15 +35,8 @@ mod line;
 
 pub(crate) use board::Board;
 use board::Shown;
-use helper::helper_thread;
+use helper::wait_beside;
 use line::Showing;
-
-const WAITING: u8 = 0;
-const ACQUIRED: u8 = 1;
-const GAVE_UP: u8 = 2;
-/// The wait ended without the locks (a job stop, an error): the helper
-/// clears its display and ends.
-const LEFT: u8 = 3;
 
 /// How long a wait lasts before it is shown: a shorter one (the usual
 /// hand-off under contention, a few milliseconds) costs nothing beyond the
@@ -122,23 +113,6 @@ pub(crate) fn say_back_in_line(plan: &WaitPlan, resources: &str) {
         }
     };
     say(&format!("{line}\n"));
-}
-
-/// The waiting thread of a wait, as its helper stops it at the deadline:
-/// through the take's [`Stop`], as the library's timeout does.
-pub(super) struct Waiter {
-    stop: Stop,
-    thread: Thread,
-    /// Set by the waiting thread once its lock call is over.
-    out: Arc<AtomicBool>,
-}
-
-impl Waiter {
-    /// Interrupts the wait until the waiting thread is out of it.
-    pub(super) fn stop(&self) {
-        self.stop
-            .stop_until(self.thread, &|| self.out.load(Ordering::Acquire));
-    }
 }
 
 /// How often an alarm that is due repeats until the waiting thread has
@@ -319,58 +293,6 @@ fn wait_here<T>(
     ))
 }
 
-/// A wait whose waiting thread sleeps in no lock call an alarm could
-/// interrupt: a helper thread shows it, stops it at the deadline and takes
-/// the stopping signals, from [`SHOW_AFTER`] on.
-fn wait_beside<T>(
-    parts: Parts,
-    plan: &WaitPlan,
-    stop: &Stop,
-    started: Instant,
-    block: impl FnOnce() -> Result<T>,
-) -> Result<(T, Waited)> {
-    let waiter = Waiter {
-        stop: stop.clone(),
-        thread: Thread::current(),
-        out: Arc::default(),
-    };
-    let out = waiter.out.clone();
-    let state = Arc::new(AtomicU8::new(WAITING));
-    let got = Arc::new(GotLine::default());
-    let showing = Showing::new(parts, plan.clone(), started);
-    // On a terminal (live or shared) the last line, "got ..." or the
-    // cleared live line, comes before the command's own output; in a log
-    // the command may start first (hand-off latency).
-    let on_terminal = showing.display != Display::Log && !plan.quiet;
-    crate::sys::process::one_heap();
-    let spawned = {
-        let (state, got) = (state.clone(), got.clone());
-        std::thread::Builder::new()
-            .name("devlock-wait".into())
-            .stack_size(256 * 1024)
-            .spawn(move || helper_thread(showing, state, &got, &waiter))
-    };
-    let held = {
-        // Job stops reach this thread only (the helper keeps them held), and
-        // interrupt its lock call.
-        let _stops = crate::interrupt::CatchJobStops::new();
-        block()
-    };
-    out.store(true, Ordering::Release);
-    let Ok(handle) = spawned else {
-        return Ok((held?, Waited::default()));
-    };
-    let held = end_wait(held, &state, handle)?;
-    Ok((
-        held.0,
-        Waited {
-            helper: Some(held.1),
-            on_terminal,
-            got: Some(got),
-        },
-    ))
-}
-
 /// A stopping signal `sig` ended the wait before the locks came (the
 /// caller has dropped its registrations): what the run made goes, and the
 /// exit status says the signal. One end for the waiting thread and the
@@ -382,48 +304,6 @@ fn leave_line_for(sig: libc::c_int, plan: &WaitPlan) -> ! {
 
 /// What a wait shows, and the registrations it keeps until it ends.
 type Parts = (Shown, Vec<Option<Registration>>);
-
-/// Ends a shown wait as the lock call `held` ended: an error first stops
-/// the helper (which takes its display and the registrations with it);
-/// locks taken are the helper's to hear of. If the helper gave up first
-/// (the deadline), the wait timed out, whatever the lock call came to: a
-/// lock taken at that very moment goes with the take's error, unused.
-fn end_wait<T>(
-    held: Result<T>,
-    state: &AtomicU8,
-    handle: HelperHandle,
-) -> Result<(T, HelperHandle)> {
-    let gave_up = |handle: HelperHandle| match handle.join() {
-        Ok(Err(busy)) => anyhow::Error::new(busy),
-        _ => anyhow::anyhow!("the waiting display ended without an answer"),
-    };
-    let held = match held {
-        Ok(held) => held,
-        Err(e) => {
-            if state
-                .compare_exchange(WAITING, LEFT, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                return Err(gave_up(handle));
-            }
-            // The helper then sees LEFT and ends, taking its display and
-            // the registrations with it.
-            Thread::of(&handle).signal(supervise::wake_signal());
-            let _ = handle.join();
-            return Err(e);
-        }
-    };
-    if state
-        .compare_exchange(WAITING, ACQUIRED, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        return Err(gave_up(handle));
-    }
-    // The helper has the wake signal blocked (every thread has), so this
-    // only ends its sigtimedwait.
-    Thread::of(&handle).signal(supervise::wake_signal());
-    Ok((held, handle))
-}
 
 /// The last line of a wait that is over (`got gpu:0 after 4s (train)`):
 /// said only as the command is about to start, by whichever comes second,
@@ -617,10 +497,4 @@ impl Waited {
 
 fn say(text: &str) {
     let _ = std::io::stderr().write_all(text.as_bytes());
-}
-
-fn give_up(state: &AtomicU8) -> bool {
-    state
-        .compare_exchange(WAITING, GAVE_UP, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
 }
