@@ -128,12 +128,16 @@ pub struct CatchStops {
 
 impl CatchStops {
     pub fn new(signals: &[libc::c_int]) -> CatchStops {
+        CatchStops::with(signals, note_stop)
+    }
+
+    fn with(signals: &[libc::c_int], handler: extern "C" fn(libc::c_int)) -> CatchStops {
         install();
         interrupt_timer();
         unblock_here();
         let before = signals
             .iter()
-            .map(|&sig| signal::set_handler(sig, note_stop))
+            .map(|&sig| signal::set_handler(sig, handler))
             .collect();
         let signals = SigSet::of(signals);
         signal::unblock(&signals);
@@ -150,6 +154,52 @@ impl Drop for CatchStops {
         }
         disarm_interrupt_timer();
     }
+}
+
+/// Whether the terminal changed size while a [`CatchResize`] was held.
+static RESIZED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn note_resize(_: libc::c_int) {
+    RESIZED.store(true, Ordering::Release);
+    // As note_stop: the resize may land just before the lock call. The
+    // waiting thread disarms the timer once it has redrawn.
+    if let Some(Some(timer)) = TIMER.get() {
+        let every = Duration::from_millis(2);
+        timer.arm(every, every);
+    }
+}
+
+/// While a live waiting line is shown by the waiting thread itself: SIGWINCH
+/// (blocked, as the front end keeps it) interrupts the lock call, and
+/// [`take_resize`] says it came, so the line is drawn again at the new
+/// width. Dropping it blocks SIGWINCH again and puts back its action.
+#[derive(Debug)]
+pub struct CatchResize {
+    _caught: CatchStops,
+}
+
+impl CatchResize {
+    pub fn new() -> CatchResize {
+        CatchResize {
+            _caught: CatchStops::with(&[libc::SIGWINCH], note_resize),
+        }
+    }
+}
+
+impl Default for CatchResize {
+    fn default() -> Self {
+        CatchResize::new()
+    }
+}
+
+/// Whether the terminal changed size since last asked (taken: the timer
+/// that repeated the interruption stops).
+pub fn take_resize() -> bool {
+    let resized = RESIZED.swap(false, Ordering::AcqRel);
+    if resized {
+        disarm_interrupt_timer();
+    }
+    resized
 }
 
 /// The stopping signal a [`CatchStops`] wait was ended by, if one was
@@ -292,6 +342,13 @@ impl Stop {
             && STOPPED.load(Ordering::Acquire) == 0
     }
 
+    /// Asks the wait to stop, from its own thread (the hook set with
+    /// [`Stop::on_interrupt`], at the deadline): the lock call it is in
+    /// then ends, as after [`Stop::stop`].
+    pub fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+    }
+
     /// Sets (or with `None` clears) what the waiting thread does each time
     /// it looks whether to keep waiting.
     pub fn on_interrupt(&self, hook: Option<Hook>) {
@@ -407,6 +464,12 @@ impl Alarm {
         let timer = Timer::new(interrupt_signal(), Some(signal::thread_id()))?;
         let first = when.saturating_duration_since(std::time::Instant::now());
         timer.arm(first, every).then_some(Alarm(timer))
+    }
+
+    /// Sets the alarm again, for `when` and every `every` after it.
+    pub fn rearm(&self, when: std::time::Instant, every: Duration) -> bool {
+        let first = when.saturating_duration_since(std::time::Instant::now());
+        self.0.arm(first, every)
     }
 
     /// Stops the alarm (a signal already sent interrupts nothing that is

@@ -1,5 +1,7 @@
-//! A contended wait: the main thread sleeps in flock(2) while a helper thread
-//! shows the wait, stops it at the deadline and answers signals.
+//! A contended wait, shown, bounded by `-w` and ended by a stopping signal
+//! on the one thread that sleeps in its lock calls: an alarm (or the
+//! signal) interrupts the call when something is due. A wait that sleeps in
+//! no such call (`--any`, `--slots`, budgets) has a helper thread for it.
 //!
 //! What it shows depends on where stderr goes. On a terminal whose line is
 //! devlock's (its process group is the foreground group, and holds nothing
@@ -12,7 +14,6 @@
 //! that stays names the waiter's own step.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,27 +22,21 @@ use anyhow::Result;
 use crate::error::Busy;
 use crate::flock::registration::Registration;
 use crate::flock::trust::Notes;
-use crate::flock::wait::{Observer, Wait, Watch};
+use crate::flock::wait::{Observer, Wait};
 use crate::interrupt::Stop;
 use crate::show::sanitize;
 use crate::supervise::{self, Received};
-use crate::sys::signal::Thread;
 use crate::text::fit;
 use crate::tty;
 
 mod board;
 mod helper;
+mod line;
 
 pub(crate) use board::Board;
 use board::Shown;
-use helper::helper_thread;
-
-const WAITING: u8 = 0;
-const ACQUIRED: u8 = 1;
-const GAVE_UP: u8 = 2;
-/// The wait ended without the locks (a job stop, an error): the helper
-/// clears its display and ends.
-const LEFT: u8 = 3;
+use helper::wait_beside;
+use line::Showing;
 
 /// How long a wait lasts before it is shown: a shorter one (the usual
 /// hand-off under contention, a few milliseconds) costs nothing beyond the
@@ -120,219 +115,195 @@ pub(crate) fn say_back_in_line(plan: &WaitPlan, resources: &str) {
     say(&format!("{line}\n"));
 }
 
-/// The waiting thread of a wait, as its helper stops it at the deadline:
-/// through the take's [`Stop`], as the library's timeout does.
-pub(super) struct Waiter {
-    stop: Stop,
-    thread: Thread,
-    /// Set by the waiting thread once its lock call is over.
-    out: Arc<AtomicBool>,
-}
+/// How often an alarm that is due repeats until the waiting thread has
+/// done what was due: its first signal may land just before the thread
+/// enters its lock call.
+const RETRY: Duration = Duration::from_millis(20);
 
-impl Waiter {
-    /// Interrupts the wait until the waiting thread is out of it.
-    pub(super) fn stop(&self) {
-        self.stop
-            .stop_until(self.thread, &|| self.out.load(Ordering::Acquire));
-    }
-}
-
-/// Runs `block` (which sleeps in the kernel until the locks are ours) on
-/// this thread while a helper thread shows the wait, stops it at the
-/// deadline (through `stop`: the wait then ends in [`Busy`], timed out) and
-/// watches for stopping signals. A stopping signal while waiting ends the
-/// process from the helper thread: nothing has started yet, so nothing is
-/// left running, and the kernel drops every lock and place in line. Settle
-/// the returned [`Waited`] to learn of a stopping signal that arrived at the
-/// very moment the locks were taken.
+/// Runs `block` (which sleeps in the kernel until the locks are ours) and
+/// shows the wait meanwhile, stops it at the deadline (it then ends in
+/// [`Busy`], timed out) and ends the run on a stopping signal: nothing has
+/// started yet, so nothing is left running, and the kernel drops every
+/// lock and place in line. A `lazy` wait sleeps in lock calls an alarm
+/// interrupts, and does all of it on this thread; any other wait has a
+/// helper thread do it. Settle the returned [`Waited`] to learn of a
+/// stopping signal that arrived at the very moment the locks were taken.
 fn wait_for<T>(
-    label: String,
-    watches: Vec<Watch>,
-    registrations: Vec<Option<Registration>>,
+    parts: Parts,
     plan: &WaitPlan,
     stop: &Stop,
     lazy: bool,
     block: impl FnOnce() -> Result<T>,
 ) -> Result<(T, Waited)> {
-    // The helper may interrupt this thread's wait at the deadline.
+    // An alarm (or the helper) interrupts this thread's lock calls.
     crate::interrupt::install();
-    let waiter = Waiter {
-        stop: stop.clone(),
-        thread: Thread::current(),
-        out: Arc::default(),
-    };
-    let out = waiter.out.clone();
-    let state = Arc::new(AtomicU8::new(WAITING));
-    let got = Arc::new(GotLine::default());
     let started = Instant::now();
-    // What the helper takes once it starts; the display is asked for then
-    // too (on a terminal that costs a look at the process group).
-    let parts = Arc::new(Mutex::new(Some((Shown { label, watches }, registrations))));
-    let helper: Arc<Mutex<Option<Helper>>> = Arc::default();
-    // A quiet wait in lock calls with no deadline has nothing to show and
-    // no moment to stop at: it needs no helper. Its own lock call takes the
-    // stopping signals (they interrupt it), as it takes job stops.
-    let alone = plan.quiet && plan.deadline.is_none() && lazy;
-    let start = (!alone).then(|| {
-        starter(
-            state.clone(),
-            plan.clone(),
-            parts.clone(),
-            helper.clone(),
-            got.clone(),
-            started,
-            waiter,
-        )
-    });
-    // A wait that ends before it is worth showing never starts the helper:
-    // an alarm interrupts the lock call when it is due, and the waiting
-    // thread starts it then. Stopping signals meanwhile stay pending for the
-    // helper (or, once the locks are taken, for the check before the start).
-    let alarm = match (lazy.then_some(stop), start) {
-        (Some(stop), Some(start)) => {
-            let due = plan
-                .deadline
-                .map_or(started + SHOW_AFTER, |d| d.min(started + SHOW_AFTER));
-            on_time(due, stop, start).map(|alarm| (alarm, stop))
+    if !lazy {
+        return wait_beside(parts, plan, stop, started, block);
+    }
+    // A quiet wait with no deadline has nothing to show and no moment to
+    // stop at: no alarm either.
+    if plan.quiet && plan.deadline.is_none() {
+        return wait_here(parts, plan, stop, started, None, block);
+    }
+    let due = line::first_due(plan, started);
+    match crate::interrupt::Alarm::at(due, RETRY) {
+        Some(alarm) => wait_here(parts, plan, stop, started, Some((alarm, due)), block),
+        // No timer to be had: a helper thread keeps the time.
+        None => wait_beside(parts, plan, stop, started, block),
+    }
+}
+
+/// What a lazy wait's own thread does when its lock call is interrupted:
+/// nothing before `due`; then the line is shown (and the stopping signals
+/// caught: until then they stay pending, as they did for the helper that
+/// started then), and the alarm set again for what falls due next.
+struct Here {
+    parts: Option<Parts>,
+    plan: WaitPlan,
+    started: Instant,
+    alarm: Option<crate::interrupt::Alarm>,
+    due: Instant,
+    showing: Option<Showing>,
+    stops: Option<crate::interrupt::CatchStops>,
+    resize: Option<crate::interrupt::CatchResize>,
+    timed_out: Option<Busy>,
+}
+
+impl Here {
+    fn on_interrupt(&mut self, stop: &Stop) {
+        let now = Instant::now();
+        let resized = self.resize.is_some() && crate::interrupt::take_resize();
+        if now < self.due && !resized {
+            return;
         }
-        (None, Some(start)) => {
-            start();
+        let Some(alarm) = &self.alarm else {
+            return;
+        };
+        // Its repeats would interrupt the look that follows, not a lock call.
+        alarm.disarm();
+        if self.showing.is_none() {
+            let Some(parts) = self.parts.take() else {
+                return;
+            };
+            let showing = Showing::new(parts, self.plan.clone(), self.started);
+            self.stops = Some(crate::interrupt::CatchStops::new(supervise::stop_signals()));
+            if showing.display == Display::Live && !self.plan.quiet {
+                self.resize = Some(crate::interrupt::CatchResize::new());
+            }
+            self.showing = Some(showing);
+        }
+        let Some(showing) = self.showing.as_mut() else {
+            return;
+        };
+        if resized {
+            showing.resized();
+        }
+        self.due = showing.report(now);
+        if showing.past_deadline(now) {
+            self.timed_out = Some(showing.time_out());
+            stop.request();
+            return;
+        }
+        alarm.rearm(self.due, RETRY);
+    }
+}
+
+fn lock_here(here: &Mutex<Here>) -> std::sync::MutexGuard<'_, Here> {
+    here.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A lazy wait, on this thread alone. `alarm`: when the first thing is due
+/// (none: a quiet wait with no deadline, which catches the stopping signals
+/// from the start).
+fn wait_here<T>(
+    parts: Parts,
+    plan: &WaitPlan,
+    stop: &Stop,
+    started: Instant,
+    alarm: Option<(crate::interrupt::Alarm, Instant)>,
+    block: impl FnOnce() -> Result<T>,
+) -> Result<(T, Waited)> {
+    let quiet = alarm.is_none();
+    let (alarm, due) = alarm.map_or((None, started), |(a, due)| (Some(a), due));
+    let shared = Arc::new(Mutex::new(Here {
+        parts: Some(parts),
+        plan: plan.clone(),
+        started,
+        alarm,
+        due,
+        showing: None,
+        stops: quiet.then(|| crate::interrupt::CatchStops::new(supervise::stop_signals())),
+        resize: None,
+        timed_out: None,
+    }));
+    if !quiet {
+        let (here, hook_stop) = (shared.clone(), stop.clone());
+        stop.on_interrupt(Some(Box::new(move || {
+            lock_here(&here).on_interrupt(&hook_stop)
+        })));
+    }
+    let held = {
+        let _stops = crate::interrupt::CatchJobStops::new();
+        block()
+    };
+    stop.on_interrupt(None);
+    let mut here = lock_here(&shared);
+    if let Some(alarm) = here.alarm.take() {
+        alarm.disarm();
+    }
+    // Blocked again: one that comes now waits for the check before the start.
+    drop((here.stops.take(), here.resize.take()));
+    let timed_out = here.timed_out.take();
+    if let Some(sig) = crate::interrupt::take_stop() {
+        if held.is_ok() || timed_out.is_some() {
+            // The locks were taken (or the wait timed out) at this very
+            // moment: pending again, for the check before the command starts.
+            crate::sys::signal::raise(sig);
+        } else {
+            if let Some(showing) = here.showing.as_mut() {
+                showing.leave();
+            }
+            here.parts = None;
+            leave_line_for(sig, plan);
+        }
+    }
+    if let Some(busy) = timed_out {
+        // A lock taken at that very moment goes with the take's error, unused.
+        return Err(busy.into());
+    }
+    let got = match (&held, here.showing.as_mut()) {
+        (Ok(_), Some(showing)) => showing.got(),
+        (Err(_), Some(showing)) => {
+            showing.leave();
             None
         }
         (_, None) => None,
     };
-    let held = {
-        // Job stops reach this thread only (the helper keeps them held), and
-        // interrupt its lock call.
-        let _stops = crate::interrupt::CatchJobStops::new();
-        let _stopping = alone.then(|| crate::interrupt::CatchStops::new(supervise::stop_signals()));
-        block()
-    };
-    if let Some(sig) = alone.then(crate::interrupt::take_stop).flatten() {
-        stopped_alone(held.is_ok(), sig, &parts, plan);
-    }
-    out.store(true, Ordering::Release);
-    if let Some((alarm, stop)) = alarm {
-        alarm.disarm();
-        stop.on_interrupt(None);
-    }
-    let helper = helper.lock().ok().and_then(|mut h| h.take());
-    let Some(helper) = helper else {
-        // Never shown: the registrations go now.
-        drop(parts);
-        return Ok((held?, Waited::default()));
-    };
-    let held = end_wait(held, &state, helper.handle)?;
+    drop(here);
+    // The registrations go now.
+    drop(shared);
     Ok((
-        held.0,
+        held?,
         Waited {
-            helper: Some(held.1),
-            on_terminal: helper.on_terminal,
-            got: Some(got),
+            helper: None,
+            on_terminal: false,
+            got: got.map(|line| Arc::new(GotLine(Mutex::new(Got::Line(line))))),
         },
     ))
 }
 
-/// A quiet wait's own thread caught stopping signal `sig`. Still waiting
-/// (`taken` false), the run ends as the helper would have ended it: the
-/// registrations and what the run made go, and the exit status says the
-/// signal. Taken at that very moment, the locks are the caller's and the
-/// signal is pending again, for the check before the command starts.
-fn stopped_alone(taken: bool, sig: libc::c_int, parts: &Mutex<Option<Parts>>, plan: &WaitPlan) {
-    if taken {
-        crate::sys::signal::raise(sig);
-        return;
-    }
-    drop(parts.lock().ok().and_then(|mut p| p.take()));
-    leave_line_for(sig, plan);
-}
-
 /// A stopping signal `sig` ended the wait before the locks came (the
 /// caller has dropped its registrations): what the run made goes, and the
-/// exit status says the signal. One end for the helper and a quiet wait.
+/// exit status says the signal. One end for the waiting thread and the
+/// helper.
 fn leave_line_for(sig: libc::c_int, plan: &WaitPlan) -> ! {
     plan.made.remove_all_before_exit();
     std::process::exit(crate::exit::ExitCode::Signal(sig).code());
 }
 
-/// What a wait's helper shows, and the registrations it keeps until it ends.
+/// What a wait shows, and the registrations it keeps until it ends.
 type Parts = (Shown, Vec<Option<Registration>>);
-
-/// What starts the helper thread of a wait (once: it takes what it shows).
-fn starter(
-    state: Arc<AtomicU8>,
-    plan: WaitPlan,
-    parts: Arc<Mutex<Option<Parts>>>,
-    helper: Arc<Mutex<Option<Helper>>>,
-    got: Arc<GotLine>,
-    started: Instant,
-    waiter: Waiter,
-) -> impl FnOnce() {
-    move || {
-        let Some(parts) = parts.lock().ok().and_then(|mut p| p.take()) else {
-            return;
-        };
-        let display = Display::for_plan(&plan);
-        // On a terminal (live or shared) the last line, "got ..." or
-        // the cleared live line, comes before the command's own output;
-        // in a log the command may start first (hand-off latency).
-        let on_terminal = display != Display::Log && !plan.quiet;
-        let (state, plan) = (state.clone(), plan.clone());
-        crate::sys::process::one_heap();
-        let spawned = std::thread::Builder::new()
-            .name("devlock-wait".into())
-            .stack_size(256 * 1024)
-            .spawn(move || helper_thread(parts, state, started, plan, display, &got, &waiter));
-        if let (Ok(handle), Ok(mut slot)) = (spawned, helper.lock()) {
-            *slot = Some(Helper {
-                handle,
-                on_terminal,
-            });
-        }
-    }
-}
-
-/// Ends a shown wait as the lock call `held` ended: an error first stops
-/// the helper (which takes its display and the registrations with it);
-/// locks taken are the helper's to hear of. If the helper gave up first
-/// (the deadline), the wait timed out, whatever the lock call came to: a
-/// lock taken at that very moment goes with the take's error, unused.
-fn end_wait<T>(
-    held: Result<T>,
-    state: &AtomicU8,
-    handle: HelperHandle,
-) -> Result<(T, HelperHandle)> {
-    let gave_up = |handle: HelperHandle| match handle.join() {
-        Ok(Err(busy)) => anyhow::Error::new(busy),
-        _ => anyhow::anyhow!("the waiting display ended without an answer"),
-    };
-    let held = match held {
-        Ok(held) => held,
-        Err(e) => {
-            if state
-                .compare_exchange(WAITING, LEFT, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                return Err(gave_up(handle));
-            }
-            // The helper then sees LEFT and ends, taking its display and
-            // the registrations with it.
-            Thread::of(&handle).signal(supervise::wake_signal());
-            let _ = handle.join();
-            return Err(e);
-        }
-    };
-    if state
-        .compare_exchange(WAITING, ACQUIRED, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        return Err(gave_up(handle));
-    }
-    // The helper has the wake signal blocked (every thread has), so this
-    // only ends its sigtimedwait.
-    Thread::of(&handle).signal(supervise::wake_signal());
-    Ok((held, handle))
-}
 
 /// The last line of a wait that is over (`got gpu:0 after 4s (train)`):
 /// said only as the command is about to start, by whichever comes second,
@@ -437,15 +408,14 @@ impl Observer for WaitDisplay<'_> {
         crate::status::notes::say_notes(self.notes, self.plan.quiet);
         // Waited for on this thread, in lock calls a signal interrupts: the
         // display may start late.
-        let ((), waited) = wait_for(
-            wait.label,
-            wait.watches,
+        let parts = (
+            Shown {
+                label: wait.label,
+                watches: wait.watches,
+            },
             wait.registrations,
-            self.plan,
-            stop,
-            wait.lazy,
-            block,
-        )?;
+        );
+        let ((), waited) = wait_for(parts, self.plan, stop, wait.lazy, block)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(waited);
         Ok(())
     }
@@ -494,43 +464,9 @@ impl Pending {
     }
 }
 
-/// Runs `job` once on the waiting thread, when its lock call is interrupted
-/// at or after `due`; at once when no alarm can be set. The alarm repeats
-/// every 20 ms after `due` (its first signal may land just before the
-/// thread enters its lock call) and stops once `job` has run: a long wait
-/// sleeps undisturbed (it was woken 50 times a second until it ended).
-fn on_time(
-    due: Instant,
-    stop: &Stop,
-    job: impl FnOnce() + Send + 'static,
-) -> Option<Arc<crate::interrupt::Alarm>> {
-    let Some(alarm) = crate::interrupt::Alarm::at(due, Duration::from_millis(20)) else {
-        job();
-        return None;
-    };
-    let alarm = Arc::new(alarm);
-    let mut job = Some(job);
-    let done = alarm.clone();
-    stop.on_interrupt(Some(Box::new(move || {
-        if Instant::now() >= due
-            && let Some(job) = job.take()
-        {
-            job();
-            done.disarm();
-        }
-    })));
-    Some(alarm)
-}
-
 /// The helper thread's end: a stopping signal caught as the locks were
 /// taken, or the timeout.
 type HelperHandle = std::thread::JoinHandle<std::result::Result<Option<Received>, Busy>>;
-
-/// The helper thread, once started.
-struct Helper {
-    handle: HelperHandle,
-    on_terminal: bool,
-}
 
 /// A wait that is over but whose helper thread may still be finishing.
 #[derive(Debug, Default)]
@@ -561,17 +497,4 @@ impl Waited {
 
 fn say(text: &str) {
     let _ = std::io::stderr().write_all(text.as_bytes());
-}
-
-fn give_up(state: &AtomicU8) -> bool {
-    state
-        .compare_exchange(WAITING, GAVE_UP, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-}
-
-/// Clears the live line if it is on the screen.
-fn clear(drawn: &mut bool) {
-    if std::mem::take(drawn) {
-        say("\r\x1b[K");
-    }
 }

@@ -85,6 +85,7 @@ mod layers;
 mod long_waits;
 mod manners;
 mod nvml;
+mod one_thread_wait;
 mod page_truth;
 mod quiet_wait;
 mod readme;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::harness::*;
 
-fn threads(pid: u32) -> usize {
+pub(crate) fn threads(pid: u32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
