@@ -270,14 +270,18 @@ pub(crate) fn etcd_a_group_sigkill_ends_the_whole_job() {
     assert_eq!(std::fs::read_to_string(&verdict).unwrap().trim(), "clean");
 }
 
-/// A shell test for "every pid in FILES is gone (or a zombie)", written to
+/// A shell test for "every pid in FILES is gone (or a zombie, or being reaped)", written to
 /// `verdict` by the next holder as its first act.
 pub(crate) fn verdict_script(pid_files: &[&std::path::Path], verdict: &std::path::Path) -> String {
     let checks: Vec<String> = pid_files
         .iter()
         .map(|f| {
             let pid = std::fs::read_to_string(f).unwrap().trim().to_owned();
-            format!("{{ [ -d /proc/{pid} ] && ! grep -q '^State:.*Z' /proc/{pid}/status; }}")
+            // Read once: a holder reaped between a look at its directory
+            // and one at its status would read as alive (grep's error).
+            format!(
+                "{{ s=$(cat /proc/{pid}/status 2>/dev/null) && ! printf '%s' \"$s\" | grep -q '^State:.*[ZX]'; }}"
+            )
         })
         .collect();
     format!(
