@@ -30,15 +30,7 @@ pub(crate) fn the_live_line_fits_a_narrow_terminal_and_follows_a_resize() {
                 .args(["--step", "mine", "r", "--", "echo", "COMMAND-OUTPUT"]),
         );
     pty.wait_for("1st in line");
-    // Narrower: the kernel tells the foreground group with SIGWINCH.
-    let mark = pty.output().len();
-    pty.resize(45);
-    pty.wait_until("a line redrawn to 45 columns", |out| {
-        out[mark..]
-            .split("\r\x1b[K")
-            .skip(1)
-            .any(|line| !line.is_empty() && devlock::testing::text::columns(line) < 45)
-    });
+    pty.narrowed_and_redrawn(45);
     release(&s, "h");
     let out = pty.wait_for("COMMAND-OUTPUT");
     assert!(wait_child(&mut devlock).success());

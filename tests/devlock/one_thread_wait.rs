@@ -136,14 +136,7 @@ pub(crate) fn a_live_waiting_line_is_one_thread_redrawn_on_resize_and_ended_by_c
         let pid = waiter.id();
         pty.wait_for("1st in line");
         assert_eq!(threads(pid), 1, "{name}");
-        let mark = pty.output().len();
-        pty.resize(45);
-        pty.wait_until("a line redrawn to 45 columns", |out| {
-            out[mark..]
-                .split("\r\x1b[K")
-                .skip(1)
-                .any(|line| !line.is_empty() && devlock::testing::text::columns(line) < 45)
-        });
+        pty.narrowed_and_redrawn(45);
         assert_eq!(threads(pid), 1, "{name}");
         pty.type_in(b"\x03");
         let status = wait_child(&mut waiter.0);

@@ -92,6 +92,19 @@ impl Pty {
         (&self.master).write_all(bytes).unwrap();
     }
 
+    /// Narrows the terminal to `columns` (the kernel tells the foreground
+    /// group with SIGWINCH) and waits until a live line is drawn again,
+    /// narrower than that.
+    pub fn narrowed_and_redrawn(&self, columns: u16) {
+        let mark = self.output().len();
+        self.resize(columns);
+        self.wait_until(&format!("a line redrawn to {columns} columns"), |out| {
+            out[mark..].split("\r\x1b[K").skip(1).any(|line| {
+                !line.is_empty() && devlock::testing::text::columns(line) < usize::from(columns)
+            })
+        });
+    }
+
     /// Everything the terminal was sent so far.
     pub fn output(&self) -> String {
         String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
