@@ -69,7 +69,19 @@ impl Scratch {
     /// what the tests see), nor its GPUs: NVML is off unless a test points
     /// `DEVLOCK_NVML` at the fake.
     pub fn devlock(&self) -> Command {
-        let mut cmd = Command::new(BIN);
+        self.with_devlock_env(Command::new(BIN))
+    }
+
+    /// `sh -c SCRIPT` in the environment [`Scratch::devlock`] gives, for a
+    /// script that sets something up (a trap, an ignored signal) and then
+    /// execs devlock itself.
+    pub fn sh(&self, script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        self.with_devlock_env(cmd)
+    }
+
+    fn with_devlock_env(&self, mut cmd: Command) -> Command {
         cmd.env("DEVLOCK_DIR", self.dir())
             .env("DEVLOCK_USAGE_DIR", self.usage_dir())
             .env("DEVLOCK_NVML", "none")
@@ -178,6 +190,14 @@ pub fn wait_for_release(s: &Scratch, tag: &str) -> (String, PathBuf) {
 pub fn hold_until_released(s: &Scratch, args: &[&str], tag: &str) -> Child {
     let (script, ready) = wait_for_release(s, tag);
     s.hold(args, &script, &ready)
+}
+
+/// `devlock ARGS` (stdin `/dev/null`), seen blocked first in line behind
+/// the holder of `resource`.
+pub fn queued(s: &Scratch, args: &[&str], resource: &str) -> Killed {
+    let child = s.devlock().args(args).stdin(Stdio::null()).spawn().unwrap();
+    wait_blocked(&s.lock_path(resource), 1);
+    Killed(child)
 }
 
 /// Lets the holder started with `tag` finish.

@@ -76,14 +76,10 @@ test!(a_signal_ignored_by_the_caller_stays_ignored_after_a_quiet_wait, needs: []
 pub(crate) fn a_signal_ignored_by_the_caller_stays_ignored_after_a_quiet_wait() {
     let s = Scratch::new();
     let mut holder = Killed(hold_until_released(&s, &["r"], "h"));
-    let waiter = std::process::Command::new("sh")
-        .args([
-            "-c",
-            &format!("trap '' HUP; exec {BIN} -q r -- sh -c 'kill -HUP $$; echo survived'"),
-        ])
-        .env("DEVLOCK_DIR", s.dir())
-        .env("DEVLOCK_USAGE_DIR", s.usage_dir())
-        .env("DEVLOCK_NVML", "none")
+    let waiter = s
+        .sh(&format!(
+            "trap '' HUP; exec {BIN} -q r -- sh -c 'kill -HUP $$; echo survived'"
+        ))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -104,14 +100,10 @@ pub(crate) fn a_stopping_signal_the_caller_ignored_does_not_end_a_wait() {
     let s = Scratch::new();
     for (quiet, h) in [("-q", "h-quiet"), ("", "h-shown")] {
         let mut holder = Killed(hold_until_released(&s, &["r"], h));
-        let waiter = std::process::Command::new("sh")
-            .args([
-                "-c",
-                &format!("trap '' HUP INT; exec {BIN} {quiet} r -- echo ran"),
-            ])
-            .env("DEVLOCK_DIR", s.dir())
-            .env("DEVLOCK_USAGE_DIR", s.usage_dir())
-            .env("DEVLOCK_NVML", "none")
+        let waiter = s
+            .sh(&format!(
+                "trap '' HUP INT; exec {BIN} {quiet} r -- echo ran"
+            ))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

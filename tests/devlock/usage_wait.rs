@@ -2,8 +2,6 @@
 //! a start line written after a long wait still lands where `devlock
 //! report` reads, whatever rotations happened meanwhile.
 
-use std::process::Stdio;
-
 use crate::harness::*;
 
 /// The start lines in the usage files readers read (`UID.jsonl` and its
@@ -27,14 +25,7 @@ test!(a_start_line_after_a_wait_survives_the_files_rotations, needs: []);
 pub(crate) fn a_start_line_after_a_wait_survives_the_files_rotations() {
     let s = Scratch::new();
     let mut holder = Killed(hold_until_released(&s, &["r"], "h"));
-    let mut waiter = Killed(
-        s.devlock()
-            .args(["-q", "r", "--", "true"])
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_blocked(&s.lock_path("r"), 1);
+    let mut waiter = queued(&s, &["-q", "r", "--", "true"], "r");
     let uid = nix::unistd::geteuid();
     let file = s.usage_dir().join(format!("{uid}.jsonl"));
     let old = s.usage_dir().join(format!("{uid}.jsonl.old"));

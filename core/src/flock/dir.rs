@@ -538,6 +538,28 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever another user planted at the wait directory's name (any
+        /// type, owner, group, mode), it is trusted only as a directory of
+        /// root's or the lock directory's owner, with the lock directory's
+        /// permission bits exactly: never looser, never tighter.
+        #[test]
+        fn a_planted_wait_directory_is_trusted_only_as_the_rule_says(
+            sub in (proptest::prelude::any::<u32>(), 0u32..4, 0u32..4),
+            top in (0u32..0o10000, 0u32..4, 0u32..4),
+        ) {
+            let (sub_mode, sub_uid, sub_gid) = sub;
+            let top = Sharing { mode: libc::S_IFDIR | top.0, uid: top.1, gid: top.2 };
+            let sub = Sharing { mode: sub_mode, uid: sub_uid, gid: sub_gid };
+            if shared_as(sub, top) {
+                proptest::prop_assert_eq!(sub.mode & libc::S_IFMT, libc::S_IFDIR);
+                proptest::prop_assert!(sub.uid == 0 || sub.uid == top.uid);
+                proptest::prop_assert_eq!(sub.mode & 0o1777, top.mode & 0o1777);
+            }
+        }
+    }
+
     /// A group's members are found among the registrations of a long line,
     /// by their name's prefix alone; what is no member stays out.
     #[test]

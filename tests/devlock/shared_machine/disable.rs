@@ -33,14 +33,7 @@ pub(crate) fn a_corrupt_queue_header_changes_nothing() {
     // A waiter once made the queue file; a stranger then writes the old
     // format's last ticket at its maximum, and garbage after it.
     let (mut h, _) = hold_as(&s, 0, &["r"], "h0");
-    let mut w = Killed(
-        s.devlock()
-            .args(["-q", "r", "--", "true"])
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_blocked(&s.lock_path("r"), 1);
+    let mut w = queued(&s, &["-q", "r", "--", "true"], "r");
     release(&s, "h0");
     assert!(wait_child(&mut h.0).success());
     assert!(wait_child(&mut w.0).success());
