@@ -23,7 +23,7 @@ use crate::proc::locks::LockTable;
 use crate::resource::Resource;
 use crate::supervise;
 use crate::take::Takes;
-use crate::wait_display::{WaitDisplay, WaitPlan};
+use crate::wait_display::{BeforeWait, WaitDisplay, WaitPlan};
 
 /// Takes every lock of `plan` and becomes its command. (`plan` by value:
 /// [`Plan::look`] refines its locks in place.)
@@ -42,10 +42,18 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
     let notes = Notes::new(&mut dir, resources).without_setup_warning(!plan.setup_warning);
     let dir = dir;
     let idle_timeout = crate::usage::idle::within_site(plan.idle_timeout, &dir, resources)?;
-    // Before the take: a take that waits then writes its start line in one
-    // write after the grant (see usage::Opened).
-    let usage = crate::usage::Opened::open(crate::usage::dir_for(Some(&dir)));
-    let taken = take_all(&plan, &dir, &notes)?;
+    // Opened as a wait begins: a take that waited then writes its start
+    // line in one write after the grant (see usage::Opened); one that did
+    // not wait opens it after the grant, as before, and a nested take that
+    // passes through, or a busy `-n`, never.
+    let usage = std::sync::OnceLock::new();
+    let open_usage = || {
+        usage.get_or_init(|| crate::usage::Opened::open(crate::usage::dir_for(Some(&dir))));
+    };
+    let taken = take_all(&plan, &dir, &notes, BeforeWait(&open_usage))?;
+    let usage = usage
+        .into_inner()
+        .unwrap_or_else(|| crate::usage::Opened::open(crate::usage::dir_for(Some(&dir))));
     let mut env = child_env(&taken, &plan.dir, &plan.step, plan.locks.probe_timeout)?;
     let budget_of = budget_held(&taken, &plan.locks);
     if let Some((_, mem, total)) = &budget_of {
@@ -117,7 +125,12 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
 /// them once nothing can stop the command from starting. A job stop
 /// (Ctrl-Z) before the command starts gives up every place and lock taken
 /// so far, stops, and once continued starts again at the back.
-fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Resource, Taken)>> {
+fn take_all(
+    plan: &RunPlan,
+    dir: &ScratchDir,
+    notes: &Notes,
+    before_wait: BeforeWait,
+) -> Result<Vec<(Resource, Taken)>> {
     let locks = &plan.locks;
     let resources = &locks.resources;
     // Only the first attempt may use it (one back in line after Ctrl-Z looks again).
@@ -132,7 +145,7 @@ fn take_all(plan: &RunPlan, dir: &ScratchDir, notes: &Notes) -> Result<Vec<(Reso
         made: dir.made().clone(),
     };
     let (taken, display) = loop {
-        let display = WaitDisplay::new(&wait_plan, notes);
+        let display = WaitDisplay::new(&wait_plan, notes, before_wait);
         let context = Context {
             dir,
             step: plan.step.clone(),

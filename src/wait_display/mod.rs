@@ -360,15 +360,34 @@ pub(crate) struct WaitDisplay<'a> {
     /// The last wait, until its take is done.
     current: Mutex<Option<Waited>>,
     pending: Mutex<Pending>,
+    /// Done as a wait begins (the run's usage file opened ahead).
+    before_wait: BeforeWait<'a>,
+}
+
+/// What a run does as its take begins to wait, so that it is not done
+/// between the grant and the command's start: only a take that waits pays
+/// for it there.
+#[derive(Clone, Copy)]
+pub(crate) struct BeforeWait<'a>(pub &'a (dyn Fn() + Sync));
+
+impl std::fmt::Debug for BeforeWait<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeWait")
+    }
 }
 
 impl<'a> WaitDisplay<'a> {
-    pub(crate) fn new(plan: &'a WaitPlan, notes: &'a Notes) -> WaitDisplay<'a> {
+    pub(crate) fn new(
+        plan: &'a WaitPlan,
+        notes: &'a Notes,
+        before_wait: BeforeWait<'a>,
+    ) -> WaitDisplay<'a> {
         WaitDisplay {
             plan,
             notes,
             current: Mutex::default(),
             pending: Mutex::default(),
+            before_wait,
         }
     }
 
@@ -403,6 +422,7 @@ impl Observer for WaitDisplay<'_> {
     }
 
     fn wait(&self, wait: Wait, stop: &Stop, block: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        (self.before_wait.0)();
         // What another user could break is said before a long wait, not
         // only once the wait is over.
         crate::status::notes::say_notes(self.notes, self.plan.quiet);
