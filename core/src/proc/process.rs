@@ -183,7 +183,8 @@ fn local_users(text: &str) -> HashMap<u32, String> {
     let mut users = HashMap::new();
     for line in whole.lines() {
         let mut fields = line.split(':');
-        let (Some(name), Some(_password), Some(uid)) = (fields.next(), fields.next(), fields.next())
+        let (Some(name), Some(_password), Some(uid)) =
+            (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
