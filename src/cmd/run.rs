@@ -46,14 +46,13 @@ pub(crate) fn run(mut plan: RunPlan) -> Result<ExitCode> {
     // line in one write after the grant (see usage::Opened); one that did
     // not wait opens it after the grant, as before, and a nested take that
     // passes through, or a busy `-n`, never.
+    let open = || crate::usage::Opened::open(crate::usage::dir_for(Some(&dir)));
     let usage = std::sync::OnceLock::new();
     let open_usage = || {
-        usage.get_or_init(|| crate::usage::Opened::open(crate::usage::dir_for(Some(&dir))));
+        usage.get_or_init(open);
     };
     let taken = take_all(&plan, &dir, &notes, BeforeWait(&open_usage))?;
-    let usage = usage
-        .into_inner()
-        .unwrap_or_else(|| crate::usage::Opened::open(crate::usage::dir_for(Some(&dir))));
+    let usage = usage.into_inner().unwrap_or_else(open);
     let mut env = child_env(&taken, &plan.dir, &plan.step, plan.locks.probe_timeout)?;
     let budget_of = budget_held(&taken, &plan.locks);
     if let Some((_, mem, total)) = &budget_of {

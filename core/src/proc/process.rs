@@ -220,6 +220,24 @@ mod tests {
         assert_eq!(users.len(), 2);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever the file holds: no panic, and every name read is a
+        /// whole line's first field, never empty, never a NIS entry.
+        #[test]
+        fn any_passwd_text_names_only_what_whole_lines_say(text in "(\\PC{0,40}(:|\n)){0,30}") {
+            for (uid, name) in local_users(&text) {
+                proptest::prop_assert!(!name.is_empty() && !name.starts_with(['+', '-']));
+                let says = |line: &str| {
+                    let mut fields = line.split(':');
+                    fields.next() == Some(name.as_str())
+                        && fields.nth(1).and_then(|u| u.parse::<u32>().ok()) == Some(uid)
+                };
+                proptest::prop_assert!(text.lines().any(says), "{uid} {name:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_uid_in_etc_passwd_is_named_and_one_nowhere_is_its_number() {
         assert_eq!(user_name(0), "root");

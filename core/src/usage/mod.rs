@@ -245,9 +245,10 @@ impl Log {
     /// `.old` replaced by the next), so that no line is written where
     /// nobody reads it.
     pub(crate) fn start_in(start: &Start, opened: Opened) -> Result<Option<Log>, String> {
-        let (Some(dir), Some(file)) = (opened.dir, opened.file?) else {
+        let Some((dir, file)) = opened.at else {
             return Ok(None);
         };
+        let file = file?;
         let gone = nix::sys::stat::fstat(file.as_fd()).is_ok_and(|st| st.st_nlink == 0);
         let log = Log {
             file: if gone { open_own(&dir)? } else { file },
@@ -303,25 +304,26 @@ impl Log {
 /// it did, before its grant instead of after.
 #[derive(Debug)]
 pub struct Opened {
-    dir: Option<PathBuf>,
-    /// The file; `None` where records are kept nowhere; `Err` with why
-    /// they cannot be kept (said once the locks are taken, as before).
-    file: Result<Option<std::fs::File>, String>,
+    /// The usage directory and the file in it, or `Err` with why records
+    /// cannot be kept there (said once the locks are taken, as before);
+    /// `None` where records are kept nowhere.
+    at: Option<(PathBuf, Result<std::fs::File, String>)>,
 }
 
 impl Opened {
     /// Opens (or makes) this user's file in `dir` (`None`: nowhere).
     pub fn open(dir: Option<PathBuf>) -> Opened {
-        let file = match &dir {
-            Some(dir) => open_own(dir).map(Some),
-            None => Ok(None),
-        };
-        Opened { dir, file }
+        Opened {
+            at: dir.map(|dir| {
+                let file = open_own(&dir);
+                (dir, file)
+            }),
+        }
     }
 
     /// The usage directory.
     pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
+        self.at.as_ref().map(|(dir, _)| dir.as_path())
     }
 }
 
