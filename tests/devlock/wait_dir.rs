@@ -145,6 +145,23 @@ pub(crate) fn a_killed_waiters_registration_in_the_wait_directory_is_swept() {
     assert!(!file.exists(), "swept by status");
 }
 
+test!(a_wait_directory_a_killed_maker_left_private_is_finished, needs: []);
+/// A maker killed between making the wait directory (no access for
+/// others) and giving it the lock directory's mode left it private; the
+/// next waiter that may make it finishes it and registers in it.
+pub(crate) fn a_wait_directory_a_killed_maker_left_private_is_finished() {
+    let s = Scratch::new();
+    assert!(s.run(&["-n", "warm-up", "--", "true"]).status.success());
+    let waits = s.dir().join(WAIT_DIR);
+    std::fs::create_dir(&waits).unwrap();
+    std::fs::set_permissions(&waits, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let _holder = Killed(hold_until_released(&s, &["r"], "h"));
+    let in_line = waiter(&s, 0, "after-the-kill");
+    assert!(registration_of(&s, in_line.id()).1, "in the wait directory");
+    let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+    assert_eq!(meta(&waits).mode() & 0o7777, meta(&s.dir()).mode() & 0o7777);
+}
+
 test!(a_wait_directory_not_to_trust_is_passed_by_and_waiters_still_named, needs: [Root, Tool("setpriv")]);
 /// In root's lock directory: another user's waiter never makes the wait
 /// directory (it would be theirs); one that another user made, a link

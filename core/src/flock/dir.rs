@@ -308,7 +308,9 @@ impl ScratchDir {
     /// locks (sticky): in a user's own (`--dir .` in a project) a listing
     /// costs little and a directory devlock leaves there for good would be
     /// clutter. Made with no access for others, then given this
-    /// directory's mode, so it is never looser on the way.
+    /// directory's mode, so it is never looser on the way. One of ours
+    /// still private is finished the same way: a maker killed between the
+    /// two steps left it so, and nobody else could have written in it.
     pub(crate) fn wait_dir_or_make(&self) -> Option<ScratchDir> {
         let here = nix::sys::stat::fstat(self.fd.as_fd()).ok()?;
         if let Some(found) = self.open_wait_dir(&here) {
@@ -320,15 +322,15 @@ impl ScratchDir {
         }
         let private = nix::sys::stat::Mode::from_bits_truncate(0o700);
         match nix::sys::stat::mkdirat(self.fd.as_fd(), WAIT_DIR, private) {
-            Ok(()) => {}
-            // Made meanwhile: checked as any found one.
-            Err(nix::errno::Errno::EEXIST) => return self.open_wait_dir(&here),
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
             Err(_) => return None,
         }
         let made = self.open_dir_below(WAIT_DIR)?;
         let st = nix::sys::stat::fstat(made.as_fd()).ok()?;
-        if st.st_uid != me {
-            return None;
+        if st.st_uid != me || st.st_mode & 0o077 != 0 {
+            // Made meanwhile by someone else, or finished: checked as any
+            // found one.
+            return self.open_wait_dir(&here);
         }
         // The group first (a group-shared directory's must be its group),
         // then the mode, which a chown may have cleared bits of.
