@@ -23,6 +23,13 @@ pub fn os_text(err: &std::io::Error) -> String {
 
 /// Reads a small `/proc` file in one bounded read.
 fn read_small(path: impl AsRef<Path>) -> Option<String> {
+    String::from_utf8(read_small_bytes(path)?).ok()
+}
+
+/// [`read_small`]'s bytes, for a file one bad byte must not void whole
+/// (`/etc/passwd`, whose comment fields may be in any encoding, and whose
+/// bound may cut a character in two).
+fn read_small_bytes(path: impl AsRef<Path>) -> Option<Vec<u8>> {
     let mut file = fs::File::open(path).ok()?;
     // One read is the whole of a small /proc file: the kernel fills the
     // buffer from its one rendering, and only a file that fills it needs
@@ -33,7 +40,7 @@ fn read_small(path: impl AsRef<Path>) -> Option<String> {
     if n == first.len() {
         file.by_ref().take(62 * 1024).read_to_end(&mut buf).ok()?;
     }
-    String::from_utf8(buf).ok()
+    Some(buf)
 }
 
 #[cfg(test)]

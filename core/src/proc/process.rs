@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Read;
 
-use super::read_small;
+use super::{read_small, read_small_bytes};
 
 /// The fields of `/proc/PID/stat` devlock uses, from one read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +161,7 @@ pub fn user_name(uid: u32) -> String {
     let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
     names
         .get_or_insert_with(|| {
-            read_small("/etc/passwd")
+            read_small_bytes("/etc/passwd")
                 .map(|text| local_users(&text))
                 .unwrap_or_default()
         })
@@ -177,25 +177,40 @@ pub fn user_name(uid: u32) -> String {
 
 /// The names passwd(5) text gives uids: the first line for a uid wins, as
 /// in NSS's files lookup. A line cut short (the read is bounded) is not
-/// read, nor NIS's `+`/`-` lines, which NSS's compat module expands.
-fn local_users(text: &str) -> HashMap<u32, String> {
-    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-    let mut users = HashMap::new();
-    for line in whole.lines() {
-        let mut fields = line.split(':');
+/// read, nor NIS's `+`/`-` lines, which NSS's compat module expands. Read
+/// as bytes, line by line: a byte that is not UTF-8 (a comment field in
+/// Latin-1, a character the bound cut) voids only its own line, and a uid
+/// whose first line has a name that is not UTF-8 is left to NSS.
+fn local_users(text: &[u8]) -> HashMap<u32, String> {
+    let whole = text
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(&[][..], |end| &text[..end]);
+    let mut users: HashMap<u32, Option<String>> = HashMap::new();
+    for line in whole.split(|&b| b == b'\n') {
+        let mut fields = line.split(|&b| b == b':');
         let (Some(name), Some(_password), Some(uid)) =
             (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
-        if name.is_empty() || name.starts_with(['+', '-']) {
+        if name.is_empty() || name.starts_with(b"+") || name.starts_with(b"-") {
             continue;
         }
-        if let Ok(uid) = uid.parse::<u32>() {
-            users.entry(uid).or_insert_with(|| name.to_owned());
-        }
+        let Some(uid) = std::str::from_utf8(uid)
+            .ok()
+            .and_then(|u| u.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        users
+            .entry(uid)
+            .or_insert_with(|| String::from_utf8(name.to_vec()).ok());
     }
     users
+        .into_iter()
+        .filter_map(|(uid, name)| Some((uid, name?)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -211,7 +226,7 @@ mod tests {
                     broken line\n\
                     :x:7:7::/:/bin/sh\n\
                     cut:x:10";
-        let users = local_users(text);
+        let users = local_users(text.as_bytes());
         assert_eq!(users.get(&0).map(String::as_str), Some("root"));
         assert_eq!(users.get(&1000).map(String::as_str), Some("alice"));
         // A nameless line, and the last, cut short: "10" is not its uid.
@@ -220,20 +235,42 @@ mod tests {
         assert_eq!(users.len(), 2);
     }
 
+    #[test]
+    fn a_byte_that_is_not_utf8_voids_only_its_line() {
+        let text = b"root:x:0:0:r\xe9my:/root:/bin/sh\n\xff:x:5:5::/:/bin/sh\nnot:x:5:5::/:/bin/sh\nbob:x:9:9::/:/bin/sh\n";
+        let users = local_users(text);
+        assert_eq!(users.get(&0).map(String::as_str), Some("root"));
+        assert_eq!(users.get(&9).map(String::as_str), Some("bob"));
+        // Uid 5's first line names it in bytes that are not UTF-8: NSS's.
+        assert_eq!(users.get(&5), None);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
-        /// Whatever the file holds: no panic, and every name read is a
-        /// whole line's first field, never empty, never a NIS entry.
+        /// Whatever the file holds, in any bytes: no panic, and every name
+        /// read is a whole line's first field, never empty, never a NIS
+        /// entry.
         #[test]
-        fn any_passwd_text_names_only_what_whole_lines_say(text in "(\\PC{0,40}(:|\n)){0,30}") {
+        fn any_passwd_bytes_name_only_what_whole_lines_say(
+            text in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::any::<u8>(),
+                    proptest::prelude::Just(b':'),
+                    proptest::prelude::Just(b'\n'),
+                    proptest::prelude::Just(b'7'),
+                ],
+                0..600,
+            )
+        ) {
             for (uid, name) in local_users(&text) {
                 proptest::prop_assert!(!name.is_empty() && !name.starts_with(['+', '-']));
-                let says = |line: &str| {
-                    let mut fields = line.split(':');
-                    fields.next() == Some(name.as_str())
-                        && fields.nth(1).and_then(|u| u.parse::<u32>().ok()) == Some(uid)
+                let says = |line: &[u8]| {
+                    let mut fields = line.split(|&b| b == b':');
+                    fields.next() == Some(name.as_bytes())
+                        && fields.nth(1).and_then(|u| std::str::from_utf8(u).ok()?.parse::<u32>().ok())
+                            == Some(uid)
                 };
-                proptest::prop_assert!(text.lines().any(says), "{uid} {name:?}");
+                proptest::prop_assert!(text.split(|&b| b == b'\n').any(says), "{uid} {name:?}");
             }
         }
     }
