@@ -428,8 +428,22 @@ impl Entry {
 
     /// Sleeps for the turn and the lock. Every sleep is a kernel call that
     /// `stop` can interrupt.
-    pub(crate) fn block(mut self, dir: &ScratchDir, stop: &Stop) -> Result<(Entry, Option<Slot>)> {
-        let keep = || stop.keep_waiting();
+    pub(crate) fn block(self, dir: &ScratchDir, stop: &Stop) -> Result<(Entry, Option<Slot>)> {
+        self.block_calling(dir, stop, &|| {})
+    }
+
+    /// [`Entry::block`], calling `on_wake` each time a lock call is
+    /// interrupted (before it looks whether to keep waiting).
+    pub(crate) fn block_calling(
+        mut self,
+        dir: &ScratchDir,
+        stop: &Stop,
+        on_wake: &dyn Fn(),
+    ) -> Result<(Entry, Option<Slot>)> {
+        let keep = || {
+            on_wake();
+            stop.keep_waiting()
+        };
         self.ticket.wait_turn(&keep)?;
         let slot = if self.request.slots > 0 {
             let slot = slots::wait_for_slot(dir, &self.request, stop)?;

@@ -195,6 +195,7 @@ pub mod dir;
 pub mod entry;
 pub mod file;
 pub mod in_the_way;
+pub(crate) mod late;
 pub mod made;
 pub mod nesting;
 pub mod queue;

@@ -9,6 +9,7 @@ use crate::flock::dir::ScratchDir;
 use crate::flock::entry::{Attempt, Context, Entry, Taken, blocking, hold, register, watch};
 use crate::flock::file::{Leased, LockFile};
 use crate::flock::in_the_way::InTheWay;
+use crate::flock::late::Late;
 use crate::flock::nesting::{Inherited, inherited, inside_holder};
 use crate::flock::queue::Agreement;
 use crate::flock::wait::Wait;
@@ -144,9 +145,8 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
         drop(ticket);
         return Err(busy(request, lock));
     }
-    // Named by its registration from its first instant (and by the kernel:
-    // its place in line, and once at the front its flock(2) wait).
-    let registration = register(ctx, request, entry.ticket.number);
+    let ticket = entry.ticket.number;
+    let make = || register(ctx, request, ticket);
     let label = request.label();
     let shows = ctx.shows();
     let watches = shows
@@ -162,8 +162,20 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
         registrations: Vec::new(),
         lazy,
     };
-    let taken = blocking(ctx, wait, |stop| entry.block(ctx.dir, stop));
-    drop(registration);
+    // Named by its registration once the wait has lasted a while (see
+    // `late`), and by the kernel from its first instant: its place in
+    // line, and once at the front its flock(2) wait. A semaphore's wait
+    // races on other threads, where no alarm reaches: it registers at once.
+    let taken = blocking(ctx, wait, |stop| match lazy {
+        true => {
+            let late = Late::arm(&make);
+            entry.block_calling(ctx.dir, stop, &|| late.on_wake())
+        }
+        false => {
+            let _registration = make();
+            entry.block(ctx.dir, stop)
+        }
+    });
     let (entry, slot) = taken?;
     Ok(Taken::Held(entry.into_held(ctx, slot)))
 }

@@ -4,14 +4,22 @@
 
 use super::*;
 
-/// A devlock takes its place in line a moment before it registers: a place
-/// nobody registered is looked at again, a few times, before it is shown as
-/// one (a stranger's lock stays; a devlock in between registers). Not once
-/// the look has taken [`UNREGISTERED_WITHIN`]: each look reads the
-/// descriptors again, and a stranger who makes them many and holds a place
-/// in line would have status pay for them four times.
+/// A devlock takes its place in line before it registers (a plain take
+/// once it has waited [`REGISTER_AFTER`]): a place nobody registered is
+/// looked at again, a few times over a little more than that, before it is
+/// shown as one (a stranger's lock stays; a devlock in between registers).
+/// Not once the look has taken [`UNREGISTERED_WITHIN`]: each look reads
+/// the descriptors again, and a stranger who makes them many and holds a
+/// place in line would have status pay for them four times.
+///
+/// [`REGISTER_AFTER`]: crate::flock::late::REGISTER_AFTER
 pub(super) const UNREGISTERED_TRIES: usize = 4;
-pub(super) const UNREGISTERED_PAUSE: Duration = Duration::from_millis(5);
+pub(super) const UNREGISTERED_PAUSE: Duration = Duration::from_millis(50);
+// The looks span more than a plain waiter's wait before it registers.
+const _: () = assert!(
+    UNREGISTERED_PAUSE.as_millis() * (UNREGISTERED_TRIES as u128 - 1)
+        > crate::flock::late::REGISTER_AFTER.as_millis()
+);
 pub(super) const UNREGISTERED_WITHIN: Duration = Duration::from_secs(1);
 
 /// Whether a look that found a place nobody registered is taken again.
