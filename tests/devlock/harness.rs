@@ -193,10 +193,17 @@ pub fn hold_until_released(s: &Scratch, args: &[&str], tag: &str) -> Child {
 }
 
 /// `devlock ARGS` (stdin `/dev/null`), seen blocked first in line behind
-/// the holder of `resource`.
+/// the holder of `resource`, and registered (a plain take registers once
+/// it has waited 100 ms; a look at status before then may not name it).
 pub fn queued(s: &Scratch, args: &[&str], resource: &str) -> Killed {
     let child = s.devlock().args(args).stdin(Stdio::null()).spawn().unwrap();
     wait_blocked(&s.lock_path(resource), 1);
+    let pid = child.id();
+    poll_until(
+        "the waiter to register",
+        || made_by(s, pid).len(),
+        |n| *n > 0,
+    );
     Killed(child)
 }
 

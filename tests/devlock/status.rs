@@ -135,6 +135,22 @@ pub(crate) fn waiters_show_in_arrival_order_and_vanish_when_killed() {
     );
 }
 
+test!(a_waiters_time_counts_from_its_wait_not_its_registration, needs: []);
+/// A plain waiter registers once it has waited 100 ms, and its record says
+/// when its wait began: status counts its time from then, never from the
+/// registration (read at once, it would say 0 ms).
+pub(crate) fn a_waiters_time_counts_from_its_wait_not_its_registration() {
+    let s = Scratch::new();
+    let mut holder = Killed(hold_until_released(&s, &["r"], "h"));
+    let mut w = Killed(waiter(&s, "r", "w"));
+    let view = s.wait_for_status("r", "the waiter", |v| registered_waiters(v) == 1);
+    let waited = view["waiters"][0]["waiting_for_ms"].as_u64().unwrap();
+    assert!(waited >= 100, "waited {waited} ms by its record: {view}");
+    release(&s, "h");
+    assert!(wait_child(&mut holder.0).success());
+    assert!(wait_child(&mut w.0).success());
+}
+
 test!(a_killed_holder_leaves_nothing_behind, needs: []);
 pub(crate) fn a_killed_holder_leaves_nothing_behind() {
     let s = Scratch::new();

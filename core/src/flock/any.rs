@@ -170,7 +170,12 @@ fn take_first(ctx: &Context, units: &[Vec<Request>]) -> Result<(usize, Vec<(Reso
         .iter()
         .filter_map(|u| {
             let entry = u.waiting.as_ref()?;
-            Some(register(ctx, &entry.request, entry.ticket.number))
+            Some(register(
+                ctx,
+                &entry.request,
+                entry.ticket.number,
+                crate::flock::record::now_ms(),
+            ))
         })
         .collect();
     let wait = Wait {

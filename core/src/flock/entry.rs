@@ -506,16 +506,18 @@ pub(crate) fn watch(dir: &ScratchDir, request: &Request, entry: &Entry) -> Optio
     })
 }
 
-/// A waiter's registration for its place `ticket`, made as the wait
-/// starts; dropping it ends it. (Made on a thread once the wait had lasted
-/// 50 ms, a wait shorter than that created no file, but it saved nothing
-/// measurable in the 8x25 contention on ext4 or tmpfs, a thread per wait
-/// costing what the file does, and a message or status in the first 50 ms
-/// could then name the waiter only by its pid.)
-pub(crate) fn register(ctx: &Context, request: &Request, ticket: u64) -> Option<Registration> {
+/// A waiter's registration for its place `ticket`, whose wait started at
+/// `since_ms` (a plain take registers late, see `late`); dropping it ends
+/// it.
+pub(crate) fn register(
+    ctx: &Context,
+    request: &Request,
+    ticket: u64,
+    since_ms: u64,
+) -> Option<Registration> {
     let mut record = ctx.record();
     record.ticket = Some(ticket);
-    record.since_ms = crate::flock::record::now_ms();
+    record.since_ms = since_ms;
     record.via = request.via.as_ref().map(Resource::to_string);
     Registration::create(ctx.dir, &request.name, &record, Kind::Wait).ok()
 }

@@ -95,7 +95,8 @@
 //! one only when the kernel shows its flock held by the very process it
 //! names (pid and start time). On release the owner truncates, then unlinks
 //! it; one whose owner died is unlinked by whoever can take its flock (which
-//! proves the owner is gone). A waiter registers as it starts to wait (a
+//! proves the owner is gone). A waiter registers once it has waited 100 ms (a
+//! `--slots`, `--any` or `--mem` one as it starts to wait; see `late`: a
 //! place in line nobody registered is named from the kernel too); a
 //! shared holder keeps `.hold` as its label (its command inherits it); a
 //! holder that finds its `R.lock` renamed away registers `.lost`, so status

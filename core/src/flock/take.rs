@@ -146,7 +146,8 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
         return Err(busy(request, lock));
     }
     let ticket = entry.ticket.number;
-    let make = || register(ctx, request, ticket);
+    let since_ms = crate::flock::record::now_ms();
+    let make = || register(ctx, request, ticket, since_ms);
     let label = request.label();
     let shows = ctx.shows();
     let watches = shows

@@ -208,7 +208,7 @@ fn register_asking(
     ticket: u64,
     mem_mib: u64,
 ) -> Option<Registration> {
-    let registration = register(ctx, request, ticket)?;
+    let registration = register(ctx, request, ticket, crate::flock::record::now_ms())?;
     let mut record = ctx.record();
     record.ticket = Some(ticket);
     record.mem_mib = Some(mem_mib);
