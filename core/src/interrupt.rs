@@ -337,9 +337,15 @@ impl Stop {
         {
             hook();
         }
-        !self.requested.load(Ordering::Acquire)
-            && suspended().is_none()
-            && STOPPED.load(Ordering::Acquire) == 0
+        !self.stopping()
+    }
+
+    /// Whether the wait is to end, by what [`Stop::keep_waiting`] looks at,
+    /// without running the hook.
+    pub(crate) fn stopping(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+            || suspended().is_some()
+            || STOPPED.load(Ordering::Acquire) != 0
     }
 
     /// Asks the wait to stop, from its own thread (the hook set with

@@ -433,7 +433,8 @@ impl Entry {
     }
 
     /// [`Entry::block`], calling `on_wake` each time a lock call is
-    /// interrupted (before it looks whether to keep waiting).
+    /// interrupted and the wait is not being stopped (before the
+    /// observer's hook: a registration due is made before a line shows).
     pub(crate) fn block_calling(
         mut self,
         dir: &ScratchDir,
@@ -441,7 +442,9 @@ impl Entry {
         on_wake: &dyn Fn(),
     ) -> Result<(Entry, Option<Slot>)> {
         let keep = || {
-            on_wake();
+            if !stop.stopping() {
+                on_wake();
+            }
             stop.keep_waiting()
         };
         self.ticket.wait_turn(&keep)?;

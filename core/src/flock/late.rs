@@ -39,9 +39,10 @@ pub(crate) struct Late<'a> {
 
 impl<'a> Late<'a> {
     /// Arms the alarm for this thread (the one about to sleep in the lock
-    /// calls). Without a timer to be had, registers at once.
-    pub(crate) fn arm(make: &'a dyn Fn() -> Option<Registration>) -> Late<'a> {
-        let due = Instant::now() + REGISTER_AFTER;
+    /// calls), due [`REGISTER_AFTER`] after `joined` (when the request took
+    /// its place in line). Without a timer to be had, registers at once.
+    pub(crate) fn arm(joined: Instant, make: &'a dyn Fn() -> Option<Registration>) -> Late<'a> {
+        let due = joined + REGISTER_AFTER;
         let late = Late {
             due,
             make,
@@ -88,7 +89,7 @@ mod tests {
             None
         };
         let armed = Instant::now();
-        let late = Late::arm(&make);
+        let late = Late::arm(armed, &make);
         late.on_wake();
         // Not a timing assertion: on a slow machine the while may be over.
         assert!(tries.get() == 0 || armed.elapsed() >= REGISTER_AFTER);

@@ -132,6 +132,9 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
         }
         return Err(busy(request, lock));
     }
+    // The kernel shows the request from here on: a late registration's
+    // while, and its record's wait, count from here.
+    let (joined, since_ms) = (std::time::Instant::now(), crate::flock::record::now_ms());
     let mut entry = join_waiting(ctx, request, open_lock(opened)?)?;
     if let Attempt::Taken(slot) = entry.try_now(ctx.dir)? {
         return Ok(Taken::Held(entry.into_held(ctx, slot)));
@@ -146,7 +149,6 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
         return Err(busy(request, lock));
     }
     let ticket = entry.ticket.number;
-    let since_ms = crate::flock::record::now_ms();
     let make = || register(ctx, request, ticket, since_ms);
     let label = request.label();
     let shows = ctx.shows();
@@ -169,7 +171,7 @@ fn take_unleased(ctx: &Context, request: &Request) -> Result<Taken> {
     // races on other threads, where no alarm reaches: it registers at once.
     let taken = blocking(ctx, wait, |stop| match lazy {
         true => {
-            let late = Late::arm(&make);
+            let late = Late::arm(joined, &make);
             entry.block_calling(ctx.dir, stop, &|| late.on_wake())
         }
         false => {

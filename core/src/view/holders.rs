@@ -371,7 +371,11 @@ pub fn describe(lock: &LockFile, dir: &ScratchDir, resource: &Resource) -> Resou
 }
 
 /// [`describe`], asked by a waiter in that line that agreed on
-/// `own_agreement` slots (see [`build_view`]).
+/// `own_agreement` slots (see [`build_view`]). A waiter (`own_agreement`
+/// given) takes one look: it looks again for nothing, as its own place and
+/// those behind it may be younger than a registration (the waiters ahead
+/// started before it, and register long before its line first names them);
+/// it must not sleep outside its lock call, nor past its deadline.
 pub fn describe_in_line(
     lock: &LockFile,
     dir: &ScratchDir,
@@ -390,7 +394,8 @@ pub fn describe_in_line(
         };
         let mut view = view_now(lock, dir, resource, &table, registered, asker);
         attempt += 1;
-        if !look_again(attempt, started) || !has_unregistered(&view) {
+        let patient = own_agreement.is_none() && look_again(attempt, started);
+        if !patient || !has_unregistered(&view) {
             label_from_members(dir, resource, &table, &mut view, SystemTime::now());
             return view;
         }
