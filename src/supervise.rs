@@ -196,7 +196,6 @@ pub(crate) fn exec(
     after: &[BorrowedFd<'_>],
     env: &Env,
 ) -> ExitCode {
-    use std::os::unix::process::CommandExt;
     let all = || keep.iter().chain(locks).chain(after);
     let mut above = all().map(|fd| fd.as_raw_fd()).max().unwrap_or(2) + 1;
     for &fd in keep.iter().chain(after) {
@@ -217,29 +216,22 @@ pub(crate) fn exec(
     }
     discard_wakes();
     // An empty mask undoes what block_handled_signals did (execve keeps
-    // the mask, and std's exec leaves it as it is).
+    // the mask).
     signal::set_mask(&SigSet::empty());
+    // The command starts with SIGPIPE's default action, whatever the
+    // parent left (as std's exec, which devlock used before, did).
+    signal::set_default(libc::SIGPIPE);
     // Where the look-up before the wait found the program, from there
     // without a second walk of PATH (or by name again, should it be gone
     // since).
-    let exec_from = |program: &std::ffi::OsStr| {
-        std::process::Command::new(program)
-            .arg0(&command[0])
-            .args(&command[1..])
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .exec()
-    };
-    let mut err = match found {
-        Some(path) => exec_from(std::ffi::OsStr::from_bytes(path.as_bytes())),
-        None => exec_from(&command[0]),
-    };
+    let mut err = crate::sys::exec::exec(found.map(|path| path.as_c_str()), command, env);
     if found.is_some()
         && matches!(
             err.kind(),
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
         )
     {
-        err = exec_from(&command[0]);
+        err = crate::sys::exec::exec(None, command, env);
     }
     let err = cannot_start(&command[0], &err);
     eprintln!("devlock: {}", crate::show::clean(&format!("{err:#}")));

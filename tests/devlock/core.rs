@@ -140,3 +140,44 @@ pub(crate) fn command_learns_what_it_holds() {
     ]);
     assert_eq!(stdout(&out).trim(), "gpu:1/1/PCI_BUS_ID/sh");
 }
+
+test!(command_gets_the_callers_environment_with_the_jobs_over_it, needs: []);
+pub(crate) fn command_gets_the_callers_environment_with_the_jobs_over_it() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new();
+    let bytes = std::ffi::OsStr::from_bytes(b"caf\xe9 = x");
+    let out = s
+        .devlock()
+        .args(["gpu:1", "--", "cat", "/proc/self/environ"])
+        .env("NOT_UTF8", bytes)
+        .env("DEVLOCK_STEP", "an outer step")
+        .env("DEVLOCK_RESOURCES", "an outer lock")
+        .env("DEVLOCK_STE", "a shorter name")
+        .env("DEVLOCK_STEPS", "a longer name")
+        .env("EMPTY", "")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let entries: Vec<&[u8]> = out
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|e| !e.is_empty())
+        .collect();
+    let values = |name: &str| -> Vec<&[u8]> {
+        let prefix = [name.as_bytes(), b"="].concat();
+        entries
+            .iter()
+            .filter_map(|e| e.strip_prefix(prefix.as_slice()))
+            .collect()
+    };
+    // The caller's, byte for byte; the job's own replace the caller's
+    // (once each), and a name that only starts like one of them is kept.
+    assert_eq!(values("NOT_UTF8"), vec![b"caf\xe9 = x".as_slice()]);
+    assert_eq!(values("DEVLOCK_STEP"), vec![b"cat".as_slice()]);
+    assert_eq!(values("CUDA_VISIBLE_DEVICES"), vec![b"1".as_slice()]);
+    assert_eq!(values("DEVLOCK_RESOURCES"), vec![b"gpu:1".as_slice()]);
+    assert_eq!(values("DEVLOCK_STE"), vec![b"a shorter name".as_slice()]);
+    assert_eq!(values("DEVLOCK_STEPS"), vec![b"a longer name".as_slice()]);
+    assert_eq!(values("EMPTY"), vec![b"".as_slice()]);
+    assert!(values("PATH").len() == 1, "{entries:?}");
+}

@@ -1,7 +1,8 @@
 //! The system interface: the only layer with `unsafe`. Each call that nix
 //! covers goes through nix; what it does not cover (OFD byte-range locks,
-//! flock(2) without nix's unlocking `Drop`, the watcher's double fork, POSIX
-//! timers aimed at one thread, pidfds, NVML loaded with dlopen) is a thin
+//! flock(2) without nix's unlocking `Drop`, the watcher's double fork, the
+//! exec that passes the environment on by pointer, POSIX timers aimed at
+//! one thread, pidfds, NVML loaded with dlopen) is a thin
 //! wrapper here, each `unsafe` block with the reason it is sound.
 //! Everything above works on owned descriptors and safe types.
 
@@ -11,6 +12,7 @@
 pub mod args;
 #[cfg(any(test, feature = "testing"))]
 pub mod env;
+pub mod exec;
 pub mod fds;
 pub mod fs;
 pub(crate) mod nvml;
