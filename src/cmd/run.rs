@@ -290,16 +290,15 @@ fn start_watched(job: Job, env: &mut crate::job_env::Env) {
     // Named now (its token drawn before the watcher forks, which names the
     // same file), made only if the job runs `devlock busy`; named only to a
     // job whose watcher reads it and removes it at the end: an unwatched
-    // hold's job gets an empty name, and `devlock busy` there does nothing.
-    let busy = crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start);
-    env.push((
-        crate::usage::idle::BUSY_ENV.into(),
-        if watch.usage {
-            busy.path.into_os_string()
-        } else {
-            Default::default()
-        },
-    ));
+    // hold's job gets an empty name, and `devlock busy` there does nothing
+    // (nor is a token drawn for it, between the grant and the command).
+    let busy = match watch.usage {
+        true => crate::usage::idle::BusyFile::for_holder(record.pid, record.pid_start)
+            .path
+            .into_os_string(),
+        false => Default::default(),
+    };
+    env.push((crate::usage::idle::BUSY_ENV.into(), busy));
     // The start line is the watcher's where it samples; else this process's
     // (a watcher for the lock files alone writes none).
     if !watch.usage {

@@ -235,21 +235,15 @@ impl ScratchDir {
     /// The names in the directory with their inode numbers (getdents'
     /// `d_ino`: no file is opened or stat'ed).
     pub(crate) fn inodes(&self) -> Result<std::collections::HashMap<String, u64>> {
-        let dup = self
-            .fd
-            .try_clone()
-            .context("duplicating directory handle")?;
-        let mut dir = nix::dir::Dir::from_fd(dup)
-            .with_context(|| format!("reading {}", self.path.display()))?;
         let mut names = std::collections::HashMap::new();
-        for entry in dir.iter() {
-            let entry = entry.with_context(|| format!("reading {}", self.path.display()))?;
-            if let Ok(name) = entry.file_name().to_str()
+        crate::sys::listing::each_name(self.fd(), |name, ino| {
+            if let Ok(name) = std::str::from_utf8(name)
                 && !matches!(name, "." | "..")
             {
-                names.insert(name.to_owned(), entry.ino());
+                names.insert(name.to_owned(), ino);
             }
-        }
+        })
+        .with_context(|| format!("reading {}", self.path.display()))?;
         Ok(names)
     }
 
@@ -263,24 +257,16 @@ impl ScratchDir {
     /// directory that also holds a registration per waiter, where a
     /// take after a long line would otherwise copy every waiter's name.
     pub(crate) fn entries_starting_with(&self, prefix: &str) -> Result<Vec<String>> {
-        let dup = self
-            .fd
-            .try_clone()
-            .context("duplicating directory handle")?;
-        let mut dir = nix::dir::Dir::from_fd(dup)
-            .with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
         let mut names = Vec::new();
-        for entry in dir.iter() {
-            let entry =
-                entry.with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
-            let name = entry.file_name();
-            if name.to_bytes().starts_with(prefix.as_bytes())
-                && let Ok(name) = name.to_str()
+        crate::sys::listing::each_name(self.fd(), |name, _| {
+            if name.starts_with(prefix.as_bytes())
+                && let Ok(name) = std::str::from_utf8(name)
                 && !matches!(name, "." | "..")
             {
                 names.push(name.to_owned());
             }
-        }
+        })
+        .with_context(|| format!("reading {}", crate::show::show_path(&self.path)))?;
         Ok(names)
     }
 }

@@ -15,6 +15,7 @@ pub mod env;
 pub mod exec;
 pub mod fds;
 pub mod fs;
+pub mod listing;
 pub(crate) mod nvml;
 pub mod process;
 pub(crate) mod random;

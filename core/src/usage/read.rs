@@ -168,15 +168,14 @@ pub(super) fn parse_stem(stem: &str) -> Option<(u32, bool)> {
 /// The names in the directory open as `dir` (read through the descriptor,
 /// never by path again); names that are not UTF-8 are no usage file's.
 pub(super) fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
-    let mut listing = nix::dir::Dir::from_fd(dir.try_clone()?)?;
     let mut names = Vec::new();
-    for entry in listing.iter() {
-        if let Ok(name) = entry?.file_name().to_str()
+    crate::sys::listing::each_name(std::os::fd::AsFd::as_fd(dir), |name, _| {
+        if let Ok(name) = std::str::from_utf8(name)
             && !matches!(name, "." | "..")
         {
             names.push(name.to_owned());
         }
-    }
+    })?;
     Ok(names)
 }
 
