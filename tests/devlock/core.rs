@@ -141,6 +141,35 @@ pub(crate) fn command_learns_what_it_holds() {
     assert_eq!(stdout(&out).trim(), "gpu:1/1/PCI_BUS_ID/sh");
 }
 
+test!(a_script_without_an_interpreter_line_runs_with_sh, needs: []);
+/// As execvp(3) (which util-linux flock calls) does it: an executable text
+/// file with no `#!` line is run by /bin/sh, found on PATH or by its path.
+pub(crate) fn a_script_without_an_interpreter_line_runs_with_sh() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new();
+    let bin = s.work("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let script = bin.join("plain-script");
+    std::fs::write(&script, "echo ran \"$1\"\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let by_path = s.run(&["r", "--", script.to_str().unwrap(), "by-path"]);
+    assert!(by_path.status.success(), "{}", stderr(&by_path));
+    assert_eq!(stdout(&by_path), "ran by-path\n");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let by_name = s
+        .devlock()
+        .args(["r", "--", "plain-script", "by-name"])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(by_name.status.success(), "{}", stderr(&by_name));
+    assert_eq!(stdout(&by_name), "ran by-name\n");
+}
+
 test!(command_gets_the_callers_environment_with_the_jobs_over_it, needs: []);
 pub(crate) fn command_gets_the_callers_environment_with_the_jobs_over_it() {
     use std::os::unix::ffi::OsStrExt;

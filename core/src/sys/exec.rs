@@ -18,7 +18,7 @@ unsafe extern "C" {
 }
 
 /// Replaces this process with `path` (or, when it is `None`, with
-/// `argv[0]` looked up on `PATH` as execvp(3) does), given `argv` and
+/// `argv[0]` looked up on `PATH`), as execvp(3) does, given `argv` and
 /// devlock's own environment with `set` over it: an entry whose name `set`
 /// gives is left out, and `set`'s are added after the rest. Returns only
 /// if the exec failed, with its error.
@@ -74,14 +74,14 @@ pub fn exec(path: Option<&CStr>, argv: &[OsString], set: &[(OsString, OsString)]
         .map(|a| a.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
+    // execvpe for a path as well (one with a slash is not looked up): as
+    // execvp, which std and util-linux flock call, it runs a file that has
+    // no `#!` line with /bin/sh, where execve fails with ENOEXEC.
+    let file = path.unwrap_or(first.as_c_str());
     // SAFETY: `argp` and `envp` are NULL-terminated arrays of pointers to
     // NUL-terminated strings (`args`, `added` and the environment's own),
-    // all alive for the call; execve and execvpe return only on failure.
-    unsafe {
-        match path {
-            Some(path) => libc::execve(path.as_ptr(), argp.as_ptr(), envp.as_ptr()),
-            None => libc::execvpe(first.as_ptr(), argp.as_ptr(), envp.as_ptr()),
-        }
-    };
+    // and `file` is one; all alive for the call, which returns only on
+    // failure.
+    unsafe { libc::execvpe(file.as_ptr(), argp.as_ptr(), envp.as_ptr()) };
     io::Error::last_os_error()
 }
