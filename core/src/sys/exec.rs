@@ -13,23 +13,30 @@ use std::os::unix::ffi::OsStrExt;
 
 unsafe extern "C" {
     /// The C runtime's environment: a NULL-terminated array of
-    /// NUL-terminated `NAME=value` strings.
-    static environ: *const *const c_char;
+    /// NUL-terminated `NAME=value` strings (mutable: setenv(3) moves it).
+    static mut environ: *const *const c_char;
 }
 
 /// Replaces this process with `path` (or, when it is `None`, with
 /// `argv[0]` looked up on `PATH`), as execvp(3) does, given `argv` and
 /// devlock's own environment with `set` over it: an entry whose name `set`
-/// gives is left out, and `set`'s are added after the rest. Returns only
-/// if the exec failed, with its error.
+/// gives is left out, and `set`'s are added after the rest (whose names
+/// the caller keeps unique). The rest goes as it is, in its order, as
+/// execve would pass it: a name given twice twice, an entry with no `=`
+/// too. Returns only if the exec failed, with its error.
 pub fn exec(path: Option<&CStr>, argv: &[OsString], set: &[(OsString, OsString)]) -> io::Error {
-    let nul = || io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the command");
+    let nul = |in_what| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a NUL byte in {in_what}"),
+        )
+    };
     let Ok(args) = argv
         .iter()
         .map(|a| CString::new(a.as_bytes()))
         .collect::<Result<Vec<_>, _>>()
     else {
-        return nul();
+        return nul("the command");
     };
     let Some(first) = args.first() else {
         return io::Error::new(io::ErrorKind::InvalidInput, "no command");
@@ -44,7 +51,7 @@ pub fn exec(path: Option<&CStr>, argv: &[OsString], set: &[(OsString, OsString)]
         })
         .collect::<Result<Vec<_>, _>>()
     else {
-        return nul();
+        return nul("a variable set for the command");
     };
     let replaced = |entry: &[u8]| {
         set.iter().any(|(name, _)| {
@@ -59,7 +66,7 @@ pub fn exec(path: Option<&CStr>, argv: &[OsString], set: &[(OsString, OsString)]
     // before the exec, so nothing moves it while it is read; the pointers
     // are handed to execve unchanged, and stay valid until then.
     unsafe {
-        let mut at = environ;
+        let mut at = (&raw const environ).read();
         while !at.is_null() && !(*at).is_null() {
             if !replaced(CStr::from_ptr(*at).to_bytes()) {
                 envp.push(*at);
@@ -67,6 +74,12 @@ pub fn exec(path: Option<&CStr>, argv: &[OsString], set: &[(OsString, OsString)]
             at = at.add(1);
         }
     }
+    debug_assert!(
+        set.iter()
+            .enumerate()
+            .all(|(i, (name, _))| set[..i].iter().all(|(seen, _)| seen != name)),
+        "a variable set twice for the command"
+    );
     envp.extend(added.iter().map(|entry| entry.as_ptr()));
     envp.push(std::ptr::null());
     let argp: Vec<*const c_char> = args

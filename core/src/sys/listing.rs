@@ -24,10 +24,17 @@ pub fn each_name(dir: BorrowedFd<'_>, mut each: impl FnMut(&[u8], u64)) -> io::R
         0,
     )?;
     // A page: the lock directory's names in one call, without a heap
-    // buffer (a bigger directory takes a few calls). The records are read
-    // field by field from bytes, so the buffer needs no alignment.
-    let mut buf = [0u8; 4096];
+    // buffer; a directory that fills it (thousands of names, another
+    // user's doing perhaps) is read on in 32 kB calls, as readdir(3) reads.
+    // The records are read field by field from bytes, so neither buffer
+    // needs any alignment.
+    let mut small = [0u8; 4096];
+    let mut big = Vec::new();
     loop {
+        let buf: &mut [u8] = match big.is_empty() {
+            true => &mut small,
+            false => &mut big,
+        };
         let len = buf.len();
         // SAFETY: getdents64 writes at most `len` bytes into `buf`, which
         // has that many, on a descriptor `listing` keeps open.
@@ -42,7 +49,10 @@ pub fn each_name(dir: BorrowedFd<'_>, mut each: impl FnMut(&[u8], u64)) -> io::R
         let got = match usize::try_from(got) {
             Ok(0) => return Ok(()),
             Ok(got) => got.min(len),
-            Err(_) => return Err(io::Error::last_os_error()),
+            Err(_) => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e => return Err(e),
+            },
         };
         let bytes = &buf[..got];
         let mut at = 0;
@@ -62,6 +72,9 @@ pub fn each_name(dir: BorrowedFd<'_>, mut each: impl FnMut(&[u8], u64)) -> io::R
             let name = name.split(|&b| b == 0).next().unwrap_or(name);
             each(name, ino);
             at += reclen;
+        }
+        if big.is_empty() && got > len / 2 {
+            big = vec![0u8; 32 * 1024];
         }
     }
 }
