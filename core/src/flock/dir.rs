@@ -236,12 +236,8 @@ impl ScratchDir {
     /// `d_ino`: no file is opened or stat'ed).
     pub(crate) fn inodes(&self) -> Result<std::collections::HashMap<String, u64>> {
         let mut names = std::collections::HashMap::new();
-        crate::sys::listing::each_name(self.fd(), |name, ino| {
-            if let Ok(name) = std::str::from_utf8(name)
-                && !matches!(name, "." | "..")
-            {
-                names.insert(name.to_owned(), ino);
-            }
+        crate::sys::listing::each_entry(self.fd(), |name, ino| {
+            names.insert(name.to_owned(), ino);
         })
         .with_context(|| format!("reading {}", self.path.display()))?;
         Ok(names)
@@ -258,11 +254,8 @@ impl ScratchDir {
     /// take after a long line would otherwise copy every waiter's name.
     pub(crate) fn entries_starting_with(&self, prefix: &str) -> Result<Vec<String>> {
         let mut names = Vec::new();
-        crate::sys::listing::each_name(self.fd(), |name, _| {
-            if name.starts_with(prefix.as_bytes())
-                && let Ok(name) = std::str::from_utf8(name)
-                && !matches!(name, "." | "..")
-            {
+        crate::sys::listing::each_entry(self.fd(), |name, _| {
+            if name.starts_with(prefix) {
                 names.push(name.to_owned());
             }
         })

@@ -13,7 +13,7 @@
 //! kernel shows the waiter from its first instant all the same (its place
 //! in line, and at the front its flock(2) wait); status counts it there.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use crate::flock::registration::Registration;
@@ -32,9 +32,9 @@ const RETRY: Duration = Duration::from_millis(20);
 pub(crate) struct Late<'a> {
     due: Instant,
     make: &'a dyn Fn() -> Option<Registration>,
+    /// Until the registration is tried (then taken: it is tried once).
     alarm: RefCell<Option<Alarm>>,
     made: RefCell<Option<Registration>>,
-    tried: Cell<bool>,
 }
 
 impl<'a> Late<'a> {
@@ -48,7 +48,6 @@ impl<'a> Late<'a> {
             make,
             alarm: RefCell::new(Alarm::at(due, RETRY)),
             made: RefCell::new(None),
-            tried: Cell::new(false),
         };
         if late.alarm.borrow().is_none() {
             late.register();
@@ -59,13 +58,12 @@ impl<'a> Late<'a> {
     /// Called on each interruption of the wait's lock calls: registers
     /// once the wait has lasted long enough.
     pub(crate) fn on_wake(&self) {
-        if !self.tried.get() && Instant::now() >= self.due {
+        if self.alarm.borrow().is_some() && Instant::now() >= self.due {
             self.register();
         }
     }
 
     fn register(&self) {
-        self.tried.set(true);
         // Its repeats would interrupt the lock call that follows.
         if let Some(alarm) = self.alarm.borrow_mut().take() {
             alarm.disarm();
@@ -77,6 +75,7 @@ impl<'a> Late<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
 
     /// Nothing is made before the wait has lasted its while; once it has,
     /// the first wake makes the registration, and no later one tries again

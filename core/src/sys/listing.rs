@@ -54,34 +54,71 @@ pub fn each_name(dir: BorrowedFd<'_>, mut each: impl FnMut(&[u8], u64)) -> io::R
                 e => return Err(e),
             },
         };
-        let bytes = &buf[..got];
-        let mut at = 0;
-        while at + HEAD <= got {
-            let field = |from: usize, to: usize| &bytes[at + from..at + to];
-            let ino = u64::from_ne_bytes(field(0, 8).try_into().expect("8 bytes"));
-            let reclen = usize::from(u16::from_ne_bytes(
-                field(16, 18).try_into().expect("2 bytes"),
-            ));
-            if reclen < HEAD || at + reclen > got {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "a directory entry that does not fit its listing",
-                ));
-            }
-            let name = field(HEAD, reclen);
-            let name = name.split(|&b| b == 0).next().unwrap_or(name);
-            each(name, ino);
-            at += reclen;
-        }
+        records(&buf[..got], &mut each)?;
         if big.is_empty() && got > len / 2 {
             big = vec![0u8; 32 * 1024];
         }
     }
 }
 
+/// The names in a directory that are UTF-8 (another user may have made
+/// any name there; none of devlock's own is anything else), but `.` and
+/// `..`, with their inode numbers.
+pub fn each_entry(dir: BorrowedFd<'_>, mut each: impl FnMut(&str, u64)) -> io::Result<()> {
+    each_name(dir, |name, ino| {
+        if let Ok(name) = std::str::from_utf8(name)
+            && !matches!(name, "." | "..")
+        {
+            each(name, ino);
+        }
+    })
+}
+
+/// Calls `each` for every record in `bytes`, what one getdents64 call
+/// returned: its name (up to its NUL) and inode number. A record that does
+/// not fit is an error, never read past.
+fn records(bytes: &[u8], each: &mut impl FnMut(&[u8], u64)) -> io::Result<()> {
+    let mut at = 0;
+    while at + HEAD <= bytes.len() {
+        let field = |from: usize, to: usize| &bytes[at + from..at + to];
+        let ino = u64::from_ne_bytes(field(0, 8).try_into().expect("8 bytes"));
+        let reclen = usize::from(u16::from_ne_bytes(
+            field(16, 18).try_into().expect("2 bytes"),
+        ));
+        if reclen < HEAD || at + reclen > bytes.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a directory entry that does not fit its listing",
+            ));
+        }
+        let name = field(HEAD, reclen);
+        let name = name.split(|&b| b == 0).next().unwrap_or(name);
+        each(name, ino);
+        at += reclen;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever a listing holds: no panic, no read past it, and every
+        /// name given lies inside it, without a NUL.
+        #[test]
+        fn any_listing_bytes_give_only_names_inside_them(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)
+        ) {
+            let mut given = Vec::new();
+            let _ = records(&bytes, &mut |name: &[u8], _| given.push(name.to_vec()));
+            for name in given {
+                proptest::prop_assert!(!name.contains(&0));
+                proptest::prop_assert!(name.len() + HEAD <= bytes.len());
+            }
+        }
+    }
 
     /// Every name comes once with its inode, in a directory of a few names
     /// and in one of thousands (more than one getdents64 call).

@@ -169,12 +169,8 @@ pub(super) fn parse_stem(stem: &str) -> Option<(u32, bool)> {
 /// never by path again); names that are not UTF-8 are no usage file's.
 pub(super) fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
     let mut names = Vec::new();
-    crate::sys::listing::each_name(std::os::fd::AsFd::as_fd(dir), |name, _| {
-        if let Ok(name) = std::str::from_utf8(name)
-            && !matches!(name, "." | "..")
-        {
-            names.push(name.to_owned());
-        }
+    crate::sys::listing::each_entry(std::os::fd::AsFd::as_fd(dir), |name, _| {
+        names.push(name.to_owned());
     })?;
     Ok(names)
 }
