@@ -159,14 +159,19 @@
 //!   times descriptors, cut short by a pending stopping signal
 //!   ([`crate::proc::fdinfo::fd_scan`]); where this user cannot see an owner
 //!   it says so, never a guess. The process `/proc/locks` names as a
-//!   flock's taker is believed to hold it only where its fdinfo says so or
-//!   where it carries the holder's tag: a POSIX read lock on byte 2^40 of
-//!   the file (of a lock file, and of a registration), which the kernel
-//!   lists under its pid for every user and drops when it ends; not taken
-//!   on filesystems where flock is made of POSIX locks (NFS). A record or
-//!   registration is believed only for such a holder whose pid and start
-//!   time it names, so a reused pid (even in the same clock tick) and a
-//!   record forged for it name nobody.
+//!   flock's taker is believed to hold it only where its fdinfo says so,
+//!   where a record names it by pid and start time (a chain-loaded holder
+//!   is its command), or, for a registration (a waiter's, a shared
+//!   holder's label), where it carries the tag: a POSIX read lock on byte
+//!   2^40 of that file, which the kernel lists under its pid for every user
+//!   and drops when it ends; not taken on filesystems where flock is made
+//!   of POSIX locks (NFS). A reused pid (even in the same clock tick) is
+//!   named by no record its predecessor left. The lock file carries no
+//!   tag (it would stop a whole-file `lockf` and end at any close of the
+//!   file in the command), so a user who gets a dead holder's pid while a
+//!   child keeps the lock can write a record naming its own process, and
+//!   those who can read neither's fdinfo are shown it
+//!   (`a_record_forged_for_a_reused_pid_fools_only_who_cannot_read_descriptors`).
 //! - **Plant files named as registrations**: only files whose inode the
 //!   kernel shows flocked are opened (the directory entry's `d_ino`); at
 //!   most 16 others are swept per look.

@@ -196,23 +196,35 @@ pub(crate) fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
 // ----------------------------------------------------------------------------
 // 6. Pid reuse after kill -9 of a holder.
 
-/// Makes some live process other than the one that had it take `pid`: the
-/// kernel hands out last_pid + 1, so set it just below and start sleeps
+/// The holder's child that keeps its lock once the holder is killed:
+/// SIGKILLed when the test ends, passed or failed (left, it would keep the
+/// test runner's output open for its 1000 s).
+struct Inheritor(u32);
+
+impl Drop for Inheritor {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGKILL);
+    }
+}
+
+/// Makes some live process of `uid` (root for 0) other than the one that
+/// had it take `pid`: the kernel hands out last_pid + 1, so set it just
+/// below and start sleeps
 /// until one gets it (any other process that takes it first is just as
 /// unrelated, and will do, as long as the job forks nothing meanwhile: a
 /// child of the job's command would hold the lock it inherited).
-fn reuse_pid(pid: u32) -> Option<Killed> {
+fn reuse_pid(pid: u32, uid: u32) -> Option<Killed> {
     let last = Path::new("/proc/sys/kernel/ns_last_pid");
     for _ in 0..2000 {
         if Path::new(&format!("/proc/{pid}")).exists() {
             return None;
         }
         std::fs::write(last, (pid - 1).to_string()).unwrap();
-        let child = Command::new("sleep")
-            .arg("1000")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut sleep = match uid {
+            0 => Command::new("sleep"),
+            _ => as_user(uid, "sleep"),
+        };
+        let child = sleep.arg("1000").stdin(Stdio::null()).spawn().unwrap();
         if child.id() == pid {
             return Some(Killed(child));
         }
@@ -246,13 +258,14 @@ fn pid_reuse_round(shared: bool) {
         .spawn()
         .unwrap();
     let command = pid_in(&ready);
+    let _inheritor = Inheritor(command);
     let devlock_pid = holder.id();
     s.wait_for_status("r", "the holder's label", |v| {
         v["holders"][0]["step"] == "job"
     });
     holder.kill().unwrap();
     holder.wait().unwrap();
-    let _reused = reuse_pid(devlock_pid);
+    let _reused = reuse_pid(devlock_pid, 0);
     assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
     // Root sees the command holding it through the descriptor it inherited.
     let view = s.resource_status("r");
@@ -288,4 +301,84 @@ test!(pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated, needs: [Root, 
 pub(crate) fn pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated() {
     pid_reuse_round(true);
     pid_reuse_round(false);
+}
+
+test!(a_record_forged_for_a_reused_pid_fools_only_who_cannot_read_descriptors, needs: [Root, Tool("setpriv")]);
+/// The lock file carries no tag since devlock became the command (a POSIX
+/// lock on it would stop a whole-file lockf(3), and end at any close of the
+/// file in the command), so where a holder's descriptors cannot be read,
+/// its record is what names it. USER_A takes a dead holder's pid and writes
+/// a record naming that process of its own: root and USER_A read the
+/// descriptors and are not fooled; USER_B, who can read neither, is shown
+/// USER_A's process as the holder, as devlock(1) says.
+pub(crate) fn a_record_forged_for_a_reused_pid_fools_only_who_cannot_read_descriptors() {
+    let s = Scratch::new();
+    open_dir(&s);
+    // The dead holder's pid must go to USER_A's process: where a process
+    // of another test takes it first, the hold is made again.
+    let (inheritor, dead, _reused) = (0..5)
+        .find_map(|attempt| {
+            let ready = s.work(&format!("ready-{attempt}"));
+            let script = format!(
+                "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
+                r = ready.display()
+            );
+            let mut holder = s
+                .devlock()
+                .args(["--step", "job", "r", "--", "sh", "-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap();
+            let inheritor = Inheritor(pid_in(&ready));
+            let dead = holder.id();
+            s.wait_for_status("r", "the holder's label", |v| {
+                v["holders"][0]["step"] == "job"
+            });
+            holder.kill().unwrap();
+            holder.wait().unwrap();
+            let reused = reuse_pid(dead, USER_A);
+            if reused.is_none() {
+                signal(inheritor.0, libc::SIGKILL);
+                wait_gone(inheritor.0);
+            }
+            Some((inheritor, dead, reused?))
+        })
+        .expect("a dead holder's pid for a process of USER_A, in 5 tries");
+    let inheritor = inheritor.0;
+    let mut forged = Record::for_this_process("forged");
+    forged.pid = dead;
+    forged.pid_start = devlock::testing::procfs::start_time(dead).unwrap();
+    write_as(USER_A, &s.lock_path("r"), &forged.to_bytes());
+    let seen = |view: &serde_json::Value| {
+        let h = &view["holders"][0];
+        (h["pids"].clone(), h["source"].clone(), h["step"].clone())
+    };
+    let view = s.resource_status("r");
+    assert_eq!(
+        seen(&view),
+        (
+            serde_json::json!([inheritor]),
+            "inherited".into(),
+            serde_json::Value::Null
+        ),
+        "root: {view}"
+    );
+    let view = status_as(&s, USER_A, "r");
+    assert_eq!(
+        seen(&view),
+        (
+            serde_json::json!([]),
+            "unknown".into(),
+            serde_json::Value::Null
+        ),
+        "the forger: {view}"
+    );
+    let view = status_as(&s, USER_B, "r");
+    assert_eq!(
+        seen(&view),
+        (serde_json::json!([dead]), "record".into(), "forged".into()),
+        "a third user: {view}"
+    );
+    signal(inheritor, libc::SIGKILL);
+    wait_gone(inheritor);
 }
