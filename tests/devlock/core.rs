@@ -171,6 +171,8 @@ pub(crate) fn a_script_without_an_interpreter_line_runs_with_sh() {
 }
 
 test!(command_gets_the_callers_environment_with_the_jobs_over_it, needs: []);
+/// devlock passes its environment on as it got it, byte for byte, with the
+/// job's variables (`DEVLOCK_*`, the GPUs') in place of any of their names.
 pub(crate) fn command_gets_the_callers_environment_with_the_jobs_over_it() {
     use std::os::unix::ffi::OsStrExt;
     let s = Scratch::new();

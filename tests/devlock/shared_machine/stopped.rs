@@ -198,21 +198,63 @@ pub(crate) fn sigstop_of_a_waiter_or_a_holder_shows_as_stopped() {
 
 /// The holder's child that keeps its lock once the holder is killed:
 /// SIGKILLed when the test ends, passed or failed (left, it would keep the
-/// test runner's output open for its 1000 s).
+/// test runner's output open for its 1000 s), or at [`Inheritor::end`].
 struct Inheritor(u32);
+
+impl Inheritor {
+    /// Kills it and waits until it is gone, and the lock with it. The guard
+    /// is spent: its pid, free again, may be another test's process next.
+    fn end(self) {
+        let pid = self.0;
+        std::mem::forget(self);
+        signal(pid, libc::SIGKILL);
+        wait_gone(pid);
+    }
+}
 
 impl Drop for Inheritor {
     fn drop(&mut self) {
-        signal(self.0, libc::SIGKILL);
+        // Not `signal`, which asserts: a panic while unwinding aborts.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0 as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
+}
+
+/// `devlock ARGS -- sh -c ...` whose command starts one child, which holds
+/// on once the command (devlock's own process) is SIGKILLed, as it is here
+/// once its label shows; neither forks once ready (see `reuse_pid`).
+/// Returns that child and the killed holder's pid.
+fn killed_holder(s: &Scratch, args: &[&str], tag: &str) -> (Inheritor, u32) {
+    let ready = s.work(&format!("ready-{tag}"));
+    let script = format!(
+        "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
+        r = ready.display()
+    );
+    let mut holder = s
+        .devlock()
+        .args(["--step", "job"])
+        .args(args)
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let inheritor = Inheritor(pid_in(&ready));
+    s.wait_for_status("r", "the holder's label", |v| {
+        v["holders"][0]["step"] == "job"
+    });
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    (inheritor, holder.id())
 }
 
 /// Makes some live process of `uid` (root for 0) other than the one that
 /// had it take `pid`: the kernel hands out last_pid + 1, so set it just
-/// below and start sleeps
-/// until one gets it (any other process that takes it first is just as
-/// unrelated, and will do, as long as the job forks nothing meanwhile: a
-/// child of the job's command would hold the lock it inherited).
+/// below and start sleeps until one gets it. None where another process
+/// took it first (one just as unrelated, as long as the job forks nothing
+/// meanwhile: a child of the job's command would hold the lock it
+/// inherited).
 fn reuse_pid(pid: u32, uid: u32) -> Option<Killed> {
     let last = Path::new("/proc/sys/kernel/ns_last_pid");
     for _ in 0..2000 {
@@ -237,34 +279,9 @@ fn pid_reuse_round(shared: bool) {
     let what = if shared { "shared" } else { "exclusive" };
     let s = Scratch::new();
     open_dir(&s);
-    let mut args = vec!["--step", "job"];
-    if shared {
-        args.push("-s");
-    }
-    args.push("r");
-    // A command that starts one child, which holds on once the command
-    // (devlock's own process) is SIGKILLed; neither forks once ready (see
-    // `reuse_pid`).
-    let ready = s.work("ready-h");
-    let script = format!(
-        "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
-        r = ready.display()
-    );
-    let mut holder = s
-        .devlock()
-        .args(&args)
-        .args(["--", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let command = pid_in(&ready);
-    let _inheritor = Inheritor(command);
-    let devlock_pid = holder.id();
-    s.wait_for_status("r", "the holder's label", |v| {
-        v["holders"][0]["step"] == "job"
-    });
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    let args: &[&str] = if shared { &["-s", "r"] } else { &["r"] };
+    let (inheritor, devlock_pid) = killed_holder(&s, args, "h");
+    let command = inheritor.0;
     let _reused = reuse_pid(devlock_pid, 0);
     assert!(Path::new(&format!("/proc/{devlock_pid}")).exists());
     // Root sees the command holding it through the descriptor it inherited.
@@ -293,8 +310,7 @@ fn pid_reuse_round(shared: bool) {
         "{what}: {view}"
     );
     assert_eq!(h["source"], "unknown", "{what}: {view}");
-    signal(command, libc::SIGKILL);
-    wait_gone(command);
+    inheritor.end();
 }
 
 test!(pid_reuse_after_kill_9_of_a_holder_blames_nobody_unrelated, needs: [Root, Tool("setpriv")]);
@@ -318,33 +334,16 @@ pub(crate) fn a_record_forged_for_a_reused_pid_fools_only_who_cannot_read_descri
     // of another test takes it first, the hold is made again.
     let (inheritor, dead, _reused) = (0..5)
         .find_map(|attempt| {
-            let ready = s.work(&format!("ready-{attempt}"));
-            let script = format!(
-                "sleep 1000 & echo $! > {r}.tmp && mv {r}.tmp {r} && wait",
-                r = ready.display()
-            );
-            let mut holder = s
-                .devlock()
-                .args(["--step", "job", "r", "--", "sh", "-c", &script])
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap();
-            let inheritor = Inheritor(pid_in(&ready));
-            let dead = holder.id();
-            s.wait_for_status("r", "the holder's label", |v| {
-                v["holders"][0]["step"] == "job"
-            });
-            holder.kill().unwrap();
-            holder.wait().unwrap();
-            let reused = reuse_pid(dead, USER_A);
-            if reused.is_none() {
-                signal(inheritor.0, libc::SIGKILL);
-                wait_gone(inheritor.0);
+            let (inheritor, dead) = killed_holder(&s, &["r"], &attempt.to_string());
+            match reuse_pid(dead, USER_A) {
+                Some(reused) => Some((inheritor, dead, reused)),
+                None => {
+                    inheritor.end();
+                    None
+                }
             }
-            Some((inheritor, dead, reused?))
         })
         .expect("a dead holder's pid for a process of USER_A, in 5 tries");
-    let inheritor = inheritor.0;
     let mut forged = Record::for_this_process("forged");
     forged.pid = dead;
     forged.pid_start = devlock::testing::procfs::start_time(dead).unwrap();
@@ -357,7 +356,7 @@ pub(crate) fn a_record_forged_for_a_reused_pid_fools_only_who_cannot_read_descri
     assert_eq!(
         seen(&view),
         (
-            serde_json::json!([inheritor]),
+            serde_json::json!([inheritor.0]),
             "inherited".into(),
             serde_json::Value::Null
         ),
@@ -379,6 +378,5 @@ pub(crate) fn a_record_forged_for_a_reused_pid_fools_only_who_cannot_read_descri
         (serde_json::json!([dead]), "record".into(), "forged".into()),
         "a third user: {view}"
     );
-    signal(inheritor, libc::SIGKILL);
-    wait_gone(inheritor);
+    inheritor.end();
 }
